@@ -1,0 +1,32 @@
+package throttler
+
+import (
+	"context"
+	"time"
+)
+
+// Backend stores fixed windows. Every operation receives the caller's now:
+// backends never read the clock, so two backends asked the same question at
+// the same now answer alike, and tests move time without sleeping.
+//
+// The storage identity of a window is (p.Name, key). Keys are opaque bytes
+// (see MaxKeyLen); a backend makes them legal for its store. Being over the
+// limit is a Decision, never an error; errors mean bad input (ErrInvalidKey,
+// ErrInvalidPolicy, ErrInvalidCost) or a failing store.
+//
+// The fixed-window contract, checked by backendtest.Run:
+//   - A window opens at the key's first counted unit with ResetAt = now +
+//     p.Window, stored and returned unchanged for every call inside it.
+//   - A stored window whose ResetAt <= now has ended and reads as absent.
+//   - Take admits cost only if Used+cost <= Limit; a denied Take counts
+//     nothing. One round trip, atomic under any concurrency.
+//   - Peek counts nothing; a replica may serve it.
+//   - Refund gives units back to the open window, never below zero, and
+//     does nothing when no window is open.
+//
+// Implementations must be safe for concurrent use.
+type Backend interface {
+	Take(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
+	Peek(ctx context.Context, key string, p Policy, now time.Time) (Decision, error)
+	Refund(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
+}

@@ -1,0 +1,21 @@
+package throttler
+
+import "errors"
+
+// Errors returned for bad input, before any backend is called. Match them
+// with errors.Is; the wrapping error says what was wrong.
+var (
+	ErrInvalidKey    = errors.New("throttler: invalid key")
+	ErrInvalidPolicy = errors.New("throttler: invalid policy")
+	ErrInvalidCost   = errors.New("throttler: invalid cost")
+)
+
+// ErrUnavailable wraps a backend failure (an error or a timeout) when the
+// Throttler fails closed and has no working fallback.
+var ErrUnavailable = errors.New("throttler: backend unavailable")
+
+// IsInputError reports whether err is one of the bad-input errors, which no
+// backend or retry can fix.
+func IsInputError(err error) bool {
+	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidCost)
+}
