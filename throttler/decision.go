@@ -51,3 +51,15 @@ func WindowState(p Policy, used int64, resetAt, now time.Time, allowed bool) Dec
 	}
 	return d
 }
+
+// PeekState is the Decision that Peek and Refund return for a window that
+// has counted used units and ends at resetAt (zero when no window is
+// stored): Allowed reports whether one more unit would be admitted.
+func PeekState(p Policy, used int64, resetAt, now time.Time) Decision {
+	d := WindowState(p, used, resetAt, now, true)
+	if d.Remaining <= 0 {
+		d.Allowed = false
+		d.RetryAfter = d.ResetAt.Sub(now)
+	}
+	return d
+}
