@@ -1,0 +1,141 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memory.New(nil) })
+}
+
+func TestConformanceOneShard(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memory.New(&memory.Options{Shards: 1}) })
+}
+
+var t0 = backendtest.T0
+
+// Ended windows are reclaimed by the now values callers pass, with no
+// clock and no goroutine.
+func TestSweepFollowsCallersNow(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(&memory.Options{Shards: 1})
+	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
+	for i := 0; i < 500; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("old", i), p, 1, t0)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 500, b.Len())
+	// Still inside the window: sweeping keeps everything.
+	for i := 0; i < 2000; i++ {
+		_, err := b.Take(ctx, "hot", p, 1, t0.Add(500*time.Millisecond))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 501, b.Len(), "no window had ended")
+	// Once callers pass a now after the windows ended, they go.
+	for i := 0; i < 2000; i++ {
+		_, err := b.Peek(ctx, "hot", p, t0.Add(2*time.Second))
+		require.NoError(t, err)
+		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(2*time.Second))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 0, b.Len(), "ended windows were reclaimed")
+}
+
+func TestMaxKeys(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(&memory.Options{Shards: 1, MaxKeys: 3})
+	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
+	for _, k := range []string{"a", "b", "c"} {
+		d, err := b.Take(ctx, k, p, 1, t0)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	_, err := b.Take(ctx, "d", p, 1, t0)
+	require.ErrorIs(t, err, memory.ErrFull, "live windows are never evicted for a new key")
+	d, err := b.Take(ctx, "a", p, 1, t0)
+	require.NoError(t, err, "existing keys keep counting when full")
+	assert.Equal(t, int64(2), d.Used)
+	d, err = b.Peek(ctx, "d", p, t0)
+	require.NoError(t, err, "Peek stores nothing, so it works when full")
+	assert.True(t, d.Allowed)
+
+	// After the windows end, a new key finds room.
+	d, err = b.Take(ctx, "d", p, 1, t0.Add(time.Second))
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	assert.Equal(t, 1, b.Len())
+}
+
+func TestDeniedTakeStoresNothing(t *testing.T) {
+	b := memory.New(nil)
+	p := throttler.Policy{Limit: 1, Window: time.Second}
+	d, err := b.Take(context.Background(), "k", p, 2, t0)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	assert.Equal(t, 0, b.Len())
+}
+
+func TestCloseEmpties(t *testing.T) {
+	b := memory.New(nil)
+	p := throttler.Policy{Limit: 1, Window: time.Second}
+	_, err := b.Take(context.Background(), "k", p, 1, t0)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	assert.Equal(t, 0, b.Len())
+	assert.False(t, errors.Is(err, memory.ErrFull))
+}
+
+func BenchmarkTake(b *testing.B) {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "bench", Limit: 1 << 62, Window: time.Hour}
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("client-", i)
+	}
+	for _, bc := range []struct {
+		name string
+		keys []string
+	}{{"HotKey", keys[:1]}, {"100kKeys", keys}} {
+		b.Run(bc.name, func(b *testing.B) {
+			m := memory.New(nil)
+			for _, k := range bc.keys {
+				_, _ = m.Take(ctx, k, p, 1, t0)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, err := m.Take(ctx, bc.keys[i%len(bc.keys)], p, 1, t0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(bc.name+"/Parallel", func(b *testing.B) {
+			m := memory.New(nil)
+			for _, k := range bc.keys {
+				_, _ = m.Take(ctx, k, p, 1, t0)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					if _, err := m.Take(ctx, bc.keys[i%len(bc.keys)], p, 1, t0); err != nil {
+						b.Fatal(err)
+					}
+					i += 7919
+				}
+			})
+		})
+	}
+}
