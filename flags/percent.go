@@ -1,0 +1,78 @@
+package flags
+
+import "sync/atomic"
+
+// Percent is a static percentage rollout that can be changed at run time:
+// a change applies to the next call. It is safe for concurrent use.
+type Percent struct {
+	group string
+	// state packs the percentage (low byte) and the mirror bit, so a
+	// reader never sees one without the other.
+	state atomic.Uint32
+}
+
+var (
+	_ Rollout  = (*Percent)(nil)
+	_ Mirrorer = (*Percent)(nil)
+)
+
+const mirrorBit = 1 << 8
+
+// NewPercent returns a rollout of p percent in DefaultGroupID, with
+// mirroring off. A p outside [0, 100] is clamped into it.
+func NewPercent(p int) *Percent { return NewPercentFor(DefaultGroupID, p) }
+
+// NewPercentFor is NewPercent in the bucketing group groupID: pass the name
+// of the Unleash feature (or the groupId of its flexibleRollout strategy)
+// that will take over, so the same keys stay on the new backend. An empty
+// groupID means DefaultGroupID.
+func NewPercentFor(groupID string, p int) *Percent {
+	if groupID == "" {
+		groupID = DefaultGroupID
+	}
+	s := &Percent{group: groupID}
+	s.state.Store(uint32(min(max(p, 0), 100)))
+	return s
+}
+
+// Set changes the percentage. It returns an error matching ErrPercent, and
+// changes nothing, when p is outside [0, 100].
+func (s *Percent) Set(p int) error {
+	if err := checkPercent(p); err != nil {
+		return err
+	}
+	for {
+		old := s.state.Load()
+		if s.state.CompareAndSwap(old, old&mirrorBit|uint32(p)) {
+			return nil
+		}
+	}
+}
+
+// SetMirror turns mirroring on or off (see Mirrorer).
+func (s *Percent) SetMirror(on bool) {
+	for {
+		old := s.state.Load()
+		nw := old &^ mirrorBit
+		if on {
+			nw |= mirrorBit
+		}
+		if s.state.CompareAndSwap(old, nw) {
+			return
+		}
+	}
+}
+
+// Percent returns the current percentage.
+func (s *Percent) Percent() int { return int(s.state.Load() & 0xff) }
+
+// GroupID returns the bucketing group.
+func (s *Percent) GroupID() string { return s.group }
+
+// UseNew reports whether key is within the current percentage.
+func (s *Percent) UseNew(key string) bool {
+	return inRollout(s.group, key, int(s.state.Load()&0xff))
+}
+
+// Mirroring reports whether mirroring is on.
+func (s *Percent) Mirroring() bool { return s.state.Load()&mirrorBit != 0 }

@@ -1,0 +1,70 @@
+package flags
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/twmb/murmur3"
+)
+
+// Rollout decides, per key, whether the new backend serves it. UseNew must
+// be cheap (it runs on every call), safe for concurrent use, and stable: for
+// a given setting the same key always gets the same answer.
+type Rollout interface {
+	UseNew(key string) bool
+}
+
+// Mirrorer is implemented by sources that also carry the shadow setting:
+// whether operations should be mirrored to the backend that does not serve
+// the key. Callers check for it with a type assertion; a source without it
+// never mirrors.
+type Mirrorer interface {
+	Mirroring() bool
+}
+
+// Mirroring reports whether r asks for mirroring: false unless r implements
+// Mirrorer and says so.
+func Mirroring(r Rollout) bool {
+	m, ok := r.(Mirrorer)
+	return ok && m.Mirroring()
+}
+
+// DefaultGroupID is the bucketing group of the static and file sources when
+// none is given. Unleash uses the feature's name as a flexibleRollout's
+// groupId by default, so name the Unleash feature this (or pass its name as
+// the group) to keep clients in place when switching sources.
+const DefaultGroupID = "throttlekit-new-backend"
+
+// ErrPercent is returned for a percentage outside [0, 100].
+var ErrPercent = errors.New("flags: percentage must be within [0, 100]")
+
+func checkPercent(p int) error {
+	if p < 0 || p > 100 {
+		return fmt.Errorf("%w: got %d", ErrPercent, p)
+	}
+	return nil
+}
+
+// Bucket returns key's percentile bucket in group, from 1 to 100, exactly as
+// Unleash's flexibleRollout strategy computes it: murmur3 (32-bit, seed 0)
+// over groupID + ":" + key, modulo 100, plus one. A key is in a rollout of
+// p percent when Bucket(groupID, key) <= p, so raising p only adds keys.
+func Bucket(groupID, key string) int {
+	// A stack buffer spares the allocation of the concatenation on the
+	// hot path; only very long keys pay for one.
+	var buf [192]byte
+	n := len(groupID) + 1 + len(key)
+	var h uint32
+	if n <= len(buf) {
+		b := append(append(append(buf[:0], groupID...), ':'), key...)
+		h = murmur3.SeedSum32(0, b)
+	} else {
+		h = murmur3.SeedStringSum32(0, groupID+":"+key)
+	}
+	return int(h%100) + 1
+}
+
+// inRollout reports whether key is in a p-percent rollout of group.
+func inRollout(groupID, key string, p int) bool {
+	return p > 0 && (p >= 100 || Bucket(groupID, key) <= p)
+}

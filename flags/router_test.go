@@ -1,0 +1,221 @@
+package flags
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func TestRouterConformance(t *testing.T) {
+	for _, p := range []int{0, 50, 100} {
+		t.Run(strconv.Itoa(p), func(t *testing.T) {
+			backendtest.Run(t, func(t *testing.T) throttler.Backend {
+				return NewRouter(memory.New(nil), memory.New(nil), NewPercent(p), nil)
+			})
+		})
+	}
+}
+
+// TestRouterSendsEachKeyToItsBackend checks every operation against the
+// backend the rollout names, by reading both backends directly.
+func TestRouterSendsEachKeyToItsBackend(t *testing.T) {
+	ctx := context.Background()
+	pol := throttler.PerMinute(10)
+	old, nw := memory.New(nil), memory.New(nil)
+	pct := NewPercent(30)
+	r := NewRouter(old, nw, pct, nil)
+	keys := testKeys(400)
+	var wantOld, wantNew uint64
+	for _, k := range keys {
+		if _, err := r.Take(ctx, k, pol, 3, t0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Refund(ctx, k, pol, 1, t0); err != nil {
+			t.Fatal(err)
+		}
+		d, err := r.Peek(ctx, k, pol, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Used != 2 {
+			t.Fatalf("key %q: Used = %d through the router, want 2", k, d.Used)
+		}
+		served, other := old, nw
+		if pct.UseNew(k) {
+			served, other = nw, old
+			wantNew += 3
+		} else {
+			wantOld += 3
+		}
+		if d, _ := served.Peek(ctx, k, pol, t0); d.Used != 2 {
+			t.Errorf("key %q: serving backend has Used %d, want 2", k, d.Used)
+		}
+		if d, _ := other.Peek(ctx, k, pol, t0); d.Used != 0 {
+			t.Errorf("key %q: other backend has Used %d, want 0", k, d.Used)
+		}
+	}
+	if got := r.Stats(); got != (Stats{Old: wantOld, New: wantNew}) {
+		t.Errorf("Stats() = %+v, want {Old:%d New:%d}", got, wantOld, wantNew)
+	}
+	if wantOld == 0 || wantNew == 0 {
+		t.Fatalf("30%% rollout put all keys on one side: old %d, new %d calls", wantOld, wantNew)
+	}
+}
+
+// TestRouterRollback: a key that moved to new and back finds the old
+// backend's count where it left it.
+func TestRouterRollback(t *testing.T) {
+	ctx := context.Background()
+	pol := throttler.PerHour(100)
+	pct := NewPercent(0)
+	r := NewRouter(memory.New(nil), memory.New(nil), pct, nil)
+	key := ""
+	for _, k := range testKeys(100) {
+		if Bucket(DefaultGroupID, k) <= 50 {
+			key = k
+			break
+		}
+	}
+	steps := []struct {
+		percent  int
+		cost     int64
+		wantUsed int64
+		wantNew  bool
+	}{
+		{0, 5, 5, false},
+		{50, 7, 7, true},   // a fresh count on new: nothing was mirrored here
+		{0, 1, 6, false},   // back to old, whose count is intact
+		{50, 1, 8, true},   // and new kept its own
+		{100, 2, 10, true}, // raising keeps it new
+	}
+	for i, s := range steps {
+		if err := pct.Set(s.percent); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.UseNew(key); got != s.wantNew {
+			t.Fatalf("step %d: UseNew = %v, want %v", i, got, s.wantNew)
+		}
+		d, err := r.Take(ctx, key, pol, s.cost, t0.Add(time.Duration(i)*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Used != s.wantUsed {
+			t.Errorf("step %d at %d%%: Used = %d, want %d", i, s.percent, d.Used, s.wantUsed)
+		}
+	}
+}
+
+type failing struct{ err error }
+
+func (f failing) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, f.err
+}
+func (f failing) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, f.err
+}
+func (f failing) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, f.err
+}
+
+func TestRouterErrors(t *testing.T) {
+	ctx := context.Background()
+	pol := throttler.PerSecond(5)
+	errDown := errors.New("connection refused")
+	type op func(throttler.Backend) error
+	take := func(key string, cost int64) op {
+		return func(b throttler.Backend) error { _, err := b.Take(ctx, key, pol, cost, t0); return err }
+	}
+	peek := func(key string, p throttler.Policy) op {
+		return func(b throttler.Backend) error { _, err := b.Peek(ctx, key, p, t0); return err }
+	}
+	refund := func(key string, cost int64) op {
+		return func(b throttler.Backend) error { _, err := b.Refund(ctx, key, pol, cost, t0); return err }
+	}
+	tests := []struct {
+		name      string
+		router    *Router
+		op        op
+		want      error
+		wantText  string
+		wantCalls Stats
+	}{
+		{"empty key", NewRouter(memory.New(nil), memory.New(nil), NewPercent(100), nil), take("", 1), throttler.ErrInvalidKey, "", Stats{}},
+		{"zero cost", NewRouter(memory.New(nil), memory.New(nil), NewPercent(100), nil), take("k", 0), throttler.ErrInvalidCost, "", Stats{}},
+		{"bad refund", NewRouter(memory.New(nil), memory.New(nil), NewPercent(0), nil), refund("k", -1), throttler.ErrInvalidCost, "", Stats{}},
+		{"bad policy", NewRouter(memory.New(nil), memory.New(nil), NewPercent(0), nil), peek("k", throttler.Policy{}), throttler.ErrInvalidPolicy, "", Stats{}},
+		{"old fails", NewRouter(failing{errDown}, memory.New(nil), NewPercent(0), &RouterOptions{OldName: "memcached"}), take("k", 1), errDown, "flags: memcached backend: connection refused", Stats{Old: 1}},
+		{"new fails", NewRouter(memory.New(nil), failing{errDown}, NewPercent(100), nil), peek("k", pol), errDown, "flags: new backend: connection refused", Stats{New: 1}},
+		{"nil new", NewRouter(memory.New(nil), nil, NewPercent(100), nil), refund("k", 1), ErrNoBackend, "", Stats{New: 1}},
+		{"nil old", NewRouter(nil, memory.New(nil), nil, nil), take("k", 1), ErrNoBackend, "", Stats{Old: 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.op(tt.router)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("error = %v, want %v", err, tt.want)
+			}
+			if tt.wantText != "" && err.Error() != tt.wantText {
+				t.Errorf("error text = %q, want %q", err, tt.wantText)
+			}
+			if got := tt.router.Stats(); got != tt.wantCalls {
+				t.Errorf("Stats() = %+v, want %+v", got, tt.wantCalls)
+			}
+		})
+	}
+}
+
+// TestRouterConcurrentRamp changes the percentage while many goroutines
+// take: every call is counted once on exactly one side, and the two
+// backends together hold every unit taken.
+func TestRouterConcurrentRamp(t *testing.T) {
+	ctx := context.Background()
+	pol := throttler.PerHour(1 << 40)
+	old, nw := memory.New(nil), memory.New(nil)
+	pct := NewPercent(0)
+	r := NewRouter(old, nw, pct, nil)
+	keys := testKeys(64)
+	const workers, per = 4, 500
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				if _, err := r.Take(ctx, keys[(w*per+i)%len(keys)], pol, 1, t0); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	for p := 0; p <= 100; p += 10 {
+		pct.Set(p)
+	}
+	wg.Wait()
+	st := r.Stats()
+	if st.Old+st.New != workers*per {
+		t.Fatalf("Stats %+v count %d calls, want %d", st, st.Old+st.New, workers*per)
+	}
+	var held int64
+	for _, k := range keys {
+		for _, b := range []throttler.Backend{old, nw} {
+			d, err := b.Peek(ctx, k, pol, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held += d.Used
+		}
+	}
+	if held != workers*per {
+		t.Errorf("backends hold %d units, want %d", held, workers*per)
+	}
+}
