@@ -1,0 +1,220 @@
+package throttler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// FailureMode says what a Throttler answers when its backend fails or times
+// out and no fallback answers either.
+type FailureMode int
+
+const (
+	// FailOpen allows the call and marks the decision Degraded: a dead store
+	// must not take the site down (Stripe's choice). The default.
+	FailOpen FailureMode = iota
+	// FailClosed denies the call and returns an error matching ErrUnavailable.
+	FailClosed
+)
+
+// Source says which part of a Throttler made a decision.
+type Source int
+
+const (
+	SourcePrimary     Source = iota // the primary backend answered
+	SourceFallback                  // the primary failed and the fallback answered
+	SourceFailureMode               // no backend answered; FailureMode decided
+	SourceNone                      // bad input or a caller's cancelled context: no decision
+)
+
+func (s Source) String() string {
+	return [...]string{"primary", "fallback", "failure-mode", "none"}[s]
+}
+
+// Op names a Backend operation.
+type Op string
+
+const (
+	OpTake   Op = "take"
+	OpPeek   Op = "peek"
+	OpRefund Op = "refund"
+)
+
+// Observation describes one Throttler call, for metrics and alerts.
+type Observation struct {
+	Op       Op
+	Key      string
+	Policy   Policy
+	Cost     int64
+	Decision Decision
+	// Err is the primary backend's failure, reported even when the call was
+	// answered by the fallback or failed open, so that it can raise an alert.
+	Err error
+	// Source is which part of the Throttler made the decision.
+	Source Source
+	// Latency is the wall time the call took, fallback included.
+	Latency time.Duration
+}
+
+// Options configure a Throttler. Nil options mean defaults.
+type Options struct {
+	// Clock is the one source of time for every window. default: time.Now
+	Clock func() time.Time
+	// Timeout bounds each backend call, through its context. default: 100ms
+	Timeout time.Duration
+	// FailureMode is what to answer when the backend fails and no fallback
+	// answers. default: FailOpen
+	FailureMode FailureMode
+	// Fallback, if set, answers while the primary fails: typically a memory
+	// backend, so that limits keep holding per process during an outage.
+	// default: none
+	Fallback Backend
+	// BreakerThreshold is how many consecutive primary failures make the
+	// Throttler skip the primary for BreakerCooldown, so that an outage
+	// does not cost every request a timeout. default: 5
+	BreakerThreshold int
+	// BreakerCooldown is how long the primary is skipped once the breaker
+	// opens; then calls try it again. default: 1s
+	BreakerCooldown time.Duration
+	// Observe, if set, is called after every call, synchronously: keep it
+	// fast. default: none
+	Observe func(Observation)
+}
+
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.Clock == nil {
+		out.Clock = time.Now
+	}
+	if out.Timeout <= 0 {
+		out.Timeout = 100 * time.Millisecond
+	}
+	if out.BreakerThreshold <= 0 {
+		out.BreakerThreshold = 5
+	}
+	if out.BreakerCooldown <= 0 {
+		out.BreakerCooldown = time.Second
+	}
+	return out
+}
+
+// Throttler applies policies to keys over a Backend. It owns the clock, the
+// per-call timeout and what happens when the backend fails. It is safe for
+// concurrent use; most callers want Allow, or Middleware for HTTP.
+type Throttler struct {
+	backend Backend
+	opts    Options
+
+	failures  atomic.Int64 // consecutive primary failures
+	openUntil atomic.Int64 // Unix nanoseconds until which the primary is skipped; 0: closed
+}
+
+// New returns a Throttler over b. Nil options mean defaults.
+func New(b Backend, opts *Options) *Throttler {
+	return &Throttler{backend: b, opts: opts.withDefaults()}
+}
+
+// Allow takes one unit from key's window under p.
+func (t *Throttler) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
+	return t.do(ctx, OpTake, key, p, 1)
+}
+
+// AllowN takes n units from key's window under p, all or none.
+func (t *Throttler) AllowN(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
+	return t.do(ctx, OpTake, key, p, n)
+}
+
+// Peek reports key's window under p without counting.
+func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, error) {
+	return t.do(ctx, OpPeek, key, p, 1)
+}
+
+// Refund gives n units back to key's open window under p, for work that
+// turned out free (a 304 Not Modified).
+func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
+	return t.do(ctx, OpRefund, key, p, n)
+}
+
+func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
+	var started time.Time
+	if t.opts.Observe != nil {
+		started = time.Now()
+	}
+	d, src, primaryErr, err := t.decide(ctx, op, key, p, n)
+	if t.opts.Observe != nil {
+		if primaryErr == nil {
+			primaryErr = err
+		}
+		t.opts.Observe(Observation{Op: op, Key: key, Policy: p, Cost: n, Decision: d, Err: primaryErr, Source: src, Latency: time.Since(started)})
+	}
+	return d, err
+}
+
+// decide returns the decision, who made it, the primary's failure (if any)
+// and the error for the caller.
+func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, Source, error, error) {
+	if err := ValidateCall(key, p, n); err != nil {
+		return Decision{}, SourceNone, nil, err
+	}
+	now := t.opts.Clock()
+	var primaryErr error
+	if t.primaryClosed(now) {
+		d, err := t.call(ctx, t.backend, op, key, p, n, now)
+		if err == nil {
+			t.failures.Store(0)
+			t.openUntil.Store(0)
+			return d, SourcePrimary, nil, nil
+		}
+		if IsInputError(err) || ctx.Err() != nil {
+			// Neither is the store's fault: a backend refusing the key
+			// (e.g. too long for it), or a caller that gave up.
+			return Decision{}, SourceNone, nil, err
+		}
+		if t.failures.Add(1) >= int64(t.opts.BreakerThreshold) {
+			t.openUntil.Store(now.Add(t.opts.BreakerCooldown).UnixNano())
+		}
+		primaryErr = err
+	} else {
+		primaryErr = fmt.Errorf("%w: primary skipped for %v after %d consecutive failures", ErrUnavailable, t.opts.BreakerCooldown, t.failures.Load())
+	}
+	if t.opts.Fallback != nil {
+		d, err := t.call(ctx, t.opts.Fallback, op, key, p, n, now)
+		if err == nil {
+			d.Degraded = true
+			return d, SourceFallback, primaryErr, nil
+		}
+		primaryErr = errors.Join(primaryErr, fmt.Errorf("fallback: %w", err))
+	}
+	d := Decision{Allowed: t.opts.FailureMode == FailOpen, Limit: p.Limit, Degraded: true}
+	if d.Allowed {
+		return d, SourceFailureMode, primaryErr, nil
+	}
+	if !errors.Is(primaryErr, ErrUnavailable) {
+		primaryErr = fmt.Errorf("%w: %w", ErrUnavailable, primaryErr)
+	}
+	return d, SourceFailureMode, primaryErr, primaryErr
+}
+
+func (t *Throttler) primaryClosed(now time.Time) bool {
+	until := t.openUntil.Load()
+	return until == 0 || now.UnixNano() >= until
+}
+
+func (t *Throttler) call(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	switch op {
+	case OpPeek:
+		return b.Peek(ctx, key, p, now)
+	case OpRefund:
+		return b.Refund(ctx, key, p, n, now)
+	default:
+		return b.Take(ctx, key, p, n, now)
+	}
+}
