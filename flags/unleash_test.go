@@ -1,0 +1,188 @@
+package flags
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	unleash "github.com/Unleash/unleash-client-go/v4"
+	ucontext "github.com/Unleash/unleash-client-go/v4/context"
+)
+
+// clientSays is the client's own answer for key; a panic (the client
+// asserts parameter types) counts as "old", as the source promises.
+func clientSays(c *unleash.Client, feature, key string) (on bool) {
+	defer func() {
+		if recover() != nil {
+			on = false
+		}
+	}()
+	return c.IsEnabled(feature, unleash.WithContext(ucontext.Context{UserId: key}))
+}
+
+func strategy(name string, params map[string]any, extra map[string]any) map[string]any {
+	s := map[string]any{"name": name, "parameters": params}
+	for k, v := range extra {
+		s[k] = v
+	}
+	return s
+}
+
+func feature(enabled bool, strategies ...map[string]any) map[string]any {
+	return map[string]any{"name": "feat", "enabled": enabled, "strategies": strategies}
+}
+
+// TestUnleashMatchesClient compares the source's own evaluation (and its
+// fallback to the client) with the client's IsEnabled, key by key.
+func TestUnleashMatchesClient(t *testing.T) {
+	roll := func(group string, p any, stick string) map[string]any {
+		return strategy("flexibleRollout", map[string]any{"rollout": p, "stickiness": stick, "groupId": group}, nil)
+	}
+	tests := []struct {
+		name     string
+		feature  map[string]any // nil: not defined at all
+		wantSome bool           // some keys new and some old
+		byClient bool
+	}{
+		{"unknown", nil, false, false},
+		{"25 percent", feature(true, roll("feat", "25", "userId")), true, false},
+		{"numeric rollout", feature(true, roll("feat", 40.0, "userId")), true, false},
+		{"default stickiness", feature(true, roll("other", "60", "default")), true, false},
+		{"zero", feature(true, roll("feat", "0", "userId")), false, false},
+		{"hundred", feature(true, roll("feat", "100", "userId")), false, false},
+		{"disabled", feature(false, roll("feat", "50", "userId")), false, false},
+		{"no strategies", feature(true), false, false},
+		{"two groups", feature(true, roll("a", "10", "userId"), roll("b", "20", "userId")), true, false},
+		{"sessionId stickiness", feature(true, roll("feat", "50", "sessionId")), false, true},
+		{"constraint", feature(true, strategy("flexibleRollout",
+			map[string]any{"rollout": "50", "stickiness": "userId", "groupId": "feat"},
+			map[string]any{"constraints": []any{map[string]any{"contextName": "userId", "operator": "STR_STARTS_WITH", "values": []string{"user-"}}}})), true, true},
+		{"userWithId", feature(true, strategy("userWithId", map[string]any{"userIds": "user-0,user-4"}, nil)), true, true},
+		{"missing stickiness", feature(true, strategy("flexibleRollout", map[string]any{"rollout": "50", "groupId": "feat"}, nil)), false, true},
+		{"non-string groupId", feature(true, roll("feat", "50", "userId")), true, false},
+		{"bad rollout", feature(true, roll("feat", "lots", "userId")), false, true},
+	}
+	// groupId given as a number: the client panics on it; the source must not.
+	tests[len(tests)-2].feature = feature(true, strategy("flexibleRollout", map[string]any{"rollout": "50", "stickiness": "userId", "groupId": 7}, nil))
+	tests[len(tests)-2].wantSome = false
+	tests[len(tests)-2].byClient = true
+
+	keys := testKeys(10000)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeUnleash(t)
+			if tt.feature != nil {
+				f.set(tt.feature)
+			} else {
+				f.set(flexible("another", "another", 100))
+			}
+			c, wait := f.client(t, time.Hour)
+			wait()
+			u := NewUnleash(c, "feat", nil)
+			if got := u.current().byClient; got != tt.byClient {
+				t.Errorf("evaluated by client = %v, want %v", got, tt.byClient)
+			}
+			n := keys
+			if tt.byClient {
+				n = keys[:2000] // each call goes through the slow client path
+			}
+			news := 0
+			for _, k := range n {
+				want := clientSays(c, "feat", k)
+				if got := u.UseNew(k); got != want {
+					t.Fatalf("UseNew(%q) = %v, client says %v", k, got, want)
+				}
+				if want {
+					news++
+				}
+			}
+			if some := news > 0 && news < len(n); some != tt.wantSome {
+				t.Errorf("%d of %d keys new; want a mix: %v", news, len(n), tt.wantSome)
+			}
+		})
+	}
+}
+
+// TestUnleashFollowsChanges ramps 25 -> 50 -> 0 on the server: keys only join
+// while rising, and all leave at 0. The mirror feature follows too.
+func TestUnleashFollowsChanges(t *testing.T) {
+	f := newFakeUnleash(t)
+	mirror := map[string]any{"name": "mirror", "enabled": true, "strategies": []any{}}
+	f.set(flexible("feat", "feat", 25), mirror)
+	c, wait := f.client(t, 5*time.Millisecond)
+	wait()
+	u := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror", Recheck: time.Nanosecond})
+	keys := testKeys(10000)
+	count := func() (n int, isNew []bool) {
+		isNew = make([]bool, len(keys))
+		for i, k := range keys {
+			if isNew[i] = u.UseNew(k); isNew[i] {
+				n++
+			}
+		}
+		return n, isNew
+	}
+	n25, at25 := count()
+	if n25 < 2300 || n25 > 2700 {
+		t.Fatalf("25%%: %d of %d keys new", n25, len(keys))
+	}
+	if !u.Mirroring() {
+		t.Error("mirror feature on, Mirroring() = false")
+	}
+
+	f.set(flexible("feat", "feat", 50), mirror)
+	wait()
+	n50, at50 := count()
+	if n50 < 4800 || n50 > 5200 {
+		t.Fatalf("50%%: %d of %d keys new", n50, len(keys))
+	}
+	for i := range keys {
+		if at25[i] && !at50[i] {
+			t.Fatalf("key %q left the new backend when the rollout rose", keys[i])
+		}
+	}
+
+	f.set(flexible("feat", "feat", 0), map[string]any{"name": "mirror", "enabled": false, "strategies": []any{}})
+	wait()
+	if n0, _ := count(); n0 != 0 {
+		t.Errorf("0%%: %d keys still new", n0)
+	}
+	if u.Mirroring() {
+		t.Error("mirror feature off, Mirroring() = true")
+	}
+}
+
+// TestUnleashNeverAnswered: a client whose server never answers, with no
+// backup file, routes every key old, and nothing waits for it.
+func TestUnleashNeverAnswered(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	c, err := unleash.NewClient(
+		unleash.WithUrl("http://"+addr+"/api"),
+		unleash.WithAppName("flags-test"),
+		unleash.WithBackupPath(t.TempDir()),
+		unleash.WithListener(&readyListener{updated: make(chan struct{}, 1)}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, u := range []*Unleash{
+		NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "m", Recheck: time.Nanosecond}),
+		NewUnleash(nil, "feat", nil),
+		NewUnleash(c, "", nil),
+	} {
+		for _, k := range testKeys(1000) {
+			if u.UseNew(k) {
+				t.Fatalf("key %q new without any definition", k)
+			}
+		}
+		if u.Mirroring() {
+			t.Error("mirroring without any definition")
+		}
+	}
+}
