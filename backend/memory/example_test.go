@@ -1,0 +1,28 @@
+package memory_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func Example() {
+	b := memory.New(&memory.Options{MaxKeys: 100_000})
+	p := throttler.PerMinute(3).Named("api")
+	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	ctx := context.Background()
+
+	d, _ := b.Take(ctx, "alice", p, 2, now)
+	fmt.Println(d.Allowed, d.Used, d.Remaining, d.ResetAt.UTC().Format(time.TimeOnly))
+	d, _ = b.Take(ctx, "alice", p, 2, now.Add(time.Second))
+	fmt.Println(d.Allowed, d.Used, d.Remaining, d.RetryAfter)
+	d, _ = b.Refund(ctx, "alice", p, 1, now.Add(2*time.Second))
+	fmt.Println(d.Allowed, d.Used, d.Remaining)
+	// Output:
+	// true 2 1 03:05:05
+	// false 2 1 59s
+	// true 1 2
+}
