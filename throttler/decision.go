@@ -33,6 +33,16 @@ type Decision struct {
 // decision made without any backend).
 func (d Decision) Known() bool { return !d.ResetAt.IsZero() }
 
+// ResetUnix is ResetAt in Unix seconds, rounded up so that a client waiting
+// until that second is never early: the value of X-RateLimit-Reset.
+func (d Decision) ResetUnix() int64 {
+	s := d.ResetAt.Unix()
+	if d.ResetAt.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
 // WindowState builds the Decision for a window that has counted used units
 // and ends at resetAt, as seen at now. Backends call it so that every backend
 // derives Remaining and RetryAfter the same way. A zero resetAt, or one at or

@@ -139,7 +139,7 @@ func (t *Throttler) setHeaders(h http.Header, p Policy, d Decision, ietf bool) {
 	h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
 	h.Set("X-RateLimit-Used", strconv.FormatInt(d.Used, 10))
 	// Rounded up: a client that waits until this second is never early.
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilUnix(d.ResetAt), 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetUnix(), 10))
 	if ietf {
 		name := p.Name
 		if name == "" {
@@ -148,14 +148,6 @@ func (t *Throttler) setHeaders(h http.Header, p Policy, d Decision, ietf bool) {
 		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, d.Limit, ceilSeconds(p.Window)))
 		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, ceilSeconds(d.ResetAt.Sub(t.opts.Clock()))))
 	}
-}
-
-func ceilUnix(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
 }
 
 func ceilSeconds(d time.Duration) int64 {

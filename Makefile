@@ -1,0 +1,48 @@
+# The README's commands. `make test` runs everything: unit tests under -race,
+# examples, fuzz seeds, and the integration tests against real servers in
+# containers (set up by ../shared/testenv/up where it exists, else a local Docker).
+SHELL := /bin/bash
+GO ?= go
+MODULES := . integration benchmarks
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+TESTENV := ../shared/testenv/up
+
+.PHONY: all test unit integration race bench fuzz lint demo tidy
+
+all: lint test
+
+test: unit integration
+
+unit:
+	$(GO) test -race -count=1 ./...
+	cd benchmarks && $(GO) vet ./...
+
+# Integration tests need Docker; the test environment script starts it and
+# builds the images where no registry is reachable.
+integration:
+	@if [ -x $(TESTENV) ]; then eval "$$($(TESTENV))"; fi; \
+	cd integration && $(GO) test -count=1 -timeout 25m ./...
+
+race:
+	$(GO) test -race -count=1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+	cd benchmarks && $(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    echo "fuzz $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$pkg || exit 1; \
+	  done; \
+	done
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
+
+demo:
+	$(GO) run ./cmd/throttlekit-demo
+
+tidy:
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy) || exit 1; done
