@@ -1,0 +1,87 @@
+package memcached
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func TestItemKeys(t *testing.T) {
+	const prefix = "throttlekit:"
+	long := strings.Repeat("k", maxItemKeyLen)
+	tests := []struct {
+		name, key  string
+		wantHead   string // "" when the id must be hashed
+		wantHashed bool
+	}{
+		{"api", "user-1", "throttlekit:w:3:api:user-1", false},
+		{"", "user-1", "throttlekit:w:0::user-1", false},
+		{"a:b", "c", "throttlekit:w:3:a:b:c", false},
+		{"a", "b:c", "throttlekit:w:1:a:b:c", false},
+		{"api", "has space", "", true},
+		{"api", "tab\there", "", true},
+		{"api", "nul\x00", "", true},
+		{"api", "del\x7f", "", true},
+		{"api", "ünïcode", "", true},
+		{"api", long, "", true},
+		// The longest plain id: the counter key is then exactly 250 bytes.
+		{"api", long[:maxItemKeyLen-len(prefix)-counterTagLen-len("3:api:")], "throttlekit:w:3:api:" + long[:maxItemKeyLen-len(prefix)-counterTagLen-len("3:api:")], false},
+		{"api", long[:maxItemKeyLen-len(prefix)-counterTagLen-len("3:api:")+1], "", true},
+	}
+	for _, tt := range tests {
+		k := newItemKeys(prefix, tt.name, tt.key)
+		hashed := strings.HasPrefix(k.id, "#")
+		if hashed != tt.wantHashed {
+			t.Errorf("(%q, %q): id %q, hashed %v, want %v", tt.name, tt.key, k.id, hashed, tt.wantHashed)
+		}
+		if tt.wantHead != "" && k.head() != tt.wantHead {
+			t.Errorf("(%q, %q): head %q, want %q", tt.name, tt.key, k.head(), tt.wantHead)
+		}
+		for _, ik := range []string{k.head(), k.counter(-9223372036854775808), k.counter(1925089445000)} {
+			if !legalKey(ik) {
+				t.Errorf("(%q, %q): illegal item key %q (%d bytes)", tt.name, tt.key, ik, len(ik))
+			}
+		}
+	}
+}
+
+// FuzzItemKeys shows that every input yields legal item keys, and that
+// distinct (policy, key) pairs, or distinct windows, never share an item.
+func FuzzItemKeys(f *testing.F) {
+	f.Add("api", "user-1", "api", "user-2", int64(1925089445000), "throttlekit:")
+	f.Add("a:b", "c", "a", "b:c", int64(-1), "")
+	f.Add("", "a b", "", "a\x00b", int64(0), "p")
+	f.Add("x", strings.Repeat("k", 300), "x", strings.Repeat("k", 299), int64(1<<62), strings.Repeat("p", MaxPrefixLen))
+	f.Fuzz(func(t *testing.T, name1, key1, name2, key2 string, resetAtMs int64, prefix string) {
+		if validPrefix(prefix) != nil {
+			prefix = "throttlekit:"
+		}
+		p1 := throttler.Policy{Name: name1, Limit: 1, Window: time.Second}
+		p2 := throttler.Policy{Name: name2, Limit: 1, Window: time.Second}
+		if throttler.ValidateCall(key1, p1, 1) != nil || throttler.ValidateCall(key2, p2, 1) != nil {
+			return
+		}
+		k1 := newItemKeys(prefix, name1, key1)
+		k2 := newItemKeys(prefix, name2, key2)
+		for _, ik := range []string{k1.head(), k1.counter(resetAtMs), k1.counter(resetAtMs + 1)} {
+			if !legalKey(ik) {
+				t.Fatalf("(%q, %q): illegal item key %q (%d bytes)", name1, key1, ik, len(ik))
+			}
+		}
+		if k1.head() == k1.counter(resetAtMs) {
+			t.Fatalf("head and counter share %q", k1.head())
+		}
+		if k1.counter(resetAtMs) == k1.counter(resetAtMs+1) {
+			t.Fatalf("two windows share %q", k1.counter(resetAtMs))
+		}
+		same := name1 == name2 && key1 == key2
+		if !same && (k1.head() == k2.head() || k1.counter(resetAtMs) == k2.counter(resetAtMs)) {
+			t.Fatalf("(%q, %q) and (%q, %q) share item %q", name1, key1, name2, key2, k1.head())
+		}
+		if !same && k1.head() == k2.counter(resetAtMs) {
+			t.Fatalf("a head and a counter share %q", k1.head())
+		}
+	})
+}

@@ -1,0 +1,448 @@
+// Package memcached is a throttler.Backend on Memcached, for teams whose
+// limiter already lives there: the same fixed-window contract as every other
+// backend, as correct as Memcached allows, with what it cannot promise
+// written down (docs/backends.md).
+//
+// # Items and the sequence of calls
+//
+// Each (policy, key) pair has a head item holding the open window's reset-at
+// (Unix milliseconds), and each window has its own counter item whose key
+// includes that reset-at. A window's identity is therefore (pair, reset-at):
+// counting is a plain atomic incr on the counter, and compare-and-swap is
+// needed only to switch the head to a new window.
+//
+// Take(cost):
+//
+//  1. gets head. If it holds a reset-at after now, the window is open: go to 3.
+//  2. Open a window ending at now+Window: add the head if it was missing, or
+//     cas it over the ended one. add/cas lose only to another process opening
+//     a window at the same moment: start again at 1 (bounded by MaxAttempts,
+//     then ErrContention). The winner adds the counter with its cost (if the
+//     add finds a counter, because a process at the same now opened the same
+//     window, it falls through to 3).
+//  3. incr counter by cost, giving v. v <= Limit: admitted. If the counter is
+//     missing (not yet added by the opener, or evicted), add it with cost; if
+//     that loses to a concurrent add, incr again.
+//  4. v > Limit: denied, and the overshoot is undone with decr, which gives
+//     d, the count without it. Between incr and decr a concurrent Take sees
+//     the inflated count and may be denied although its units would have fit:
+//     never an over-admission (every admitted Take saw every admitted unit
+//     plus its own), but possibly a spurious denial. To keep those rare, a
+//     denied Take whose cost fits in d tries again from 3 (bounded by
+//     MaxAttempts); only the one that finds the window full for itself, or
+//     runs out of attempts, is denied. The decr runs even when ctx is done:
+//     skipping it would leave units counted that nobody took.
+//
+// The common case (an open window) is two round trips, gets and incr; opening
+// a window is three (gets, add/cas, add); a denial is three (gets, incr,
+// decr). Hot keys only incr and decr, which never conflict, so contention
+// cannot exhaust the attempts: only simultaneous openings of one window
+// retry, and each round has a winner.
+//
+// Peek is gets head, then get counter. Refund is gets head, then decr counter:
+// Memcached's decr stops at zero, which is exactly "never below zero", and it
+// commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
+//
+// # Expiry
+//
+// Both items expire a little after the reset-at, for cleanup only: the
+// relative exptime ceil((reset-at - now + 2s) / 1s) never depends on the
+// server's clock agreeing with the application's. The margin covers the
+// second of granularity of Memcached's clock plus the one second after
+// reset-at that the design asks for. A stored reset-at at or before now reads
+// as no window, whether or not the item has expired yet.
+//
+// Memcached reads an exptime above 30 days (2592000 s) as an absolute Unix
+// time, so items of windows that end more than 30 days after now are stored
+// with no exptime at all: they stay until the window is replaced (the head)
+// or Memcached's LRU reclaims them (counters). Clamping to 30 days instead
+// would let a live window vanish and hand the client a fresh one.
+//
+// # Limits of Memcached
+//
+// Memcached may evict a live head or counter under memory pressure; the
+// client then gets a fresh window. This is the weakness that motivates
+// migrating away from Memcached and is measured in integration tests. With
+// several servers (gomemcache's ServerList), the head and the counter of one
+// pair may live on different servers, and each server's failure or eviction
+// affects the pair.
+//
+// gomemcache takes no context: the context is checked before each call, and
+// the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
+// call. A Take makes at most 2+2*MaxAttempts calls.
+package memcached
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Client is the part of *memcache.Client that the backend uses. Because the
+// server selection happens inside the client, a client over several servers
+// works unchanged.
+type Client interface {
+	Get(key string) (*memcache.Item, error)
+	Add(item *memcache.Item) error
+	CompareAndSwap(item *memcache.Item) error
+	Increment(key string, delta uint64) (uint64, error)
+	Decrement(key string, delta uint64) (uint64, error)
+}
+
+var _ Client = (*memcache.Client)(nil)
+
+var _ throttler.Backend = (*Backend)(nil)
+
+// MaxLimit is the largest Policy.Limit this backend accepts, 2^48. Memcached
+// counts in unsigned 64 bits that wrap around; with every admitted cost at
+// most MaxLimit, only 65536 overshooting Takes in flight at once on one key,
+// each costing about MaxLimit, could wrap a counter.
+const MaxLimit = 1 << 48
+
+// maxRelativeExptime is the longest exptime Memcached reads as relative.
+const maxRelativeExptime = 30 * 24 * 60 * 60
+
+// expiryMargin is added to reset-at - now: one second of Memcached's clock
+// granularity plus the one second after reset-at that the design asks for.
+const expiryMargin = 2 * time.Second
+
+// Errors returned by the backend. Match them with errors.Is.
+var (
+	// ErrContention reports that a Take could not open a window within
+	// MaxAttempts rounds because other processes kept opening one first.
+	ErrContention = errors.New("memcached: too much contention opening a window")
+	// ErrBadItem reports an item that does not hold what the backend stores,
+	// such as a head that is not a reset-at (another program writing under
+	// the prefix).
+	ErrBadItem = errors.New("memcached: unexpected item value")
+)
+
+// Options configures a Backend. A nil *Options means the defaults.
+type Options struct {
+	// Prefix starts every item key, so the limiter's items can share a
+	// server with other data. Printable ASCII without spaces, at most
+	// MaxPrefixLen bytes. default: "throttlekit:"
+	Prefix string
+	// MaxAttempts bounds the rounds a Take makes when it loses a race to
+	// open a window (then it fails with ErrContention) or is denied while
+	// its cost would have fit (then it stays denied). Must be >= 0.
+	// default: 8
+	MaxAttempts int
+}
+
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Prefix == "" {
+		r.Prefix = "throttlekit:"
+	}
+	if err := validPrefix(r.Prefix); err != nil {
+		return r, err
+	}
+	if r.MaxAttempts < 0 {
+		return r, fmt.Errorf("memcached: Options.MaxAttempts must be >= 0, got %d", r.MaxAttempts)
+	}
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = 8
+	}
+	return r, nil
+}
+
+// Backend is a throttler.Backend storing fixed windows in Memcached. It is
+// safe for concurrent use, by any number of processes sharing the servers.
+type Backend struct {
+	c    Client
+	opts Options
+	err  error // bad configuration, returned by every operation
+}
+
+// New returns a Backend over c, usually a *memcache.Client whose Timeout
+// bounds each call. Invalid options (or a nil c) make every operation fail
+// with an error that says why, rather than panic.
+func New(c Client, opts *Options) *Backend {
+	o, err := opts.withDefaults()
+	if err == nil && c == nil {
+		err = errors.New("memcached: nil Client")
+	}
+	return &Backend{c: c, opts: o, err: err}
+}
+
+// check validates a call before any server is asked.
+func (b *Backend) check(key string, p throttler.Policy, cost int64) error {
+	if b.err != nil {
+		return b.err
+	}
+	if err := throttler.ValidateCall(key, p, cost); err != nil {
+		return err
+	}
+	if p.Limit > MaxLimit {
+		return fmt.Errorf("%w: memcached: limit %d is above MaxLimit (2^48)", throttler.ErrInvalidPolicy, p.Limit)
+	}
+	return nil
+}
+
+// window is what the head says: the open window's reset-at, if any.
+type window struct {
+	open    bool
+	resetAt int64 // Unix ms; valid when open
+	item    *memcache.Item
+	found   bool // the head exists (possibly ended): open with CAS, not Add
+}
+
+// readHead gets the head and tells whether it names a window open at now.
+func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time) (window, error) {
+	if err := ctx.Err(); err != nil {
+		return window{}, fmt.Errorf("memcached: %w", err)
+	}
+	it, err := b.c.Get(k.head())
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		return window{}, nil
+	}
+	if err != nil {
+		return window{}, fmt.Errorf("memcached: get window of %q: %w", k.id, err)
+	}
+	if it == nil {
+		return window{}, fmt.Errorf("memcached: get window of %q: %w: no item and no error", k.id, ErrBadItem)
+	}
+	ms, err := strconv.ParseInt(string(bytes.TrimSpace(it.Value)), 10, 64)
+	if err != nil {
+		return window{}, fmt.Errorf("memcached: window of %q holds %q: %w", k.id, it.Value, ErrBadItem)
+	}
+	return window{open: ms > now.UnixMilli(), resetAt: ms, item: it, found: true}, nil
+}
+
+// readCount gets the counter of window w; a missing counter counts 0.
+func (b *Backend) readCount(ctx context.Context, k itemKeys, w window) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("memcached: %w", err)
+	}
+	it, err := b.c.Get(k.counter(w.resetAt))
+	if errors.Is(err, memcache.ErrCacheMiss) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("memcached: get count of %q: %w", k.id, err)
+	}
+	if it == nil {
+		return 0, fmt.Errorf("memcached: get count of %q: %w: no item and no error", k.id, ErrBadItem)
+	}
+	n, err := strconv.ParseUint(string(bytes.TrimSpace(it.Value)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("memcached: count of %q holds %q: %w", k.id, it.Value, ErrBadItem)
+	}
+	return used(k, n)
+}
+
+// used converts a counter value, rejecting one no admitted count can reach.
+func used(k itemKeys, n uint64) (int64, error) {
+	if n > math.MaxInt64 {
+		return 0, fmt.Errorf("memcached: count of %q is %d: %w", k.id, n, ErrBadItem)
+	}
+	return int64(n), nil
+}
+
+// resetTime is the stored reset-at as a time in now's location.
+func resetTime(ms int64, now time.Time) time.Time {
+	return time.UnixMilli(ms).In(now.Location())
+}
+
+// exptime is the relative expiry of an item of the window ending at
+// resetAtMs, as seen at now; 0 (no expiry) when Memcached would read it as an
+// absolute time.
+func exptime(resetAtMs int64, now time.Time) int32 {
+	d := time.UnixMilli(resetAtMs).Sub(now) // saturates instead of wrapping
+	if d > maxRelativeExptime*time.Second-expiryMargin {
+		return 0
+	}
+	secs := (d + expiryMargin + time.Second - 1) / time.Second
+	if secs < 1 {
+		secs = 1
+	}
+	return int32(secs)
+}
+
+// Peek reports the state of key's window without counting.
+func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if err := b.check(key, p, 1); err != nil {
+		return throttler.Decision{}, err
+	}
+	return b.peek(ctx, newItemKeys(b.opts.Prefix, p.Name, key), p, now, true)
+}
+
+// peek reads the state; allowedIfRoom says whether Allowed reports room for
+// one more unit (Peek) or is false (a Take denied without counting).
+func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now time.Time, allowedIfRoom bool) (throttler.Decision, error) {
+	w, err := b.readHead(ctx, k, now)
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	if !w.open {
+		return throttler.WindowState(p, 0, time.Time{}, now, allowedIfRoom), nil
+	}
+	n, err := b.readCount(ctx, k, w)
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	return throttler.WindowState(p, n, resetTime(w.resetAt, now), now, allowedIfRoom && n < p.Limit), nil
+}
+
+// Refund gives cost units back to key's open window, never below zero; it
+// does nothing when no window is open.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := b.check(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	k := newItemKeys(b.opts.Prefix, p.Name, key)
+	w, err := b.readHead(ctx, k, now)
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	if !w.open {
+		return throttler.WindowState(p, 0, time.Time{}, now, true), nil
+	}
+	if err := ctx.Err(); err != nil {
+		return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
+	}
+	var n int64
+	v, err := b.c.Decrement(k.counter(w.resetAt), uint64(cost))
+	switch {
+	case errors.Is(err, memcache.ErrCacheMiss):
+		// Nothing counted (or evicted): nothing to give back.
+	case err != nil:
+		return throttler.Decision{}, fmt.Errorf("memcached: refund %q: %w", k.id, err)
+	default:
+		if n, err = used(k, v); err != nil {
+			return throttler.Decision{}, err
+		}
+	}
+	return throttler.WindowState(p, n, resetTime(w.resetAt, now), now, n < p.Limit), nil
+}
+
+// Take counts cost units against key's window if they fit, opening a window
+// when none is open. A denied Take counts nothing; see the package comment
+// for the sequence of calls and what it can and cannot promise.
+func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := b.check(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	k := newItemKeys(b.opts.Prefix, p.Name, key)
+	if cost > p.Limit {
+		// Never admissible: answer from the state, counting and opening nothing.
+		return b.peek(ctx, k, p, now, false)
+	}
+	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
+		w, err := b.readHead(ctx, k, now)
+		if err != nil {
+			return throttler.Decision{}, err
+		}
+		if w.open {
+			return b.count(ctx, k, p, cost, now, w.resetAt, false)
+		}
+		resetAt := now.Add(p.Window).UnixMilli()
+		won, err := b.open(ctx, k, w, resetAt, now)
+		if err != nil {
+			return throttler.Decision{}, err
+		}
+		if won {
+			return b.count(ctx, k, p, cost, now, resetAt, true)
+		}
+	}
+	return throttler.Decision{}, fmt.Errorf("%w: %q after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
+}
+
+// open points the head at a window ending at resetAtMs; it reports false when
+// another process changed the head first.
+func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int64, now time.Time) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, fmt.Errorf("memcached: %w", err)
+	}
+	it := &memcache.Item{Key: k.head(), Value: strconv.AppendInt(nil, resetAtMs, 10), Expiration: exptime(resetAtMs, now)}
+	var err error
+	if w.found {
+		it.CasID = w.item.CasID
+		err = b.c.CompareAndSwap(it)
+	} else {
+		err = b.c.Add(it)
+	}
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
+		return false, nil
+	default:
+		return false, fmt.Errorf("memcached: open window of %q: %w", k.id, err)
+	}
+}
+
+// count adds cost to the counter of the open window ending at resetAtMs
+// (steps 3 and 4 of the package comment). fresh says the counter most likely
+// does not exist yet, so add comes first.
+func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, fresh bool) (throttler.Decision, error) {
+	key := k.counter(resetAtMs)
+	resetAt := resetTime(resetAtMs, now)
+	denied := false // a denial is what is left when the attempts run out
+	var d int64
+	for attempt := 0; attempt <= b.opts.MaxAttempts; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
+		}
+		if fresh {
+			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
+			if err == nil {
+				return throttler.WindowState(p, cost, resetAt, now, true), nil
+			}
+			if !errors.Is(err, memcache.ErrNotStored) {
+				return throttler.Decision{}, fmt.Errorf("memcached: add count of %q: %w", k.id, err)
+			}
+			fresh = false
+			continue
+		}
+		v, err := b.c.Increment(key, uint64(cost))
+		if errors.Is(err, memcache.ErrCacheMiss) {
+			fresh = true
+			continue
+		}
+		if err != nil {
+			return throttler.Decision{}, fmt.Errorf("memcached: count %q: %w", k.id, err)
+		}
+		if v < uint64(cost) {
+			// Wrapped around 2^64 (see MaxLimit): put the value back, adding
+			// 2^64-cost, and give up rather than admit on a count near zero.
+			_, _ = b.c.Increment(key, -uint64(cost))
+			return throttler.Decision{}, fmt.Errorf("memcached: count of %q wrapped around: %w", k.id, ErrBadItem)
+		}
+		if v <= uint64(p.Limit) {
+			return throttler.WindowState(p, int64(v), resetAt, now, true), nil
+		}
+		// Overshoot: undo it, even if ctx is done.
+		dv, err := b.c.Decrement(key, uint64(cost))
+		switch {
+		case errors.Is(err, memcache.ErrCacheMiss):
+			dv = 0 // evicted in between: nothing is counted any more
+		case err != nil:
+			return throttler.Decision{}, fmt.Errorf("memcached: undo overshoot of %q (the window keeps %d units too many until it ends): %w", k.id, cost, err)
+		}
+		if d, err = used(k, dv); err != nil {
+			return throttler.Decision{}, err
+		}
+		denied = true
+		if d+cost > p.Limit {
+			break
+		}
+		// The cost fits without the overshoot of concurrent Takes: try again.
+	}
+	if !denied {
+		return throttler.Decision{}, fmt.Errorf("%w: counter of %q kept vanishing after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
+	}
+	return throttler.WindowState(p, d, resetAt, now, false), nil
+}

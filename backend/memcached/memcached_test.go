@@ -1,0 +1,638 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+var t0 = time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func newTestBackend(t *testing.T) (*Backend, *fakeClient) {
+	t.Helper()
+	f := newFakeClient()
+	return New(f, nil), f
+}
+
+// TestSequence runs operations on one key at fixed instants and checks every
+// decision field.
+func TestSequence(t *testing.T) {
+	p := throttler.Policy{Name: "api", Limit: 5, Window: time.Minute}
+	type step struct {
+		op          string // take, peek, refund
+		at          time.Duration
+		cost        int64
+		wantAllowed bool
+		wantUsed    int64
+		wantReset   time.Duration // from t0
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"open, count, deny counts nothing", []step{
+			{"take", 0, 2, true, 2, time.Minute},
+			{"take", time.Second, 3, true, 5, time.Minute},
+			{"take", 2 * time.Second, 1, false, 5, time.Minute},
+			{"peek", 3 * time.Second, 1, false, 5, time.Minute},
+		}},
+		{"overshoot is undone", []step{
+			{"take", 0, 4, true, 4, time.Minute},
+			{"take", time.Second, 2, false, 4, time.Minute},
+			{"take", time.Second, 1, true, 5, time.Minute},
+		}},
+		{"window ends at reset-at", []step{
+			{"take", 0, 5, true, 5, time.Minute},
+			{"take", time.Minute - time.Millisecond, 1, false, 5, time.Minute},
+			{"peek", time.Minute, 1, true, 0, 2 * time.Minute},
+			{"take", time.Minute, 1, true, 1, 2 * time.Minute},
+			{"take", time.Minute + 30*time.Second, 1, true, 2, 2 * time.Minute},
+		}},
+		{"refund never below zero", []step{
+			{"take", 0, 2, true, 2, time.Minute},
+			{"refund", time.Second, 1, true, 1, time.Minute},
+			{"refund", time.Second, 5, true, 0, time.Minute},
+			{"take", 2 * time.Second, 5, true, 5, time.Minute},
+		}},
+		{"refund with no window opens nothing", []step{
+			{"refund", 0, 3, true, 0, time.Minute},
+			{"take", 10 * time.Second, 1, true, 1, 10*time.Second + time.Minute},
+		}},
+		{"cost above limit is denied and opens nothing", []step{
+			{"take", 0, 6, false, 0, time.Minute},
+			{"peek", time.Second, 1, true, 0, time.Second + time.Minute},
+			{"take", 2 * time.Second, 1, true, 1, 2*time.Second + time.Minute},
+			{"take", 3 * time.Second, 6, false, 1, 2*time.Second + time.Minute},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _ := newTestBackend(t)
+			ctx := context.Background()
+			for i, s := range tt.steps {
+				now := t0.Add(s.at)
+				var d throttler.Decision
+				var err error
+				switch s.op {
+				case "take":
+					d, err = b.Take(ctx, "user-1", p, s.cost, now)
+				case "peek":
+					d, err = b.Peek(ctx, "user-1", p, now)
+				case "refund":
+					d, err = b.Refund(ctx, "user-1", p, s.cost, now)
+				}
+				if err != nil {
+					t.Fatalf("step %d (%s): %v", i, s.op, err)
+				}
+				want := throttler.WindowState(p, s.wantUsed, t0.Add(s.wantReset), now, s.wantAllowed)
+				if d != want {
+					t.Errorf("step %d (%s at +%v cost %d):\n got %+v\nwant %+v", i, s.op, s.at, s.cost, d, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRoundTrips pins the number of server calls of each path.
+func TestRoundTrips(t *testing.T) {
+	p := throttler.Policy{Limit: 2, Window: time.Minute}
+	b, f := newTestBackend(t)
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		do   func() error
+		want map[string]int
+	}{
+		{"open", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "add": 2}},
+		{"count", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "incr": 1}},
+		{"deny", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "incr": 1, "decr": 1}},
+		{"peek", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, map[string]int{"get": 2}},
+		{"refund", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "decr": 1}},
+		{"reopen", func() error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Hour)); return err }, map[string]int{"get": 1, "cas": 1, "add": 1}},
+	}
+	for _, s := range steps {
+		f.callCounts()
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		got := f.callCounts()
+		if len(got) != len(s.want) {
+			t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
+			continue
+		}
+		for op, n := range s.want {
+			if got[op] != n {
+				t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
+				break
+			}
+		}
+	}
+}
+
+func TestExptime(t *testing.T) {
+	const day = 24 * time.Hour
+	tests := []struct {
+		left time.Duration // reset-at - now
+		want int32
+	}{
+		{time.Millisecond, 3},
+		{time.Second, 3},
+		{time.Minute, 62},
+		{time.Minute + time.Millisecond, 63},
+		{30*day - 2*time.Second, maxRelativeExptime},
+		{30*day - 2*time.Second + time.Millisecond, 0},
+		{365 * day, 0},
+		{290 * 365 * day, 0}, // near the largest Duration
+		{0, 2},
+		{-time.Hour, 1},
+	}
+	for _, tt := range tests {
+		got := exptime(t0.Add(tt.left).UnixMilli(), t0)
+		if got != tt.want {
+			t.Errorf("exptime(now+%v) = %d, want %d", tt.left, got, tt.want)
+		}
+	}
+}
+
+// TestItemsExpireAfterResetAt checks the exptimes actually stored, with an
+// application clock far from the server's: relative, from reset-at - now.
+func TestItemsExpireAfterResetAt(t *testing.T) {
+	b, f := newTestBackend(t)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		window time.Duration
+		want   int32
+	}{
+		{time.Second, 3},
+		{time.Hour, 3602},
+		{29 * 24 * time.Hour, 29*24*3600 + 2},
+		{31 * 24 * time.Hour, 0},
+	} {
+		p := throttler.Policy{Name: "w" + tt.window.String(), Limit: 3, Window: tt.window}
+		d, err := b.Take(ctx, "k", p, 1, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := newItemKeys(b.opts.Prefix, p.Name, "k")
+		for _, key := range []string{k.head(), k.counter(d.ResetAt.UnixMilli())} {
+			if got := f.exptimeOf(key); got != tt.want {
+				t.Errorf("window %v: %s exptime %d, want %d", tt.window, key, got, tt.want)
+			}
+		}
+		// Counting keeps the exptime set when the window opened.
+		if _, err := b.Take(ctx, "k", p, 1, t0.Add(tt.window/2)); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.exptimeOf(k.head()); got != tt.want {
+			t.Errorf("window %v: head exptime changed to %d", tt.window, got)
+		}
+	}
+}
+
+func TestResetAtIsStoredMilliseconds(t *testing.T) {
+	b, _ := newTestBackend(t)
+	p := throttler.Policy{Limit: 10, Window: time.Second}
+	loc := time.FixedZone("X", 3600)
+	now := t0.Add(1234567 * time.Nanosecond).In(loc) // sub-millisecond now
+	d1, err := b.Take(context.Background(), "k", p, 1, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := time.UnixMilli(now.Add(time.Second).UnixMilli()).In(loc)
+	if !d1.ResetAt.Equal(want) || d1.ResetAt.Location() != loc {
+		t.Errorf("ResetAt %v, want %v", d1.ResetAt, want)
+	}
+	d2, err := b.Peek(context.Background(), "k", p, now.Add(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.ResetAt != d1.ResetAt {
+		t.Errorf("ResetAt moved: %v then %v", d1.ResetAt, d2.ResetAt)
+	}
+}
+
+// TestPolicyAndKeyAreSeparate checks that distinct (policy, key) pairs count
+// separately, including pairs whose plain concatenations look alike.
+func TestPolicyAndKeyAreSeparate(t *testing.T) {
+	b, _ := newTestBackend(t)
+	ctx := context.Background()
+	pairs := []struct{ name, key string }{
+		{"a", "b:c"}, {"a:b", "c"}, {"", "a:b:c"}, {"a", "b c"}, {"a", "b\x00c"},
+		{"a", strings.Repeat("x", 300)}, {"a", strings.Repeat("x", 301)},
+	}
+	for i, pr := range pairs {
+		p := throttler.Policy{Name: pr.name, Limit: 100, Window: time.Minute}
+		d, err := b.Take(ctx, pr.key, p, int64(i+1), t0)
+		if err != nil {
+			t.Fatalf("%q/%q: %v", pr.name, pr.key, err)
+		}
+		if d.Used != int64(i+1) {
+			t.Errorf("%q/%q: Used %d, want %d (shares an item)", pr.name, pr.key, d.Used, i+1)
+		}
+	}
+}
+
+// TestSpuriousDenialIsRetried interleaves a concurrent overshoot between a
+// Take's incr and decr: the Take must still get the units that fit.
+func TestSpuriousDenialIsRetried(t *testing.T) {
+	p := throttler.Policy{Limit: 10, Window: time.Minute}
+	ctx := context.Background()
+	b, f := newTestBackend(t)
+	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
+		t.Fatal(err)
+	}
+	counter := newItemKeys(b.opts.Prefix, "", "k").counter(t0.Add(time.Minute).UnixMilli())
+	// Another Take of 6 is in flight: its incr lands before ours, so ours
+	// overshoots; its decr lands before ours, so our undo finds room and
+	// the Take tries again.
+	var incrs, decrs int
+	f.setBefore(func(op, key string) error {
+		switch {
+		case op == "incr" && key == counter && incrs == 0:
+			incrs++
+			_, err := f.Increment(counter, 6) // recursion: incrs is already 1
+			return err
+		case op == "decr" && key == counter && decrs == 0:
+			decrs++
+			f.setBefore(nil)
+			_, err := f.Decrement(counter, 6)
+			return err
+		}
+		return nil
+	})
+	d, err := b.Take(ctx, "k", p, 5, t0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || d.Used != 10 {
+		t.Errorf("got %+v, want admitted with Used 10", d)
+	}
+	if v, _ := f.value(counter); strings.TrimSpace(v) != "10" {
+		t.Errorf("counter %q, want 10", v)
+	}
+}
+
+// TestPersistentOvershootDenies keeps a concurrent overshoot pending for the
+// whole Take: it is denied after MaxAttempts, counting nothing.
+func TestPersistentOvershootDenies(t *testing.T) {
+	p := throttler.Policy{Limit: 10, Window: time.Minute}
+	ctx := context.Background()
+	f := newFakeClient()
+	b := New(f, &Options{MaxAttempts: 3})
+	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
+		t.Fatal(err)
+	}
+	counter := newItemKeys(b.opts.Prefix, "", "k").counter(t0.Add(time.Minute).UnixMilli())
+	f.set(counter, "11") // 5 counted + 6 of a Take between its incr and decr
+	f.callCounts()
+	d, err := b.Take(ctx, "k", p, 5, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed {
+		t.Errorf("admitted %+v", d)
+	}
+	if v, _ := f.value(counter); strings.TrimSpace(v) != "11" {
+		t.Errorf("counter %q, want 11: a denied Take counted", v)
+	}
+	// One decr undoes "11"+5=16 to 11; 11+5 > 10, so no retry.
+	if c := f.callCounts(); c["incr"] != 1 || c["decr"] != 1 {
+		t.Errorf("calls %v, want one incr and one decr", c)
+	}
+
+	// Now the pending overshoot leaves exactly while each incr happens, and
+	// comes back before each decr: every attempt looks spurious.
+	f.set(counter, "5")
+	f.setBefore(func(op, key string) error {
+		if key == counter && op == "incr" {
+			f.mu.Lock()
+			f.items[counter].value = []byte("11")
+			f.mu.Unlock()
+		}
+		if key == counter && op == "decr" {
+			f.mu.Lock()
+			f.items[counter].value = []byte("10")
+			f.mu.Unlock()
+		}
+		return nil
+	})
+	d, err = b.Take(ctx, "k", p, 5, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Used != 5 {
+		t.Errorf("got %+v, want denied with Used 5", d)
+	}
+	if c := f.callCounts(); c["incr"] != 4 || c["decr"] != 4 {
+		t.Errorf("calls %v, want 1+MaxAttempts incr and decr", c)
+	}
+}
+
+// TestUndoRunsAfterCancel cancels the context between incr and decr: the
+// overshoot must still be undone.
+func TestUndoRunsAfterCancel(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	b, f := newTestBackend(t)
+	if _, err := b.Take(context.Background(), "k", p, 3, t0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.setBefore(func(op, key string) error {
+		if op == "incr" {
+			cancel()
+		}
+		return nil
+	})
+	d, err := b.Take(ctx, "k", p, 2, t0)
+	if err != nil || d.Allowed || d.Used != 3 {
+		t.Fatalf("got %+v, %v; want denied with Used 3", d, err)
+	}
+	f.setBefore(nil)
+	d, err = b.Peek(context.Background(), "k", p, t0)
+	if err != nil || d.Used != 3 {
+		t.Errorf("after cancel: %+v, %v; want Used 3", d, err)
+	}
+}
+
+func TestContextCheckedBeforeEachCall(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	b, f := newTestBackend(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for name, op := range map[string]func() error{
+		"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
+		"peek":   func() error { _, err := b.Peek(ctx, "k", p, t0); return err },
+		"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+	} {
+		if err := op(); !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "memcached: ") {
+			t.Errorf("%s: err %v, want memcached: … context.Canceled", name, err)
+		}
+	}
+	if c := f.callCounts(); len(c) != 0 {
+		t.Errorf("calls made with a done context: %v", c)
+	}
+	// Cancelled between the head and the counter: the second call is not made.
+	ctx, cancel = context.WithCancel(context.Background())
+	f.setBefore(func(op, key string) error {
+		cancel()
+		return nil
+	})
+	if _, err := b.Take(ctx, "k", p, 1, t0); !errors.Is(err, context.Canceled) {
+		t.Errorf("take: err %v, want context.Canceled", err)
+	}
+	if c := f.callCounts(); c["get"] != 1 || len(c) != 1 {
+		t.Errorf("calls %v, want only the get", c)
+	}
+}
+
+// TestContention makes every attempt to open a window lose.
+func TestContention(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	f := newFakeClient()
+	b := New(f, &Options{MaxAttempts: 4})
+	for _, op := range []string{"add", "cas"} {
+		t.Run(op, func(t *testing.T) {
+			if op == "cas" {
+				// An ended window, so opening needs cas.
+				f.setBefore(nil)
+				if _, err := b.Take(context.Background(), "k", p, 1, t0.Add(-time.Hour)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.setBefore(func(o, key string) error {
+				if o == op {
+					return map[string]error{"add": memcache.ErrNotStored, "cas": memcache.ErrCASConflict}[op]
+				}
+				return nil
+			})
+			f.callCounts()
+			_, err := b.Take(context.Background(), "k", p, 1, t0)
+			if !errors.Is(err, ErrContention) {
+				t.Fatalf("err %v, want ErrContention", err)
+			}
+			if c := f.callCounts(); c["get"] != 4 || c[op] != 4 {
+				t.Errorf("calls %v, want 4 gets and 4 %s", c, op)
+			}
+		})
+	}
+}
+
+// TestEvictedCounter: a live head whose counter is gone counts afresh, the
+// documented effect of eviction.
+func TestEvictedCounter(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	b, f := newTestBackend(t)
+	ctx := context.Background()
+	if _, err := b.Take(ctx, "k", p, 3, t0); err != nil {
+		t.Fatal(err)
+	}
+	k := newItemKeys(b.opts.Prefix, "", "k")
+	f.evict(k.counter(t0.Add(time.Minute).UnixMilli()))
+	d, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second))
+	if err != nil || !d.Allowed || d.Used != 1 || !d.ResetAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("got %+v, %v; want a fresh count in the same window", d, err)
+	}
+	f.evict(k.head())
+	d, err = b.Take(ctx, "k", p, 1, t0.Add(2*time.Second))
+	if err != nil || !d.Allowed || d.Used != 1 || !d.ResetAt.Equal(t0.Add(2*time.Second+time.Minute)) {
+		t.Errorf("got %+v, %v; want a fresh window", d, err)
+	}
+}
+
+func TestServerErrors(t *testing.T) {
+	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
+	boom := errors.New("connection reset")
+	for _, failOp := range []string{"get", "add", "cas", "incr", "decr"} {
+		t.Run(failOp, func(t *testing.T) {
+			b, f := newTestBackend(t)
+			ctx := context.Background()
+			// State that makes each command happen: an ended window (cas),
+			// then a full one (incr, decr).
+			if failOp == "cas" {
+				if _, err := b.Take(ctx, "k", p, 1, t0.Add(-time.Hour)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if failOp == "incr" || failOp == "decr" {
+				if _, err := b.Take(ctx, "k", p, 3, t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.setBefore(func(op, key string) error {
+				if op == failOp {
+					return boom
+				}
+				return nil
+			})
+			_, err := b.Take(ctx, "k", p, 1, t0)
+			if !errors.Is(err, boom) || !strings.HasPrefix(err.Error(), "memcached: ") {
+				t.Errorf("err %v, want memcached: … %v", err, boom)
+			}
+		})
+	}
+}
+
+func TestBadItems(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	ctx := context.Background()
+	b, f := newTestBackend(t)
+	k := newItemKeys(b.opts.Prefix, "", "k")
+	resetMs := t0.Add(time.Minute).UnixMilli()
+	live := strconv.FormatInt(resetMs, 10)
+	errServer := errors.New("any error")
+	tests := []struct {
+		name      string
+		head, cnt string
+		want      map[string]error // by op; errServer: any error will do
+	}{
+		{"head not a number", "soon", "", map[string]error{"take": ErrBadItem, "peek": ErrBadItem, "refund": ErrBadItem}},
+		{"head empty", "", "", map[string]error{"take": ErrBadItem, "peek": ErrBadItem, "refund": ErrBadItem}},
+		// incr and decr refuse a non-number themselves.
+		{"counter not a number", live, "many", map[string]error{"take": errServer, "peek": ErrBadItem, "refund": errServer}},
+		// incr wraps it (caught as a wrap), decr leaves it above int64.
+		{"counter above int64", live, "18446744073709551615", map[string]error{"take": ErrBadItem, "peek": ErrBadItem, "refund": ErrBadItem}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ops := map[string]func() error{
+				"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
+				"peek":   func() error { _, err := b.Peek(ctx, "k", p, t0); return err },
+				"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+			}
+			for name, op := range ops {
+				f.set(k.head(), tt.head)
+				f.evict(k.counter(resetMs))
+				if tt.cnt != "" {
+					f.set(k.counter(resetMs), tt.cnt)
+				}
+				err := op()
+				switch want := tt.want[name]; {
+				case err == nil:
+					t.Errorf("%s: no error", name)
+				case want != errServer && !errors.Is(err, want):
+					t.Errorf("%s: err %v, want %v", name, err, want)
+				case !strings.HasPrefix(err.Error(), "memcached: "):
+					t.Errorf("%s: err %q lacks the package prefix", name, err)
+				}
+			}
+		})
+	}
+	// A client that answers neither an item nor an error.
+	nilClient := &nilItemClient{fakeClient: newFakeClient()}
+	if _, err := New(nilClient, nil).Peek(ctx, "k", p, t0); !errors.Is(err, ErrBadItem) {
+		t.Errorf("nil item: err %v, want ErrBadItem", err)
+	}
+}
+
+type nilItemClient struct{ *fakeClient }
+
+func (nilItemClient) Get(string) (*memcache.Item, error) { return nil, nil }
+
+func TestInvalidInput(t *testing.T) {
+	b, f := newTestBackend(t)
+	ctx := context.Background()
+	ok := throttler.Policy{Limit: 3, Window: time.Minute}
+	tests := []struct {
+		name string
+		key  string
+		p    throttler.Policy
+		cost int64
+		want error
+	}{
+		{"empty key", "", ok, 1, throttler.ErrInvalidKey},
+		{"zero limit", "k", throttler.Policy{Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"limit above MaxLimit", "k", throttler.Policy{Limit: MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"zero cost", "k", ok, 0, throttler.ErrInvalidCost},
+	}
+	for _, tt := range tests {
+		if _, err := b.Take(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+			t.Errorf("%s: take err %v, want %v", tt.name, err, tt.want)
+		}
+		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+			t.Errorf("%s: refund err %v, want %v", tt.name, err, tt.want)
+		}
+		if tt.cost > 0 {
+			if _, err := b.Peek(ctx, tt.key, tt.p, t0); !errors.Is(err, tt.want) {
+				t.Errorf("%s: peek err %v, want %v", tt.name, err, tt.want)
+			}
+		}
+	}
+	if _, err := b.Take(ctx, "k", throttler.Policy{Limit: MaxLimit, Window: time.Second}, MaxLimit, t0); err != nil {
+		t.Errorf("MaxLimit: %v", err)
+	}
+	f.callCounts()
+}
+
+func TestInvalidOptions(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	tests := []struct {
+		name string
+		c    Client
+		opts *Options
+		want string
+	}{
+		{"nil client", nil, nil, "nil Client"},
+		{"prefix with space", newFakeClient(), &Options{Prefix: "my app:"}, "Prefix"},
+		{"prefix too long", newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen+1)}, "Prefix"},
+		{"negative attempts", newFakeClient(), &Options{MaxAttempts: -1}, "MaxAttempts"},
+	}
+	for _, tt := range tests {
+		b := New(tt.c, tt.opts)
+		_, err := b.Take(context.Background(), "k", p, 1, t0)
+		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "memcached: ") {
+			t.Errorf("%s: err %v, want memcached: … %s", tt.name, err, tt.want)
+		}
+	}
+	b := New(newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen)})
+	if _, err := b.Take(context.Background(), strings.Repeat("k", throttler.MaxKeyLen), p, 1, t0); err != nil {
+		t.Errorf("longest prefix and key: %v", err)
+	}
+}
+
+// TestConcurrentTakes: many goroutines on one key, across a window
+// boundary, admit exactly Limit per window with one ResetAt per window.
+func TestConcurrentTakes(t *testing.T) {
+	p := throttler.Policy{Limit: 50, Window: time.Minute}
+	b, _ := newTestBackend(t)
+	for _, now := range []time.Time{t0, t0.Add(time.Minute), t0.Add(3 * time.Minute)} {
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		resets := sync.Map{}
+		for g := 0; g < 16; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 10; i++ {
+					d, err := b.Take(context.Background(), "hot", p, 1, now)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(1)
+					}
+					resets.Store(d.ResetAt.UnixMilli(), true)
+				}
+			}()
+		}
+		wg.Wait()
+		if got := admitted.Load(); got != p.Limit {
+			t.Errorf("at %v: admitted %d, want %d", now, got, p.Limit)
+		}
+		n := 0
+		resets.Range(func(k, v any) bool { n++; return true })
+		if n != 1 {
+			t.Errorf("at %v: %d distinct ResetAt", now, n)
+		}
+	}
+}
