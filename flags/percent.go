@@ -63,6 +63,15 @@ func (s *Percent) SetMirror(on bool) {
 	}
 }
 
+// store sets both settings at once; p must be within [0, 100].
+func (s *Percent) store(p int, mirror bool) {
+	v := uint32(p)
+	if mirror {
+		v |= mirrorBit
+	}
+	s.state.Store(v)
+}
+
 // Percent returns the current percentage.
 func (s *Percent) Percent() int { return int(s.state.Load() & 0xff) }
 
