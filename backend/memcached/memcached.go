@@ -286,14 +286,18 @@ func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now 
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	if !w.open {
-		return throttler.WindowState(p, 0, time.Time{}, now, allowedIfRoom), nil
+	var n int64
+	var resetAt time.Time
+	if w.open {
+		if n, err = b.readCount(ctx, k, w); err != nil {
+			return throttler.Decision{}, err
+		}
+		resetAt = resetTime(w.resetAt, now)
 	}
-	n, err := b.readCount(ctx, k, w)
-	if err != nil {
-		return throttler.Decision{}, err
+	if !allowedIfRoom {
+		return throttler.WindowState(p, n, resetAt, now, false), nil
 	}
-	return throttler.WindowState(p, n, resetTime(w.resetAt, now), now, allowedIfRoom && n < p.Limit), nil
+	return throttler.PeekState(p, n, resetAt, now), nil
 }
 
 // Refund gives cost units back to key's open window, never below zero; it
@@ -308,7 +312,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 		return throttler.Decision{}, err
 	}
 	if !w.open {
-		return throttler.WindowState(p, 0, time.Time{}, now, true), nil
+		return throttler.PeekState(p, 0, time.Time{}, now), nil
 	}
 	if err := ctx.Err(); err != nil {
 		return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
@@ -325,7 +329,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 			return throttler.Decision{}, err
 		}
 	}
-	return throttler.WindowState(p, n, resetTime(w.resetAt, now), now, n < p.Limit), nil
+	return throttler.PeekState(p, n, resetTime(w.resetAt, now), now), nil
 }
 
 // Take counts cost units against key's window if they fit, opening a window

@@ -12,6 +12,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -635,4 +636,10 @@ func TestConcurrentTakes(t *testing.T) {
 			t.Errorf("at %v: %d distinct ResetAt", now, n)
 		}
 	}
+}
+
+// TestConformance runs the suite on the in-process fake; the integration
+// module runs it on real servers.
+func TestConformance(t *testing.T) {
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return New(newFakeClient(), nil) })
 }
