@@ -1,0 +1,67 @@
+package flags_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func Example() {
+	ctx := context.Background()
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	policy := throttler.PerHour(5000).Named("api")
+
+	old, next := memory.New(nil), memory.New(nil)
+	pct := flags.NewPercent(0)
+	router := flags.NewRouter(old, next, pct, nil)
+
+	take := func() {
+		for i := range 1000 {
+			router.Take(ctx, fmt.Sprintf("client-%d", i), policy, 1, now)
+		}
+	}
+	take()
+	fmt.Printf("0%%:  %+v\n", router.Stats())
+
+	pct.Set(25) // ramp: a quarter of the clients move on their next call
+	take()
+	fmt.Printf("25%%: %+v\n", router.Stats())
+
+	pct.Set(0) // rollback: every client is back on the old backend
+	take()
+	fmt.Printf("0%%:  %+v\n", router.Stats())
+	// Output:
+	// 0%:  {Old:1000 New:0}
+	// 25%: {Old:1751 New:249}
+	// 0%:  {Old:2751 New:249}
+}
+
+func ExampleNewFile() {
+	path := filepath.Join(os.TempDir(), "throttlekit-example-rollout.json")
+	defer os.Remove(path)
+	os.WriteFile(path, []byte(`{"percent": 10, "mirror": true}`), 0o644)
+
+	src, err := flags.NewFile(path, &flags.FileOptions{
+		GroupID: "ratelimit-redis", // the Unleash feature that may take over later
+		OnError: func(err error) { fmt.Println("keeping the last good settings:", err) },
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer src.Close()
+	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
+
+	os.WriteFile(path, []byte(`{"percent": 0}`), 0o644) // rollback
+	src.Reload()                                          // the periodic check would find it within Interval
+	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
+	// Output:
+	// {Percent:10 Mirror:true} mirroring=true
+	// {Percent:0 Mirror:false} mirroring=false
+}
