@@ -59,7 +59,7 @@ func ExampleNewFile() {
 	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
 
 	os.WriteFile(path, []byte(`{"percent": 0}`), 0o644) // rollback
-	src.Reload()                                          // the periodic check would find it within Interval
+	src.Reload()                                        // the periodic check would find it within Interval
 	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
 	// Output:
 	// {Percent:10 Mirror:true} mirroring=true
