@@ -1,0 +1,84 @@
+package redis
+
+import "strconv"
+
+// Key layout (docs/backends-redis.md): one hash per (policy, key),
+//
+//	<prefix>{<16 hex digits>}<len(policy name)>:<policy name>:<key>
+//
+// The braces are the hash tag, so a Cluster places the key by the 16 hex
+// digits alone. They are a 64-bit hash of everything else in the storage
+// key, so a key that itself holds '{' or '}' cannot move or break the tag,
+// and every datum of one (policy, key) stays in one slot whatever is added
+// later. The identity after the tag is length-prefixed, so distinct
+// (policy, key) pairs never share a storage key, hash collisions included;
+// Redis keys are binary safe, so the key's bytes are stored as they are.
+
+// tagLen is the length of the hash tag, braces included.
+const tagLen = 2 + 16
+
+// storageKey returns the Redis key of (policy, key) and its 64-bit hash,
+// which also picks the shard.
+func (b *Backend) storageKey(policy, key string) (string, uint64) {
+	var lenBuf [20]byte
+	nameLen := strconv.AppendInt(lenBuf[:0], int64(len(policy)), 10)
+
+	buf := make([]byte, 0, len(b.prefix)+tagLen+len(nameLen)+1+len(policy)+1+len(key))
+	buf = append(buf, b.prefix...)
+	tag := len(buf)
+	buf = append(buf, "{0000000000000000}"...)
+	body := len(buf)
+	buf = append(buf, nameLen...)
+	buf = append(buf, ':')
+	buf = append(buf, policy...)
+	buf = append(buf, ':')
+	buf = append(buf, key...)
+
+	h := fnv1a(fnv1a(fnvOffset, buf[:tag]), buf[body:])
+	h = fmix64(h)
+	const hexDigits = "0123456789abcdef"
+	for i := 0; i < 16; i++ {
+		buf[tag+1+i] = hexDigits[(h>>(60-4*i))&0xf]
+	}
+	return string(buf), h
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnv1a continues a 64-bit FNV-1a hash over p. It is stable across
+// processes and versions, unlike hash/maphash, because every process of an
+// application must agree on the shard of a key.
+func fnv1a(h uint64, p []byte) uint64 {
+	for _, c := range p {
+		h ^= uint64(c)
+		h *= fnvPrime
+	}
+	return h
+}
+
+// fmix64 is MurmurHash3's finalizer: it spreads FNV's weak high bits, which
+// jump hashing and the tag depend on.
+func fmix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
+}
+
+// jumpHash is Lamping and Veach's jump consistent hash: the bucket in
+// [0, n) of key h. Going from n to n+1 buckets moves 1/(n+1) of the keys,
+// all to the new bucket.
+func jumpHash(h uint64, n int) int {
+	var b, j int64 = -1, 0
+	for j < int64(n) {
+		b = j
+		h = h*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((h>>33)+1)))
+	}
+	return int(b)
+}

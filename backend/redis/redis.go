@@ -1,0 +1,325 @@
+// Package redis is a throttler.Backend on Redis: one server, a Cluster or a
+// Ring (New), or several independent shards chosen by the application, each a
+// primary with optional replicas (NewSharded), the layout GitHub runs.
+//
+// Take and Refund are one Lua script each (EVALSHA, EVAL when the server has
+// not cached it): one round trip, atomic. Peek is one HMGET, served by a
+// replica when the shard has one. A window's reset-at is computed from the
+// caller's now, stored in milliseconds and returned unchanged, so it never
+// wobbles; every read treats a stored window whose reset-at <= now as absent,
+// so a replica that still holds an ended window, or a key that has not
+// expired yet, never answers for a new window. Key expiry only cleans up: it
+// is set as a duration (the window plus Options.ExpiryMargin, PEXPIRE), so an
+// application clock that disagrees with Redis's cannot make a live window
+// vanish. See docs/backends-redis.md for the key layout.
+//
+// Timeouts: the Throttler bounds each call through its context, and go-redis
+// v9 ignores context deadlines on its sockets unless the client is built with
+// ContextTimeoutEnabled: true. Set it:
+//
+//	rdb := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+//
+// Without it a stalled server holds a call for the client's ReadTimeout
+// (3s by default) whatever the Throttler's timeout.
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Client is the part of a go-redis client the backend uses: scripts for Take
+// and Refund, HMGET for Peek. *redis.Client, *redis.ClusterClient,
+// *redis.Ring and *redis.AutoPipeliner all satisfy it.
+type Client interface {
+	goredis.Scripter
+	HMGet(ctx context.Context, key string, fields ...string) *goredis.SliceCmd
+}
+
+var (
+	_ Client = (*goredis.Client)(nil)
+	_ Client = (*goredis.ClusterClient)(nil)
+	_ Client = (*goredis.Ring)(nil)
+	_ Client = (*goredis.AutoPipeliner)(nil)
+)
+
+// ErrUnexpectedReply is returned, wrapped, when Redis answers with something
+// the backend did not ask for (a wrong type or a value out of range). It
+// never panics on a reply.
+var ErrUnexpectedReply = errors.New("redis: unexpected reply")
+
+// ErrNoShards is returned by NewSharded for an empty or nil shard list.
+var ErrNoShards = errors.New("redis: no shards")
+
+// maxExact is the largest limit or cost the scripts count exactly: Lua
+// numbers are doubles.
+const maxExact = 1 << 53
+
+var (
+	//go:embed scripts/take.lua
+	takeSource string
+	takeScript = goredis.NewScript(takeSource)
+	//go:embed scripts/refund.lua
+	refundSource string
+	refundScript = goredis.NewScript(refundSource)
+)
+
+// Options configure a Backend. The zero value (or nil) means defaults.
+type Options struct {
+	// Prefix begins every key the backend writes, so that several
+	// applications can share one Redis. It must not hold '{' or '}',
+	// which would move the hash tag. default: "throttlekit:"
+	Prefix string
+	// ExpiryMargin is how long a window's key outlives its reset-at, for
+	// an application clock that lags Redis's; the key is deleted by Redis
+	// then, purely to reclaim memory. default: 1s
+	ExpiryMargin time.Duration
+}
+
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.Prefix == "" {
+		out.Prefix = "throttlekit:"
+	}
+	if out.ExpiryMargin <= 0 {
+		out.ExpiryMargin = time.Second
+	}
+	return out
+}
+
+// Shard is one independent Redis of a sharded layout: a primary that takes
+// every write, and replicas that serve Peek.
+type Shard struct {
+	Primary  Client
+	Replicas []Client
+}
+
+type shard struct {
+	primary  Client
+	replicas []Client
+	next     atomic.Uint32 // round robin over replicas
+}
+
+// Backend stores fixed windows in Redis. It is safe for concurrent use and
+// starts no goroutines; the clients it was given remain the caller's to
+// close. Create it with New or NewSharded.
+type Backend struct {
+	shards   []*shard
+	prefix   string
+	marginMS int64
+	err      error // a construction error that every call returns
+}
+
+var _ throttler.Backend = (*Backend)(nil)
+
+// New returns a Backend on one client: a single Redis, or a Cluster or Ring
+// client, which route each key themselves. Nil options mean defaults.
+func New(c Client, opts *Options) *Backend {
+	b, err := NewSharded([]Shard{{Primary: c}}, opts)
+	if err != nil {
+		// Only a nil client fails; every call reports it rather than panic.
+		return &Backend{err: err}
+	}
+	return b
+}
+
+// NewSharded returns a Backend that spreads keys over independent shards by
+// jump consistent hashing of the storage key: appending a shard moves about
+// 1/N of the keys, all of them to the new shard. The order of shards is
+// part of the layout: append new ones at the end, never reorder. Writes go
+// to a shard's primary; Peek goes to one of its replicas, round robin, and
+// to the primary when that replica fails. Nil options mean defaults.
+func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
+	if len(shards) == 0 {
+		return nil, ErrNoShards
+	}
+	o := opts.withDefaults()
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("redis: prefix %q holds a brace, which would move the hash tag", o.Prefix)
+	}
+	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: o.ExpiryMargin.Milliseconds()}
+	if b.marginMS < 1 {
+		b.marginMS = 1
+	}
+	for i, s := range shards {
+		if s.Primary == nil {
+			return nil, fmt.Errorf("redis: shard %d has no primary", i)
+		}
+		for j, r := range s.Replicas {
+			if r == nil {
+				return nil, fmt.Errorf("redis: shard %d has a nil replica at %d", i, j)
+			}
+		}
+		b.shards[i] = &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...)}
+	}
+	return b, nil
+}
+
+// checkCall validates the input, plus what only this store cannot hold.
+func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
+	if b.err != nil {
+		return b.err
+	}
+	if err := throttler.ValidateCall(key, p, cost); err != nil {
+		return err
+	}
+	if p.Limit > maxExact {
+		return fmt.Errorf("%w: redis counts limits up to 2^53, got %d", throttler.ErrInvalidPolicy, p.Limit)
+	}
+	if cost > maxExact {
+		return fmt.Errorf("%w: redis counts costs up to 2^53, got %d", throttler.ErrInvalidCost, cost)
+	}
+	return nil
+}
+
+// Take counts cost against the key's window if it fits: one script, one
+// round trip, on the shard's primary.
+func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := b.checkCall(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	sk, h := b.storageKey(p.Name, key)
+	nowMS := now.UnixMilli()
+	winMS := p.Window.Milliseconds()
+	var res [3]int64
+	err := parseInts(takeScript.Run(ctx, b.shardFor(h).primary, []string{sk},
+		nowMS, nowMS+winMS, p.Limit, cost, winMS+b.marginMS), res[:])
+	if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
+		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+	}
+	if err != nil {
+		return throttler.Decision{}, opError("take", key, p, err)
+	}
+	return throttler.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+}
+
+// Refund gives cost back to the key's open window, never below zero: one
+// script, one round trip, on the shard's primary.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := b.checkCall(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	sk, h := b.storageKey(p.Name, key)
+	var res [2]int64
+	err := parseInts(refundScript.Run(ctx, b.shardFor(h).primary, []string{sk}, now.UnixMilli(), cost), res[:])
+	if err == nil && res[0] < 0 {
+		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+	}
+	if err != nil {
+		return throttler.Decision{}, opError("refund", key, p, err)
+	}
+	return throttler.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+}
+
+// Peek reports the key's window without counting. It reads a replica when
+// the shard has one, and the primary when that read fails; a window that
+// ended by now reads as absent wherever it is still stored.
+func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if err := b.checkCall(key, p, 1); err != nil {
+		return throttler.Decision{}, err
+	}
+	sk, h := b.storageKey(p.Name, key)
+	s := b.shardFor(h)
+	var (
+		used    int64
+		resetAt time.Time
+		err     error
+	)
+	if n := len(s.replicas); n > 0 {
+		r := s.replicas[int(s.next.Add(1)-1)%n]
+		used, resetAt, err = readWindow(ctx, r, sk)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnexpectedReply) {
+			used, resetAt, err = readWindow(ctx, s.primary, sk)
+		}
+	} else {
+		used, resetAt, err = readWindow(ctx, s.primary, sk)
+	}
+	if err != nil {
+		return throttler.Decision{}, opError("peek", key, p, err)
+	}
+	return throttler.PeekState(p, used, resetAt, now), nil
+}
+
+// readWindow reads a window's hash; a zero resetAt means none is stored.
+// Fields that do not parse as integers read as absent, as in the scripts,
+// which overwrite them on the next Take.
+func readWindow(ctx context.Context, c Client, sk string) (used int64, resetAt time.Time, err error) {
+	vals, err := c.HMGet(ctx, sk, "u", "r").Result()
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if len(vals) != 2 {
+		return 0, time.Time{}, fmt.Errorf("%w: HMGET gave %d values for 2 fields", ErrUnexpectedReply, len(vals))
+	}
+	u, uok := parseField(vals[0])
+	r, rok := parseField(vals[1])
+	if !uok || !rok {
+		return 0, time.Time{}, nil
+	}
+	return max(u, 0), time.UnixMilli(r), nil
+}
+
+// parseInts fills out from a script's reply, which must be an array of
+// exactly len(out) integers.
+func parseInts(cmd *goredis.Cmd, out []int64) error {
+	reply, err := cmd.Result()
+	if errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("%w: nil", ErrUnexpectedReply)
+	}
+	if err != nil {
+		return err
+	}
+	vals, ok := reply.([]any)
+	if !ok {
+		return fmt.Errorf("%w: %T, want an array", ErrUnexpectedReply, reply)
+	}
+	if len(vals) != len(out) {
+		return fmt.Errorf("%w: %d values, want %d", ErrUnexpectedReply, len(vals), len(out))
+	}
+	for i, v := range vals {
+		n, ok := v.(int64)
+		if !ok {
+			return fmt.Errorf("%w: value %d is %T, want an integer", ErrUnexpectedReply, i, v)
+		}
+		out[i] = n
+	}
+	return nil
+}
+
+func parseField(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
+}
+
+func (b *Backend) shardFor(h uint64) *shard {
+	if len(b.shards) == 1 {
+		return b.shards[0]
+	}
+	return b.shards[jumpHash(h, len(b.shards))]
+}
+
+// opError wraps a store failure with the operation and the window's
+// identity. Long keys are cut: the error is for logs.
+func opError(op, key string, p throttler.Policy, err error) error {
+	if len(key) > 64 {
+		key = key[:64] + "..."
+	}
+	return fmt.Errorf("redis: %s %q (policy %q): %w", op, key, p.Name, err)
+}

@@ -1,0 +1,373 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// fakeClient answers with canned replies and records what it was sent. It
+// checks reply handling only; the semantics are proven against real Redis
+// servers in the integration module.
+type fakeClient struct {
+	goredis.Scripter // the methods the backend must not call: nil, so they panic
+
+	evalVal   any
+	refundVal any // refund's reply, when set: its script has 2 arguments
+	evalErr   error
+	noScript  bool // EVALSHA fails with NOSCRIPT
+	hmgetVal  []any
+	hmgetErr  error
+	calls     []string
+	lastKeys  []string
+	lastArgs  []any
+	lastCtxOK bool
+}
+
+func (f *fakeClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
+	f.calls = append(f.calls, "evalsha")
+	if f.noScript {
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(goredis.ErrNoScript)
+		return cmd
+	}
+	return f.eval(ctx, keys, args)
+}
+
+func (f *fakeClient) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	f.calls = append(f.calls, "eval")
+	return f.eval(ctx, keys, args)
+}
+
+func (f *fakeClient) eval(ctx context.Context, keys []string, args []any) *goredis.Cmd {
+	f.lastKeys, f.lastArgs = keys, args
+	cmd := goredis.NewCmd(ctx)
+	cmd.SetVal(f.evalVal)
+	if f.refundVal != nil && len(args) == 2 {
+		cmd.SetVal(f.refundVal)
+	}
+	cmd.SetErr(f.evalErr)
+	return cmd
+}
+
+func (f *fakeClient) HMGet(ctx context.Context, key string, fields ...string) *goredis.SliceCmd {
+	f.calls = append(f.calls, "hmget")
+	f.lastKeys = []string{key}
+	cmd := goredis.NewSliceCmd(ctx)
+	cmd.SetVal(f.hmgetVal)
+	cmd.SetErr(f.hmgetErr)
+	return cmd
+}
+
+var (
+	t0     = time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	policy = throttler.Policy{Name: "api", Limit: 10, Window: time.Minute}
+	ms     = t0.UnixMilli()
+	reset  = ms + time.Minute.Milliseconds()
+)
+
+func TestTakeSendsWindowAsDurations(t *testing.T) {
+	f := &fakeClient{evalVal: []any{int64(1), int64(3), reset}}
+	b := New(f, &Options{ExpiryMargin: 2 * time.Second})
+	d, err := b.Take(context.Background(), "k", policy, 3, t0.Add(700*time.Microsecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// now, reset-at of a window opened now, limit, cost, expiry as a duration.
+	want := fmt.Sprint([]any{ms, reset, int64(10), int64(3), int64(62000)})
+	if got := fmt.Sprint(f.lastArgs); got != want {
+		t.Errorf("script args = %s, want %s", got, want)
+	}
+	if sk, _ := b.storageKey("api", "k"); len(f.lastKeys) != 1 || f.lastKeys[0] != sk {
+		t.Errorf("script keys = %q, want [%q]", f.lastKeys, sk)
+	}
+	wantD := throttler.Decision{Allowed: true, Limit: 10, Used: 3, Remaining: 7, ResetAt: time.UnixMilli(reset)}
+	if d != wantD {
+		t.Errorf("Take = %+v, want %+v", d, wantD)
+	}
+}
+
+func TestScriptFallsBackToEvalOnNoScript(t *testing.T) {
+	f := &fakeClient{noScript: true, evalVal: []any{int64(1), int64(1), reset}}
+	if _, err := New(f, nil).Take(context.Background(), "k", policy, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(f.calls, ","); got != "evalsha,eval" {
+		t.Errorf("calls = %s, want evalsha,eval", got)
+	}
+}
+
+func TestTakeReplies(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply any
+		err   error
+		want  throttler.Decision
+		isErr error
+	}{
+		{name: "allowed", reply: []any{int64(1), int64(10), reset},
+			want: throttler.Decision{Allowed: true, Limit: 10, Used: 10, Remaining: 0, ResetAt: time.UnixMilli(reset)}},
+		{name: "denied in open window", reply: []any{int64(0), int64(10), reset},
+			want: throttler.Decision{Limit: 10, Used: 10, ResetAt: time.UnixMilli(reset), RetryAfter: time.Minute}},
+		{name: "denied, no window", reply: []any{int64(0), int64(0), ms},
+			want: throttler.Decision{Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute), RetryAfter: time.Minute}},
+		{name: "server error", err: errors.New("LOADING"), isErr: nil},
+		{name: "nil", reply: nil, err: goredis.Nil, isErr: ErrUnexpectedReply},
+		{name: "not an array", reply: "OK", isErr: ErrUnexpectedReply},
+		{name: "short", reply: []any{int64(1), int64(1)}, isErr: ErrUnexpectedReply},
+		{name: "long", reply: []any{int64(1), int64(1), reset, int64(0)}, isErr: ErrUnexpectedReply},
+		{name: "string value", reply: []any{int64(1), "1", reset}, isErr: ErrUnexpectedReply},
+		{name: "nil value", reply: []any{int64(1), nil, reset}, isErr: ErrUnexpectedReply},
+		{name: "allowed out of range", reply: []any{int64(2), int64(1), reset}, isErr: ErrUnexpectedReply},
+		{name: "negative used", reply: []any{int64(1), int64(-1), reset}, isErr: ErrUnexpectedReply},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeClient{evalVal: tt.reply, evalErr: tt.err}
+			d, err := New(f, nil).Take(context.Background(), "k", policy, 1, t0)
+			if tt.err != nil || tt.isErr != nil {
+				if err == nil {
+					t.Fatalf("Take = %+v, want an error", d)
+				}
+				if !strings.HasPrefix(err.Error(), "redis: take ") {
+					t.Errorf("error %q lacks the package prefix", err)
+				}
+				if tt.isErr != nil && !errors.Is(err, tt.isErr) {
+					t.Errorf("error %v, want %v", err, tt.isErr)
+				}
+				if tt.isErr == nil && !errors.Is(err, tt.err) {
+					t.Errorf("error %v does not wrap %v", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d != tt.want {
+				t.Errorf("Take = %+v, want %+v", d, tt.want)
+			}
+		})
+	}
+}
+
+func TestRefundReplies(t *testing.T) {
+	tests := []struct {
+		name  string
+		reply any
+		want  throttler.Decision
+		isErr bool
+	}{
+		{name: "open window", reply: []any{int64(4), reset},
+			want: throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: time.UnixMilli(reset)}},
+		{name: "no window", reply: []any{int64(0), ms},
+			want: throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
+		{name: "short", reply: []any{int64(4)}, isErr: true},
+		{name: "negative used", reply: []any{int64(-4), reset}, isErr: true},
+		{name: "bulk string", reply: []any{"4", reset}, isErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeClient{evalVal: tt.reply}
+			d, err := New(f, nil).Refund(context.Background(), "k", policy, 2, t0)
+			if tt.isErr {
+				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: refund ") {
+					t.Fatalf("Refund = %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d != tt.want {
+				t.Errorf("Refund = %+v, want %+v", d, tt.want)
+			}
+			if got := fmt.Sprint(f.lastArgs); got != fmt.Sprint([]any{ms, int64(2)}) {
+				t.Errorf("script args = %s", got)
+			}
+		})
+	}
+}
+
+func TestPeekReplies(t *testing.T) {
+	r := fmt.Sprint(reset)
+	tests := []struct {
+		name  string
+		reply []any
+		now   time.Time
+		want  throttler.Decision
+		isErr bool
+	}{
+		{name: "open window", reply: []any{"4", r}, now: t0,
+			want: throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: time.UnixMilli(reset)}},
+		{name: "full window", reply: []any{"12", r}, now: t0,
+			want: throttler.Decision{Limit: 10, Used: 12, ResetAt: time.UnixMilli(reset), RetryAfter: time.Minute}},
+		{name: "absent", reply: []any{nil, nil}, now: t0,
+			want: throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
+		// A replica still holding a window that ended: fresh, never "denied
+		// with Remaining == Limit".
+		{name: "ended, still stored", reply: []any{"10", r}, now: time.UnixMilli(reset),
+			want: throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: time.UnixMilli(reset).Add(time.Minute)}},
+		{name: "garbage fields read as absent", reply: []any{"x", r}, now: t0,
+			want: throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
+		{name: "wrong count", reply: []any{"4"}, now: t0, isErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &fakeClient{hmgetVal: tt.reply}
+			d, err := New(f, nil).Peek(context.Background(), "k", policy, tt.now)
+			if tt.isErr {
+				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: peek ") {
+					t.Fatalf("Peek = %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d != tt.want {
+				t.Errorf("Peek = %+v, want %+v", d, tt.want)
+			}
+		})
+	}
+}
+
+func TestPeekReadsReplicasInTurnAndFallsBackToPrimary(t *testing.T) {
+	r := fmt.Sprint(reset)
+	primary := &fakeClient{hmgetVal: []any{"1", r}}
+	good := &fakeClient{hmgetVal: []any{"2", r}}
+	down := &fakeClient{hmgetErr: errors.New("dial tcp: connection refused")}
+	b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{good, down}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used []int64
+	for range 4 {
+		d, err := b.Peek(context.Background(), "k", policy, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		used = append(used, d.Used)
+	}
+	if got := fmt.Sprint(used); got != "[2 1 2 1]" {
+		t.Errorf("Used over 4 peeks = %s, want [2 1 2 1] (replica, then primary after the failed one)", got)
+	}
+	if len(primary.calls) != 2 || len(good.calls) != 2 || len(down.calls) != 2 {
+		t.Errorf("calls: primary %d, good replica %d, failing replica %d; want 2 each", len(primary.calls), len(good.calls), len(down.calls))
+	}
+
+	// A cancelled call does not go on to the primary.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	down.hmgetErr = context.Canceled
+	b2, _ := NewSharded([]Shard{{Primary: primary, Replicas: []Client{down}}}, nil)
+	before := len(primary.calls)
+	if _, err := b2.Peek(ctx, "k", policy, t0); !errors.Is(err, context.Canceled) {
+		t.Errorf("Peek with a cancelled context: %v", err)
+	}
+	if len(primary.calls) != before {
+		t.Error("a cancelled Peek went on to the primary")
+	}
+}
+
+func TestWritesGoToTheKeysShard(t *testing.T) {
+	shards := make([]Shard, 4)
+	fakes := make([]*fakeClient, 4)
+	for i := range shards {
+		fakes[i] = &fakeClient{evalVal: []any{int64(1), int64(1), reset}, refundVal: []any{int64(0), reset}, hmgetVal: []any{nil, nil}}
+		shards[i] = Shard{Primary: fakes[i], Replicas: []Client{fakes[i]}}
+	}
+	b, err := NewSharded(shards, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		key := fmt.Sprint("user-", i)
+		_, h := b.storageKey(policy.Name, key)
+		want := fakes[jumpHash(h, 4)]
+		for _, op := range []string{"take", "refund", "peek"} {
+			for _, f := range fakes {
+				f.calls = nil
+			}
+			var err error
+			switch op {
+			case "take":
+				_, err = b.Take(context.Background(), key, policy, 1, t0)
+			case "refund":
+				_, err = b.Refund(context.Background(), key, policy, 1, t0)
+			case "peek":
+				_, err = b.Peek(context.Background(), key, policy, t0)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range fakes {
+				if (len(f.calls) > 0) != (f == want) {
+					t.Fatalf("%s %q: shard calls %v, want only shard %d", op, key, f.calls, jumpHash(h, 4))
+				}
+			}
+		}
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	f := &fakeClient{}
+	b := New(f, nil)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		key  string
+		p    throttler.Policy
+		cost int64
+		want error
+	}{
+		{"empty key", "", policy, 1, throttler.ErrInvalidKey},
+		{"zero limit", "k", throttler.Policy{Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"zero cost", "k", policy, 0, throttler.ErrInvalidCost},
+		{"limit beyond exact doubles", "k", throttler.Policy{Limit: 1<<53 + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"cost beyond exact doubles", "k", policy, 1<<53 + 1, throttler.ErrInvalidCost},
+	}
+	for _, tt := range tests {
+		if _, err := b.Take(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Take error %v, want %v", tt.name, err, tt.want)
+		}
+		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+			t.Errorf("%s: Refund error %v, want %v", tt.name, err, tt.want)
+		}
+		if tt.want != throttler.ErrInvalidCost {
+			if _, err := b.Peek(ctx, tt.key, tt.p, t0); !errors.Is(err, tt.want) {
+				t.Errorf("%s: Peek error %v, want %v", tt.name, err, tt.want)
+			}
+		}
+	}
+	if len(f.calls) != 0 {
+		t.Errorf("bad input reached Redis: %v", f.calls)
+	}
+}
+
+func TestConstructionErrors(t *testing.T) {
+	if _, err := NewSharded(nil, nil); !errors.Is(err, ErrNoShards) {
+		t.Errorf("NewSharded(nil) error %v, want ErrNoShards", err)
+	}
+	if _, err := NewSharded([]Shard{{}}, nil); err == nil {
+		t.Error("NewSharded with no primary: no error")
+	}
+	if _, err := NewSharded([]Shard{{Primary: &fakeClient{}, Replicas: []Client{nil}}}, nil); err == nil {
+		t.Error("NewSharded with a nil replica: no error")
+	}
+	// New cannot return an error; a nil client fails every call instead of
+	// panicking.
+	b := New(nil, nil)
+	if _, err := b.Take(context.Background(), "k", policy, 1, t0); err == nil || !strings.HasPrefix(err.Error(), "redis: ") {
+		t.Errorf("Take on New(nil) = %v, want a redis error", err)
+	}
+	if _, err := b.Peek(context.Background(), "k", policy, t0); err == nil {
+		t.Error("Peek on New(nil): no error")
+	}
+}
