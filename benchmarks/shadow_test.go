@@ -1,0 +1,153 @@
+package benchmarks
+
+import (
+	"context"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// shadowKeys are the keys the shadow benchmarks cycle through: enough to
+// spread over every worker, few enough to stay in cache.
+var shadowKeys = func() []string {
+	k := make([]string, 1024)
+	for i := range k {
+		k[i] = "client-" + strconv.Itoa(i)
+	}
+	return k
+}()
+
+// BenchmarkShadowControlPath measures what an application waits for:
+// Throttler.Allow over the memory backend alone ("off") and over a Shadow
+// that mirrors to a second memory backend ("on"). BenchmarkShadowTake
+// measures the bare Backend.Take the same way. One caller, so that the
+// candidate's work can run on the other core, as it does beside requests
+// that are not a tight loop of limiter calls; dropped/op shows whether the
+// workers kept up (drops make "on" look cheaper, so it must stay near 0).
+func BenchmarkShadowControlPath(b *testing.B) {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	for _, mode := range []string{"off", "on"} {
+		b.Run(mode, func(b *testing.B) {
+			var be throttler.Backend = memory.New(nil)
+			var s *shadow.Backend
+			if mode == "on" {
+				s = shadow.New(be, memory.New(nil), nil)
+				defer s.Close()
+				be = s
+			}
+			t := throttler.New(be, &throttler.Options{Clock: clock})
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := t.Allow(ctx, shadowKeys[i&1023], p); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportShadow(b, s)
+		})
+	}
+}
+
+func BenchmarkShadowTake(b *testing.B) {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for _, mode := range []string{"off", "on"} {
+		b.Run(mode, func(b *testing.B) {
+			var be throttler.Backend = memory.New(nil)
+			var s *shadow.Backend
+			if mode == "on" {
+				s = shadow.New(be, memory.New(nil), nil)
+				defer s.Close()
+				be = s
+			}
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, err := be.Take(ctx, shadowKeys[i&1023], p, 1, now); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportShadow(b, s)
+		})
+	}
+}
+
+// reportShadow reports the share of calls dropped and the mismatch rate
+// once the queue has drained.
+func reportShadow(b *testing.B, s *shadow.Backend) {
+	if s == nil {
+		return
+	}
+	b.StopTimer()
+	_ = s.Flush(context.Background())
+	st := s.Stats()
+	b.ReportMetric(float64(st.Count(shadow.Dropped))/float64(b.N), "dropped/op")
+	b.ReportMetric(st.MismatchRate(), "mismatch-rate")
+}
+
+// BenchmarkShadowQueueMemory fills every worker's queue while the candidate
+// is stuck, and reports the heap that the queued calls hold: bytes per
+// queued call, and the bound for the default options (2 x Workers x
+// QueueSize calls, each batch in hand plus a full queue), keys excluded.
+func BenchmarkShadowQueueMemory(b *testing.B) {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	const workers, queue = 8, 512 // the defaults
+	var perCall float64
+	for b.Loop() {
+		release := make(chan struct{})
+		stuck := stuckBackend{release}
+		control := memory.New(nil)
+		for _, k := range shadowKeys { // the control's own windows are not the queue's
+			_, _ = control.Take(ctx, k, p, 1, now)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := shadow.New(control, stuck, &shadow.Options{Workers: workers, QueueSize: queue, Timeout: time.Hour})
+		// Far more calls than fit: every queue ends full, the rest drop.
+		for i := range 4 * workers * queue {
+			_, _ = s.Take(ctx, shadowKeys[i&1023], p, 1, now)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		queued := s.Stats().Queued
+		perCall = float64(after.HeapAlloc-before.HeapAlloc) / float64(queued)
+		close(release)
+		_ = s.Close()
+	}
+	b.ReportMetric(perCall, "B/queued-call")
+	b.ReportMetric(perCall*2*workers*queue/(1<<20), "MiB-bound-default")
+}
+
+// stuckBackend answers nothing until release is closed.
+type stuckBackend struct{ release chan struct{} }
+
+func (s stuckBackend) wait(ctx context.Context) error {
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s stuckBackend) Take(ctx context.Context, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, s.wait(ctx)
+}
+
+func (s stuckBackend) Peek(ctx context.Context, _ string, _ throttler.Policy, _ time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, s.wait(ctx)
+}
+
+func (s stuckBackend) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, s.wait(ctx)
+}

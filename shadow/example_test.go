@@ -1,0 +1,43 @@
+package shadow_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// The old store serves; the new one receives every call and is compared.
+// Here the new store has lost the first window (as an evicting Memcached
+// would), so its decisions diverge and the shadow says how.
+func Example() {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "api", Limit: 2, Window: time.Minute}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	old, candidate := memory.New(nil), memory.New(nil)
+	_, _ = old.Take(ctx, "alice", p, 2, t0) // only the old store saw these
+
+	s := shadow.New(old, candidate, &shadow.Options{
+		Publish: func(r shadow.Result) {
+			fmt.Printf("%s %s: control allowed=%v used=%d, candidate allowed=%v used=%d: %v\n",
+				r.Op, r.Key, r.Control.Allowed, r.Control.Used, r.Candidate.Allowed, r.Candidate.Used, r.Kinds)
+		},
+	})
+	defer s.Close()
+
+	d, err := s.Take(ctx, "alice", p, 1, t0.Add(time.Second))
+	fmt.Println("caller gets:", d.Allowed, d.Remaining, err)
+
+	_ = s.Flush(ctx) // wait for the comparison
+	st := s.Stats()
+	fmt.Printf("compared %d, mismatch rate %.0f%%, allowed differs %d\n",
+		st.Compared, 100*st.MismatchRate(), st.Count(shadow.AllowedDiffers))
+	// Output:
+	// caller gets: false 0 <nil>
+	// take alice: control allowed=false used=2, candidate allowed=true used=1: allowed|used|reset_at
+	// compared 1, mismatch rate 100%, allowed differs 1
+}

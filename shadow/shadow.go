@@ -1,0 +1,531 @@
+// Package shadow serves every call from a control backend and mirrors it, in
+// the background, to a candidate backend, comparing the two decisions: the
+// "shadow" stage of a migration between stores, after github/scientist.
+//
+// The caller always gets the control's decision and error. The mirrored call
+// (same key, policy, cost and now) waits in a bounded queue for a worker; a
+// slow, failing or dead candidate fills the queue and further calls are
+// dropped and counted, so it never slows or fails the control path. Every
+// comparison becomes a Result, passed to Options.Publish and summed in
+// Stats.
+package shadow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Errors a Result's CandidateErr or a method may match with errors.Is.
+var (
+	// ErrCandidateTimeout: the candidate did not answer within
+	// Options.Timeout.
+	ErrCandidateTimeout = errors.New("shadow: candidate timed out")
+	// ErrCandidatePanic: the candidate panicked; the panic was recovered.
+	ErrCandidatePanic = errors.New("shadow: candidate panicked")
+	// ErrClosed: Flush was called after Close.
+	ErrClosed = errors.New("shadow: closed")
+	// ErrNoControl: the Backend was built without a control backend.
+	ErrNoControl = errors.New("shadow: no control backend")
+)
+
+// Options configure a Backend. The zero value (or nil) means defaults;
+// negative numbers mean defaults too.
+type Options struct {
+	// Workers is how many goroutines call the candidate. Calls for one key
+	// always go to the same worker, in order. A network candidate needs
+	// several: each worker makes one call at a time. default: 8
+	Workers int
+	// QueueSize is how many mirrored calls may wait for each worker; when
+	// its queue is full a call is dropped (a Result of kind Dropped). A
+	// worker also holds the batch it is working through, so at most
+	// 2*Workers*QueueSize calls are held in all. default: 512
+	QueueSize int
+	// Timeout bounds each candidate call, through its context's deadline,
+	// which is between 7/8 of Timeout and Timeout from the call's start
+	// (a worker's calls share a context while enough of it is left). A
+	// candidate that ignores its context holds its worker until it
+	// returns; the calls queued behind it are dropped once the queue is
+	// full, and the control path is still unaffected. default: 100ms
+	Timeout time.Duration
+	// DrainTimeout is how long Close lets the workers finish the queued
+	// calls before it cancels the calls in flight and drops the rest.
+	// default: 1s
+	DrainTimeout time.Duration
+	// UsedTolerance is how far Used and Remaining may differ before a
+	// pair counts as UsedDiffers. default: 0, exact
+	UsedTolerance int64
+	// ResetAtTolerance is how far ResetAt may differ before a pair counts
+	// as ResetAtDiffers. Stores keep milliseconds, so a finer tolerance
+	// would flag their rounding. default: 1ms
+	ResetAtTolerance time.Duration
+	// Ignore, if set, is asked about every pair whose decisions differ;
+	// returning true marks a known, accepted difference: the Result is
+	// published with Ignored set and not counted as a mismatch. It runs on
+	// a worker goroutine. default: nil, nothing ignored
+	Ignore func(Result) bool
+	// Publish, if set, receives every Result: matches, differences,
+	// candidate errors and drops. It runs on a worker goroutine, except
+	// for drops, which it receives on the caller's goroutine; it must be
+	// quick and safe for concurrent use. A panic in it is recovered.
+	// default: nil
+	Publish func(Result)
+	// Enabled, if set, is asked on every call whether to mirror it; false
+	// serves from the control alone and records nothing. It runs on the
+	// control path, so it must be cheap (an atomic load). default: nil,
+	// always mirror
+	Enabled func() bool
+	// KeepMismatches is how many of the latest mismatches Stats returns.
+	// default: 100
+	KeepMismatches int
+}
+
+func (o *Options) withDefaults() Options {
+	var out Options
+	if o != nil {
+		out = *o
+	}
+	if out.Workers <= 0 {
+		out.Workers = 8
+	}
+	if out.QueueSize <= 0 {
+		out.QueueSize = 512
+	}
+	if out.Timeout <= 0 {
+		out.Timeout = 100 * time.Millisecond
+	}
+	if out.DrainTimeout <= 0 {
+		out.DrainTimeout = time.Second
+	}
+	if out.UsedTolerance < 0 {
+		out.UsedTolerance = 0
+	}
+	if out.ResetAtTolerance <= 0 {
+		out.ResetAtTolerance = time.Millisecond
+	}
+	if out.KeepMismatches <= 0 {
+		out.KeepMismatches = 100
+	}
+	return out
+}
+
+// A worker that finds its queue empty naps this long, up to maxNaps times,
+// before it sleeps until a caller wakes it. Under load it therefore collects
+// calls in batches without any caller paying to wake it; a caller wakes it
+// early only when its queue reaches wakeAt of QueueSize, so naps never cause
+// drops.
+const (
+	nap     = 500 * time.Microsecond
+	maxNaps = 4
+	wakeAt  = 4 // a quarter
+)
+
+// Backend is a throttler.Backend that answers from the control and mirrors
+// to the candidate. It is safe for concurrent use. Create it with New and
+// stop its workers with Close.
+type Backend struct {
+	control, candidate throttler.Backend
+	opts               Options
+	seed               maphash.Seed
+	workers            []*worker
+	wakeLen            int
+
+	ctx       context.Context // cancelled when Close gives up draining
+	cancel    context.CancelFunc
+	discard   atomic.Bool // set with cancel: drop what is still queued
+	discarded atomic.Uint64
+	wg        sync.WaitGroup
+	closing   sync.Once
+	closed    atomic.Bool
+
+	drops      counters // recorded on callers' goroutines
+	mismatches ring
+}
+
+var _ throttler.Backend = (*Backend)(nil)
+
+// call is one mirrored operation waiting for its worker, or a Flush barrier.
+type call struct {
+	op         Op
+	key        string
+	p          throttler.Policy
+	cost       int64
+	now        time.Time
+	control    throttler.Decision
+	controlErr error
+	barrier    chan struct{}
+}
+
+type worker struct {
+	mu       sync.Mutex
+	queue    []call
+	sleeping bool // parked until woken; a caller must signal wake
+	closed   bool
+	wake     chan struct{} // capacity 1
+	_        [64]byte      // keep workers' locks on separate cache lines
+
+	// Owned by the worker goroutine.
+	spare    []call
+	ctx      context.Context // shared by calls while enough of it is left
+	cancel   context.CancelFunc
+	deadline time.Time
+
+	tally  tally    // this batch's results, not yet in counts
+	counts counters // what Stats reads
+}
+
+// New returns a Backend that serves from control and mirrors to candidate,
+// and starts its workers. A nil candidate mirrors nothing. Nil options mean
+// defaults. Call Close to stop the workers.
+func New(control, candidate throttler.Backend, opts *Options) *Backend {
+	o := opts.withDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Backend{
+		control: control, candidate: candidate, opts: o,
+		seed: maphash.MakeSeed(), workers: make([]*worker, o.Workers),
+		wakeLen: max(1, o.QueueSize/wakeAt),
+		ctx:     ctx, cancel: cancel,
+	}
+	b.mismatches.init(o.KeepMismatches)
+	for i := range b.workers {
+		w := &worker{wake: make(chan struct{}, 1)}
+		b.workers[i] = w
+		b.wg.Add(1)
+		go b.run(w)
+	}
+	return b
+}
+
+// Take takes cost from the control and mirrors the Take to the candidate.
+func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := throttler.ValidateCall(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	if b.control == nil {
+		return throttler.Decision{}, ErrNoControl
+	}
+	d, err := b.control.Take(ctx, key, p, cost, now)
+	b.mirror(OpTake, key, p, cost, now, &d, err)
+	return d, err
+}
+
+// Peek reads the control's window and mirrors the Peek to the candidate.
+func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if err := throttler.ValidateCall(key, p, 1); err != nil {
+		return throttler.Decision{}, err
+	}
+	if b.control == nil {
+		return throttler.Decision{}, ErrNoControl
+	}
+	d, err := b.control.Peek(ctx, key, p, now)
+	b.mirror(OpPeek, key, p, 1, now, &d, err)
+	return d, err
+}
+
+// Refund gives cost back on the control and mirrors the Refund to the
+// candidate.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := throttler.ValidateCall(key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	if b.control == nil {
+		return throttler.Decision{}, ErrNoControl
+	}
+	d, err := b.control.Refund(ctx, key, p, cost, now)
+	b.mirror(OpRefund, key, p, cost, now, &d, err)
+	return d, err
+}
+
+// mirror queues the call for the key's worker, or drops it. It is the whole
+// cost that shadowing adds to the control path: one hash, one uncontended
+// lock, one copy.
+func (b *Backend) mirror(op Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
+	if b.candidate == nil || (b.opts.Enabled != nil && !b.opts.Enabled()) {
+		return
+	}
+	w := b.workers[0]
+	if len(b.workers) > 1 {
+		w = b.workers[maphash.String(b.seed, key)%uint64(len(b.workers))]
+	}
+	w.mu.Lock()
+	n := len(w.queue)
+	if w.closed || n >= b.opts.QueueSize {
+		w.mu.Unlock()
+		b.drop(op, key, p, cost, now, d, err)
+		return
+	}
+	// Fill the slot in place: the call is large, and copying it twice
+	// would be a visible share of the control path's cost.
+	if n < cap(w.queue) {
+		w.queue = w.queue[:n+1]
+	} else {
+		w.queue = append(w.queue, call{})
+	}
+	c := &w.queue[n]
+	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+	signal := w.sleeping || len(w.queue) == b.wakeLen
+	w.sleeping = false
+	w.mu.Unlock()
+	if signal {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// drop counts a call that will not be mirrored, on the caller's goroutine.
+func (b *Backend) drop(op Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
+	b.drops.results.Add(1)
+	b.drops.byKind[dropIndex].Add(1)
+	if b.opts.Publish != nil {
+		b.publish(&Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now, Control: *d, ControlErr: err, Kinds: Dropped})
+	}
+}
+
+// run is a worker: it takes its whole queue at once and calls the candidate
+// for each call, in order.
+func (b *Backend) run(w *worker) {
+	defer b.wg.Done()
+	defer func() {
+		if w.cancel != nil {
+			w.cancel()
+		}
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	naps := 0
+	for {
+		w.mu.Lock()
+		batch := w.queue
+		if len(batch) == 0 {
+			if w.closed {
+				w.mu.Unlock()
+				return
+			}
+			naps++
+			sleep := naps > maxNaps
+			w.sleeping = sleep
+			w.mu.Unlock()
+			if sleep {
+				<-w.wake
+				continue
+			}
+			timer.Reset(nap)
+			select {
+			case <-w.wake:
+				timer.Stop()
+			case <-timer.C:
+			}
+			continue
+		}
+		w.queue = w.spare[:0]
+		w.mu.Unlock()
+		naps = 0
+		for i := range batch {
+			b.process(w, &batch[i])
+			batch[i] = call{} // release the key and errors
+		}
+		w.counts.absorb(&w.tally)
+		w.spare = batch
+	}
+}
+
+// process calls the candidate for c and records the comparison.
+func (b *Backend) process(w *worker, c *call) {
+	if c.barrier != nil {
+		w.counts.absorb(&w.tally) // what Flush waited for is in Stats
+		close(c.barrier)
+		return
+	}
+	r := Result{Op: c.op, Key: c.key, Policy: c.p, Cost: c.cost, Now: c.now, Control: c.control, ControlErr: c.controlErr}
+	if b.discard.Load() {
+		b.discarded.Add(1)
+		r.Kinds = Dropped
+		b.record(w, &r)
+		return
+	}
+	r.Candidate, r.CandidateErr = b.callCandidate(w, c)
+	if r.ControlErr != nil {
+		r.Kinds |= ControlError
+	}
+	if r.CandidateErr != nil {
+		r.Kinds |= CandidateError
+	}
+	if r.Kinds == 0 {
+		r.Kinds = compare(r.Control, r.Candidate, b.opts.UsedTolerance, b.opts.ResetAtTolerance)
+		if r.Kinds != 0 && b.opts.Ignore != nil {
+			r.Ignored = b.ignore(r)
+		}
+	}
+	b.record(w, &r)
+}
+
+// callCandidate makes the call with a deadline, turning a timeout or a
+// panic into an error.
+func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, err error) {
+	ctx := w.callContext(b.ctx, b.opts.Timeout)
+	defer func() {
+		if v := recover(); v != nil {
+			d, err = throttler.Decision{}, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
+		}
+	}()
+	switch c.op {
+	case OpTake:
+		d, err = b.candidate.Take(ctx, c.key, c.p, c.cost, c.now)
+	case OpPeek:
+		d, err = b.candidate.Peek(ctx, c.key, c.p, c.now)
+	case OpRefund:
+		d, err = b.candidate.Refund(ctx, c.key, c.p, c.cost, c.now)
+	}
+	switch cerr := ctx.Err(); {
+	case errors.Is(cerr, context.DeadlineExceeded):
+		if err == nil {
+			err = cerr
+		}
+		return throttler.Decision{}, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
+	case cerr != nil:
+		if err == nil {
+			err = cerr
+		}
+		return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q cancelled by Close: %w", c.op, c.key, err)
+	case err != nil:
+		return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q: %w", c.op, c.key, err)
+	}
+	return d, nil
+}
+
+// callContext returns a context whose deadline is between 7/8 of timeout
+// and timeout away. Creating a context and a timer for every call would cost
+// the worker several times what an in-process candidate call costs, so
+// calls share one until too little of it is left, or it has ended.
+func (w *worker) callContext(parent context.Context, timeout time.Duration) context.Context {
+	if w.ctx != nil && w.ctx.Err() == nil && time.Until(w.deadline) >= timeout-timeout/8 {
+		return w.ctx
+	}
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.deadline = time.Now().Add(timeout)
+	w.ctx, w.cancel = context.WithDeadline(parent, w.deadline)
+	return w.ctx
+}
+
+// ignore asks Options.Ignore, treating a panic as "not ignored".
+func (b *Backend) ignore(r Result) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return b.opts.Ignore(r)
+}
+
+// record counts r, keeps it if it is a mismatch and publishes it.
+func (b *Backend) record(w *worker, r *Result) {
+	if w.tally.add(r) {
+		b.mismatches.add(*r)
+	}
+	if b.opts.Publish != nil {
+		b.publish(r)
+	}
+}
+
+// publish hands r to Options.Publish, recovering a panic.
+func (b *Backend) publish(r *Result) {
+	defer func() { _ = recover() }()
+	b.opts.Publish(*r)
+}
+
+// Flush waits until every call mirrored before it was called has been
+// compared (or dropped), or until ctx is done. Operators use it before
+// reading Stats at a stage boundary, and tests to compare deterministically.
+func (b *Backend) Flush(ctx context.Context) error {
+	if b.closed.Load() {
+		return ErrClosed
+	}
+	done := make([]chan struct{}, 0, len(b.workers))
+	for _, w := range b.workers {
+		ch := make(chan struct{})
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			return ErrClosed
+		}
+		// A barrier is not a call: it may exceed QueueSize by one.
+		w.queue = append(w.queue, call{barrier: ch})
+		w.sleeping = false
+		w.mu.Unlock()
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+		done = append(done, ch)
+	}
+	for _, ch := range done {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("shadow: flush: %w", ctx.Err())
+		}
+	}
+	return nil
+}
+
+// Close stops mirroring and stops the workers. It lets them finish the
+// queued calls for up to Options.DrainTimeout, then cancels the candidate
+// calls in flight and drops what is left, returning an error that says how
+// many calls it dropped. Calls made after Close are still served by the
+// control, and counted as dropped. Close never closes the control or the
+// candidate; it is safe to call more than once.
+func (b *Backend) Close() error {
+	var err error
+	b.closing.Do(func() {
+		b.closed.Store(true)
+		for _, w := range b.workers {
+			w.mu.Lock()
+			w.closed = true
+			w.mu.Unlock()
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		}
+		done := make(chan struct{})
+		go func() { b.wg.Wait(); close(done) }()
+		timer := time.NewTimer(b.opts.DrainTimeout)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			b.discard.Store(true)
+			b.cancel()
+			<-done
+			if n := b.discarded.Load(); n > 0 {
+				err = fmt.Errorf("shadow: close: %d queued calls dropped after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded)
+			}
+		}
+		b.cancel()
+	})
+	return err
+}
+
+// Stats returns a snapshot of the comparisons so far.
+func (b *Backend) Stats() Stats {
+	s := Stats{ByKind: make(map[Kind]uint64)}
+	b.drops.addTo(&s)
+	for _, w := range b.workers {
+		w.counts.addTo(&s)
+		w.mu.Lock()
+		s.Queued += len(w.queue)
+		w.mu.Unlock()
+	}
+	s.LastMismatches = b.mismatches.appendTo(nil)
+	return s
+}

@@ -1,0 +1,604 @@
+package shadow
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// TestMain proves that every test's Close stopped its workers.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	t0  = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	pol = throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
+)
+
+// hooked wraps a Backend; before runs ahead of every call and may block,
+// fail or panic. It records every call it receives, in order.
+type hooked struct {
+	throttler.Backend
+	before func(ctx context.Context, op Op, key string) error
+
+	mu    sync.Mutex
+	calls []Result // Op, Key, Policy, Cost, Now of each call received
+}
+
+func (h *hooked) enter(ctx context.Context, op Op, key string, p throttler.Policy, cost int64, now time.Time) error {
+	h.mu.Lock()
+	h.calls = append(h.calls, Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now})
+	h.mu.Unlock()
+	if h.before != nil {
+		return h.before(ctx, op, key)
+	}
+	return nil
+}
+
+func (h *hooked) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := h.enter(ctx, OpTake, key, p, cost, now); err != nil {
+		return throttler.Decision{}, err
+	}
+	return h.Backend.Take(ctx, key, p, cost, now)
+}
+
+func (h *hooked) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if err := h.enter(ctx, OpPeek, key, p, 1, now); err != nil {
+		return throttler.Decision{}, err
+	}
+	return h.Backend.Peek(ctx, key, p, now)
+}
+
+func (h *hooked) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := h.enter(ctx, OpRefund, key, p, cost, now); err != nil {
+		return throttler.Decision{}, err
+	}
+	return h.Backend.Refund(ctx, key, p, cost, now)
+}
+
+func (h *hooked) received() []Result {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Result(nil), h.calls...)
+}
+
+func newShadow(t *testing.T, control, candidate throttler.Backend, o *Options) *Backend {
+	t.Helper()
+	s := New(control, candidate, o)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+func flush(t *testing.T, s *Backend) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Flush(ctx); err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+}
+
+// A shadow must answer exactly as its control would alone, whatever the
+// candidate does.
+func TestReturnsControlAnswer(t *testing.T) {
+	errStore := errors.New("store down")
+	cases := []struct {
+		name   string
+		before func(ctx context.Context, op Op, key string) error
+	}{
+		{"candidate agrees", nil},
+		{"candidate fails", func(context.Context, Op, string) error { return errStore }},
+		{"candidate panics", func(context.Context, Op, string) error { panic("boom") }},
+		{"candidate hangs until its deadline", func(ctx context.Context, _ Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			alone := memory.New(nil)
+			candidate := &hooked{Backend: memory.New(nil), before: tc.before}
+			s := newShadow(t, memory.New(nil), candidate, &Options{Timeout: 20 * time.Millisecond})
+			for i := range 6 {
+				now := t0.Add(time.Duration(i) * 10 * time.Second)
+				type op func(throttler.Backend) (throttler.Decision, error)
+				ops := []op{
+					func(b throttler.Backend) (throttler.Decision, error) { return b.Take(ctx, "k", pol, 1, now) },
+					func(b throttler.Backend) (throttler.Decision, error) { return b.Peek(ctx, "k", pol, now) },
+					func(b throttler.Backend) (throttler.Decision, error) { return b.Refund(ctx, "k", pol, 1, now) },
+				}
+				f := ops[i%3]
+				want, wantErr := f(alone)
+				got, err := f(s)
+				if got != want || !errors.Is(err, wantErr) {
+					t.Fatalf("call %d: got %+v, %v; want %+v, %v", i, got, err, want, wantErr)
+				}
+			}
+			flush(t, s)
+			if n := len(candidate.received()); n != 6 {
+				t.Errorf("candidate received %d calls, want 6", n)
+			}
+		})
+	}
+}
+
+// The candidate gets the very call the control got.
+func TestMirrorsTheSameCall(t *testing.T) {
+	ctx := context.Background()
+	control := &hooked{Backend: memory.New(nil)}
+	candidate := &hooked{Backend: memory.New(nil)}
+	// One worker, so that calls for different keys keep their order too.
+	s := newShadow(t, control, candidate, &Options{Workers: 1})
+	p2 := throttler.Policy{Name: "other", Limit: 10, Window: time.Second}
+	_, _ = s.Take(ctx, "a", pol, 2, t0)
+	_, _ = s.Peek(ctx, "b b", p2, t0.Add(time.Millisecond))
+	_, _ = s.Refund(ctx, "a", pol, 1, t0.Add(2*time.Millisecond))
+	flush(t, s)
+	got, want := candidate.received(), control.received()
+	if len(got) != 3 || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("candidate received\n%v\nwant\n%v", got, want)
+	}
+}
+
+func TestBadInputReachesNeither(t *testing.T) {
+	ctx := context.Background()
+	control := &hooked{Backend: memory.New(nil)}
+	candidate := &hooked{Backend: memory.New(nil)}
+	s := newShadow(t, control, candidate, nil)
+	cases := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"empty key", func() error { _, err := s.Take(ctx, "", pol, 1, t0); return err }, throttler.ErrInvalidKey},
+		{"zero cost", func() error { _, err := s.Take(ctx, "k", pol, 0, t0); return err }, throttler.ErrInvalidCost},
+		{"negative refund", func() error { _, err := s.Refund(ctx, "k", pol, -1, t0); return err }, throttler.ErrInvalidCost},
+		{"zero limit", func() error { _, err := s.Peek(ctx, "k", throttler.Policy{Window: time.Second}, t0); return err }, throttler.ErrInvalidPolicy},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+	flush(t, s)
+	if n, m := len(control.received()), len(candidate.received()); n+m != 0 {
+		t.Errorf("control got %d calls, candidate %d; want none", n, m)
+	}
+	if st := s.Stats(); st.Results != 0 {
+		t.Errorf("Results = %d, want 0", st.Results)
+	}
+}
+
+func TestNoControl(t *testing.T) {
+	s := newShadow(t, nil, memory.New(nil), nil)
+	if _, err := s.Take(context.Background(), "k", pol, 1, t0); !errors.Is(err, ErrNoControl) {
+		t.Fatalf("got %v, want ErrNoControl", err)
+	}
+}
+
+func dec(allowed bool, used int64, reset time.Time) throttler.Decision {
+	return throttler.Decision{Allowed: allowed, Limit: 10, Used: used, Remaining: 10 - used, ResetAt: reset}
+}
+
+func TestCompare(t *testing.T) {
+	r := t0.Add(time.Minute)
+	cases := []struct {
+		name      string
+		control   throttler.Decision
+		candidate throttler.Decision
+		usedTol   int64
+		resetTol  time.Duration
+		want      Kind
+	}{
+		{"identical", dec(true, 3, r), dec(true, 3, r), 0, time.Millisecond, 0},
+		{"allowed and used differ", dec(true, 10, r), dec(false, 9, r), 0, time.Millisecond, AllowedDiffers | UsedDiffers},
+		{"used off by one, exact", dec(true, 3, r), dec(true, 4, r), 0, time.Millisecond, UsedDiffers},
+		{"used off by one, tolerated", dec(true, 3, r), dec(true, 4, r), 1, time.Millisecond, 0},
+		{"used off by two, tolerance one", dec(true, 3, r), dec(true, 5, r), 1, time.Millisecond, UsedDiffers},
+		{"remaining differs alone", dec(true, 3, r), throttler.Decision{Allowed: true, Limit: 10, Used: 3, Remaining: 5, ResetAt: r}, 0, time.Millisecond, UsedDiffers},
+		{"reset within tolerance", dec(true, 3, r), dec(true, 3, r.Add(time.Millisecond)), 0, time.Millisecond, 0},
+		{"reset later than tolerance", dec(true, 3, r), dec(true, 3, r.Add(2*time.Millisecond)), 0, time.Millisecond, ResetAtDiffers},
+		{"reset earlier than tolerance", dec(true, 3, r), dec(true, 3, r.Add(-time.Second)), 0, 500 * time.Millisecond, ResetAtDiffers},
+		{"fresh window on the candidate", dec(false, 10, r), dec(true, 1, r.Add(30*time.Second)), 0, time.Millisecond, Differs},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := compare(tc.control, tc.candidate, tc.usedTol, tc.resetTol); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestKindString(t *testing.T) {
+	cases := []struct {
+		k    Kind
+		want string
+	}{
+		{0, "match"},
+		{AllowedDiffers, "allowed"},
+		{AllowedDiffers | ResetAtDiffers, "allowed|reset_at"},
+		{CandidateError | Dropped, "candidate_error|dropped"},
+		{Kind(1 << 7), "kind(128)"},
+	}
+	for _, tc := range cases {
+		if got := tc.k.String(); got != tc.want {
+			t.Errorf("%08b: got %q, want %q", uint8(tc.k), got, tc.want)
+		}
+	}
+}
+
+// skewed is a candidate that disagrees in a chosen way: it opens its windows
+// late (an evicted window reopened) or counts extra units.
+type skewed struct {
+	throttler.Backend
+	extra int64
+}
+
+func (s skewed) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return s.Backend.Take(ctx, key, p, cost+s.extra, now)
+}
+
+// Each kind of outcome is classified, counted, published and kept.
+func TestResults(t *testing.T) {
+	errStore := errors.New("store down")
+	ctx := context.Background()
+	cases := []struct {
+		name      string
+		control   throttler.Backend
+		candidate throttler.Backend
+		opts      Options
+		wantKinds Kind
+		wantErr   error
+		compared  bool
+		mismatch  bool
+		ignored   bool
+	}{
+		{name: "match", control: memory.New(nil), candidate: memory.New(nil)},
+		{name: "candidate counts more", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+			wantKinds: UsedDiffers, compared: true, mismatch: true},
+		{name: "candidate counts more, tolerated", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+			opts: Options{UsedTolerance: 1}},
+		{name: "candidate counts more, ignored", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+			opts:      Options{Ignore: func(r Result) bool { return r.Kinds == UsedDiffers }},
+			wantKinds: UsedDiffers, compared: true, ignored: true},
+		{name: "ignore panics", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+			opts:      Options{Ignore: func(Result) bool { panic("bad hook") }},
+			wantKinds: UsedDiffers, compared: true, mismatch: true},
+		{name: "candidate error", control: memory.New(nil),
+			candidate: &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { return errStore }},
+			wantKinds: CandidateError, wantErr: errStore},
+		{name: "candidate panic", control: memory.New(nil),
+			candidate: &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { panic("boom") }},
+			wantKinds: CandidateError, wantErr: ErrCandidatePanic},
+		{name: "candidate timeout", control: memory.New(nil),
+			candidate: &hooked{Backend: memory.New(nil), before: func(ctx context.Context, _ Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
+			opts:      Options{Timeout: 10 * time.Millisecond},
+			wantKinds: CandidateError, wantErr: ErrCandidateTimeout},
+		{name: "control error", candidate: memory.New(nil),
+			control:   &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { return errStore }},
+			wantKinds: ControlError},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var published []Result
+			o := tc.opts
+			o.Publish = func(r Result) { mu.Lock(); published = append(published, r); mu.Unlock() }
+			s := newShadow(t, tc.control, tc.candidate, &o)
+			if _, err := s.Take(ctx, "k", pol, 1, t0); tc.wantKinds&ControlError == 0 && err != nil {
+				t.Fatalf("Take: %v", err)
+			}
+			flush(t, s)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(published) != 1 {
+				t.Fatalf("published %d results, want 1", len(published))
+			}
+			r := published[0]
+			if r.Kinds != tc.wantKinds || r.Ignored != tc.ignored || r.Mismatch() != tc.mismatch {
+				t.Errorf("Kinds %v Ignored %v Mismatch %v; want %v %v %v", r.Kinds, r.Ignored, r.Mismatch(), tc.wantKinds, tc.ignored, tc.mismatch)
+			}
+			if r.Compared() != (tc.wantKinds&(CandidateError|ControlError) == 0) {
+				t.Errorf("Compared() = %v", r.Compared())
+			}
+			if tc.wantErr != nil && !errors.Is(r.CandidateErr, tc.wantErr) {
+				t.Errorf("CandidateErr = %v, want %v", r.CandidateErr, tc.wantErr)
+			}
+			if r.Key != "k" || r.Op != OpTake || r.Cost != 1 || !r.Now.Equal(t0) || r.Policy != pol {
+				t.Errorf("result describes the wrong call: %+v", r)
+			}
+			st := s.Stats()
+			wantMismatched, wantIgnored := uint64(0), uint64(0)
+			if tc.mismatch {
+				wantMismatched = 1
+			}
+			if tc.ignored {
+				wantIgnored = 1
+			}
+			if st.Results != 1 || st.Mismatched != wantMismatched || st.Ignored != wantIgnored || len(st.LastMismatches) != int(wantMismatched) {
+				t.Errorf("Stats = %+v", st)
+			}
+			for _, k := range kinds {
+				want := uint64(0)
+				if tc.wantKinds&k != 0 && !(tc.ignored && k&Differs != 0) {
+					want = 1
+				}
+				if st.Count(k) != want {
+					t.Errorf("Count(%v) = %d, want %d", k, st.Count(k), want)
+				}
+			}
+		})
+	}
+}
+
+func TestStatsKeepsTheLatestMismatches(t *testing.T) {
+	ctx := context.Background()
+	s := newShadow(t, memory.New(nil), skewed{memory.New(nil), 1}, &Options{KeepMismatches: 3})
+	big := throttler.Policy{Name: "big", Limit: 100, Window: time.Minute}
+	for i := range 5 {
+		_, _ = s.Take(ctx, fmt.Sprint("k", i), big, 1, t0)
+	}
+	// A match in between must not enter the list.
+	_, _ = s.Peek(ctx, "other", big, t0)
+	flush(t, s)
+	st := s.Stats()
+	if st.Compared != 6 || st.Mismatched != 5 {
+		t.Fatalf("Compared %d Mismatched %d, want 6 and 5", st.Compared, st.Mismatched)
+	}
+	if got, want := st.MismatchRate(), 5.0/6; got != want {
+		t.Errorf("MismatchRate = %v, want %v", got, want)
+	}
+	if len(st.LastMismatches) != 3 {
+		t.Fatalf("LastMismatches has %d, want 3", len(st.LastMismatches))
+	}
+	before := fmt.Sprint(st.LastMismatches)
+	// The snapshot is a copy: later mismatches do not change it.
+	_, _ = s.Take(ctx, "k9", big, 1, t0)
+	flush(t, s)
+	if fmt.Sprint(st.LastMismatches) != before {
+		t.Errorf("snapshot changed")
+	}
+	if last := s.Stats().LastMismatches; len(last) != 3 || last[2].Key != "k9" {
+		t.Errorf("latest mismatch is not last: %v", last)
+	}
+}
+
+func TestStatsRingOrder(t *testing.T) {
+	var g ring
+	g.init(3)
+	for i := range 5 {
+		g.add(Result{Key: fmt.Sprint(i), Kinds: UsedDiffers})
+	}
+	var got []string
+	for _, r := range g.appendTo(nil) {
+		got = append(got, r.Key)
+	}
+	if fmt.Sprint(got) != "[2 3 4]" {
+		t.Errorf("got %v, want [2 3 4], oldest first", got)
+	}
+}
+
+// Calls for one key reach the candidate in the order the control served
+// them, whichever worker the key hashes to.
+func TestPerKeyOrder(t *testing.T) {
+	ctx := context.Background()
+	candidate := &hooked{Backend: memory.New(nil)}
+	s := newShadow(t, memory.New(nil), candidate, &Options{Workers: 4, QueueSize: 10000})
+	big := throttler.Policy{Limit: 1 << 40, Window: time.Hour}
+	const keys, perKey = 16, 200
+	var wg sync.WaitGroup
+	for k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perKey {
+				_, _ = s.Take(ctx, fmt.Sprint("key", k), big, int64(i+1), t0)
+			}
+		}()
+	}
+	wg.Wait()
+	flush(t, s)
+	next := map[string]int64{}
+	for _, c := range candidate.received() {
+		next[c.Key]++
+		if c.Cost != next[c.Key] {
+			t.Fatalf("key %s: call with cost %d arrived as number %d", c.Key, c.Cost, next[c.Key])
+		}
+	}
+	if st := s.Stats(); st.Compared != keys*perKey || st.Mismatched != 0 {
+		t.Errorf("Compared %d Mismatched %d, want %d and 0", st.Compared, st.Mismatched, keys*perKey)
+	}
+}
+
+// gate blocks the candidate's calls until released, reporting each arrival.
+type gate struct {
+	arrived chan string
+	release chan struct{}
+}
+
+func newGate() *gate { return &gate{arrived: make(chan string, 100), release: make(chan struct{})} }
+
+func (g *gate) before(ctx context.Context, _ Op, key string) error {
+	g.arrived <- key
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// With the worker stuck, exactly QueueSize calls wait and the rest drop, on
+// the caller's goroutine, without waiting.
+func TestFullQueueDrops(t *testing.T) {
+	ctx := context.Background()
+	g := newGate()
+	var dropped atomic.Int64
+	s := newShadow(t, memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{
+		Workers: 1, QueueSize: 4, Timeout: time.Minute,
+		Publish: func(r Result) {
+			if r.Kinds == Dropped {
+				dropped.Add(1)
+			}
+		},
+	})
+	big := throttler.Policy{Limit: 1000, Window: time.Hour}
+	_, _ = s.Take(ctx, "first", big, 1, t0)
+	<-g.arrived // the worker now holds "first"
+	for i := range 10 {
+		if _, err := s.Take(ctx, fmt.Sprint("k", i), big, 1, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Count(Dropped) != 6 || dropped.Load() != 6 || st.Queued != 4 {
+		t.Fatalf("dropped %d (published %d), queued %d; want 6, 6, 4", st.Count(Dropped), dropped.Load(), st.Queued)
+	}
+	close(g.release)
+	flush(t, s)
+	if st := s.Stats(); st.Compared != 5 || st.Results != 11 {
+		t.Errorf("Compared %d Results %d, want 5 and 11", st.Compared, st.Results)
+	}
+}
+
+func TestEnabled(t *testing.T) {
+	ctx := context.Background()
+	var on atomic.Bool
+	candidate := &hooked{Backend: memory.New(nil)}
+	s := newShadow(t, memory.New(nil), candidate, &Options{Enabled: on.Load})
+	_, _ = s.Take(ctx, "k", pol, 1, t0)
+	on.Store(true)
+	_, _ = s.Take(ctx, "k", pol, 1, t0)
+	on.Store(false)
+	_, _ = s.Take(ctx, "k", pol, 1, t0)
+	flush(t, s)
+	// Only the middle call was mirrored: the candidate counted one unit
+	// where the control counted two, and that one comparison differs.
+	if n := len(candidate.received()); n != 1 {
+		t.Fatalf("candidate received %d calls, want 1", n)
+	}
+	if st := s.Stats(); st.Results != 1 || st.Mismatched != 1 {
+		t.Errorf("Results %d Mismatched %d, want 1 and 1", st.Results, st.Mismatched)
+	}
+}
+
+func TestPublishPanicIsRecovered(t *testing.T) {
+	s := newShadow(t, memory.New(nil), memory.New(nil), &Options{Publish: func(Result) { panic("bad hook") }})
+	_, _ = s.Take(context.Background(), "k", pol, 1, t0)
+	flush(t, s)
+	if st := s.Stats(); st.Compared != 1 {
+		t.Errorf("Compared = %d, want 1", st.Compared)
+	}
+}
+
+func TestFlushHonoursContext(t *testing.T) {
+	g := newGate()
+	s := newShadow(t, memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{Workers: 2, Timeout: time.Minute})
+	_, _ = s.Take(context.Background(), "k", pol, 1, t0)
+	<-g.arrived
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := s.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush = %v, want DeadlineExceeded", err)
+	}
+	close(g.release)
+}
+
+// Close drains within its bound: a candidate that never answers is
+// cancelled, what is left is dropped and counted, and the workers are gone
+// (goleak checks the latter in TestMain).
+func TestCloseBoundsTheDrain(t *testing.T) {
+	ctx := context.Background()
+	g := newGate() // never released
+	s := New(memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{
+		Workers: 1, QueueSize: 10, Timeout: time.Hour, DrainTimeout: 20 * time.Millisecond,
+	})
+	for i := range 5 {
+		_, _ = s.Take(ctx, fmt.Sprint("k", i), pol, 1, t0)
+	}
+	<-g.arrived
+	err := s.Close()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Close = %v, want a drain timeout", err)
+	}
+	st := s.Stats()
+	// k0 was cancelled in flight (a candidate error); k1..k4 were dropped.
+	if st.Count(Dropped) != 4 || st.Count(CandidateError) != 1 {
+		t.Errorf("dropped %d, candidate errors %d; want 4 and 1", st.Count(Dropped), st.Count(CandidateError))
+	}
+	// After Close the control still serves; mirroring is off and counted.
+	d, err := s.Take(ctx, "late", pol, 1, t0)
+	if err != nil || !d.Allowed {
+		t.Errorf("Take after Close = %+v, %v", d, err)
+	}
+	if got := s.Stats().Count(Dropped); got != 5 {
+		t.Errorf("dropped after Close = %d, want 5", got)
+	}
+	if err := s.Flush(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Flush after Close = %v, want ErrClosed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+}
+
+func TestCloseDrainsQueuedCalls(t *testing.T) {
+	ctx := context.Background()
+	candidate := &hooked{Backend: memory.New(nil)}
+	s := New(memory.New(nil), candidate, nil)
+	for i := range 100 {
+		_, _ = s.Take(ctx, fmt.Sprint("k", i), pol, 1, t0)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if n := len(candidate.received()); n != 100 {
+		t.Errorf("candidate received %d calls before Close returned, want 100", n)
+	}
+	if st := s.Stats(); st.Compared != 100 || st.Mismatched != 0 {
+		t.Errorf("Compared %d Mismatched %d", st.Compared, st.Mismatched)
+	}
+}
+
+// Under concurrent load on many keys, both backends agree on every call
+// once the mirror has drained. Run with -race.
+func TestConcurrentAgreement(t *testing.T) {
+	ctx := context.Background()
+	candidate := memory.New(nil)
+	s := newShadow(t, memory.New(nil), candidate, &Options{QueueSize: 1 << 14})
+	p := throttler.Policy{Name: "c", Limit: 5, Window: time.Second}
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// One goroutine per key, so the control's order is the order
+			// the calls were made in.
+			for i := range 20 {
+				now := t0.Add(time.Duration(i) * 100 * time.Millisecond)
+				_, _ = s.Take(ctx, fmt.Sprint("client", g), p, 1, now)
+			}
+		}()
+	}
+	wg.Wait()
+	flush(t, s)
+	st := s.Stats()
+	if st.Compared != 32*20 || st.Mismatched != 0 || st.Count(Dropped) != 0 {
+		t.Fatalf("Stats = %+v", st)
+	}
+	// The candidate's counts are warm: it denies exactly where the control does.
+	for g := range 32 {
+		d, err := candidate.Peek(ctx, fmt.Sprint("client", g), p, t0.Add(1900*time.Millisecond))
+		if err != nil || d.Used != 5 {
+			t.Fatalf("candidate window for client%d: %+v, %v", g, d, err)
+		}
+	}
+}
