@@ -1,0 +1,140 @@
+// Package migration is the one piece of code that moves a live system from
+// an old rate-limit store to a new one, as DESIGN.md's "Migration" runs it:
+//
+//	m := migration.New(memcachedBackend, redisBackend, rollout, nil)
+//	defer m.Close()
+//	t := throttler.New(m, nil)
+//
+// The rollout (a flags source: Percent, File or Unleash) decides per key
+// which store serves it, and whether mirroring is on. A key served by the
+// old store is mirrored to the new one (the forward shadow), and a key
+// served by the new store is mirrored back to the old one (the reverse
+// shadow), so whichever way the percentage moves, keys land on a store whose
+// counts are current. The stages are all settings of the rollout:
+//
+//	shadow:   0%, mirror on     old serves everyone, new is compared
+//	ramp:     10%, 50%, mirror on
+//	rollback: 0%, mirror on     back on old, which the reverse mirror kept warm
+//	finish:   100%, mirror on for a while, then mirror off; remove the old store
+//
+// It is its own package because it is where routing (flags) meets
+// comparison (shadow), and each of those must not own the other.
+package migration
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Options configure a Migration. The zero value (or nil) means defaults.
+type Options struct {
+	// Forward configures the shadow in which the old store serves and the
+	// new one is compared. Its Enabled, if set, is combined with the
+	// rollout's mirror setting: both must say yes. default: shadow defaults
+	Forward *shadow.Options
+	// Reverse configures the shadow in which the new store serves and the
+	// old one is compared. default: shadow defaults
+	Reverse *shadow.Options
+	// Router configures the router. default: old is named "old", new "new"
+	Router *flags.RouterOptions
+	// Mirror, if set, says whether to mirror, instead of the rollout's own
+	// setting (see flags.Mirrorer). Called on every call: keep it cheap.
+	// default: the rollout's setting; off for a rollout without one
+	Mirror func() bool
+}
+
+// Migration is a throttler.Backend: Router(Shadow(old→new), Shadow(new→old)).
+// It is safe for concurrent use. Create it with New; Close stops the
+// shadows' workers.
+type Migration struct {
+	router           *flags.Router
+	forward, reverse *shadow.Backend
+}
+
+var _ throttler.Backend = (*Migration)(nil)
+
+// New returns a Migration from old to new, ramped by r. A nil r keeps every
+// key on old. Nil options mean defaults. It starts the shadows' workers;
+// call Close to stop them.
+func New(old, new throttler.Backend, r flags.Rollout, opts *Options) *Migration {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	mirror := o.Mirror
+	if mirror == nil {
+		mirror = func() bool { return false }
+		if m, ok := r.(flags.Mirrorer); ok {
+			mirror = m.Mirroring
+		}
+	}
+	fwd := shadowOptions(o.Forward, mirror)
+	rev := shadowOptions(o.Reverse, mirror)
+	m := &Migration{forward: shadow.New(old, new, fwd), reverse: shadow.New(new, old, rev)}
+	m.router = flags.NewRouter(m.forward, m.reverse, r, o.Router)
+	return m
+}
+
+// shadowOptions copies o, making its Enabled require mirror too.
+func shadowOptions(o *shadow.Options, mirror func() bool) *shadow.Options {
+	var out shadow.Options
+	if o != nil {
+		out = *o
+	}
+	if own := out.Enabled; own != nil {
+		out.Enabled = func() bool { return mirror() && own() }
+	} else {
+		out.Enabled = mirror
+	}
+	return &out
+}
+
+// Take takes cost from the store that serves key now.
+func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return m.router.Take(ctx, key, p, cost, now)
+}
+
+// Peek reads key's window from the store that serves it now.
+func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return m.router.Peek(ctx, key, p, now)
+}
+
+// Refund gives cost back on the store that serves key now.
+func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return m.router.Refund(ctx, key, p, cost, now)
+}
+
+// Stats is what an operator watches during a migration.
+type Stats struct {
+	// Forward compares the new store against the old one, for the keys the
+	// old one serves: its mismatch rate is the go/no-go signal.
+	Forward shadow.Stats
+	// Reverse compares the old store against the new one, for the keys the
+	// new one serves: it shows that a rollback would land on warm counts.
+	Reverse shadow.Stats
+	// Routed counts the calls served by each store.
+	Routed flags.Stats
+}
+
+// Stats returns a snapshot of both shadows and the router.
+func (m *Migration) Stats() Stats {
+	return Stats{Forward: m.forward.Stats(), Reverse: m.reverse.Stats(), Routed: m.router.Stats()}
+}
+
+// Flush waits until every call mirrored so far, in both directions, has
+// been compared, or ctx is done. Call it before reading Stats at a stage
+// boundary; see also the note on switching in docs/migration.md.
+func (m *Migration) Flush(ctx context.Context) error {
+	return errors.Join(m.forward.Flush(ctx), m.reverse.Flush(ctx))
+}
+
+// Close stops both shadows' workers (see shadow.Backend.Close). It does not
+// close the stores.
+func (m *Migration) Close() error {
+	return errors.Join(m.forward.Close(), m.reverse.Close())
+}
