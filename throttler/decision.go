@@ -49,13 +49,10 @@ func (d Decision) ResetUnix() int64 {
 // before now, means no window is open: used is taken as 0 and ResetAt as
 // now + p.Window.
 func WindowState(p Policy, used int64, resetAt, now time.Time, allowed bool) Decision {
-	if resetAt.IsZero() || !resetAt.After(now) {
+	if !resetAt.After(now) { // a zero resetAt is long before any now
 		used, resetAt = 0, now.Add(p.Window)
 	}
-	d := Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: p.Limit - used, ResetAt: resetAt}
-	if d.Remaining < 0 {
-		d.Remaining = 0
-	}
+	d := Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(p.Limit-used, 0), ResetAt: resetAt}
 	if !allowed {
 		d.RetryAfter = resetAt.Sub(now)
 	}

@@ -59,24 +59,35 @@ type Backend struct {
 	seed      maphash.Seed
 	shards    []shard
 	mask      uint64
-	shardKeys int // per-shard bound; 0 means none
+	shardKeys int // per-shard bound on windows; 0 means none
 }
 
 var _ throttler.Backend = (*Backend)(nil)
 
-type windowID struct{ policy, key string }
-
-type window struct {
-	used    int64
-	resetAt int64 // Unix milliseconds
-}
-
+// A shard maps the 64-bit hash of a key to the key's entry, so a call
+// hashes the key once, for both the shard and the map. Keys whose hashes
+// collide are chained.
 type shard struct {
 	mu        sync.Mutex
-	windows   map[windowID]window
+	entries   map[uint64]*entry
+	windows   int   // open windows in the shard, for MaxKeys
 	latest    int64 // the latest now seen, Unix milliseconds
 	sinceScan int   // operations since the last sweep
-	_         [40]byte
+	_         [32]byte
+}
+
+// entry holds one key's windows, one per policy name: most keys have one.
+type entry struct {
+	key   string
+	first window
+	more  []window
+	next  *entry // another key with the same hash
+}
+
+type window struct {
+	policy  string
+	used    int64
+	resetAt int64 // Unix milliseconds; 0 for an unused slot
 }
 
 // New returns an empty Backend. Nil options mean defaults.
@@ -87,7 +98,7 @@ func New(opts *Options) *Backend {
 		b.shardKeys = (o.MaxKeys + o.Shards - 1) / o.Shards
 	}
 	for i := range b.shards {
-		b.shards[i].windows = make(map[windowID]window)
+		b.shards[i].entries = make(map[uint64]*entry)
 	}
 	return b
 }
@@ -98,7 +109,8 @@ func (b *Backend) Close() error {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		s.windows = make(map[windowID]window)
+		s.entries = make(map[uint64]*entry)
+		s.windows = 0
 		s.mu.Unlock()
 	}
 	return nil
@@ -111,15 +123,55 @@ func (b *Backend) Len() int {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		n += len(s.windows)
+		n += s.windows
 		s.mu.Unlock()
 	}
 	return n
 }
 
-func (b *Backend) shardFor(id windowID) *shard {
-	h := maphash.String(b.seed, id.key) ^ maphash.String(b.seed, id.policy)*31
-	return &b.shards[h&b.mask]
+// lock returns the key's shard, locked, and the key's hash.
+func (b *Backend) lock(key string) (*shard, uint64) {
+	h := maphash.String(b.seed, key)
+	s := &b.shards[h&b.mask]
+	s.mu.Lock()
+	return s, h
+}
+
+// find returns the stored window of (policy, key), or nil.
+func (s *shard) find(h uint64, key, policy string) *window {
+	for e := s.entries[h]; e != nil; e = e.next {
+		if e.key != key {
+			continue
+		}
+		if e.first.resetAt != 0 && e.first.policy == policy {
+			return &e.first
+		}
+		for i := range e.more {
+			if e.more[i].policy == policy {
+				return &e.more[i]
+			}
+		}
+		return nil
+	}
+	return nil
+}
+
+// add stores a new, empty window for (policy, key).
+func (s *shard) add(h uint64, key, policy string) *window {
+	s.windows++
+	for e := s.entries[h]; e != nil; e = e.next {
+		if e.key == key {
+			if e.first.resetAt == 0 {
+				e.first = window{policy: policy}
+				return &e.first
+			}
+			e.more = append(e.more, window{policy: policy})
+			return &e.more[len(e.more)-1]
+		}
+	}
+	e := &entry{key: key, first: window{policy: policy}, next: s.entries[h]}
+	s.entries[h] = e
+	return &e.first
 }
 
 // Take counts cost against the key's window if it fits.
@@ -127,29 +179,29 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	id := windowID{p.Name, key}
 	ms := now.UnixMilli()
-	s := b.shardFor(id)
-	s.mu.Lock()
+	s, h := b.lock(key)
 	defer s.mu.Unlock()
 	s.observe(ms)
-	w, ok := s.windows[id]
-	if !ok || w.resetAt <= ms {
+	w := s.find(h, key, p.Name)
+	if w == nil || w.resetAt <= ms {
 		if cost > p.Limit {
 			return throttler.WindowState(p, 0, time.Time{}, now, false), nil
 		}
-		if !ok && b.shardKeys > 0 && len(s.windows) >= b.shardKeys {
-			s.sweep()
-			if len(s.windows) >= b.shardKeys {
-				return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, len(s.windows), key)
+		if w == nil {
+			if b.shardKeys > 0 && s.windows >= b.shardKeys {
+				s.sweep()
+				if s.windows >= b.shardKeys {
+					return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, s.windows, key)
+				}
 			}
+			w = s.add(h, key, p.Name)
 		}
-		w = window{resetAt: ms + p.Window.Milliseconds()}
+		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
 	} else if w.used+cost > p.Limit {
 		return throttler.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
 	}
 	w.used += cost
-	s.windows[id] = w
 	return throttler.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, true), nil
 }
 
@@ -158,10 +210,11 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if err := throttler.ValidateCall(key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
-	id := windowID{p.Name, key}
-	s := b.shardFor(id)
-	s.mu.Lock()
-	w := s.windows[id]
+	s, h := b.lock(key)
+	var w window
+	if stored := s.find(h, key, p.Name); stored != nil {
+		w = *stored
+	}
 	s.mu.Unlock()
 	return state(p, w, now), nil
 }
@@ -171,16 +224,14 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	id := windowID{p.Name, key}
 	ms := now.UnixMilli()
-	s := b.shardFor(id)
-	s.mu.Lock()
+	s, h := b.lock(key)
 	defer s.mu.Unlock()
 	s.observe(ms)
-	w, ok := s.windows[id]
-	if ok && w.resetAt > ms {
-		w.used = max(0, w.used-cost)
-		s.windows[id] = w
+	var w window
+	if stored := s.find(h, key, p.Name); stored != nil && stored.resetAt > ms {
+		stored.used = max(0, stored.used-cost)
+		w = *stored
 	}
 	return state(p, w, now), nil
 }
@@ -202,7 +253,7 @@ func (s *shard) observe(ms int64) {
 		s.latest = ms
 	}
 	s.sinceScan++
-	if s.sinceScan >= 1024 && s.sinceScan >= len(s.windows) {
+	if s.sinceScan >= 1024 && s.sinceScan >= s.windows {
 		s.sweep()
 	}
 }
@@ -210,9 +261,41 @@ func (s *shard) observe(ms int64) {
 // sweep deletes the windows that ended by the latest now the shard has seen.
 func (s *shard) sweep() {
 	s.sinceScan = 0
-	for id, w := range s.windows {
-		if w.resetAt <= s.latest {
-			delete(s.windows, id)
+	for h, head := range s.entries {
+		var keep *entry
+		for e := head; e != nil; {
+			next := e.next
+			if s.prune(e) {
+				e.next, keep = keep, e
+			}
+			e = next
+		}
+		if keep == nil {
+			delete(s.entries, h)
+		} else {
+			s.entries[h] = keep
 		}
 	}
+}
+
+// prune drops e's ended windows and reports whether any is left.
+func (s *shard) prune(e *entry) bool {
+	live := e.more[:0]
+	for _, w := range e.more {
+		if w.resetAt > s.latest {
+			live = append(live, w)
+		} else {
+			s.windows--
+		}
+	}
+	clear(e.more[len(live):]) // drop the policy strings of removed windows
+	e.more = live
+	if e.first.resetAt != 0 && e.first.resetAt <= s.latest {
+		e.first = window{}
+		s.windows--
+	}
+	if e.first.resetAt == 0 && len(e.more) > 0 {
+		e.first, e.more = e.more[len(e.more)-1], e.more[:len(e.more)-1]
+	}
+	return e.first.resetAt != 0
 }

@@ -139,3 +139,36 @@ func BenchmarkTake(b *testing.B) {
 		})
 	}
 }
+
+// A key's windows under several policies are reclaimed one by one: the
+// long window survives the sweep that drops the short ones.
+func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(&memory.Options{Shards: 1})
+	short1 := throttler.Policy{Name: "s1", Limit: 10, Window: time.Second}
+	short2 := throttler.Policy{Name: "s2", Limit: 10, Window: time.Second}
+	long := throttler.Policy{Name: "long", Limit: 10, Window: time.Hour}
+	for i := 0; i < 100; i++ {
+		k := fmt.Sprint("k", i)
+		for _, p := range []throttler.Policy{short1, long, short2} {
+			_, err := b.Take(ctx, k, p, 3, t0)
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, 300, b.Len())
+	for i := 0; i < 2000; i++ {
+		_, err := b.Refund(ctx, "other", long, 1, t0.Add(time.Minute))
+		require.NoError(t, err)
+	}
+	assert.Equal(t, 100, b.Len(), "only the long windows are left")
+	for i := 0; i < 100; i++ {
+		k := fmt.Sprint("k", i)
+		d, err := b.Peek(ctx, k, long, t0.Add(time.Minute))
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), d.Used, k)
+		d, err = b.Take(ctx, k, short2, 1, t0.Add(time.Minute))
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), d.Used, "%s: a fresh short window", k)
+	}
+	assert.Equal(t, 200, b.Len())
+}
