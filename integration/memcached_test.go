@@ -1,0 +1,87 @@
+package integration
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/backend/memcached"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func TestMemcachedConformance(t *testing.T) {
+	s := memcachedStart(t)
+	c := memcachedClient(t, time.Second, s.addr)
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcached.New(c, nil) })
+}
+
+// TestMemcachedConformanceTwoServers: with gomemcache's server list a pair's
+// head and counter may sit on different servers; the contract still holds.
+func TestMemcachedConformanceTwoServers(t *testing.T) {
+	s1, s2 := memcachedStart(t), memcachedStart(t)
+	c := memcachedClient(t, time.Second, s1.addr, s2.addr)
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcached.New(c, nil) })
+}
+
+// TestMemcachedExactness: 4 independent clients (own connections, as 4
+// processes would have) x 32 goroutines on one hot key admit exactly Limit
+// units per window, without errors, in the first window and when they all
+// race to open the next one.
+func TestMemcachedExactness(t *testing.T) {
+	const clients, goroutines, perGoroutine = 4, 32, 12
+	s := memcachedStart(t)
+	backends := make([]*memcached.Backend, clients)
+	for i := range backends {
+		backends[i] = memcached.New(memcachedClient(t, time.Second, s.addr), nil)
+	}
+	p := throttler.Policy{Name: "exact", Limit: 1000, Window: time.Minute}
+	ctx := context.Background()
+	t0 := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, start := range []time.Time{t0, t0.Add(p.Window), t0.Add(3 * p.Window)} {
+		var admitted, denied, errs atomic.Int64
+		var mu sync.Mutex
+		resets := map[int64]int64{}
+		var wg sync.WaitGroup
+		for c := 0; c < clients; c++ {
+			for g := 0; g < goroutines; g++ {
+				wg.Add(1)
+				go func(b *memcached.Backend, g int) {
+					defer wg.Done()
+					for i := 0; i < perGoroutine; i++ {
+						now := start.Add(time.Duration(g*perGoroutine+i) * time.Millisecond)
+						d, err := b.Take(ctx, "hot", p, 1, now)
+						if err != nil {
+							errs.Add(1)
+							t.Errorf("Take: %v", err)
+							return
+						}
+						if !d.Allowed {
+							denied.Add(1)
+							continue
+						}
+						admitted.Add(1)
+						mu.Lock()
+						resets[d.ResetAt.UnixMilli()]++
+						mu.Unlock()
+					}
+				}(backends[c], g)
+			}
+		}
+		wg.Wait()
+		total := int64(clients * goroutines * perGoroutine)
+		t.Logf("window at %v: %d calls, %d admitted, %d denied, %d errors", start.Format(time.TimeOnly), total, admitted.Load(), denied.Load(), errs.Load())
+		if admitted.Load() != p.Limit {
+			t.Errorf("admitted %d, want exactly %d", admitted.Load(), p.Limit)
+		}
+		if len(resets) != 1 {
+			t.Errorf("admitted calls saw %d ResetAt values: %v", len(resets), resets)
+		}
+		d, err := backends[0].Peek(ctx, "hot", p, start.Add(time.Second))
+		if err != nil || d.Used != p.Limit {
+			t.Errorf("Peek after the race: %+v, %v; want Used %d", d, err, p.Limit)
+		}
+	}
+}
