@@ -133,10 +133,13 @@ func TestRedisCluster(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, d.Allowed)
 		}
+		var mu sync.Mutex
 		var perNode []int
-		err := c.ForEachMaster(context.Background(), func(ctx context.Context, n *goredis.Client) error {
+		err := c.ForEachMaster(context.Background(), func(ctx context.Context, n *goredis.Client) error { // concurrently
 			keys, err := n.Keys(ctx, "spread:*").Result()
+			mu.Lock()
 			perNode = append(perNode, len(keys))
+			mu.Unlock()
 			return err
 		})
 		require.NoError(t, err)
