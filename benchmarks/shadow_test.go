@@ -55,16 +55,25 @@ func BenchmarkShadowControlPath(b *testing.B) {
 	}
 }
 
+// BenchmarkShadowTake is BenchmarkShadowControlPath on the bare
+// Backend.Take; "on-free-candidate" mirrors to a candidate that does no
+// work, which isolates what queueing costs the caller from the CPU that a
+// real candidate's work takes on a machine without a spare core.
 func BenchmarkShadowTake(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for _, mode := range []string{"off", "on"} {
+	for _, mode := range []string{"off", "on", "on-free-candidate"} {
 		b.Run(mode, func(b *testing.B) {
 			var be throttler.Backend = memory.New(nil)
 			var s *shadow.Backend
-			if mode == "on" {
+			switch mode {
+			case "on":
 				s = shadow.New(be, memory.New(nil), nil)
+			case "on-free-candidate":
+				s = shadow.New(be, freeBackend{}, nil)
+			}
+			if s != nil {
 				defer s.Close()
 				be = s
 			}
@@ -100,7 +109,7 @@ func BenchmarkShadowQueueMemory(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	const workers, queue = 8, 512 // the defaults
+	const workers, queue = 8, 1024 // the defaults
 	var perCall float64
 	for b.Loop() {
 		release := make(chan struct{})
@@ -150,4 +159,19 @@ func (s stuckBackend) Peek(ctx context.Context, _ string, _ throttler.Policy, _ 
 
 func (s stuckBackend) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, s.wait(ctx)
+}
+
+// freeBackend answers every call at once with an empty decision.
+type freeBackend struct{}
+
+func (freeBackend) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
+}
+
+func (freeBackend) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
+}
+
+func (freeBackend) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
 }

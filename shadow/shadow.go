@@ -45,7 +45,7 @@ type Options struct {
 	// QueueSize is how many mirrored calls may wait for each worker; when
 	// its queue is full a call is dropped (a Result of kind Dropped). A
 	// worker also holds the batch it is working through, so at most
-	// 2*Workers*QueueSize calls are held in all. default: 512
+	// 2*Workers*QueueSize calls are held in all. default: 1024
 	QueueSize int
 	// Timeout bounds each candidate call, through its context's deadline,
 	// which is between 7/8 of Timeout and Timeout from the call's start
@@ -95,7 +95,7 @@ func (o *Options) withDefaults() Options {
 		out.Workers = 8
 	}
 	if out.QueueSize <= 0 {
-		out.QueueSize = 512
+		out.QueueSize = 1024
 	}
 	if out.Timeout <= 0 {
 		out.Timeout = 100 * time.Millisecond
