@@ -33,15 +33,33 @@
 //     runs out of attempts, is denied. The decr runs even when ctx is done:
 //     skipping it would leave units counted that nobody took.
 //
-// The common case (an open window) is two round trips, gets and incr; opening
-// a window is three (gets, add/cas, add); a denial is three (gets, incr,
-// decr). Hot keys only incr and decr, which never conflict, so contention
-// cannot exhaust the attempts: only simultaneous openings of one window
-// retry, and each round has a winner.
+// Hot keys only incr and decr, which never conflict, so contention cannot
+// exhaust the attempts: only simultaneous openings of one window retry, and
+// each round has a winner.
 //
 // Peek is gets head, then get counter. Refund is gets head, then decr counter:
 // Memcached's decr stops at zero, which is exactly "never below zero", and it
 // commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
+//
+// # The head cache
+//
+// Step 1 costs a round trip on every call, yet a head changes once per
+// window. So each Backend remembers the reset-at it last read or wrote for a
+// pair and trusts it while the window is open and for Options.CacheFor (1s)
+// of the callers' time after reading it; then it reads the head again. The
+// common case (an open window) is then one round trip, incr; without the
+// cache (Options.NoCache) it is two, gets and incr. Opening a window is three
+// (gets, add/cas, add); a denial adds a decr. Peek and Refund are one round
+// trip from the cache, two without.
+//
+// What the cache can get wrong, for at most CacheFor: if another process
+// replaced the head (its clock is ahead of this caller's, or the head was
+// evicted while the counter was not), this process keeps counting in the
+// window it knows, a window that is still exact in itself (its counter is
+// shared by everyone counting in it). A missing counter is never recreated
+// from the cache: the head is read first. Re-reading at least every CacheFor
+// also keeps an active pair's head warm in Memcached's LRU, as reading it on
+// every call would.
 //
 // # Expiry
 //
@@ -69,7 +87,8 @@
 //
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
-// call. A Take makes at most 2+2*MaxAttempts calls.
+// call, so set it below the Throttler's Timeout. A Take usually makes one to
+// three calls, and at most about 3*MaxAttempts.
 package memcached
 
 import (
@@ -136,6 +155,17 @@ type Options struct {
 	// its cost would have fit (then it stays denied). Must be >= 0.
 	// default: 8
 	MaxAttempts int
+	// CacheFor is how long, in the callers' time (the now they pass), a
+	// process trusts the reset-at it last read for a pair, so that a Take
+	// in an open window makes one round trip (incr) instead of two. It also
+	// bounds how long this process may keep counting in a window after the
+	// head changed under it (see the package comment). default: 1s
+	CacheFor time.Duration
+	// CacheSize bounds the pairs whose reset-at is cached. default: 65536
+	CacheSize int
+	// NoCache reads the head on every call: two round trips per Take, and
+	// never a stale window. default: false
+	NoCache bool
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -155,15 +185,25 @@ func (o *Options) withDefaults() (Options, error) {
 	if r.MaxAttempts == 0 {
 		r.MaxAttempts = 8
 	}
+	if r.CacheFor < 0 || r.CacheSize < 0 {
+		return r, fmt.Errorf("memcached: Options.CacheFor and CacheSize must be >= 0, got %v and %d", r.CacheFor, r.CacheSize)
+	}
+	if r.CacheFor == 0 {
+		r.CacheFor = time.Second
+	}
+	if r.CacheSize == 0 {
+		r.CacheSize = 65536
+	}
 	return r, nil
 }
 
 // Backend is a throttler.Backend storing fixed windows in Memcached. It is
 // safe for concurrent use, by any number of processes sharing the servers.
 type Backend struct {
-	c    Client
-	opts Options
-	err  error // bad configuration, returned by every operation
+	c     Client
+	opts  Options
+	cache *headCache // nil with NoCache
+	err   error      // bad configuration, returned by every operation
 }
 
 // New returns a Backend over c, usually a *memcache.Client whose Timeout
@@ -174,7 +214,11 @@ func New(c Client, opts *Options) *Backend {
 	if err == nil && c == nil {
 		err = errors.New("memcached: nil Client")
 	}
-	return &Backend{c: c, opts: o, err: err}
+	b := &Backend{c: c, opts: o, err: err}
+	if !o.NoCache {
+		b.cache = newHeadCache(o.CacheSize, o.CacheFor.Milliseconds())
+	}
+	return b
 }
 
 // check validates a call before any server is asked.
@@ -197,6 +241,30 @@ type window struct {
 	resetAt int64 // Unix ms; valid when open
 	item    *memcache.Item
 	found   bool // the head exists (possibly ended): open with CAS, not Add
+	cached  bool // from the cache, not read from the server by this call
+}
+
+// head returns the window the head names at now: from the cache when it can
+// be trusted, else read from the server (and then cached if open).
+func (b *Backend) head(ctx context.Context, k itemKeys, now time.Time) (window, error) {
+	nowMs := now.UnixMilli()
+	if b.cache != nil {
+		if r, ok := b.cache.get(k.head(), nowMs); ok {
+			return window{open: true, resetAt: r, found: true, cached: true}, nil
+		}
+	}
+	w, err := b.readHead(ctx, k, now)
+	if err == nil && w.open && b.cache != nil {
+		b.cache.put(k.head(), w.resetAt, nowMs)
+	}
+	return w, err
+}
+
+// forget drops a cached head that the server contradicted.
+func (b *Backend) forget(k itemKeys) {
+	if b.cache != nil {
+		b.cache.drop(k.head())
+	}
 }
 
 // readHead gets the head and tells whether it names a window open at now.
@@ -282,7 +350,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // peek reads the state; allowedIfRoom says whether Allowed reports room for
 // one more unit (Peek) or is false (a Take denied without counting).
 func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now time.Time, allowedIfRoom bool) (throttler.Decision, error) {
-	w, err := b.readHead(ctx, k, now)
+	w, err := b.head(ctx, k, now)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
@@ -307,7 +375,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 		return throttler.Decision{}, err
 	}
 	k := newItemKeys(b.opts.Prefix, p.Name, key)
-	w, err := b.readHead(ctx, k, now)
+	w, err := b.head(ctx, k, now)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
@@ -345,12 +413,19 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		return b.peek(ctx, k, p, now, false)
 	}
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
-		w, err := b.readHead(ctx, k, now)
+		w, err := b.head(ctx, k, now)
 		if err != nil {
 			return throttler.Decision{}, err
 		}
 		if w.open {
-			return b.count(ctx, k, p, cost, now, w.resetAt, false)
+			d, err := b.count(ctx, k, p, cost, now, w.resetAt, false, w.cached)
+			if errors.Is(err, errStale) {
+				// The counter is gone: evicted, or the head moved on.
+				// Ask the head rather than recreate a counter from memory.
+				b.forget(k)
+				continue
+			}
+			return d, err
 		}
 		resetAt := now.Add(p.Window).UnixMilli()
 		won, err := b.open(ctx, k, w, resetAt, now)
@@ -358,7 +433,10 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{}, err
 		}
 		if won {
-			return b.count(ctx, k, p, cost, now, resetAt, true)
+			if b.cache != nil {
+				b.cache.put(k.head(), resetAt, now.UnixMilli())
+			}
+			return b.count(ctx, k, p, cost, now, resetAt, true, false)
 		}
 	}
 	return throttler.Decision{}, fmt.Errorf("%w: %q after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
@@ -388,10 +466,18 @@ func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int6
 	}
 }
 
+// errStale reports to Take that the first incr, on a cached window, found
+// no counter.
+var errStale = errors.New("memcached: no counter")
+
 // count adds cost to the counter of the open window ending at resetAtMs
-// (steps 3 and 4 of the package comment). fresh says the counter most likely
-// does not exist yet, so add comes first.
-func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, fresh bool) (throttler.Decision, error) {
+// (steps 3 and 4 of the package comment). opened says this call opened the
+// window, so the counter most likely does not exist yet and add comes first.
+// cached says the window came from the cache: then a missing counter makes
+// count return errStale, so that Take reads the head instead of recreating
+// a counter for a window that may have been replaced.
+func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, opened, cached bool) (throttler.Decision, error) {
+	fresh := opened
 	key := k.counter(resetAtMs)
 	resetAt := resetTime(resetAtMs, now)
 	denied := false // a denial is what is left when the attempts run out
@@ -413,6 +499,9 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		}
 		v, err := b.c.Increment(key, uint64(cost))
 		if errors.Is(err, memcache.ErrCacheMiss) {
+			if attempt == 0 && cached {
+				return throttler.Decision{}, errStale
+			}
 			fresh = true
 			continue
 		}

@@ -3,6 +3,7 @@ package memcached
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,39 +104,138 @@ func TestSequence(t *testing.T) {
 	}
 }
 
-// TestRoundTrips pins the number of server calls of each path.
+// TestRoundTrips pins the number of server calls of each path, with the
+// head cache (the default) and without.
 func TestRoundTrips(t *testing.T) {
 	p := throttler.Policy{Limit: 2, Window: time.Minute}
-	b, f := newTestBackend(t)
 	ctx := context.Background()
-	steps := []struct {
-		name string
-		do   func() error
-		want map[string]int
+	type want = map[string]int
+	tests := []struct {
+		name             string
+		do               func(b *Backend) error
+		cached, uncached want
 	}{
-		{"open", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "add": 2}},
-		{"count", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "incr": 1}},
-		{"deny", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "incr": 1, "decr": 1}},
-		{"peek", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, map[string]int{"get": 2}},
-		{"refund", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, map[string]int{"get": 1, "decr": 1}},
-		{"reopen", func() error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Hour)); return err }, map[string]int{"get": 1, "cas": 1, "add": 1}},
+		{"open", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
+			want{"get": 1, "add": 2}, want{"get": 1, "add": 2}},
+		{"count", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
+			want{"incr": 1}, want{"get": 1, "incr": 1}},
+		{"deny", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
+			want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
+		{"peek", func(b *Backend) error { _, err := b.Peek(ctx, "k", p, t0); return err },
+			want{"get": 1}, want{"get": 2}},
+		{"refund", func(b *Backend) error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+			want{"decr": 1}, want{"get": 1, "decr": 1}},
+		{"count after CacheFor", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second)); return err },
+			want{"get": 1, "incr": 1}, want{"get": 1, "incr": 1}},
+		{"count within CacheFor of the last read", func(b *Backend) error {
+			_, err := b.Take(ctx, "k", p, 1, t0.Add(1999*time.Millisecond))
+			return err
+		}, want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
+		{"reopen", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Hour)); return err },
+			want{"get": 1, "cas": 1, "add": 1}, want{"get": 1, "cas": 1, "add": 1}},
 	}
-	for _, s := range steps {
-		f.callCounts()
-		if err := s.do(); err != nil {
-			t.Fatalf("%s: %v", s.name, err)
-		}
-		got := f.callCounts()
-		if len(got) != len(s.want) {
-			t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
-			continue
-		}
-		for op, n := range s.want {
-			if got[op] != n {
-				t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
-				break
+	for _, noCache := range []bool{false, true} {
+		f := newFakeClient()
+		b := New(f, &Options{NoCache: noCache})
+		for _, tt := range tests {
+			f.callCounts()
+			if err := tt.do(b); err != nil {
+				t.Fatalf("%s: %v", tt.name, err)
+			}
+			want := tt.cached
+			if noCache {
+				want = tt.uncached
+			}
+			if got := f.callCounts(); !maps.Equal(got, want) {
+				t.Errorf("NoCache %v, %s: calls %v, want %v", noCache, tt.name, got, want)
 			}
 		}
+	}
+}
+
+// TestCacheStaleness pins what the cache may get wrong, as documented: for
+// at most CacheFor, a process keeps counting in a window that another
+// process (whose clock is ahead) already replaced; without the cache it
+// follows the head at once. A vanished counter makes it read the head.
+func TestCacheStaleness(t *testing.T) {
+	p := throttler.Policy{Limit: 10, Window: time.Minute}
+	ctx := context.Background()
+	for _, noCache := range []bool{false, true} {
+		f := newFakeClient()
+		a := New(f, &Options{NoCache: noCache})
+		other := New(f, &Options{NoCache: true})
+		end := t0.Add(time.Minute)
+		if _, err := a.Take(ctx, "k", p, 3, t0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Take(ctx, "k", p, 1, end.Add(-500*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+		// The other process, 10ms ahead, sees the window ended and opens the next.
+		if _, err := other.Take(ctx, "k", p, 1, end); err != nil {
+			t.Fatal(err)
+		}
+		d, err := a.Take(ctx, "k", p, 1, end.Add(-10*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantUsed, wantReset := int64(2), end.Add(time.Minute)
+		if !noCache {
+			wantUsed, wantReset = 5, end // the cached window
+		}
+		if d.Used != wantUsed || !d.ResetAt.Equal(wantReset) {
+			t.Errorf("NoCache %v: Used %d ResetAt %v, want %d %v", noCache, d.Used, d.ResetAt, wantUsed, wantReset)
+		}
+	}
+
+	// Everything lost (a restarted server): the cached window's counter is
+	// missing, so the head is read and a window opens.
+	f := newFakeClient()
+	b := New(f, nil)
+	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	clear(f.items)
+	f.mu.Unlock()
+	f.callCounts()
+	d, err := b.Take(ctx, "k", p, 1, t0.Add(100*time.Millisecond))
+	if err != nil || d.Used != 1 || !d.ResetAt.Equal(t0.Add(100*time.Millisecond+time.Minute)) {
+		t.Errorf("after restart: %+v, %v; want a window opened now", d, err)
+	}
+	if got, want := f.callCounts(), map[string]int{"incr": 1, "get": 1, "add": 2}; !maps.Equal(got, want) {
+		t.Errorf("calls %v, want %v", got, want)
+	}
+}
+
+func TestHeadCacheBounded(t *testing.T) {
+	c := newHeadCache(4, 1000)
+	for i := range 100 {
+		c.put(strconv.Itoa(i), 5000, 0)
+	}
+	c.mu.Lock()
+	n := len(c.cur) + len(c.prev)
+	c.mu.Unlock()
+	if n > 4 {
+		t.Errorf("%d entries, want at most 4", n)
+	}
+	if _, ok := c.get("99", 0); !ok {
+		t.Error("the latest entry was dropped")
+	}
+	if _, ok := c.get("0", 0); ok {
+		t.Error("the oldest entry was kept")
+	}
+	for _, tt := range []struct {
+		now  int64
+		want bool
+	}{{-1000, false}, {-999, true}, {999, true}, {1000, false}, {4999, false}} {
+		if _, ok := c.get("99", tt.now); ok != tt.want {
+			t.Errorf("get at %d: %v, want %v", tt.now, ok, tt.want)
+		}
+	}
+	c.put("late", 5000, 4500)
+	if _, ok := c.get("late", 5000); ok {
+		t.Error("trusted at reset-at")
 	}
 }
 
