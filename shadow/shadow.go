@@ -268,7 +268,7 @@ func (b *Backend) mirror(op Op, key string, p throttler.Policy, cost int64, now 
 		w.queue = append(w.queue, call{})
 	}
 	c := &w.queue[n]
-	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr, c.barrier = op, key, p, cost, now, *d, err, nil
 	signal := w.sleeping || len(w.queue) == b.wakeLen
 	w.sleeping = false
 	w.mu.Unlock()
@@ -328,9 +328,11 @@ func (b *Backend) run(w *worker) {
 		w.queue = w.spare[:0]
 		w.mu.Unlock()
 		naps = 0
+		// The slots are not zeroed after use: the next caller overwrites
+		// every field, and a worker writing them would make each caller's
+		// write a cache miss. They keep at most QueueSize keys alive.
 		for i := range batch {
 			b.process(w, &batch[i])
-			batch[i] = call{} // release the key and errors
 		}
 		w.counts.absorb(&w.tally)
 		w.spare = batch

@@ -602,3 +602,22 @@ func TestConcurrentAgreement(t *testing.T) {
 		}
 	}
 }
+
+// Queue slots are reused without being cleared: a call written where a
+// Flush barrier was must still be a call.
+func TestSlotsReusedAfterFlush(t *testing.T) {
+	ctx := context.Background()
+	s := newShadow(t, memory.New(nil), memory.New(nil), &Options{Workers: 1})
+	big := throttler.Policy{Limit: 1000, Window: time.Hour}
+	total := 0
+	for round := 1; round <= 6; round++ {
+		for i := range round {
+			_, _ = s.Take(ctx, fmt.Sprint("k", i), big, 1, t0)
+			total++
+		}
+		flush(t, s)
+		if st := s.Stats(); st.Compared != uint64(total) || st.Mismatched != 0 {
+			t.Fatalf("round %d: compared %d, mismatched %d; want %d and 0", round, st.Compared, st.Mismatched, total)
+		}
+	}
+}
