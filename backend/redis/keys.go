@@ -1,6 +1,9 @@
 package redis
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // Key layout (docs/backends-redis.md): one hash per (policy, key),
 //
@@ -18,29 +21,36 @@ import "strconv"
 const tagLen = 2 + 16
 
 // storageKey returns the Redis key of (policy, key) and its 64-bit hash,
-// which also picks the shard.
+// which also picks the shard. It allocates once: the hash is taken over the
+// parts before the key is built around it.
 func (b *Backend) storageKey(policy, key string) (string, uint64) {
 	var lenBuf [20]byte
 	nameLen := strconv.AppendInt(lenBuf[:0], int64(len(policy)), 10)
 
-	buf := make([]byte, 0, len(b.prefix)+tagLen+len(nameLen)+1+len(policy)+1+len(key))
-	buf = append(buf, b.prefix...)
-	tag := len(buf)
-	buf = append(buf, "{0000000000000000}"...)
-	body := len(buf)
-	buf = append(buf, nameLen...)
-	buf = append(buf, ':')
-	buf = append(buf, policy...)
-	buf = append(buf, ':')
-	buf = append(buf, key...)
+	h := fnv1aString(fnvOffset, b.prefix)
+	h = fnv1a(h, nameLen)
+	h = fnv1aString(h, ":")
+	h = fnv1aString(h, policy)
+	h = fnv1aString(h, ":")
+	h = fmix64(fnv1aString(h, key))
 
-	h := fnv1a(fnv1a(fnvOffset, buf[:tag]), buf[body:])
-	h = fmix64(h)
+	var tag [tagLen]byte
 	const hexDigits = "0123456789abcdef"
+	tag[0], tag[tagLen-1] = '{', '}'
 	for i := 0; i < 16; i++ {
-		buf[tag+1+i] = hexDigits[(h>>(60-4*i))&0xf]
+		tag[1+i] = hexDigits[(h>>(60-4*i))&0xf]
 	}
-	return string(buf), h
+
+	var sb strings.Builder
+	sb.Grow(len(b.prefix) + tagLen + len(nameLen) + 1 + len(policy) + 1 + len(key))
+	sb.WriteString(b.prefix)
+	sb.Write(tag[:])
+	sb.Write(nameLen)
+	sb.WriteByte(':')
+	sb.WriteString(policy)
+	sb.WriteByte(':')
+	sb.WriteString(key)
+	return sb.String(), h
 }
 
 const (
@@ -54,6 +64,14 @@ const (
 func fnv1a(h uint64, p []byte) uint64 {
 	for _, c := range p {
 		h ^= uint64(c)
+		h *= fnvPrime
+	}
+	return h
+}
+
+func fnv1aString(h uint64, s string) uint64 {
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
 		h *= fnvPrime
 	}
 	return h
