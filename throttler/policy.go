@@ -112,11 +112,15 @@ func ValidateCost(cost int64) error {
 // backends, routers and shadows reject bad input alike before any store is
 // called. Use cost 1 for Peek.
 func ValidateCall(key string, p Policy, cost int64) error {
-	// The fast path: no calls, since every backend operation runs this.
+	// Small enough to inline: every backend operation runs it.
 	if key != "" && len(key) <= MaxKeyLen && cost > 0 && p.Limit > 0 &&
 		p.Window >= time.Millisecond && p.Window%time.Millisecond == 0 && validName(p.Name) {
 		return nil
 	}
+	return validateCall(key, p, cost)
+}
+
+func validateCall(key string, p Policy, cost int64) error {
 	if err := ValidateKey(key); err != nil {
 		return err
 	}
