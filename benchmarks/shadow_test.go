@@ -56,14 +56,15 @@ func BenchmarkShadowControlPath(b *testing.B) {
 }
 
 // BenchmarkShadowTake is BenchmarkShadowControlPath on the bare
-// Backend.Take; "on-free-candidate" mirrors to a candidate that does no
-// work, which isolates what queueing costs the caller from the CPU that a
-// real candidate's work takes on a machine without a spare core.
+// Backend.Take. "on-1worker" runs the candidate's work on one goroutine
+// instead of eight, which compete with the caller for the CPU when the
+// candidate is in-process; "on-free-candidate" mirrors to a candidate that
+// does no work, which isolates what queueing costs the caller.
 func BenchmarkShadowTake(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for _, mode := range []string{"off", "on", "on-free-candidate"} {
+	for _, mode := range []string{"off", "on", "on-1worker", "on-free-candidate"} {
 		b.Run(mode, func(b *testing.B) {
 			var be throttler.Backend = memory.New(nil)
 			var s *shadow.Backend
@@ -72,6 +73,9 @@ func BenchmarkShadowTake(b *testing.B) {
 				s = shadow.New(be, memory.New(nil), nil)
 			case "on-free-candidate":
 				s = shadow.New(be, freeBackend{}, nil)
+			case "on-1worker":
+				s = shadow.New(be, memory.New(nil), &shadow.Options{Workers: 1})
+
 			}
 			if s != nil {
 				defer s.Close()
