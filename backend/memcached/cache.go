@@ -9,6 +9,9 @@ import "sync"
 // Options.CacheFor of the callers' time after the read, in either
 // direction (callers' nows are not ordered); then the head is read again.
 //
+// Untrusted entries still serve as hints: the counter key to fetch along
+// with the head. With Options.NoCache the ttl is 0 and nothing is trusted.
+//
 // It holds at most about size entries in two generations: when the current
 // one is full it becomes the previous one and the old previous one is
 // dropped, so the cost of bounding it is O(1) per insert and the pairs in
@@ -30,18 +33,20 @@ func newHeadCache(entries int, ttlMs int64) *headCache {
 	return &headCache{cur: make(map[string]cachedHead, n), size: n, ttl: ttlMs}
 }
 
-// get returns the cached reset-at of the head key if it can be trusted at nowMs.
-func (c *headCache) get(key string, nowMs int64) (int64, bool) {
+// get returns what is cached for the head key, trusted or not.
+func (c *headCache) get(key string) (cachedHead, bool) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	h, ok := c.cur[key]
 	if !ok {
 		h, ok = c.prev[key]
 	}
-	c.mu.Unlock()
-	if !ok || h.resetAt <= nowMs || nowMs-h.readAt >= c.ttl || h.readAt-nowMs >= c.ttl {
-		return 0, false
-	}
-	return h.resetAt, true
+	return h, ok
+}
+
+// trusted reports whether h can stand for the head at nowMs.
+func (c *headCache) trusted(h cachedHead, nowMs int64) bool {
+	return h.resetAt > nowMs && nowMs-h.readAt < c.ttl && h.readAt-nowMs < c.ttl
 }
 
 func (c *headCache) put(key string, resetAt, nowMs int64) {

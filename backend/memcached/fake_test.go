@@ -81,6 +81,26 @@ func (f *fakeClient) Get(key string) (*memcache.Item, error) {
 	return &memcache.Item{Key: key, Value: bytes.Clone(it.value), Expiration: it.exptime, CasID: it.cas}, nil
 }
 
+// GetMulti is one call ("getm") fetching every key, as one round trip to one server.
+func (f *fakeClient) GetMulti(keys []string) (map[string]*memcache.Item, error) {
+	for _, k := range keys {
+		if !legalKey(k) {
+			return nil, memcache.ErrMalformedKey
+		}
+	}
+	if err := f.enter("getm", keys[0]); err != nil {
+		return nil, err
+	}
+	defer f.mu.Unlock()
+	m := map[string]*memcache.Item{}
+	for _, key := range keys {
+		if it, ok := f.items[key]; ok {
+			m[key] = &memcache.Item{Key: key, Value: bytes.Clone(it.value), Expiration: it.exptime, CasID: it.cas}
+		}
+	}
+	return m, nil
+}
+
 func (f *fakeClient) store(item *memcache.Item) {
 	f.cas++
 	f.items[item.Key] = &fakeItem{value: bytes.Clone(item.Value), exptime: item.Expiration, cas: f.cas}

@@ -37,7 +37,8 @@
 // exhaust the attempts: only simultaneous openings of one window retry, and
 // each round has a winner.
 //
-// Peek is gets head, then get counter. Refund is gets head, then decr counter:
+// Peek is gets head, then get counter (one round trip when the window is
+// already known, see below). Refund is gets head, then decr counter:
 // Memcached's decr stops at zero, which is exactly "never below zero", and it
 // commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
 //
@@ -50,7 +51,15 @@
 // common case (an open window) is then one round trip, incr; without the
 // cache (Options.NoCache) it is two, gets and incr. Opening a window is three
 // (gets, add/cas, add); a denial adds a decr. Peek and Refund are one round
-// trip from the cache, two without.
+// trip from the cache.
+//
+// Whenever the head is read and this process has seen the pair's window
+// before, the counter it expects is fetched in the same round trip (a
+// multi-key gets). Memcached's LRU does not count incr as an access, only a
+// fetch, so a counter that is only incremented ages from its creation and
+// is evicted before idle items written after it; the fetch keeps an active
+// pair's counter warm (docs/backends.md has the measurement). It also makes
+// an uncached Peek one round trip.
 //
 // What the cache can get wrong, for at most CacheFor: if another process
 // replaced the head (its clock is ahead of this caller's, or the head was
@@ -110,6 +119,7 @@ import (
 // works unchanged.
 type Client interface {
 	Get(key string) (*memcache.Item, error)
+	GetMulti(keys []string) (map[string]*memcache.Item, error)
 	Add(item *memcache.Item) error
 	CompareAndSwap(item *memcache.Item) error
 	Increment(key string, delta uint64) (uint64, error)
@@ -202,7 +212,7 @@ func (o *Options) withDefaults() (Options, error) {
 type Backend struct {
 	c     Client
 	opts  Options
-	cache *headCache // nil with NoCache
+	cache *headCache // with NoCache, a hint of the counter key only
 	err   error      // bad configuration, returned by every operation
 }
 
@@ -214,11 +224,11 @@ func New(c Client, opts *Options) *Backend {
 	if err == nil && c == nil {
 		err = errors.New("memcached: nil Client")
 	}
-	b := &Backend{c: c, opts: o, err: err}
-	if !o.NoCache {
-		b.cache = newHeadCache(o.CacheSize, o.CacheFor.Milliseconds())
+	ttl := o.CacheFor.Milliseconds()
+	if o.NoCache {
+		ttl = 0 // never trusted: remembered only to fetch the counter with the head
 	}
-	return b
+	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl), err: err}
 }
 
 // check validates a call before any server is asked.
@@ -242,37 +252,53 @@ type window struct {
 	item    *memcache.Item
 	found   bool // the head exists (possibly ended): open with CAS, not Add
 	cached  bool // from the cache, not read from the server by this call
+	// counter is the open window's counter when it was fetched with the
+	// head (nil: missing); valid when counted is true.
+	counter *memcache.Item
+	counted bool
 }
 
 // head returns the window the head names at now: from the cache when it can
 // be trusted, else read from the server (and then cached if open).
 func (b *Backend) head(ctx context.Context, k itemKeys, now time.Time) (window, error) {
 	nowMs := now.UnixMilli()
-	if b.cache != nil {
-		if r, ok := b.cache.get(k.head(), nowMs); ok {
-			return window{open: true, resetAt: r, found: true, cached: true}, nil
-		}
+	h, known := b.cache.get(k.head())
+	if known && b.cache.trusted(h, nowMs) {
+		return window{open: true, resetAt: h.resetAt, found: true, cached: true}, nil
 	}
-	w, err := b.readHead(ctx, k, now)
-	if err == nil && w.open && b.cache != nil {
+	w, err := b.readHead(ctx, k, now, h.resetAt, known)
+	if err == nil && w.open {
 		b.cache.put(k.head(), w.resetAt, nowMs)
 	}
 	return w, err
 }
 
 // forget drops a cached head that the server contradicted.
-func (b *Backend) forget(k itemKeys) {
-	if b.cache != nil {
-		b.cache.drop(k.head())
-	}
-}
+func (b *Backend) forget(k itemKeys) { b.cache.drop(k.head()) }
 
 // readHead gets the head and tells whether it names a window open at now.
-func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time) (window, error) {
+// With a hint of the reset-at (the one this process last saw), it fetches
+// that window's counter in the same round trip: incr does not count as an
+// access for Memcached's LRU, a fetch does, so this keeps the counter of an
+// active pair from being evicted as if it were idle.
+func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time, hint int64, hinted bool) (window, error) {
 	if err := ctx.Err(); err != nil {
 		return window{}, fmt.Errorf("memcached: %w", err)
 	}
-	it, err := b.c.Get(k.head())
+	var it, counter *memcache.Item
+	var err error
+	if hinted {
+		var items map[string]*memcache.Item
+		items, err = b.c.GetMulti([]string{k.head(), k.counter(hint)})
+		if err == nil {
+			if it = items[k.head()]; it == nil {
+				err = memcache.ErrCacheMiss
+			}
+			counter = items[k.counter(hint)]
+		}
+	} else {
+		it, err = b.c.Get(k.head())
+	}
 	if errors.Is(err, memcache.ErrCacheMiss) {
 		return window{}, nil
 	}
@@ -286,11 +312,21 @@ func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time) (wind
 	if err != nil {
 		return window{}, fmt.Errorf("memcached: window of %q holds %q: %w", k.id, it.Value, ErrBadItem)
 	}
-	return window{open: ms > now.UnixMilli(), resetAt: ms, item: it, found: true}, nil
+	w := window{open: ms > now.UnixMilli(), resetAt: ms, item: it, found: true}
+	if hinted && ms == hint {
+		w.counter, w.counted = counter, true
+	}
+	return w, nil
 }
 
 // readCount gets the counter of window w; a missing counter counts 0.
 func (b *Backend) readCount(ctx context.Context, k itemKeys, w window) (int64, error) {
+	if w.counted {
+		if w.counter == nil {
+			return 0, nil
+		}
+		return parseCount(k, w.counter)
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("memcached: %w", err)
 	}
@@ -304,6 +340,12 @@ func (b *Backend) readCount(ctx context.Context, k itemKeys, w window) (int64, e
 	if it == nil {
 		return 0, fmt.Errorf("memcached: get count of %q: %w: no item and no error", k.id, ErrBadItem)
 	}
+	return parseCount(k, it)
+}
+
+// parseCount reads a counter item's value. Memcached pads a value that incr
+// or decr shortened with spaces.
+func parseCount(k itemKeys, it *memcache.Item) (int64, error) {
 	n, err := strconv.ParseUint(string(bytes.TrimSpace(it.Value)), 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("memcached: count of %q holds %q: %w", k.id, it.Value, ErrBadItem)
@@ -433,9 +475,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{}, err
 		}
 		if won {
-			if b.cache != nil {
-				b.cache.put(k.head(), resetAt, now.UnixMilli())
-			}
+			b.cache.put(k.head(), resetAt, now.UnixMilli())
 			return b.count(ctx, k, p, cost, now, resetAt, true, false)
 		}
 	}

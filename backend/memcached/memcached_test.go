@@ -105,7 +105,8 @@ func TestSequence(t *testing.T) {
 }
 
 // TestRoundTrips pins the number of server calls of each path, with the
-// head cache (the default) and without.
+// head cache (the default) and without. Once a pair's window is known, the
+// head is read together with that window's counter ("getm", one round trip).
 func TestRoundTrips(t *testing.T) {
 	p := throttler.Policy{Limit: 2, Window: time.Minute}
 	ctx := context.Background()
@@ -118,21 +119,21 @@ func TestRoundTrips(t *testing.T) {
 		{"open", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
 			want{"get": 1, "add": 2}, want{"get": 1, "add": 2}},
 		{"count", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
-			want{"incr": 1}, want{"get": 1, "incr": 1}},
+			want{"incr": 1}, want{"getm": 1, "incr": 1}},
 		{"deny", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
-			want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
+			want{"incr": 1, "decr": 1}, want{"getm": 1, "incr": 1, "decr": 1}},
 		{"peek", func(b *Backend) error { _, err := b.Peek(ctx, "k", p, t0); return err },
-			want{"get": 1}, want{"get": 2}},
+			want{"get": 1}, want{"getm": 1}},
 		{"refund", func(b *Backend) error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
-			want{"decr": 1}, want{"get": 1, "decr": 1}},
+			want{"decr": 1}, want{"getm": 1, "decr": 1}},
 		{"count after CacheFor", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second)); return err },
-			want{"get": 1, "incr": 1}, want{"get": 1, "incr": 1}},
+			want{"getm": 1, "incr": 1}, want{"getm": 1, "incr": 1}},
 		{"count within CacheFor of the last read", func(b *Backend) error {
 			_, err := b.Take(ctx, "k", p, 1, t0.Add(1999*time.Millisecond))
 			return err
-		}, want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
+		}, want{"incr": 1, "decr": 1}, want{"getm": 1, "incr": 1, "decr": 1}},
 		{"reopen", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Hour)); return err },
-			want{"get": 1, "cas": 1, "add": 1}, want{"get": 1, "cas": 1, "add": 1}},
+			want{"getm": 1, "cas": 1, "add": 1}, want{"getm": 1, "cas": 1, "add": 1}},
 	}
 	for _, noCache := range []bool{false, true} {
 		f := newFakeClient()
@@ -219,23 +220,26 @@ func TestHeadCacheBounded(t *testing.T) {
 	if n > 4 {
 		t.Errorf("%d entries, want at most 4", n)
 	}
-	if _, ok := c.get("99", 0); !ok {
+	if _, ok := c.get("99"); !ok {
 		t.Error("the latest entry was dropped")
 	}
-	if _, ok := c.get("0", 0); ok {
+	if _, ok := c.get("0"); ok {
 		t.Error("the oldest entry was kept")
 	}
+	h, _ := c.get("99")
 	for _, tt := range []struct {
 		now  int64
 		want bool
 	}{{-1000, false}, {-999, true}, {999, true}, {1000, false}, {4999, false}} {
-		if _, ok := c.get("99", tt.now); ok != tt.want {
-			t.Errorf("get at %d: %v, want %v", tt.now, ok, tt.want)
+		if got := c.trusted(h, tt.now); got != tt.want {
+			t.Errorf("trusted at %d: %v, want %v", tt.now, got, tt.want)
 		}
 	}
-	c.put("late", 5000, 4500)
-	if _, ok := c.get("late", 5000); ok {
+	if c.trusted(cachedHead{resetAt: 5000, readAt: 4500}, 5000) {
 		t.Error("trusted at reset-at")
+	}
+	if newHeadCache(4, 0).trusted(cachedHead{resetAt: 5000, readAt: 10}, 10) {
+		t.Error("a ttl of 0 (NoCache) trusted an entry")
 	}
 }
 
@@ -521,7 +525,7 @@ func TestContention(t *testing.T) {
 			if !errors.Is(err, ErrContention) {
 				t.Fatalf("err %v, want ErrContention", err)
 			}
-			if c := f.callCounts(); c["get"] != 4 || c[op] != 4 {
+			if c := f.callCounts(); c["get"]+c["getm"] != 4 || c[op] != 4 {
 				t.Errorf("calls %v, want 4 gets and 4 %s", c, op)
 			}
 		})
@@ -742,4 +746,27 @@ func TestConcurrentTakes(t *testing.T) {
 // module runs it on real servers.
 func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) throttler.Backend { return New(newFakeClient(), nil) })
+}
+
+// TestHintMismatch: the counter fetched with the head belongs to the window
+// this process last saw; when the head names another window it is not used.
+func TestHintMismatch(t *testing.T) {
+	p := throttler.Policy{Limit: 10, Window: time.Minute}
+	ctx := context.Background()
+	f := newFakeClient()
+	a, other := New(f, &Options{NoCache: true}), New(f, &Options{NoCache: true})
+	if _, err := a.Take(ctx, "k", p, 7, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Take(ctx, "k", p, 2, t0.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	f.callCounts()
+	d, err := a.Peek(ctx, "k", p, t0.Add(time.Hour+time.Second))
+	if err != nil || d.Used != 2 || !d.ResetAt.Equal(t0.Add(time.Hour+time.Minute)) {
+		t.Errorf("got %+v, %v; want the new window's count, 2", d, err)
+	}
+	if got, want := f.callCounts(), map[string]int{"getm": 1, "get": 1}; !maps.Equal(got, want) {
+		t.Errorf("calls %v, want %v", got, want)
+	}
 }
