@@ -181,9 +181,17 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	defer s.mu.Unlock()
 	s.observe(ms)
 	w := s.find(h, key, p.Name)
+	if w != nil && w.resetAt > ms && w.used+cost <= p.Limit {
+		// The common case, an open window with room: the Decision that
+		// throttler.WindowState builds, without its checks.
+		w.used += cost
+		used, resetAt := w.used, w.resetAt
+		s.mu.Unlock()
+		return throttler.Decision{Allowed: true, Limit: p.Limit, Used: used, Remaining: max(p.Limit-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
+	}
+	defer s.mu.Unlock()
 	if w == nil || w.resetAt <= ms {
 		if cost > p.Limit {
 			return throttler.WindowState(p, 0, time.Time{}, now, false), nil
