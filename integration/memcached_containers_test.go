@@ -3,10 +3,15 @@ package integration
 import (
 	"context"
 	"errors"
+	"net"
+	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
@@ -22,13 +27,19 @@ type memcachedServer struct {
 }
 
 // memcachedStart starts a Memcached container; args are memcached's flags
-// (for example "-m", "8").
+// (for example "-m", "8"). It is published on a fixed loopback port, so that
+// a restarted container keeps its address.
 func memcachedStart(t *testing.T, args ...string) *memcachedServer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	hostPort := memcachedFreePort(t)
 	opts := []testcontainers.ContainerCustomizer{
 		testcontainers.WithExposedPorts("11211/tcp"),
+		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.PortBindings = network.PortMap{network.MustParsePort("11211/tcp"): {{
+				HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: hostPort}}}
+		}),
 		testcontainers.WithWaitStrategyAndDeadline(30*time.Second, wait.ForListeningPort("11211/tcp")),
 	}
 	if len(args) > 0 {
@@ -45,8 +56,18 @@ func memcachedStart(t *testing.T, args ...string) *memcachedServer {
 	return s
 }
 
-// endpoint is the server's published address; it changes when the
-// container restarts.
+// memcachedFreePort returns a loopback port that was free a moment ago.
+func memcachedFreePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// endpoint is the server's published address.
 func (s *memcachedServer) endpoint(t *testing.T) string {
 	t.Helper()
 	addr, err := s.ctr.PortEndpoint(context.Background(), "11211/tcp", "")
@@ -94,15 +115,15 @@ func (s *memcachedServer) stop(t *testing.T) {
 	}
 }
 
-// start restarts a stopped container and returns its new address.
-func (s *memcachedServer) start(t *testing.T) string {
+// start restarts a stopped container, on the same address, empty.
+func (s *memcachedServer) start(t *testing.T) {
 	t.Helper()
 	if err := s.ctr.Start(context.Background()); err != nil {
 		t.Fatalf("restart memcached: %v", err)
 	}
-	s.addr = s.endpoint(t)
-	memcachedWaitReady(t, s.addr)
-	return s.addr
+	if addr := s.endpoint(t); addr != s.addr {
+		t.Fatalf("restarted memcached moved from %s to %s", s.addr, addr)
+	}
 }
 
 // pause freezes the server's processes: connections stay open and calls
