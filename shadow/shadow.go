@@ -47,12 +47,14 @@ type Options struct {
 	// worker also holds the batch it is working through, so at most
 	// 2*Workers*QueueSize calls are held in all. default: 1024
 	QueueSize int
-	// Timeout bounds each candidate call, through its context's deadline,
-	// which is between 7/8 of Timeout and Timeout from the call's start
-	// (a worker's calls share a context while enough of it is left). A
-	// candidate that ignores its context holds its worker until it
-	// returns; the calls queued behind it are dropped once the queue is
-	// full, and the control path is still unaffected. default: 100ms
+	// Timeout bounds each candidate call, through its context's deadline:
+	// a worker's calls share a context while at least about 7/8 of
+	// Timeout is left of it. A call that fails once the deadline has
+	// passed is a CandidateError matching ErrCandidateTimeout; one that
+	// answers late is still compared. A candidate that ignores its
+	// context holds its worker until it returns; the calls queued behind
+	// it are dropped once the queue is full, and the control path is
+	// still unaffected. default: 100ms
 	Timeout time.Duration
 	// DrainTimeout is how long Close lets the workers finish the queued
 	// calls before it cancels the calls in flight and drops the rest.
@@ -171,10 +173,14 @@ type worker struct {
 	_        [64]byte      // keep workers' locks on separate cache lines
 
 	// Owned by the worker goroutine.
-	spare    []call
-	ctx      context.Context // shared by calls while enough of it is left
-	cancel   context.CancelFunc
-	deadline time.Time
+	spare  []call
+	ctx    context.Context // shared by calls while enough of it is left
+	cancel context.CancelFunc
+	// stale is set by aging, Timeout/8 after ctx was made, and when a call
+	// ends in ctx's expiry: the next call needs a new context. A flag set
+	// by a timer spares the worker a clock read per call.
+	stale atomic.Bool
+	aging *time.Timer
 
 	tally  tally    // this batch's results, not yet in counts
 	counts counters // what Stats reads
@@ -195,6 +201,9 @@ func New(control, candidate throttler.Backend, opts *Options) *Backend {
 	b.mismatches.init(o.KeepMismatches)
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
+		w.stale.Store(true)
+		w.aging = time.AfterFunc(time.Hour, func() { w.stale.Store(true) })
+		w.aging.Stop()
 		b.workers[i] = w
 		b.wg.Add(1)
 		go b.run(w)
@@ -294,6 +303,7 @@ func (b *Backend) drop(op Op, key string, p throttler.Policy, cost int64, now ti
 func (b *Backend) run(w *worker) {
 	defer b.wg.Done()
 	defer func() {
+		w.aging.Stop()
 		if w.cancel != nil {
 			w.cancel()
 		}
@@ -386,36 +396,36 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, err e
 	case OpRefund:
 		d, err = b.candidate.Refund(ctx, c.key, c.p, c.cost, c.now)
 	}
+	if err == nil {
+		// A call that answered is compared, even if it answered late.
+		return d, nil
+	}
 	switch cerr := ctx.Err(); {
 	case errors.Is(cerr, context.DeadlineExceeded):
-		if err == nil {
-			err = cerr
-		}
+		w.stale.Store(true)
 		return throttler.Decision{}, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
 	case cerr != nil:
-		if err == nil {
-			err = cerr
-		}
+		w.stale.Store(true)
 		return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q cancelled by Close: %w", c.op, c.key, err)
-	case err != nil:
-		return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q: %w", c.op, c.key, err)
 	}
-	return d, nil
+	return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q: %w", c.op, c.key, err)
 }
 
-// callContext returns a context whose deadline is between 7/8 of timeout
-// and timeout away. Creating a context and a timer for every call would cost
-// the worker several times what an in-process candidate call costs, so
-// calls share one until too little of it is left, or it has ended.
+// callContext returns a context whose deadline is Timeout after it was
+// made, and reuses it until it is stale: making a context and its timer for
+// every call would cost the worker more than an in-process candidate's
+// call. So every call starts with at least about 7/8 of Timeout left (less
+// only by how late the aging timer fires on a busy machine).
 func (w *worker) callContext(parent context.Context, timeout time.Duration) context.Context {
-	if w.ctx != nil && w.ctx.Err() == nil && time.Until(w.deadline) >= timeout-timeout/8 {
+	if !w.stale.Load() {
 		return w.ctx
 	}
 	if w.cancel != nil {
 		w.cancel()
 	}
-	w.deadline = time.Now().Add(timeout)
-	w.ctx, w.cancel = context.WithDeadline(parent, w.deadline)
+	w.stale.Store(false)
+	w.ctx, w.cancel = context.WithTimeout(parent, timeout)
+	w.aging.Reset(timeout / 8)
 	return w.ctx
 }
 

@@ -621,3 +621,43 @@ func TestSlotsReusedAfterFlush(t *testing.T) {
 		}
 	}
 }
+
+// Calls share a context while it is fresh; a call after a timeout gets a
+// new one, not the expired one.
+func TestCandidateDeadline(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	left := map[string]time.Duration{}
+	candidate := &hooked{Backend: memory.New(nil), before: func(ctx context.Context, _ Op, key string) error {
+		d, ok := ctx.Deadline()
+		if !ok {
+			return errors.New("no deadline")
+		}
+		mu.Lock()
+		left[key] = time.Until(d)
+		mu.Unlock()
+		if key == "slow" {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}
+	const timeout = 200 * time.Millisecond
+	s := newShadow(t, memory.New(nil), candidate, &Options{Workers: 1, Timeout: timeout})
+	for _, key := range []string{"first", "slow", "after"} {
+		_, _ = s.Take(ctx, key, pol, 1, t0)
+		flush(t, s)
+	}
+	st := s.Stats()
+	if st.Count(CandidateError) != 1 || st.Compared != 2 {
+		t.Fatalf("candidate errors %d, compared %d; want 1 and 2", st.Count(CandidateError), st.Compared)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for key, l := range left {
+		// 7/8 of the timeout, less a generous allowance for a busy machine.
+		if l <= timeout/2 || l > timeout {
+			t.Errorf("%s started with %v of its %v deadline left", key, l, timeout)
+		}
+	}
+}
