@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -90,8 +92,25 @@ func TestMigrationEndToEnd(t *testing.T) {
 	old, nu, _, _ := migrationStores(t)
 	ctx := context.Background()
 	p := throttler.Policy{Name: "api", Limit: 7, Window: time.Minute}
-	rollout := flags.NewPercent(0)
-	rollout.SetMirror(true)
+	// The rollout is a file an operator edits, as in production.
+	path := filepath.Join(t.TempDir(), "rollout.json")
+	setRollout := func(percent int, mirror bool) {
+		t.Helper()
+		tmp := path + ".tmp"
+		body := fmt.Sprintf(`{"percent": %d, "mirror": %v}`, percent, mirror)
+		if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRollout(0, true)
+	rollout, err := flags.NewFile(path, &flags.FileOptions{Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rollout.Close() })
 	shadowOpts := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second}
 	m := migration.New(old, nu, rollout, &migration.Options{Forward: shadowOpts, Reverse: shadowOpts})
 	t.Cleanup(func() { _ = m.Close() })
@@ -114,10 +133,15 @@ func TestMigrationEndToEnd(t *testing.T) {
 	}
 	var before migration.Stats
 	for i, st := range stages {
-		if err := rollout.Set(st.percent); err != nil {
+		setRollout(st.percent, st.mirror)
+		// The file is checked every Interval; load the edit now, so that
+		// the stage starts on it.
+		if err := rollout.Reload(); err != nil {
 			t.Fatal(err)
 		}
-		rollout.SetMirror(st.mirror)
+		if got := rollout.Settings(); got.Percent != st.percent || got.Mirror != st.mirror {
+			t.Fatalf("%s: rollout file reads %+v", st.name, got)
+		}
 		// The shared clock: every stage a few seconds later; the second
 		// window starts a whole Window after the first one opened.
 		now := migrationT0.Add(time.Duration(i) * 5 * time.Second).Add(time.Duration(st.window) * p.Window)
