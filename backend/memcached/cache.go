@@ -10,27 +10,32 @@ import "sync"
 // direction (callers' nows are not ordered); then the head is read again.
 //
 // Untrusted entries still serve as hints: the counter key to fetch along
-// with the head. With Options.NoCache the ttl is 0 and nothing is trusted.
+// with the head, at most once per fetchEvery of the callers' time (a
+// multi-key get costs a goroutine in gomemcache). With Options.NoCache the
+// ttl is 0 and nothing is trusted.
 //
 // It holds at most about size entries in two generations: when the current
 // one is full it becomes the previous one and the old previous one is
 // dropped, so the cost of bounding it is O(1) per insert and the pairs in
 // use stay cached.
 type headCache struct {
-	mu        sync.Mutex
-	cur, prev map[string]cachedHead
-	size      int   // entries per generation
-	ttl       int64 // ms
+	mu         sync.Mutex
+	cur, prev  map[string]cachedHead
+	size       int   // entries per generation
+	ttl        int64 // ms
+	fetchEvery int64 // ms
 }
 
 type cachedHead struct {
-	resetAt int64 // ms
-	readAt  int64 // caller's now, ms
+	resetAt   int64 // ms
+	readAt    int64 // caller's now, ms
+	fetchedAt int64 // caller's now when the counter was last fetched, ms
+	fetched   bool  // fetchedAt is set
 }
 
-func newHeadCache(entries int, ttlMs int64) *headCache {
+func newHeadCache(entries int, ttlMs, fetchEveryMs int64) *headCache {
 	n := max(entries/2, 1)
-	return &headCache{cur: make(map[string]cachedHead, n), size: n, ttl: ttlMs}
+	return &headCache{cur: make(map[string]cachedHead, n), size: n, ttl: ttlMs, fetchEvery: fetchEveryMs}
 }
 
 // get returns what is cached for the head key, trusted or not.
@@ -49,13 +54,31 @@ func (c *headCache) trusted(h cachedHead, nowMs int64) bool {
 	return h.resetAt > nowMs && nowMs-h.readAt < c.ttl && h.readAt-nowMs < c.ttl
 }
 
-func (c *headCache) put(key string, resetAt, nowMs int64) {
+// needsFetch reports whether the counter should be fetched with the head.
+func (c *headCache) needsFetch(h cachedHead, nowMs int64) bool {
+	return !h.fetched || nowMs-h.fetchedAt >= c.fetchEvery || h.fetchedAt-nowMs >= c.fetchEvery
+}
+
+// put records a head read or written at nowMs; fetched says the window's
+// counter was fetched with it.
+func (c *headCache) put(key string, resetAt, nowMs int64, fetched bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.cur[key]; !ok && len(c.cur) >= c.size {
-		c.prev, c.cur = c.cur, make(map[string]cachedHead, c.size)
+	old, ok := c.cur[key]
+	if !ok {
+		old, ok = c.prev[key]
+		if len(c.cur) >= c.size {
+			c.prev, c.cur = c.cur, make(map[string]cachedHead, c.size)
+		}
 	}
-	c.cur[key] = cachedHead{resetAt: resetAt, readAt: nowMs}
+	h := cachedHead{resetAt: resetAt, readAt: nowMs}
+	switch {
+	case fetched:
+		h.fetchedAt, h.fetched = nowMs, true
+	case ok && old.resetAt == resetAt:
+		h.fetchedAt, h.fetched = old.fetchedAt, old.fetched
+	}
+	c.cur[key] = h
 }
 
 func (c *headCache) drop(key string) {

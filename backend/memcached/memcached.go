@@ -228,7 +228,7 @@ func New(c Client, opts *Options) *Backend {
 	if o.NoCache {
 		ttl = 0 // never trusted: remembered only to fetch the counter with the head
 	}
-	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl), err: err}
+	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl, o.CacheFor.Milliseconds()), err: err}
 }
 
 // check validates a call before any server is asked.
@@ -266,9 +266,9 @@ func (b *Backend) head(ctx context.Context, k itemKeys, now time.Time) (window, 
 	if known && b.cache.trusted(h, nowMs) {
 		return window{open: true, resetAt: h.resetAt, found: true, cached: true}, nil
 	}
-	w, err := b.readHead(ctx, k, now, h.resetAt, known)
+	w, err := b.readHead(ctx, k, now, h.resetAt, known && b.cache.needsFetch(h, nowMs))
 	if err == nil && w.open {
-		b.cache.put(k.head(), w.resetAt, nowMs)
+		b.cache.put(k.head(), w.resetAt, nowMs, w.counted)
 	}
 	return w, err
 }
@@ -280,7 +280,9 @@ func (b *Backend) forget(k itemKeys) { b.cache.drop(k.head()) }
 // With a hint of the reset-at (the one this process last saw), it fetches
 // that window's counter in the same round trip: incr does not count as an
 // access for Memcached's LRU, a fetch does, so this keeps the counter of an
-// active pair from being evicted as if it were idle.
+// active pair from being evicted as if it were idle. Once per CacheFor is
+// enough for that, and gomemcache's multi-key get costs a goroutine, so the
+// other reads get the head alone.
 func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time, hint int64, hinted bool) (window, error) {
 	if err := ctx.Err(); err != nil {
 		return window{}, fmt.Errorf("memcached: %w", err)
@@ -475,7 +477,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{}, err
 		}
 		if won {
-			b.cache.put(k.head(), resetAt, now.UnixMilli())
+			b.cache.put(k.head(), resetAt, now.UnixMilli(), false)
 			return b.count(ctx, k, p, cost, now, resetAt, true, false)
 		}
 	}

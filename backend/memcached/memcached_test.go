@@ -106,7 +106,8 @@ func TestSequence(t *testing.T) {
 
 // TestRoundTrips pins the number of server calls of each path, with the
 // head cache (the default) and without. Once a pair's window is known, the
-// head is read together with that window's counter ("getm", one round trip).
+// head is read together with that window's counter ("getm", one round
+// trip), at most once per CacheFor.
 func TestRoundTrips(t *testing.T) {
 	p := throttler.Policy{Limit: 2, Window: time.Minute}
 	ctx := context.Background()
@@ -121,17 +122,17 @@ func TestRoundTrips(t *testing.T) {
 		{"count", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
 			want{"incr": 1}, want{"getm": 1, "incr": 1}},
 		{"deny", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
-			want{"incr": 1, "decr": 1}, want{"getm": 1, "incr": 1, "decr": 1}},
+			want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
 		{"peek", func(b *Backend) error { _, err := b.Peek(ctx, "k", p, t0); return err },
-			want{"get": 1}, want{"getm": 1}},
+			want{"get": 1}, want{"get": 2}},
 		{"refund", func(b *Backend) error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
-			want{"decr": 1}, want{"getm": 1, "decr": 1}},
+			want{"decr": 1}, want{"get": 1, "decr": 1}},
 		{"count after CacheFor", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second)); return err },
 			want{"getm": 1, "incr": 1}, want{"getm": 1, "incr": 1}},
 		{"count within CacheFor of the last read", func(b *Backend) error {
 			_, err := b.Take(ctx, "k", p, 1, t0.Add(1999*time.Millisecond))
 			return err
-		}, want{"incr": 1, "decr": 1}, want{"getm": 1, "incr": 1, "decr": 1}},
+		}, want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
 		{"reopen", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Hour)); return err },
 			want{"getm": 1, "cas": 1, "add": 1}, want{"getm": 1, "cas": 1, "add": 1}},
 	}
@@ -210,9 +211,9 @@ func TestCacheStaleness(t *testing.T) {
 }
 
 func TestHeadCacheBounded(t *testing.T) {
-	c := newHeadCache(4, 1000)
+	c := newHeadCache(4, 1000, 1000)
 	for i := range 100 {
-		c.put(strconv.Itoa(i), 5000, 0)
+		c.put(strconv.Itoa(i), 5000, 0, false)
 	}
 	c.mu.Lock()
 	n := len(c.cur) + len(c.prev)
@@ -238,8 +239,25 @@ func TestHeadCacheBounded(t *testing.T) {
 	if c.trusted(cachedHead{resetAt: 5000, readAt: 4500}, 5000) {
 		t.Error("trusted at reset-at")
 	}
-	if newHeadCache(4, 0).trusted(cachedHead{resetAt: 5000, readAt: 10}, 10) {
+	if newHeadCache(4, 0, 1000).trusted(cachedHead{resetAt: 5000, readAt: 10}, 10) {
 		t.Error("a ttl of 0 (NoCache) trusted an entry")
+	}
+	// The counter is fetched with the head at most once per fetchEvery,
+	// and again when the window changes.
+	c.put("f", 5000, 100, true)
+	c.put("f", 5000, 200, false)
+	h, _ = c.get("f")
+	for _, tt := range []struct {
+		now  int64
+		want bool
+	}{{100, false}, {1099, false}, {1100, true}, {-900, true}} {
+		if got := c.needsFetch(h, tt.now); got != tt.want {
+			t.Errorf("needsFetch at %d: %v, want %v", tt.now, got, tt.want)
+		}
+	}
+	c.put("f", 6000, 300, false)
+	if h, _ = c.get("f"); !c.needsFetch(h, 300) {
+		t.Error("a new window's counter was taken as fetched")
 	}
 }
 
