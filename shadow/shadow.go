@@ -7,7 +7,14 @@
 // slow, failing or dead candidate fills the queue and further calls are
 // dropped and counted, so it never slows or fails the control path. Every
 // comparison becomes a Result, passed to Options.Publish and summed in
-// Stats.
+// Stats; Flush waits until everything mirrored so far has been compared.
+//
+// Calls for one key reach the candidate in the order the control answered
+// them, as far as that order is known: each call is queued after its
+// control call returns, so two concurrent calls for one key may be queued
+// in either order (their totals agree; see Options.UsedTolerance). Candidate
+// calls run under the Backend's own context, not the caller's, which ends
+// with the request.
 package shadow
 
 import (
@@ -120,8 +127,8 @@ func (o *Options) withDefaults() Options {
 // A worker that finds its queue empty naps this long, up to maxNaps times,
 // before it sleeps until a caller wakes it. Under load it therefore collects
 // calls in batches without any caller paying to wake it; a caller wakes it
-// early only when its queue reaches wakeAt of QueueSize, so naps never cause
-// drops.
+// early when its queue reaches 1/wakeAt of QueueSize, so that a nap does not
+// let the queue fill.
 const (
 	nap     = 500 * time.Microsecond
 	maxNaps = 4
