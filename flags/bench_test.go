@@ -1,38 +1,107 @@
 package flags
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	unleash "github.com/Unleash/unleash-client-go/v4"
+	ucontext "github.com/Unleash/unleash-client-go/v4/context"
+
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
-func BenchmarkUnleashUseNew(b *testing.B) {
-	f := newFakeUnleash(b)
-	f.set(flexible("feat", "feat", 50))
-	c, wait := f.client(b, time.Hour)
-	wait()
-	u := NewUnleash(c, "feat", nil)
+// nopBackend answers at once, so a benchmark through the Router measures
+// the Router's own cost.
+type nopBackend struct{}
+
+func (nopBackend) Take(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
+}
+func (nopBackend) Peek(_ context.Context, _ string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
+}
+func (nopBackend) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
+}
+
+func benchKeys() []string {
 	keys := make([]string, 1024)
 	for i := range keys {
-		keys[i] = "user-" + strconv.Itoa(i)
+		keys[i] = "user-" + strconv.Itoa(i*7919)
 	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		u.UseNew(keys[i&1023])
+	return keys
+}
+
+func benchUnleashClient(b *testing.B, rollout int) *unleash.Client {
+	f := newFakeUnleash(b)
+	f.set(flexible("feat", "feat", rollout))
+	c, wait := f.client(b, time.Hour)
+	wait()
+	return c
+}
+
+// BenchmarkRouterTake: the Router's added cost per call is each source's
+// figure minus "direct".
+func BenchmarkRouterTake(b *testing.B) {
+	dir := b.TempDir()
+	path := filepath.Join(dir, "rollout.json")
+	if err := os.WriteFile(path, []byte(`{"percent": 50}`), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	file, err := NewFile(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer file.Close()
+	c := benchUnleashClient(b, 50)
+	backends := []struct {
+		name string
+		b    throttler.Backend
+	}{
+		{"direct", nopBackend{}},
+		{"static", NewRouter(nopBackend{}, nopBackend{}, NewPercent(50), nil)},
+		{"file", NewRouter(nopBackend{}, nopBackend{}, file, nil)},
+		{"unleash", NewRouter(nopBackend{}, nopBackend{}, NewUnleash(c, "feat", nil), nil)},
+	}
+	ctx, now, pol, keys := context.Background(), time.Unix(1e9, 0), throttler.PerHour(5000).Named("api"), benchKeys()
+	for _, bb := range backends {
+		b.Run(bb.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				bb.b.Take(ctx, keys[i&1023], pol, 1, now)
+			}
+		})
+		b.Run(bb.name+"/parallel", func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for i := 0; pb.Next(); i++ {
+					bb.b.Take(ctx, keys[i&1023], pol, 1, now)
+				}
+			})
+		})
 	}
 }
 
-func BenchmarkUnleashUseNewParallel(b *testing.B) {
-	f := newFakeUnleash(b)
-	f.set(flexible("feat", "feat", 50))
-	c, wait := f.client(b, time.Hour)
-	wait()
-	u := NewUnleash(c, "feat", nil)
-	b.RunParallel(func(pb *testing.PB) {
-		i := 0
-		for pb.Next() {
-			u.UseNew("user-" + strconv.Itoa(i&1023))
-			i++
-		}
-	})
+func BenchmarkBucket(b *testing.B) {
+	keys := benchKeys()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		Bucket(DefaultGroupID, keys[i&1023])
+	}
+}
+
+// BenchmarkUnleashClientIsEnabled is the client's own per-call cost (with
+// its metrics on, as in production): the reason the source evaluates from
+// the client's definitions instead.
+func BenchmarkUnleashClientIsEnabled(b *testing.B) {
+	c := benchUnleashClient(b, 50)
+	keys := benchKeys()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		c.IsEnabled("feat", unleash.WithContext(ucontext.Context{UserId: keys[i&1023]}))
+	}
 }

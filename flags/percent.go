@@ -5,7 +5,7 @@ import "sync/atomic"
 // Percent is a static percentage rollout that can be changed at run time:
 // a change applies to the next call. It is safe for concurrent use.
 type Percent struct {
-	group string
+	b bucketer
 	// state packs the percentage (low byte) and the mirror bit, so a
 	// reader never sees one without the other.
 	state atomic.Uint32
@@ -30,7 +30,7 @@ func NewPercentFor(groupID string, p int) *Percent {
 	if groupID == "" {
 		groupID = DefaultGroupID
 	}
-	s := &Percent{group: groupID}
+	s := &Percent{b: newBucketer(groupID)}
 	s.state.Store(uint32(min(max(p, 0), 100)))
 	return s
 }
@@ -76,11 +76,11 @@ func (s *Percent) store(p int, mirror bool) {
 func (s *Percent) Percent() int { return int(s.state.Load() & 0xff) }
 
 // GroupID returns the bucketing group.
-func (s *Percent) GroupID() string { return s.group }
+func (s *Percent) GroupID() string { return s.b.group }
 
 // UseNew reports whether key is within the current percentage.
 func (s *Percent) UseNew(key string) bool {
-	return inRollout(s.group, key, int(s.state.Load()&0xff))
+	return s.b.inRollout(key, int(s.state.Load()&0xff))
 }
 
 // Mirroring reports whether mirroring is on.

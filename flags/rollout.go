@@ -3,8 +3,6 @@ package flags
 import (
 	"errors"
 	"fmt"
-
-	"github.com/twmb/murmur3"
 )
 
 // Rollout decides, per key, whether the new backend serves it. UseNew must
@@ -50,21 +48,6 @@ func checkPercent(p int) error {
 // over groupID + ":" + key, modulo 100, plus one. A key is in a rollout of
 // p percent when Bucket(groupID, key) <= p, so raising p only adds keys.
 func Bucket(groupID, key string) int {
-	// A stack buffer spares the allocation of the concatenation on the
-	// hot path; only very long keys pay for one.
-	var buf [192]byte
-	n := len(groupID) + 1 + len(key)
-	var h uint32
-	if n <= len(buf) {
-		b := append(append(append(buf[:0], groupID...), ':'), key...)
-		h = murmur3.SeedSum32(0, b)
-	} else {
-		h = murmur3.SeedStringSum32(0, groupID+":"+key)
-	}
-	return int(h%100) + 1
-}
-
-// inRollout reports whether key is in a p-percent rollout of group.
-func inRollout(groupID, key string, p int) bool {
-	return p > 0 && (p >= 100 || Bucket(groupID, key) <= p)
+	b := newBucketer(groupID)
+	return b.bucket(key)
 }

@@ -71,7 +71,7 @@ type plan struct {
 }
 
 type rolloutRule struct {
-	group   string
+	b       bucketer
 	percent float64
 }
 
@@ -162,11 +162,13 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 		return rolloutRule{}, false
 	}
 	r := rolloutRule{}
+	group := ""
 	if g, ok := s.Parameters["groupId"]; ok {
-		if r.group, ok = g.(string); !ok {
+		if group, ok = g.(string); !ok {
 			return rolloutRule{}, false
 		}
 	}
+	r.b = newBucketer(group)
 	switch v := s.Parameters["rollout"].(type) {
 	case float64:
 		r.percent = v
@@ -206,10 +208,11 @@ func (u *Unleash) UseNew(key string) bool {
 		return false
 	}
 	b, group := 0, ""
-	for _, r := range p.rules {
+	for i := range p.rules {
+		r := &p.rules[i]
 		// Strategies of one feature usually share its groupId: hash once.
-		if b == 0 || r.group != group {
-			b, group = Bucket(r.group, key), r.group
+		if b == 0 || r.b.group != group {
+			b, group = r.b.bucket(key), r.b.group
 		}
 		if float64(b) <= r.percent {
 			return true

@@ -1,0 +1,47 @@
+package flags
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/twmb/murmur3"
+)
+
+// reference is Unleash's computation, spelled as its client does.
+func reference(group, key string) int {
+	return int(murmur3.SeedSum32(0, []byte(group+":"+key))%100) + 1
+}
+
+func TestBucketerMatchesMurmur3(t *testing.T) {
+	// Every prefix and key length modulo 4, and empty pieces.
+	groups := []string{"", "a", "ab", "abc", "abcd", "ratelimit-redis", DefaultGroupID, "ü"}
+	var keys []string
+	for n := 0; n <= 13; n++ {
+		keys = append(keys, strings.Repeat("k", n), strings.Repeat("é", n))
+	}
+	keys = append(keys, testKeys(2000)...)
+	for _, g := range groups {
+		b := newBucketer(g)
+		for _, k := range keys {
+			if got, want := b.bucket(k), reference(g, k); got != want {
+				t.Fatalf("bucket(%q, %q) = %d, murmur3 gives %d", g, k, got, want)
+			}
+		}
+	}
+}
+
+func FuzzBucketer(f *testing.F) {
+	f.Add("ratelimit-redis", "user-1")
+	f.Add("", "")
+	f.Add("abc", "d")
+	f.Fuzz(func(t *testing.T, group, key string) {
+		b := newBucketer(group)
+		got := b.bucket(key)
+		if want := reference(group, key); got != want {
+			t.Fatalf("bucket(%q, %q) = %d, murmur3 gives %d", group, key, got, want)
+		}
+		if got != Bucket(group, key) {
+			t.Fatalf("Bucket disagrees with bucketer for (%q, %q)", group, key)
+		}
+	})
+}
