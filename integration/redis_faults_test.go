@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -30,9 +31,12 @@ func TestRedisFaults(t *testing.T) {
 			if fallback {
 				name = fault + "/memory-fallback"
 			}
-			t.Run(name, func(t *testing.T) { redisTestFault(t, fault, fallback) })
+			t.Run(name, func(t *testing.T) { redisTestFault(t, fault, fallback, false) })
 		}
 	}
+	// The docs recommend go-redis's AutoPipeliner under high concurrency: it
+	// must honour the Throttler's deadline as well.
+	t.Run("pause/fail-open/autopipeline", func(t *testing.T) { redisTestFault(t, "pause", false, true) })
 }
 
 const (
@@ -42,7 +46,7 @@ const (
 	redisFaultMargin = 150 * time.Millisecond
 )
 
-func redisTestFault(t *testing.T, fault string, fallback bool) {
+func redisTestFault(t *testing.T, fault string, fallback, autoPipeline bool) {
 	rc := redisStart(t)
 	// Everything started from here on must be gone when the test ends. The
 	// Docker client's idle HTTP connections are testcontainers', not ours.
@@ -53,6 +57,25 @@ func redisTestFault(t *testing.T, fault string, fallback bool) {
 	}
 	c := redisClient(t, rc.Addr)
 	b := redis.New(c, nil)
+	if autoPipeline {
+		// The AutoPipeliner's blocking calls wait for their batch whatever
+		// the caller's context says (go-redis v9.23); a batch is bounded by
+		// the client's socket timeouts instead, so those must add up to no
+		// more than the Throttler's timeout.
+		require.NoError(t, c.Close())
+		c = goredis.NewClient(&goredis.Options{
+			Addr:                  rc.Addr,
+			ContextTimeoutEnabled: true,
+			ReadTimeout:           redisFaultTimeout / 4,
+			WriteTimeout:          redisFaultTimeout / 4,
+			DialTimeout:           redisFaultTimeout / 4,
+			MaxRetries:            -1,
+		})
+		t.Cleanup(func() { c.Close() })
+		ap, err := c.AutoPipeline()
+		require.NoError(t, err)
+		b = redis.New(ap, nil)
+	}
 
 	var fromRedis, fromFallback, fromFailureMode atomic.Int64
 	opts := &throttler.Options{

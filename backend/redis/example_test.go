@@ -54,11 +54,19 @@ func ExampleNewSharded() {
 // their scripts into pipelines, for several times the throughput on one
 // connection (see docs/performance.md).
 func ExampleNew_autoPipeline() {
-	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	const timeout = 100 * time.Millisecond
+	rdb := goredis.NewClient(&goredis.Options{
+		Addr: "127.0.0.1:6379",
+		// The AutoPipeliner's calls ignore the context: the socket timeouts
+		// bound them instead.
+		ReadTimeout:  timeout / 4,
+		WriteTimeout: timeout / 4,
+		DialTimeout:  timeout / 4,
+	})
 	defer rdb.Close() // closes the AutoPipeliner too
 	ap, err := rdb.AutoPipeline()
 	if err != nil {
 		panic(err)
 	}
-	_ = throttler.New(redis.New(ap, nil), nil)
+	_ = throttler.New(redis.New(ap, nil), &throttler.Options{Timeout: timeout})
 }
