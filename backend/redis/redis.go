@@ -132,11 +132,14 @@ type Backend struct {
 var _ throttler.Backend = (*Backend)(nil)
 
 // New returns a Backend on one client: a single Redis, or a Cluster or Ring
-// client, which route each key themselves. Nil options mean defaults.
+// client, which route each key themselves. Nil options mean defaults. The
+// errors NewSharded would return (a nil client, a prefix with braces) are
+// returned by every call instead.
 func New(c Client, opts *Options) *Backend {
 	b, err := NewSharded([]Shard{{Primary: c}}, opts)
 	if err != nil {
-		// Only a nil client fails; every call reports it rather than panic.
+		// A nil client or a prefix with braces: every call reports it,
+		// rather than New panicking or a call dereferencing nil.
 		return &Backend{err: err}
 	}
 	return b
@@ -245,7 +248,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 		err     error
 	)
 	if n := len(s.replicas); n > 0 {
-		r := s.replicas[int(s.next.Add(1)-1)%n]
+		r := s.replicas[(s.next.Add(1)-1)%uint32(n)]
 		used, resetAt, err = readWindow(ctx, r, sk)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnexpectedReply) {
 			used, resetAt, err = readWindow(ctx, s.primary, sk)
