@@ -60,8 +60,6 @@ const (
 	Differs = AllowedDiffers | UsedDiffers | ResetAtDiffers
 )
 
-const dropIndex = 5 // kinds[dropIndex] == Dropped
-
 var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped"}
 
 // kinds lists every single-bit Kind, in bit order.

@@ -153,7 +153,6 @@ type Backend struct {
 	closing   sync.Once
 	closed    atomic.Bool
 
-	drops      counters // recorded on callers' goroutines
 	mismatches ring
 }
 
@@ -176,6 +175,7 @@ type worker struct {
 	queue    []call
 	sleeping bool // parked until woken; a caller must signal wake
 	closed   bool
+	dropped  uint64        // calls refused by a full or closed queue
 	wake     chan struct{} // capacity 1
 	_        [64]byte      // keep workers' locks on separate cache lines
 
@@ -272,8 +272,13 @@ func (b *Backend) mirror(op Op, key string, p throttler.Policy, cost int64, now 
 	w.mu.Lock()
 	n := len(w.queue)
 	if w.closed || n >= b.opts.QueueSize {
+		// Counted under the lock already held: a dead candidate makes
+		// every call drop, and a shared atomic would then be contended.
+		w.dropped++
 		w.mu.Unlock()
-		b.drop(op, key, p, cost, now, d, err)
+		if b.opts.Publish != nil {
+			b.publish(&Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now, Control: *d, ControlErr: err, Kinds: Dropped})
+		}
 		return
 	}
 	// Fill the slot in place: the call is large, and copying it twice
@@ -293,15 +298,6 @@ func (b *Backend) mirror(op Op, key string, p throttler.Policy, cost int64, now 
 		case w.wake <- struct{}{}:
 		default:
 		}
-	}
-}
-
-// drop counts a call that will not be mirrored, on the caller's goroutine.
-func (b *Backend) drop(op Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
-	b.drops.results.Add(1)
-	b.drops.byKind[dropIndex].Add(1)
-	if b.opts.Publish != nil {
-		b.publish(&Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now, Control: *d, ControlErr: err, Kinds: Dropped})
 	}
 }
 
@@ -538,12 +534,17 @@ func (b *Backend) Close() error {
 // Stats returns a snapshot of the comparisons so far.
 func (b *Backend) Stats() Stats {
 	s := Stats{ByKind: make(map[Kind]uint64)}
-	b.drops.addTo(&s)
+	var dropped uint64
 	for _, w := range b.workers {
 		w.counts.addTo(&s)
 		w.mu.Lock()
 		s.Queued += len(w.queue)
+		dropped += w.dropped
 		w.mu.Unlock()
+	}
+	if dropped > 0 {
+		s.Results += dropped
+		s.ByKind[Dropped] += dropped
 	}
 	s.LastMismatches = b.mismatches.appendTo(nil)
 	return s

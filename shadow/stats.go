@@ -71,7 +71,7 @@ func (t *tally) add(r *Result) bool {
 }
 
 // counters are the totals that Stats reads. Each worker has its own, so
-// that workers never contend on a cache line; callers share one for drops.
+// that workers never contend on a cache line.
 type counters struct {
 	results, compared, mismatched, ignored atomic.Uint64
 	byKind                                 [len(kinds)]atomic.Uint64
