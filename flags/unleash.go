@@ -13,8 +13,9 @@ import (
 // UnleashOptions configure an Unleash source. The zero value (or nil) means
 // defaults.
 type UnleashOptions struct {
-	// MirrorFeature names a second Unleash feature whose on/off state is the
-	// mirror setting (see Mirrorer). default: "" (never mirrors)
+	// MirrorFeature names a second Unleash feature, an on/off toggle, whose
+	// state is the mirror setting (see Unleash.Mirroring and Mirrorer).
+	// default: "" (never mirrors)
 	MirrorFeature string
 	// Recheck is how often the source re-reads the feature's definition
 	// from the client, so a change reaches the routing at most Recheck
@@ -77,8 +78,13 @@ type rolloutRule struct {
 
 // NewUnleash returns a rollout over feature, evaluated with c's definitions.
 // A nil c routes every key to the old backend. nil opts mean defaults. The
-// caller owns c (and closes it); NewUnleash does not wait for it to be
-// ready.
+// caller owns c; NewUnleash does not wait for it to be ready. Stop using
+// the source before closing c: a definition evaluated by the client calls
+// c.IsEnabled, which blocks forever on a closed client with metrics on.
+//
+// Give c an http.Client with a Timeout: with metrics on, unleash.NewClient
+// registers with a synchronous request, which the default client lets hang
+// on a server that accepts connections and never answers.
 func NewUnleash(c *unleash.Client, feature string, opts *UnleashOptions) *Unleash {
 	u := &Unleash{c: c, feature: feature, recheck: int64(100 * time.Millisecond), epoch: time.Now()}
 	if opts != nil {
@@ -107,19 +113,29 @@ func (u *Unleash) refresh(now int64) *plan {
 	return p
 }
 
-// compile reads the feature's definition from the client.
+// compile reads the features' definitions from the client.
 func (u *Unleash) compile() *plan {
-	p := &plan{}
 	if u.c == nil {
-		return p
+		return &plan{}
 	}
+	features := u.c.ListFeatures()
+	p := readFeature(features, u.feature)
 	if u.mirror != "" {
-		p.mirror = u.isEnabled(u.mirror, "")
+		// Not IsEnabled: it blocks for good on a closed client (its metrics
+		// channel has no reader any more), and this runs on a request.
+		m := readFeature(features, u.mirror)
+		p.mirror = m.all && !m.byClient
 	}
+	return p
+}
+
+// readFeature turns the definition of feature among features into a plan.
+func readFeature(features []api.Feature, feature string) *plan {
+	p := &plan{}
 	var f *api.Feature
-	for _, x := range u.c.ListFeatures() {
-		if x.Name == u.feature {
-			f = &x
+	for i := range features {
+		if features[i].Name == feature {
+			f = &features[i]
 			break
 		}
 	}
@@ -134,6 +150,10 @@ func (u *Unleash) compile() *plan {
 		return p
 	}
 	for _, s := range f.Strategies {
+		if s.Name == "default" && len(s.Constraints) == 0 && len(s.Segments) == 0 && len(s.Variants) == 0 {
+			p.all = true
+			return p
+		}
 		r, ok := simpleRollout(s)
 		if !ok {
 			p.byClient = true
@@ -221,6 +241,8 @@ func (u *Unleash) UseNew(key string) bool {
 	return false
 }
 
-// Mirroring reports whether the mirror feature is enabled (false when none
-// is configured or it is unknown).
+// Mirroring reports whether the mirror feature is on for everyone: enabled
+// with no strategy, the "default" strategy, or a 100% flexibleRollout, none
+// with constraints. Anything else, no mirror feature, or an unknown one,
+// reads as off.
 func (u *Unleash) Mirroring() bool { return u.current().mirror }

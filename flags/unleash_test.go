@@ -61,6 +61,7 @@ func TestUnleashMatchesClient(t *testing.T) {
 		{"missing stickiness", feature(true, strategy("flexibleRollout", map[string]any{"rollout": "50", "groupId": "feat"}, nil)), false, true},
 		{"non-string groupId", feature(true, roll("feat", "50", "userId")), true, false},
 		{"bad rollout", feature(true, roll("feat", "lots", "userId")), false, true},
+		{"default strategy", feature(true, strategy("default", map[string]any{}, nil)), false, false},
 	}
 	// groupId given as a number: the client panics on it; the source must not.
 	tests[len(tests)-2].feature = feature(true, strategy("flexibleRollout", map[string]any{"rollout": "50", "stickiness": "userId", "groupId": 7}, nil))
@@ -184,5 +185,121 @@ func TestUnleashNeverAnswered(t *testing.T) {
 		if u.Mirroring() {
 			t.Error("mirroring without any definition")
 		}
+	}
+}
+
+func TestUnleashMirroring(t *testing.T) {
+	toggle := func(enabled bool, strategies ...map[string]any) map[string]any {
+		return map[string]any{"name": "mirror", "enabled": enabled, "strategies": strategies}
+	}
+	tests := []struct {
+		name   string
+		mirror map[string]any
+		want   bool
+	}{
+		{"no strategies", toggle(true), true},
+		{"default strategy", toggle(true, strategy("default", map[string]any{}, nil)), true},
+		// What Unleash 6 gives a feature enabled without a strategy.
+		{"100% rollout", toggle(true, strategy("flexibleRollout", map[string]any{"rollout": "100", "stickiness": "default", "groupId": "mirror"}, nil)), true},
+		{"disabled", toggle(false), false},
+		{"partial rollout", toggle(true, strategy("flexibleRollout", map[string]any{"rollout": "50", "stickiness": "default", "groupId": "mirror"}, nil)), false},
+		{"constrained", toggle(true, strategy("default", map[string]any{}, map[string]any{"constraints": []any{map[string]any{"contextName": "appName", "operator": "IN", "values": []string{"x"}}}})), false},
+		{"unknown", map[string]any{"name": "other", "enabled": true}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeUnleash(t)
+			f.set(flexible("feat", "feat", 10), tt.mirror)
+			c, wait := f.client(t, time.Hour)
+			wait()
+			if got := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror"}).Mirroring(); got != tt.want {
+				t.Errorf("Mirroring() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestUnleashFromBackup: a client that cannot reach Unleash starts from the
+// backup file an earlier client wrote, and routes as it did.
+func TestUnleashFromBackup(t *testing.T) {
+	backup := t.TempDir()
+	f := newFakeUnleash(t)
+	f.set(flexible("feat", "feat", 25))
+	l := &readyListener{updated: make(chan struct{}, 1)}
+	first, err := unleash.NewClient(unleash.WithUrl(f.srv.URL+"/api"), unleash.WithAppName("flags-backup"),
+		unleash.WithBackupPath(backup), unleash.WithDisableMetrics(true), unleash.WithListener(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.updated:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fetch within 10s")
+	}
+	first.Close() // persists the backup
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	second, err := unleash.NewClient(unleash.WithUrl("http://"+addr+"/api"), unleash.WithAppName("flags-backup"),
+		unleash.WithBackupPath(backup), unleash.WithDisableMetrics(true), unleash.WithListener(&readyListener{updated: make(chan struct{}, 1)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	u, want := NewUnleash(second, "feat", nil), NewPercentFor("feat", 25)
+	n := 0
+	for _, k := range testKeys(10000) {
+		if u.UseNew(k) != want.UseNew(k) {
+			t.Fatalf("key %q: routed unlike the 25%% in the backup", k)
+		}
+		if want.UseNew(k) {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("the backup routed no key new")
+	}
+}
+
+// TestUnleashClosedClient: after the client is closed the source still
+// answers (from the last definitions) instead of blocking.
+func TestUnleashClosedClient(t *testing.T) {
+	f := newFakeUnleash(t)
+	f.set(flexible("feat", "feat", 40), map[string]any{"name": "mirror", "enabled": true})
+	l := &readyListener{updated: make(chan struct{}, 1)}
+	// Metrics on: that is what makes IsEnabled block once the client is closed.
+	c, err := unleash.NewClient(unleash.WithUrl(f.srv.URL+"/api"), unleash.WithAppName("flags-closed"),
+		unleash.WithBackupPath(t.TempDir()), unleash.WithListener(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.updated:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fetch within 10s")
+	}
+	u := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror", Recheck: time.Nanosecond})
+	c.Close()
+	done := make(chan bool)
+	go func() {
+		n := 0
+		for _, k := range testKeys(1000) {
+			if u.UseNew(k) {
+				n++
+			}
+		}
+		done <- n > 0 && u.Mirroring()
+	}()
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Error("a closed client lost the last definitions")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the source blocked on a closed client")
 	}
 }
