@@ -97,7 +97,7 @@
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
 // call, so set it below the Throttler's Timeout. A Take usually makes one to
-// three calls, and at most about 3*MaxAttempts.
+// three calls, and at most about 4*MaxAttempts.
 package memcached
 
 import (
