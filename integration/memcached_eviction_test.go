@@ -20,17 +20,19 @@ import (
 // evicts live limiter windows, and those clients get a fresh window.
 // docs/backends.md quotes the figures this test logs.
 //
-// 500 idle clients take one unit each in an open 1-hour window, then make no
-// request while unrelated items are written; 500 active clients take one
-// unit after every tenth of the server's memory written. A client got a
-// fresh window when a Take reports fewer units than it took (its counter
-// was evicted) or a new ResetAt (its head was evicted).
+// 3 groups of 200 idle clients take one unit each in an open 1-hour window,
+// then make no request while unrelated items are written; each group takes
+// again after a third, two thirds and all of the fill. 500 active clients
+// take one unit after every fifteenth of the fill. A client got a fresh
+// window when a Take reports fewer units than it took (its counter was
+// evicted) or a new ResetAt (its head was evicted).
 //
 // Memcached evicts within a slab class (items of similar size), so the fill
 // is measured twice: with small items of the limiter's own size class
 // (session flags, counters), and with 4 KB items of another class.
 func TestMemcachedEviction(t *testing.T) {
-	const memMB, idle, active = 4, 500, 500
+	const memMB, idleGroups, perIdleGroup, active = 4, 3, 200, 500
+	const idle = idleGroups * perIdleGroup
 	fills := []struct {
 		name      string
 		valueSize int
@@ -73,9 +75,11 @@ func TestMemcachedEviction(t *testing.T) {
 			value := []byte(strings.Repeat("v", fill.valueSize))
 			itemBytes := 56 + len("fill:00000000") + fill.valueSize // as Memcached counts, about
 			total := int(fill.times * memMB * (1 << 20) / float64(itemBytes))
-			const rounds = 10
+			const rounds = 15
 			var activeLost atomic.Int64
 			lost := make([]atomic.Bool, active)
+			var idleReport []string
+			idleLost := make([]int64, idleGroups)
 			for r := 0; r < rounds; r++ {
 				from, to := total*r/rounds, total*(r+1)/rounds
 				memcachedParallel(t, to-from, func(n int) error {
@@ -90,27 +94,34 @@ func TestMemcachedEviction(t *testing.T) {
 					}
 					return err
 				})
-			}
-			var idleLost atomic.Int64
-			memcachedParallel(t, idle, func(i int) error {
-				ok, err := take(idleKey(i), t0.Add(time.Minute), 2)
-				if err == nil && !ok {
-					idleLost.Add(1)
+				if (r+1)%(rounds/idleGroups) != 0 {
+					continue
 				}
-				return err
-			})
+				g := (r+1)/(rounds/idleGroups) - 1
+				var n atomic.Int64
+				memcachedParallel(t, perIdleGroup, func(i int) error {
+					ok, err := take(idleKey(g*perIdleGroup+i), now, 2)
+					if err == nil && !ok {
+						n.Add(1)
+					}
+					return err
+				})
+				idleLost[g] = n.Load()
+				idleReport = append(idleReport, fmt.Sprintf("after %.1fx: %d of %d (%.0f%%)",
+					fill.times*float64(r+1)/rounds, n.Load(), perIdleGroup, 100*float64(n.Load())/perIdleGroup))
+			}
 			t.Logf("memcached -m %d, %d items of %d-byte values written (%.1fx its memory): "+
-				"%d of %d idle clients (%.0f%%) and %d of %d active clients (%.0f%%) got a fresh window",
-				memMB, total, fill.valueSize, fill.times,
-				idleLost.Load(), idle, 100*float64(idleLost.Load())/idle,
+				"idle clients with a fresh window %s; active clients %d of %d (%.0f%%)",
+				memMB, total, fill.valueSize, fill.times, strings.Join(idleReport, ", "),
 				activeLost.Load(), active, 100*float64(activeLost.Load())/active)
-			if fill.valueSize < 100 && idleLost.Load() == 0 {
+			last := idleLost[idleGroups-1]
+			if fill.valueSize < 100 && last == 0 {
 				t.Errorf("filling %.1fx the memory with items of the limiter's size evicted no idle window: the weakness must be visible", fill.times)
 			}
-			if fill.valueSize < 100 && activeLost.Load()*2 >= idleLost.Load() {
+			if fill.valueSize < 100 && activeLost.Load()*perIdleGroup*2 >= last*active {
 				// Reading the head fetches the counter too, so Memcached's
 				// LRU sees active windows as used (incr alone does not count).
-				t.Errorf("active clients lost %d windows, idle ones %d: activity should protect a window", activeLost.Load(), idleLost.Load())
+				t.Errorf("active clients lost %d of %d windows, idle ones %d of %d: activity should protect a window", activeLost.Load(), active, last, perIdleGroup)
 			}
 		})
 	}
