@@ -496,9 +496,12 @@ func (b *Backend) Flush(ctx context.Context) error {
 // Close stops mirroring and stops the workers. It lets them finish the
 // queued calls for up to Options.DrainTimeout, then cancels the candidate
 // calls in flight and drops what is left, returning an error that says how
-// many calls it dropped. Calls made after Close are still served by the
-// control, and counted as dropped. Close never closes the control or the
-// candidate; it is safe to call more than once.
+// many calls it dropped. A candidate call that ignores the cancellation
+// for another DrainTimeout is left to finish on its own, and Close returns
+// an error saying so: shutdown is bounded even then. Calls made after
+// Close are still served by the control, and counted as dropped. Close
+// never closes the control or the candidate; it is safe to call more than
+// once.
 func (b *Backend) Close() error {
 	var err error
 	b.closing.Do(func() {
@@ -521,9 +524,14 @@ func (b *Backend) Close() error {
 		case <-timer.C:
 			b.discard.Store(true)
 			b.cancel()
-			<-done
+			timer.Reset(b.opts.DrainTimeout)
+			select {
+			case <-done:
+			case <-timer.C:
+				err = fmt.Errorf("shadow: close: candidate calls still running %v after they were cancelled; left to finish: %w", b.opts.DrainTimeout, context.DeadlineExceeded)
+			}
 			if n := b.discarded.Load(); n > 0 {
-				err = fmt.Errorf("shadow: close: %d queued calls dropped after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded)
+				err = errors.Join(fmt.Errorf("shadow: close: %d queued calls dropped after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded), err)
 			}
 		}
 		b.cancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -659,5 +660,46 @@ func TestCandidateDeadline(t *testing.T) {
 		if l <= timeout/2 || l > timeout {
 			t.Errorf("%s started with %v of its %v deadline left", key, l, timeout)
 		}
+	}
+}
+
+// A candidate that ignores cancellation cannot hold Close: it returns after
+// twice DrainTimeout, saying so, and the control keeps serving meanwhile.
+func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
+	ctx := context.Background()
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	stuck := &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-release // ignores its context
+		return nil
+	}}
+	s := New(memory.New(nil), stuck, &Options{Workers: 1, QueueSize: 2, DrainTimeout: 20 * time.Millisecond})
+	defer func() {
+		close(release) // let the stuck call end before goleak looks
+		s.wg.Wait()
+	}()
+	for i := range 5 {
+		d, err := s.Take(ctx, fmt.Sprint("k", i), pol, 1, t0)
+		if err != nil || !d.Allowed {
+			t.Fatalf("Take %d: %+v, %v", i, d, err)
+		}
+		if i == 0 {
+			<-entered
+		}
+	}
+	start := time.Now()
+	err := s.Close()
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "left to finish") {
+		t.Fatalf("Close = %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("Close took %v", el)
+	}
+	if got := s.Stats().Count(Dropped); got != 2 {
+		t.Errorf("dropped %d, want 2 (the queue holds 2 behind the stuck call)", got)
 	}
 }
