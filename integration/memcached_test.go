@@ -85,3 +85,58 @@ func TestMemcachedExactness(t *testing.T) {
 		}
 	}
 }
+
+// TestMemcachedMixedCosts: 4 clients x 32 goroutines on one key with costs
+// of 1 to 3 units. Never more than Limit units admitted, denied Takes leave
+// no units behind (the stored count is exactly what was admitted), and the
+// window fills up: spurious denials, which a concurrent overshoot can cause
+// (docs/backends.md), are retried and leave at most a few units unused.
+func TestMemcachedMixedCosts(t *testing.T) {
+	const clients, goroutines, perGoroutine, maxCost = 4, 32, 12, 3
+	s := memcachedStart(t)
+	backends := make([]*memcached.Backend, clients)
+	for i := range backends {
+		backends[i] = memcached.New(memcachedClient(t, time.Second, s.addr), nil)
+	}
+	p := throttler.Policy{Name: "mixed", Limit: 1000, Window: time.Minute}
+	ctx := context.Background()
+	start := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	var admitted, denied atomic.Int64
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		for g := 0; g < goroutines; g++ {
+			wg.Add(1)
+			go func(b *memcached.Backend, g int) {
+				defer wg.Done()
+				for i := 0; i < perGoroutine; i++ {
+					cost := int64(1 + (g+i)%maxCost)
+					d, err := b.Take(ctx, "hot", p, cost, start.Add(time.Duration(i)*time.Millisecond))
+					if err != nil {
+						t.Errorf("Take: %v", err)
+						return
+					}
+					if d.Allowed {
+						admitted.Add(cost)
+					} else {
+						denied.Add(1)
+					}
+				}
+			}(backends[c], g)
+		}
+	}
+	wg.Wait()
+	d, err := memcached.New(memcachedClient(t, time.Second, s.addr), &memcached.Options{NoCache: true}).Peek(ctx, "hot", p, start.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("admitted %d units, %d Takes denied, stored count %d, %d units unused", admitted.Load(), denied.Load(), d.Used, p.Limit-admitted.Load())
+	if admitted.Load() > p.Limit {
+		t.Errorf("admitted %d units, Limit %d", admitted.Load(), p.Limit)
+	}
+	if d.Used != admitted.Load() {
+		t.Errorf("stored count %d, admitted %d: denied Takes left units behind", d.Used, admitted.Load())
+	}
+	if unused := p.Limit - admitted.Load(); unused >= 2*maxCost {
+		t.Errorf("%d units unused although %d Takes were denied", unused, denied.Load())
+	}
+}
