@@ -28,7 +28,6 @@ type fakeClient struct {
 	calls     []string
 	lastKeys  []string
 	lastArgs  []any
-	lastCtxOK bool
 }
 
 func (f *fakeClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
