@@ -7,8 +7,8 @@ import "math/bits"
 // the key, with no concatenation. It is the same murmur3 (32-bit, seed 0)
 // that Unleash uses, streamed; FuzzBucketer checks it against the library.
 type bucketer struct {
-	h1    uint32  // state after the prefix's whole 4-byte blocks
-	tail  [3]byte // the prefix's last len%4 bytes, not yet mixed
+	h1    uint32 // state after the prefix's whole 4-byte blocks
+	tail  uint32 // the prefix's last len%4 bytes, little-endian, not yet mixed
 	ntail int
 	plen  int // prefix length
 	group string
@@ -31,54 +31,47 @@ func mixBlock(h1, k1 uint32) uint32 {
 func newBucketer(groupID string) bucketer {
 	p := groupID + ":"
 	b := bucketer{plen: len(p), group: groupID}
-	n := len(p) &^ 3
-	for i := 0; i < n; i += 4 {
-		b.h1 = mixBlock(b.h1, uint32(p[i])|uint32(p[i+1])<<8|uint32(p[i+2])<<16|uint32(p[i+3])<<24)
+	for ; len(p) >= 4; p = p[4:] {
+		b.h1 = mixBlock(b.h1, uint32(p[0])|uint32(p[1])<<8|uint32(p[2])<<16|uint32(p[3])<<24)
 	}
-	b.ntail = copy(b.tail[:], p[n:])
+	for i := 0; i < len(p); i++ {
+		b.tail |= uint32(p[i]) << (8 * i)
+	}
+	b.ntail = len(p)
 	return b
 }
 
 // bucket returns key's bucket, 1 to 100.
 func (b *bucketer) bucket(key string) int {
-	h1 := b.h1
-	// The stream still to hash is tail[:ntail] followed by key.
-	var t [4]byte
-	nt := copy(t[:], b.tail[:b.ntail])
-	i := 0
-	if nt > 0 {
-		i = copy(t[nt:], key)
-		if nt+i == 4 {
-			h1 = mixBlock(h1, uint32(t[0])|uint32(t[1])<<8|uint32(t[2])<<16|uint32(t[3])<<24)
-			nt = 0
-		} else {
-			nt += i // the whole key fitted in the partial block
+	h1, total := b.h1, uint32(b.plen+len(key))
+	// The bytes still to hash are the prefix's tail, then key.
+	acc, n := b.tail, b.ntail
+	if n > 0 {
+		for n < 4 && len(key) > 0 {
+			acc |= uint32(key[0]) << (8 * n)
+			key = key[1:]
+			n++
+		}
+		if n == 4 {
+			h1 = mixBlock(h1, acc)
+			acc, n = 0, 0
 		}
 	}
-	if nt == 0 {
-		for ; i+4 <= len(key); i += 4 {
-			h1 = mixBlock(h1, uint32(key[i])|uint32(key[i+1])<<8|uint32(key[i+2])<<16|uint32(key[i+3])<<24)
+	if n == 0 {
+		for ; len(key) >= 4; key = key[4:] {
+			h1 = mixBlock(h1, uint32(key[0])|uint32(key[1])<<8|uint32(key[2])<<16|uint32(key[3])<<24)
 		}
-		nt = copy(t[:], key[i:])
-	}
-	if nt > 0 {
-		var k1 uint32
-		switch nt {
-		case 3:
-			k1 ^= uint32(t[2]) << 16
-			fallthrough
-		case 2:
-			k1 ^= uint32(t[1]) << 8
-			fallthrough
-		case 1:
-			k1 ^= uint32(t[0])
-			k1 *= mc1
-			k1 = bits.RotateLeft32(k1, 15)
-			k1 *= mc2
-			h1 ^= k1
+		for i := 0; i < len(key); i++ {
+			acc |= uint32(key[i]) << (8 * i)
 		}
+		n = len(key)
 	}
-	h1 ^= uint32(b.plen + len(key))
+	if n > 0 {
+		k1 := acc * mc1
+		k1 = bits.RotateLeft32(k1, 15)
+		h1 ^= k1 * mc2
+	}
+	h1 ^= total
 	h1 ^= h1 >> 16
 	h1 *= 0x85ebca6b
 	h1 ^= h1 >> 13

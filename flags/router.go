@@ -75,14 +75,15 @@ func (r *Router) UseNew(key string) bool {
 	return r.rollout != nil && r.rollout.UseNew(key)
 }
 
-// pick returns the backend for key and counts the call.
-func (r *Router) pick(key string) (throttler.Backend, string) {
-	if r.UseNew(key) {
+// pick returns the backend for key, and whether it is the new one, and
+// counts the call.
+func (r *Router) pick(key string) (throttler.Backend, bool) {
+	if r.rollout != nil && r.rollout.UseNew(key) {
 		r.newCalls.Add(1)
-		return r.new, r.newName
+		return r.new, true
 	}
 	r.oldCalls.Add(1)
-	return r.old, r.oldName
+	return r.old, false
 }
 
 // Take takes cost units for key from the backend the key maps to now.
@@ -90,12 +91,15 @@ func (r *Router) Take(ctx context.Context, key string, p throttler.Policy, cost 
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	b, name := r.pick(key)
+	b, isNew := r.pick(key)
 	if b == nil {
-		return throttler.Decision{}, fmt.Errorf("%w: %s backend is nil (key %q)", ErrNoBackend, name, key)
+		return throttler.Decision{}, r.errNil(isNew, key)
 	}
 	d, err := b.Take(ctx, key, p, cost, now)
-	return d, wrap(err, name)
+	if err != nil {
+		return d, r.wrap(err, isNew)
+	}
+	return d, nil
 }
 
 // Peek reads key's window from the backend the key maps to now.
@@ -103,12 +107,15 @@ func (r *Router) Peek(ctx context.Context, key string, p throttler.Policy, now t
 	if err := throttler.ValidateCall(key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
-	b, name := r.pick(key)
+	b, isNew := r.pick(key)
 	if b == nil {
-		return throttler.Decision{}, fmt.Errorf("%w: %s backend is nil (key %q)", ErrNoBackend, name, key)
+		return throttler.Decision{}, r.errNil(isNew, key)
 	}
 	d, err := b.Peek(ctx, key, p, now)
-	return d, wrap(err, name)
+	if err != nil {
+		return d, r.wrap(err, isNew)
+	}
+	return d, nil
 }
 
 // Refund gives cost units back to key's window on the backend the key maps
@@ -118,18 +125,35 @@ func (r *Router) Refund(ctx context.Context, key string, p throttler.Policy, cos
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	b, name := r.pick(key)
+	b, isNew := r.pick(key)
 	if b == nil {
-		return throttler.Decision{}, fmt.Errorf("%w: %s backend is nil (key %q)", ErrNoBackend, name, key)
+		return throttler.Decision{}, r.errNil(isNew, key)
 	}
 	d, err := b.Refund(ctx, key, p, cost, now)
-	return d, wrap(err, name)
+	if err != nil {
+		return d, r.wrap(err, isNew)
+	}
+	return d, nil
+}
+
+func (r *Router) name(isNew bool) string {
+	if isNew {
+		return r.newName
+	}
+	return r.oldName
+}
+
+// errNil and wrap stay out of line: the error paths' frames would otherwise
+// weigh on every call.
+//
+//go:noinline
+func (r *Router) errNil(isNew bool, key string) error {
+	return fmt.Errorf("%w: %s backend is nil (key %q)", ErrNoBackend, r.name(isNew), key)
 }
 
 // wrap names the backend that failed; errors.Is still finds the cause.
-func wrap(err error, name string) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("flags: %s backend: %w", name, err)
+//
+//go:noinline
+func (r *Router) wrap(err error, isNew bool) error {
+	return fmt.Errorf("flags: %s backend: %w", r.name(isNew), err)
 }
