@@ -127,3 +127,85 @@ func BenchmarkMemoryTake(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMemoryTakeInterleaved runs the peers in turns of 1,000 calls
+// inside one benchmark and reports each peer's ns/op as a metric. On a
+// shared machine whose load moves by 2x between separate runs, only figures
+// taken side by side like this can be compared.
+func BenchmarkMemoryTakeInterleaved(b *testing.B) {
+	const turn = 1000
+	for _, keys := range []string{"HotKey", "100kKeys"} {
+		for _, parallel := range []bool{false, true} {
+			name := keys
+			if parallel {
+				name += "/Parallel"
+			}
+			b.Run(name, func(b *testing.B) {
+				ks := []string{"client-0"}
+				if keys == "100kKeys" {
+					ks = memKeys()
+				}
+				takes := make([]func(string) bool, len(memoryPeers))
+				for i, peer := range memoryPeers {
+					takes[i] = peer.new(b)
+					for _, k := range ks {
+						takes[i](k)
+					}
+				}
+				var mu sync.Mutex
+				spent := make([]time.Duration, len(takes))
+				calls := make([]int64, len(takes))
+				run := func(next func() bool, start int) {
+					local := make([]time.Duration, len(takes))
+					n := make([]int64, len(takes))
+					i := start
+					for more := true; more; {
+						for p, take := range takes {
+							t0 := time.Now()
+							for j := 0; j < turn; j++ {
+								if !take(ks[i%len(ks)]) {
+									b.Error("denied")
+									return
+								}
+								i += 7919
+							}
+							local[p] += time.Since(t0)
+							n[p] += turn
+						}
+						more = next()
+					}
+					mu.Lock()
+					for p := range takes {
+						spent[p] += local[p]
+						calls[p] += n[p]
+					}
+					mu.Unlock()
+				}
+				b.ResetTimer()
+				if parallel {
+					var g int64
+					b.RunParallel(func(pb *testing.PB) {
+						mu.Lock()
+						g++
+						start := int(g) * 104729
+						mu.Unlock()
+						if pb.Next() {
+							run(pb.Next, start)
+						}
+					})
+					// Per-goroutine time over ops: ns per op per goroutine;
+					// divide by GOMAXPROCS for the wall time per op.
+				} else {
+					i := 0
+					for b.Loop() {
+						run(func() bool { return false }, i)
+						i += turn
+					}
+				}
+				for p, peer := range memoryPeers {
+					b.ReportMetric(float64(spent[p].Nanoseconds())/float64(calls[p]), peer.name+"-ns/op")
+				}
+			})
+		}
+	}
+}

@@ -1,9 +1,9 @@
 // Package memory is the embedded, in-process throttler.Backend: the default
 // for a single process, and the fallback while a network store is down.
 //
-// Windows live in a fixed number of shards, each a map behind its own mutex,
-// so goroutines working on different keys rarely contend and every operation
-// on one key is atomic. Ended windows are reclaimed by sweeps judged by the
+// Windows live in a fixed number of shards, each a hash table behind its own
+// mutex, so goroutines working on different keys rarely contend and every
+// operation on one key is atomic. Ended windows are reclaimed by sweeps judged by the
 // latest now a shard has been given, never by the wall clock: the backend
 // starts no goroutines.
 package memory
@@ -56,49 +56,31 @@ func (o *Options) withDefaults() Options {
 // Backend is the in-process store. It is safe for concurrent use. Create it
 // with New.
 type Backend struct {
-	seed      maphash.Seed
-	shards    []shard
-	mask      uint64
-	shardKeys int // per-shard bound on windows; 0 means none
+	seed       maphash.Seed
+	shards     []shard
+	shardShift uint // the top bits of a key's hash pick its shard; the low bits place it in the shard's table
+	shardKeys  int  // per-shard bound on windows; 0 means none
 }
 
 var _ throttler.Backend = (*Backend)(nil)
 
-// A shard maps the 64-bit hash of a key to the key's entry, so a call
-// hashes the key once, for both the shard and the map. Keys whose hashes
-// collide are chained.
 type shard struct {
 	mu        sync.Mutex
-	entries   map[uint64]*entry
-	windows   int   // open windows in the shard, for MaxKeys
+	table     table
 	latest    int64 // the latest now seen, Unix milliseconds
 	sinceScan int   // operations since the last sweep
-	_         [32]byte
-}
-
-// entry holds one key's windows, one per policy name: most keys have one.
-type entry struct {
-	key   string
-	first window
-	more  []window
-	next  *entry // another key with the same hash
-}
-
-type window struct {
-	policy  string
-	used    int64
-	resetAt int64 // Unix milliseconds; 0 for an unused slot
+	_         [24]byte
 }
 
 // New returns an empty Backend. Nil options mean defaults.
 func New(opts *Options) *Backend {
 	o := opts.withDefaults()
-	b := &Backend{seed: maphash.MakeSeed(), shards: make([]shard, o.Shards), mask: uint64(o.Shards - 1)}
+	b := &Backend{seed: maphash.MakeSeed(), shards: make([]shard, o.Shards), shardShift: 64}
+	for n := o.Shards; n > 1; n >>= 1 {
+		b.shardShift--
+	}
 	if o.MaxKeys > 0 {
 		b.shardKeys = (o.MaxKeys + o.Shards - 1) / o.Shards
-	}
-	for i := range b.shards {
-		b.shards[i].entries = make(map[uint64]*entry)
 	}
 	return b
 }
@@ -109,8 +91,7 @@ func (b *Backend) Close() error {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		s.entries = make(map[uint64]*entry)
-		s.windows = 0
+		s.table = table{}
 		s.mu.Unlock()
 	}
 	return nil
@@ -123,7 +104,7 @@ func (b *Backend) Len() int {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		n += s.windows
+		n += s.table.live
 		s.mu.Unlock()
 	}
 	return n
@@ -132,46 +113,9 @@ func (b *Backend) Len() int {
 // lock returns the key's shard, locked, and the key's hash.
 func (b *Backend) lock(key string) (*shard, uint64) {
 	h := maphash.String(b.seed, key)
-	s := &b.shards[h&b.mask]
+	s := &b.shards[h>>b.shardShift]
 	s.mu.Lock()
 	return s, h
-}
-
-// find returns the stored window of (policy, key), or nil.
-func (s *shard) find(h uint64, key, policy string) *window {
-	for e := s.entries[h]; e != nil; e = e.next {
-		if e.key != key {
-			continue
-		}
-		if e.first.resetAt != 0 && e.first.policy == policy {
-			return &e.first
-		}
-		for i := range e.more {
-			if e.more[i].policy == policy {
-				return &e.more[i]
-			}
-		}
-		return nil
-	}
-	return nil
-}
-
-// add stores a new, empty window for (policy, key).
-func (s *shard) add(h uint64, key, policy string) *window {
-	s.windows++
-	for e := s.entries[h]; e != nil; e = e.next {
-		if e.key == key {
-			if e.first.resetAt == 0 {
-				e.first = window{policy: policy}
-				return &e.first
-			}
-			e.more = append(e.more, window{policy: policy})
-			return &e.more[len(e.more)-1]
-		}
-	}
-	e := &entry{key: key, first: window{policy: policy}, next: s.entries[h]}
-	s.entries[h] = e
-	return &e.first
 }
 
 // Take counts cost against the key's window if it fits.
@@ -182,7 +126,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
 	s.observe(ms)
-	w := s.find(h, key, p.Name)
+	w := s.table.find(h, key, p.Name)
 	if w != nil && w.resetAt > ms && w.used+cost <= p.Limit {
 		// The common case, an open window with room: the Decision that
 		// throttler.WindowState builds, without its checks.
@@ -197,13 +141,13 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.WindowState(p, 0, time.Time{}, now, false), nil
 		}
 		if w == nil {
-			if b.shardKeys > 0 && s.windows >= b.shardKeys {
+			if b.shardKeys > 0 && s.table.live >= b.shardKeys {
 				s.sweep()
-				if s.windows >= b.shardKeys {
-					return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, s.windows, key)
+				if s.table.live >= b.shardKeys {
+					return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, s.table.live, key)
 				}
 			}
-			w = s.add(h, key, p.Name)
+			w = s.table.insert(h, key, p.Name, s.latest)
 		}
 		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
 	} else if w.used+cost > p.Limit {
@@ -219,8 +163,8 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 		return throttler.Decision{}, err
 	}
 	s, h := b.lock(key)
-	var w window
-	if stored := s.find(h, key, p.Name); stored != nil {
+	var w slot
+	if stored := s.table.find(h, key, p.Name); stored != nil {
 		w = *stored
 	}
 	s.mu.Unlock()
@@ -236,8 +180,8 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	s, h := b.lock(key)
 	defer s.mu.Unlock()
 	s.observe(ms)
-	var w window
-	if stored := s.find(h, key, p.Name); stored != nil && stored.resetAt > ms {
+	var w slot
+	if stored := s.table.find(h, key, p.Name); stored != nil && stored.resetAt > ms {
 		stored.used = max(0, stored.used-cost)
 		w = *stored
 	}
@@ -245,7 +189,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 // state is the Decision for a stored window (zero when absent).
-func state(p throttler.Policy, w window, now time.Time) throttler.Decision {
+func state(p throttler.Policy, w slot, now time.Time) throttler.Decision {
 	var resetAt time.Time
 	if w.resetAt != 0 {
 		resetAt = time.UnixMilli(w.resetAt)
@@ -261,49 +205,13 @@ func (s *shard) observe(ms int64) {
 		s.latest = ms
 	}
 	s.sinceScan++
-	if s.sinceScan >= 1024 && s.sinceScan >= s.windows {
+	if s.sinceScan >= 1024 && s.sinceScan >= s.table.live {
 		s.sweep()
 	}
 }
 
-// sweep deletes the windows that ended by the latest now the shard has seen.
+// sweep drops the windows that ended by the latest now the shard has seen.
 func (s *shard) sweep() {
 	s.sinceScan = 0
-	for h, head := range s.entries {
-		var keep *entry
-		for e := head; e != nil; {
-			next := e.next
-			if s.prune(e) {
-				e.next, keep = keep, e
-			}
-			e = next
-		}
-		if keep == nil {
-			delete(s.entries, h)
-		} else {
-			s.entries[h] = keep
-		}
-	}
-}
-
-// prune drops e's ended windows and reports whether any is left.
-func (s *shard) prune(e *entry) bool {
-	live := e.more[:0]
-	for _, w := range e.more {
-		if w.resetAt > s.latest {
-			live = append(live, w)
-		} else {
-			s.windows--
-		}
-	}
-	clear(e.more[len(live):]) // drop the policy strings of removed windows
-	e.more = live
-	if e.first.resetAt != 0 && e.first.resetAt <= s.latest {
-		e.first = window{}
-		s.windows--
-	}
-	if e.first.resetAt == 0 && len(e.more) > 0 {
-		e.first, e.more = e.more[len(e.more)-1], e.more[:len(e.more)-1]
-	}
-	return e.first.resetAt != 0
+	s.table.rebuild(s.latest, false)
 }

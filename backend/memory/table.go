@@ -1,0 +1,93 @@
+package memory
+
+// table is an open-addressing hash table of windows with linear probing,
+// keyed by (key, policy) and placed by the hash of the key alone, so a call
+// hashes once and the windows of one key under several policies sit side by
+// side. A slot holds its window inline: a lookup touches the slot and the
+// key's bytes, and an update happens in place. Not safe for concurrent use:
+// a shard's mutex guards it.
+//
+// Nothing is deleted in place: an ended window is reused by its own key, and
+// rebuild drops every ended window at once (when the table grows, and in the
+// sweeps), which keeps probing simple.
+type table struct {
+	slots []slot
+	live  int // used slots
+}
+
+type slot struct {
+	hash    uint64
+	key     string // "" marks an empty slot: keys are never empty
+	policy  string
+	used    int64
+	resetAt int64 // Unix milliseconds
+}
+
+const minSlots = 8
+
+// find returns the slot of (key, policy), or nil.
+func (t *table) find(h uint64, key, policy string) *slot {
+	if len(t.slots) == 0 {
+		return nil
+	}
+	mask := uint64(len(t.slots) - 1)
+	for i := h & mask; ; i = (i + 1) & mask {
+		s := &t.slots[i]
+		if s.key == "" {
+			return nil
+		}
+		if s.hash == h && s.key == key && s.policy == policy {
+			return s
+		}
+	}
+}
+
+// insert adds an empty window for (key, policy), which must not be present,
+// growing the table when it is three quarters full. Growing also drops the
+// windows that ended by latest.
+func (t *table) insert(h uint64, key, policy string, latest int64) *slot {
+	if (t.live+1)*4 > len(t.slots)*3 {
+		t.rebuild(latest, true)
+	}
+	mask := uint64(len(t.slots) - 1)
+	i := h & mask
+	for t.slots[i].key != "" {
+		i = (i + 1) & mask
+	}
+	t.live++
+	t.slots[i] = slot{hash: h, key: key, policy: policy}
+	return &t.slots[i]
+}
+
+// rebuild drops the windows that ended by latest and rehashes the rest into
+// a table sized for them (twice as large if grow is set and they still fill
+// it past three quarters).
+func (t *table) rebuild(latest int64, grow bool) {
+	live := 0
+	for i := range t.slots {
+		if t.slots[i].key != "" && t.slots[i].resetAt > latest {
+			live++
+		}
+	}
+	n := minSlots
+	for (live+1)*4 > n*3 || (grow && live*2 > n) {
+		n *= 2
+	}
+	if live == t.live && n == len(t.slots) {
+		return // nothing ended and the size is right: no new table
+	}
+	old := t.slots
+	t.slots, t.live = make([]slot, n), 0
+	mask := uint64(n - 1)
+	for _, s := range old {
+		if s.key == "" || s.resetAt <= latest {
+			continue
+		}
+		i := s.hash & mask
+		for t.slots[i].key != "" {
+			i = (i + 1) & mask
+		}
+		t.slots[i] = s
+		t.live++
+	}
+}
