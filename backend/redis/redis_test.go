@@ -370,3 +370,61 @@ func TestConstructionErrors(t *testing.T) {
 		t.Error("Peek on New(nil): no error")
 	}
 }
+
+// FuzzReplies feeds Take, Refund and Peek replies of every shape: each
+// must be an error or a Decision that keeps the contract's invariants,
+// never a panic.
+func FuzzReplies(f *testing.F) {
+	f.Add(uint8(0), int64(1), int64(3), reset, "4", fmt.Sprint(reset))
+	f.Add(uint8(1), int64(0), int64(0), ms, "", "")
+	f.Add(uint8(2), int64(-1), int64(1<<62), int64(-1<<62), "x", "-5")
+	f.Add(uint8(5), int64(2), int64(1), int64(0), "9223372036854775807", "9223372036854775807")
+	f.Fuzz(func(t *testing.T, shape uint8, a, b, c int64, s1, s2 string) {
+		var reply any
+		switch shape % 6 {
+		case 0:
+			reply = []any{a, b, c}
+		case 1:
+			reply = []any{a, b}
+		case 2:
+			reply = []any{a, s1, c}
+		case 3:
+			reply = s1
+		case 4:
+			reply = []any{[]any{a}, b, c}
+		case 5:
+			reply = a
+		}
+		var hm []any
+		switch shape / 6 % 4 {
+		case 0:
+			hm = []any{s1, s2}
+		case 1:
+			hm = []any{nil, s2}
+		case 2:
+			hm = []any{s1}
+		case 3:
+			hm = []any{a, b}
+		}
+		fc := &fakeClient{evalVal: reply, hmgetVal: hm}
+		be := New(fc, nil)
+		ctx := context.Background()
+		check := func(op string, d throttler.Decision, err error) {
+			if err != nil {
+				if !strings.HasPrefix(err.Error(), "redis: ") {
+					t.Fatalf("%s: error %q lacks the package prefix", op, err)
+				}
+				return
+			}
+			if d.Used < 0 || d.Remaining != max(0, d.Limit-d.Used) || !d.ResetAt.After(t0) {
+				t.Fatalf("%s: reply %v / %v gave %+v", op, reply, hm, d)
+			}
+		}
+		d, err := be.Take(ctx, "k", policy, 1, t0)
+		check("take", d, err)
+		d, err = be.Refund(ctx, "k", policy, 1, t0)
+		check("refund", d, err)
+		d, err = be.Peek(ctx, "k", policy, t0)
+		check("peek", d, err)
+	})
+}
