@@ -67,9 +67,10 @@ var ErrUnexpectedReply = errors.New("redis: unexpected reply")
 // ErrNoShards is returned by NewSharded for an empty or nil shard list.
 var ErrNoShards = errors.New("redis: no shards")
 
-// maxExact is the largest limit or cost the scripts count exactly: Lua
-// numbers are doubles.
-const maxExact = 1 << 53
+// MaxLimit is the largest Policy.Limit, and the largest cost, this backend
+// accepts, 2^53: the scripts' numbers are Lua doubles, exact up to there.
+// Larger ones are refused with throttler.ErrInvalidPolicy or ErrInvalidCost.
+const MaxLimit = 1 << 53
 
 var (
 	//go:embed scripts/take.lua
@@ -185,10 +186,10 @@ func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return err
 	}
-	if p.Limit > maxExact {
+	if p.Limit > MaxLimit {
 		return fmt.Errorf("%w: redis counts limits up to 2^53, got %d", throttler.ErrInvalidPolicy, p.Limit)
 	}
-	if cost > maxExact {
+	if cost > MaxLimit {
 		return fmt.Errorf("%w: redis counts costs up to 2^53, got %d", throttler.ErrInvalidCost, cost)
 	}
 	return nil
