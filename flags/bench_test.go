@@ -66,6 +66,7 @@ func BenchmarkRouterTake(b *testing.B) {
 	}{
 		{"direct", &nopBackend{}},
 		{"static", NewRouter(&nopBackend{}, &nopBackend{}, NewPercent(50), nil)},
+		{"static-0pct", NewRouter(&nopBackend{}, &nopBackend{}, NewPercent(0), nil)},
 		{"file", NewRouter(&nopBackend{}, &nopBackend{}, file, nil)},
 		{"unleash", NewRouter(&nopBackend{}, &nopBackend{}, NewUnleash(c, "feat", nil), nil)},
 	}
