@@ -62,6 +62,30 @@ func TestRedisStandalone(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, strconv.FormatInt(redisT0.Add(time.Minute).UnixMilli(), 10), r)
 	})
+	t.Run("ExactUpToMaxLimit", func(t *testing.T) {
+		// Lua numbers are doubles: counts up to 2^53 must stay exact, one
+		// unit either side of the limit included.
+		b := redis.New(c, nil)
+		p := throttler.Policy{Name: "max", Limit: redis.MaxLimit, Window: time.Minute}
+		ctx := context.Background()
+		d, err := b.Take(ctx, "k", p, redis.MaxLimit-1, redisT0)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, int64(redis.MaxLimit-1), d.Used)
+		d, err = b.Take(ctx, "k", p, 2, redisT0)
+		require.NoError(t, err)
+		assert.False(t, d.Allowed, "MaxLimit-1 + 2 > MaxLimit")
+		d, err = b.Take(ctx, "k", p, 1, redisT0)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed)
+		assert.Equal(t, int64(redis.MaxLimit), d.Used)
+		assert.Equal(t, int64(0), d.Remaining)
+		d, err = b.Refund(ctx, "k", p, 3, redisT0)
+		require.NoError(t, err)
+		assert.Equal(t, int64(redis.MaxLimit-3), d.Used)
+		_, err = b.Take(ctx, "k", throttler.Policy{Limit: redis.MaxLimit + 1, Window: time.Minute}, 1, redisT0)
+		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+	})
 	t.Run("ScriptCacheFlushed", func(t *testing.T) {
 		// After SCRIPT FLUSH (a restart, a failover to a fresh replica) EVALSHA
 		// fails with NOSCRIPT and the backend must fall back to EVAL.
