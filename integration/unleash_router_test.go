@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,8 +182,8 @@ func TestUnleashRouter(t *testing.T) {
 			unleashWaitFor(10*refresh, func() bool { p, err := srv.unleashPublished(feature); return err == nil && p == 0 })
 			published <- time.Since(start)
 		}()
-		took, ok := unleashWaitFor(10*refresh, func() bool { _, n := unleashRoutes(router, keys); return n == 0 })
-		took = time.Since(start)
+		_, ok := unleashWaitFor(10*refresh, func() bool { _, n := unleashRoutes(router, keys); return n == 0 })
+		took := time.Since(start)
 		pub := <-published
 		if !ok {
 			t.Fatalf("keys still new %v after the rollback", took)
@@ -229,16 +230,30 @@ func TestUnleashRouter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { hang.Close() })
+		var mu sync.Mutex
+		var conns []net.Conn
+		accepted := make(chan struct{})
 		go func() {
+			defer close(accepted)
 			for {
 				conn, err := hang.Accept()
 				if err != nil {
 					return
 				}
-				t.Cleanup(func() { conn.Close() })
+				mu.Lock()
+				conns = append(conns, conn)
+				mu.Unlock()
 			}
 		}()
+		t.Cleanup(func() {
+			hang.Close()
+			<-accepted
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
 		for _, tc := range []struct{ name, url string }{
 			{"refused", srv.URL},
 			{"hanging", "http://" + hang.Addr().String()},
