@@ -201,6 +201,21 @@ func (f *File) Reload() error { return f.check(true) }
 const recent = 2 * time.Second
 
 func (f *File) check(force bool) error {
+	report, changed, err := f.load(force)
+	// The hooks run after the lock is released, so they may call Err.
+	if report != nil && f.onError != nil {
+		f.onError(report)
+	}
+	if changed != nil && f.onChange != nil {
+		f.onChange(*changed)
+	}
+	return err
+}
+
+// load re-reads the file if it changed (or force), and returns an error
+// to report (first seen), the new settings if they changed, and the error
+// in force.
+func (f *File) load(force bool) (report error, changed *Settings, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	info, err := os.Stat(f.path)
@@ -208,10 +223,10 @@ func (f *File) check(force bool) error {
 		info = nil
 	}
 	sig := fileSig{info}
-	changed := !sig.same(f.sig)
+	moved := !sig.same(f.sig)
 	fresh := info != nil && time.Since(info.ModTime()) < recent
-	if !force && !changed && !fresh {
-		return f.lastErr
+	if !force && !moved && !fresh {
+		return nil, nil, f.lastErr
 	}
 	f.sig = sig
 	var s Settings
@@ -221,20 +236,18 @@ func (f *File) check(force bool) error {
 	if err != nil {
 		err = fmt.Errorf("flags: rollout file: %w", err)
 		// Report a failure once, not on every check while it lasts.
-		if f.onError != nil && (changed || f.lastErr == nil || f.lastErr.Error() != err.Error()) {
-			f.onError(err)
+		if moved || f.lastErr == nil || f.lastErr.Error() != err.Error() {
+			report = err
 		}
 		f.lastErr = err
-		return err
+		return report, nil, err
 	}
 	f.lastErr = nil
 	if s != f.Settings() {
 		f.apply(s)
-		if f.onChange != nil {
-			f.onChange(s)
-		}
+		changed = &s
 	}
-	return nil
+	return nil, changed, nil
 }
 
 // Settings returns the settings in force.

@@ -98,9 +98,15 @@ func TestFileReload(t *testing.T) {
 	writeFile(t, path, `{"percent": 10}`)
 	var reported []error
 	var changes []Settings
+	var f *File
 	f, err := NewFile(path, &FileOptions{
 		Interval: time.Hour, // only Reload checks here
-		OnError:  func(err error) { reported = append(reported, err) },
+		OnError: func(err error) {
+			if f.Err() == nil { // hooks may call back into the source
+				t.Error("OnError called while Err() is nil")
+			}
+			reported = append(reported, err)
+		},
 		OnChange: func(s Settings) { changes = append(changes, s) },
 	})
 	if err != nil {
