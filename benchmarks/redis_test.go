@@ -71,7 +71,7 @@ func BenchmarkRedisTake(b *testing.B) {
 	addr := redisServe(b)
 	ctx := context.Background()
 	now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	p := throttler.Policy{Name: "bench", Limit: 1 << 50, Window: time.Hour}
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
 
 	for _, goroutines := range []int{1, 64} {
@@ -152,7 +152,7 @@ func BenchmarkRedisTakeLatencyPaired(b *testing.B) {
 	}
 	be := redis.New(c, nil)
 	l := redis_rate.NewLimiter(c)
-	p := throttler.Policy{Name: "bench", Limit: 1 << 50, Window: time.Hour}
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
 	reset := strconv.FormatInt(now.Add(time.Hour).UnixMilli(), 10)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -200,7 +200,7 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := throttler.Policy{Name: "bench", Limit: 1 << 50, Window: time.Hour}
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
 	take, takeAP := redis.New(c, nil), redis.New(ap, nil)
 	rate, rateAP := redis_rate.NewLimiter(c), redis_rate.NewLimiter(ap)

@@ -51,7 +51,7 @@ func ExamplePolicy() {
 	fmt.Println(throttler.PerSecond(0).Validate())
 	// Output:
 	// core: 5000 per 1h0m0s <nil>
-	// throttler: invalid policy: limit must be > 0, got 0
+	// throttler: invalid policy: limit must be between 1 and 2^48, got 0
 }
 
 func ExampleNew_fallback() {

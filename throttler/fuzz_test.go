@@ -28,7 +28,7 @@ func FuzzValidateCall(f *testing.F) {
 			}
 			return
 		}
-		if key == "" || len(key) > throttler.MaxKeyLen || cost <= 0 || limit <= 0 || p.Window < time.Millisecond || p.Window%time.Millisecond != 0 {
+		if key == "" || len(key) > throttler.MaxKeyLen || cost <= 0 || cost > throttler.MaxLimit || limit <= 0 || limit > throttler.MaxLimit || p.Window < time.Millisecond || p.Window%time.Millisecond != 0 {
 			t.Fatalf("accepted key=%q %v cost=%d", key, p, cost)
 		}
 		for _, c := range []byte(name) {

@@ -10,6 +10,12 @@ import (
 // for its store.
 const MaxKeyLen = 4096
 
+// MaxLimit is the largest Policy.Limit and cost, 2^48: every backend counts
+// it exactly (Redis's Lua numbers are doubles, exact to 2^53; Memcached's
+// counters wrap at 2^64 and must leave room for concurrent overshoots), so
+// backends behind a router or a shadow accept the same policies.
+const MaxLimit = 1 << 48
+
 // MaxPolicyNameLen is the longest Policy.Name, in bytes.
 const MaxPolicyNameLen = 128
 
@@ -23,7 +29,7 @@ type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
 	// header. It may be empty; otherwise it is printable ASCII without spaces.
 	Name string
-	// Limit is how many units a key may take per window. Must be > 0.
+	// Limit is how many units a key may take per window: 1 to MaxLimit.
 	Limit int64
 	// Window is the length of a window, opened by the first counted request.
 	// Must be at least one millisecond, the unit that stores keep.
@@ -48,8 +54,8 @@ func (p Policy) Named(name string) Policy {
 // Validate reports why p cannot be used, as an error matching
 // ErrInvalidPolicy, or nil.
 func (p Policy) Validate() error {
-	if p.Limit <= 0 {
-		return fmt.Errorf("%w: limit must be > 0, got %d", ErrInvalidPolicy, p.Limit)
+	if p.Limit <= 0 || p.Limit > MaxLimit {
+		return fmt.Errorf("%w: limit must be between 1 and 2^48, got %d", ErrInvalidPolicy, p.Limit)
 	}
 	if p.Window < time.Millisecond {
 		return fmt.Errorf("%w: window must be >= 1ms, got %v", ErrInvalidPolicy, p.Window)
@@ -102,8 +108,8 @@ func ValidateKey(key string) error {
 // ValidateCost reports why cost cannot be taken or refunded, as an error
 // matching ErrInvalidCost, or nil.
 func ValidateCost(cost int64) error {
-	if cost <= 0 {
-		return fmt.Errorf("%w: must be > 0, got %d", ErrInvalidCost, cost)
+	if cost <= 0 || cost > MaxLimit {
+		return fmt.Errorf("%w: must be between 1 and 2^48, got %d", ErrInvalidCost, cost)
 	}
 	return nil
 }
@@ -113,7 +119,7 @@ func ValidateCost(cost int64) error {
 // called. Use cost 1 for Peek.
 func ValidateCall(key string, p Policy, cost int64) error {
 	// Small enough to inline: every backend operation runs it.
-	if key != "" && len(key) <= MaxKeyLen && cost > 0 && p.Limit > 0 &&
+	if key != "" && len(key) <= MaxKeyLen && cost > 0 && cost <= MaxLimit && p.Limit > 0 && p.Limit <= MaxLimit &&
 		p.Window >= time.Millisecond && p.Window%time.Millisecond == 0 && validName(p.Name) {
 		return nil
 	}

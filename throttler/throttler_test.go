@@ -85,6 +85,8 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.Policy{Name: "x", Limit: 1, Window: time.Millisecond}, nil},
 		{throttler.PerSecond(0), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(-1), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(throttler.MaxLimit), nil},
+		{throttler.PerSecond(throttler.MaxLimit + 1), throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 1}, throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 1, Window: -time.Second}, throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 1, Window: 1500 * time.Microsecond}, throttler.ErrInvalidPolicy},

@@ -353,6 +353,8 @@ func testInvalidInput(t *testing.T, b throttler.Backend, key func(string) string
 		{"key too long", strings.Repeat("k", throttler.MaxKeyLen+1), good, 1, throttler.ErrInvalidKey},
 		{"zero cost", key("k"), good, 0, throttler.ErrInvalidCost},
 		{"negative cost", key("k"), good, -1, throttler.ErrInvalidCost},
+		{"cost above MaxLimit", key("k"), good, throttler.MaxLimit + 1, throttler.ErrInvalidCost},
+		{"limit above MaxLimit", key("k"), throttler.Policy{Limit: throttler.MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"zero limit", key("k"), throttler.Policy{Limit: 0, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"negative limit", key("k"), throttler.Policy{Limit: -5, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"zero window", key("k"), throttler.Policy{Limit: 1}, 1, throttler.ErrInvalidPolicy},

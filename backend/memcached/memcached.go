@@ -130,11 +130,12 @@ var _ Client = (*memcache.Client)(nil)
 
 var _ throttler.Backend = (*Backend)(nil)
 
-// MaxLimit is the largest Policy.Limit this backend accepts, 2^48. Memcached
+// MaxLimit is the largest Policy.Limit this backend accepts:
+// throttler.MaxLimit (2^48), which throttler.ValidateCall enforces. Memcached
 // counts in unsigned 64 bits that wrap around; with every admitted cost at
 // most MaxLimit, only 65536 overshooting Takes in flight at once on one key,
 // each costing about MaxLimit, could wrap a counter.
-const MaxLimit = 1 << 48
+const MaxLimit = throttler.MaxLimit
 
 // maxRelativeExptime is the longest exptime Memcached reads as relative.
 const maxRelativeExptime = 30 * 24 * 60 * 60
@@ -238,9 +239,6 @@ func (b *Backend) check(key string, p throttler.Policy, cost int64) error {
 	}
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return err
-	}
-	if p.Limit > MaxLimit {
-		return fmt.Errorf("%w: memcached: limit %d is above MaxLimit (2^48)", throttler.ErrInvalidPolicy, p.Limit)
 	}
 	return nil
 }

@@ -68,9 +68,9 @@ var ErrUnexpectedReply = errors.New("redis: unexpected reply")
 var ErrNoShards = errors.New("redis: no shards")
 
 // MaxLimit is the largest Policy.Limit, and the largest cost, this backend
-// accepts, 2^53: the scripts' numbers are Lua doubles, exact up to there.
-// Larger ones are refused with throttler.ErrInvalidPolicy or ErrInvalidCost.
-const MaxLimit = 1 << 53
+// counts: throttler.MaxLimit (2^48), which throttler.ValidateCall enforces.
+// The scripts' numbers are Lua doubles, exact up to 2^53.
+const MaxLimit = throttler.MaxLimit
 
 var (
 	//go:embed scripts/take.lua
@@ -178,19 +178,13 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// checkCall validates the input, plus what only this store cannot hold.
+// checkCall validates the input and reports a construction error.
 func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
 	if b.err != nil {
 		return b.err
 	}
 	if err := throttler.ValidateCall(key, p, cost); err != nil {
 		return err
-	}
-	if p.Limit > MaxLimit {
-		return fmt.Errorf("%w: redis counts limits up to 2^53, got %d", throttler.ErrInvalidPolicy, p.Limit)
-	}
-	if cost > MaxLimit {
-		return fmt.Errorf("%w: redis counts costs up to 2^53, got %d", throttler.ErrInvalidCost, cost)
 	}
 	return nil
 }
