@@ -79,6 +79,16 @@ type Options struct {
 	// BreakerCooldown is how long the primary is skipped once the breaker
 	// opens; then calls try it again. default: 1s
 	BreakerCooldown time.Duration
+	// Detach runs each primary backend call on a goroutine of its own and stops
+	// waiting for it at Timeout, so that a client that ignores its context
+	// (gomemcache, go-redis's AutoPipeliner) cannot hold a request longer.
+	// An abandoned call finishes in the background, bounded by the client's
+	// own timeouts; at most MaxDetached run at once, beyond which calls fail
+	// at once. It costs a goroutine and a channel per call. The fallback,
+	// meant to be in-process, is always called inline. default: false
+	Detach bool
+	// MaxDetached bounds the abandoned calls still running. default: 1024
+	MaxDetached int
 	// Observe, if set, is called after every call, synchronously: keep it
 	// fast. default: none
 	Observe func(Observation)
@@ -101,6 +111,9 @@ func (o *Options) withDefaults() Options {
 	if out.BreakerCooldown <= 0 {
 		out.BreakerCooldown = time.Second
 	}
+	if out.MaxDetached <= 0 {
+		out.MaxDetached = 1024
+	}
 	return out
 }
 
@@ -113,6 +126,7 @@ type Throttler struct {
 
 	failures  atomic.Int64 // consecutive primary failures
 	openUntil atomic.Int64 // Unix nanoseconds until which the primary is skipped; 0: closed
+	detached  atomic.Int64 // detached calls still running
 }
 
 // New returns a Throttler over b. Nil options mean defaults.
@@ -165,7 +179,7 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 	now := t.opts.Clock()
 	var primaryErr error
 	if t.primaryClosed(now) {
-		d, err := t.call(ctx, t.backend, op, key, p, n, now)
+		d, err := t.call(ctx, t.backend, t.opts.Detach, op, key, p, n, now)
 		if err == nil {
 			t.failures.Store(0)
 			t.openUntil.Store(0)
@@ -184,7 +198,7 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 		primaryErr = fmt.Errorf("%w: primary skipped for %v after %d consecutive failures", ErrUnavailable, t.opts.BreakerCooldown, t.failures.Load())
 	}
 	if t.opts.Fallback != nil {
-		d, err := t.call(ctx, t.opts.Fallback, op, key, p, n, now)
+		d, err := t.call(ctx, t.opts.Fallback, false, op, key, p, n, now)
 		if err == nil {
 			d.Degraded = true
 			return d, SourceFallback, primaryErr, nil
@@ -206,9 +220,35 @@ func (t *Throttler) primaryClosed(now time.Time) bool {
 	return until == 0 || now.UnixNano() >= until
 }
 
-func (t *Throttler) call(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+func (t *Throttler) call(ctx context.Context, b Backend, detach bool, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
+	if !detach {
+		return invoke(ctx, b, op, key, p, n, now)
+	}
+	if t.detached.Add(1) > int64(t.opts.MaxDetached) {
+		t.detached.Add(-1)
+		return Decision{}, fmt.Errorf("%w: %d calls still waiting on the backend", ErrUnavailable, t.opts.MaxDetached)
+	}
+	type result struct {
+		d   Decision
+		err error
+	}
+	done := make(chan result, 1) // buffered: an abandoned call never blocks
+	go func() {
+		defer t.detached.Add(-1)
+		d, err := invoke(ctx, b, op, key, p, n, now)
+		done <- result{d, err}
+	}()
+	select {
+	case r := <-done:
+		return r.d, r.err
+	case <-ctx.Done():
+		return Decision{}, fmt.Errorf("throttler: backend did not answer: %w", ctx.Err())
+	}
+}
+
+func invoke(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
 	switch op {
 	case OpPeek:
 		return b.Peek(ctx, key, p, now)

@@ -276,3 +276,45 @@ func TestWindowState(t *testing.T) {
 	assert.False(t, full.Allowed)
 	assert.Equal(t, time.Second, full.RetryAfter)
 }
+
+// deafBackend ignores its context, like gomemcache: it answers only when
+// released.
+type deafBackend struct {
+	stubBackend
+	release chan struct{}
+}
+
+func (d *deafBackend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	<-d.release
+	return throttler.Decision{}, errDown
+}
+
+func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
+	deaf := &deafBackend{release: make(chan struct{})}
+	defer close(deaf.release)
+	var obs []throttler.Observation
+	th := throttler.New(deaf, &throttler.Options{Timeout: 10 * time.Millisecond, Detach: true, MaxDetached: 2, Fallback: memory.New(nil),
+		Observe: func(o throttler.Observation) { obs = append(obs, o) }})
+	p := throttler.PerMinute(10)
+	for i := 0; i < 3; i++ {
+		// Returns although the backend has not answered: the release comes
+		// only when the test ends.
+		d, err := th.Allow(context.Background(), "k", p)
+		require.NoError(t, err)
+		assert.True(t, d.Degraded)
+		assert.Equal(t, int64(i+1), d.Used, "the fallback counts")
+	}
+	require.Len(t, obs, 3)
+	assert.ErrorIs(t, obs[0].Err, context.DeadlineExceeded)
+	assert.ErrorIs(t, obs[2].Err, throttler.ErrUnavailable, "a third call finds MaxDetached calls still running")
+}
+
+func TestDetachReturnsTheBackendsAnswer(t *testing.T) {
+	th := throttler.New(memory.New(nil), &throttler.Options{Detach: true, Clock: func() time.Time { return t0 }})
+	for i := int64(1); i <= 3; i++ {
+		d, err := th.AllowN(context.Background(), "k", throttler.PerMinute(2), 1)
+		require.NoError(t, err)
+		assert.Equal(t, i <= 2, d.Allowed)
+		assert.False(t, d.Degraded)
+	}
+}
