@@ -185,8 +185,10 @@ type worker struct {
 	cancel context.CancelFunc
 	// stale is set by aging, Timeout/8 after ctx was made, and when a call
 	// ends in ctx's expiry: the next call needs a new context. A flag set
-	// by a timer spares the worker a clock read per call.
-	stale atomic.Bool
+	// by a timer spares the worker a clock read per call. It is allocated
+	// on its own so that the timer, until the runtime drops it, holds only
+	// the flag and not the worker's queues.
+	stale *atomic.Bool
 	aging *time.Timer
 
 	tally  tally    // this batch's results, not yet in counts
@@ -208,8 +210,10 @@ func New(control, candidate throttler.Backend, opts *Options) *Backend {
 	b.mismatches.init(o.KeepMismatches)
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
-		w.stale.Store(true)
-		w.aging = time.AfterFunc(time.Hour, func() { w.stale.Store(true) })
+		stale := new(atomic.Bool)
+		stale.Store(true)
+		w.stale = stale
+		w.aging = time.AfterFunc(time.Hour, func() { stale.Store(true) })
 		w.aging.Stop()
 		b.workers[i] = w
 		b.wg.Add(1)
