@@ -78,52 +78,44 @@ var memoryPeers = []memoryPeer{
 }
 
 // BenchmarkMemoryTake: one unit from an existing window, for a hot key and
-// for 100k keys, on one goroutine and in parallel.
+// for 100k keys, on one goroutine and in parallel. Keys are taken at a prime
+// stride: clients do not arrive in the order their windows were made, which
+// would let the peers' heap objects, allocated in that order, stream from
+// memory.
 func BenchmarkMemoryTake(b *testing.B) {
-	for _, keys := range []struct {
-		name string
-		keys []string
-	}{{"HotKey", []string{"client-0"}}, {"100kKeys", nil}} {
+	const stride = 7919
+	for _, set := range []string{"HotKey", "100kKeys"} {
 		for _, peer := range memoryPeers {
-			b.Run(keys.name+"/"+peer.name, func(b *testing.B) {
-				keys := keys
-				if keys.keys == nil {
-					keys.keys = memKeys()
+			// warm returns the keys and the peer's take, every key's window open.
+			warm := func(b *testing.B) ([]string, func(string) bool) {
+				keys := []string{"client-0"}
+				if set == "100kKeys" {
+					keys = memKeys()
 				}
 				take := peer.new(b)
-				for _, k := range keys.keys {
+				for _, k := range keys {
 					take(k)
 				}
 				b.ReportAllocs()
 				b.ResetTimer()
-				// A prime stride: clients do not arrive in the order their
-				// windows were made, which would let the peers' heap
-				// objects, allocated in that order, stream from memory.
-				for i := 0; b.Loop(); i += 7919 {
-					if !take(keys.keys[i%len(keys.keys)]) {
+				return keys, take
+			}
+			b.Run(set+"/"+peer.name, func(b *testing.B) {
+				keys, take := warm(b)
+				for i := 0; b.Loop(); i += stride {
+					if !take(keys[i%len(keys)]) {
 						b.Fatal("denied")
 					}
 				}
 			})
-			b.Run(keys.name+"/Parallel/"+peer.name, func(b *testing.B) {
-				keys := keys
-				if keys.keys == nil {
-					keys.keys = memKeys()
-				}
-				take := peer.new(b)
-				for _, k := range keys.keys {
-					take(k)
-				}
-				b.ReportAllocs()
-				b.ResetTimer()
+			b.Run(set+"/Parallel/"+peer.name, func(b *testing.B) {
+				keys, take := warm(b)
 				b.RunParallel(func(pb *testing.PB) {
-					i := 0
-					for pb.Next() {
-						if !take(keys.keys[i%len(keys.keys)]) {
+					for i := 0; pb.Next(); i += stride {
+						if !take(keys[i%len(keys)]) {
 							b.Error("denied")
 							return
 						}
-						i += 7919
 					}
 				})
 			})
