@@ -30,3 +30,26 @@ type Backend interface {
 	Peek(ctx context.Context, key string, p Policy, now time.Time) (Decision, error)
 	Refund(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
 }
+
+// Op names a Backend operation.
+type Op string
+
+const (
+	OpTake   Op = "take"
+	OpPeek   Op = "peek"
+	OpRefund Op = "refund"
+)
+
+// Do runs op on b: Take or Refund of cost, or Peek (cost unused). Code that
+// forwards, replays or tabulates calls (a shadow's mirror, a test's steps)
+// names the operation as a value and calls Do.
+func Do(ctx context.Context, b Backend, op Op, key string, p Policy, cost int64, now time.Time) (Decision, error) {
+	switch op {
+	case OpPeek:
+		return b.Peek(ctx, key, p, now)
+	case OpRefund:
+		return b.Refund(ctx, key, p, cost, now)
+	default:
+		return b.Take(ctx, key, p, cost, now)
+	}
+}

@@ -34,15 +34,6 @@ func (s Source) String() string {
 	return [...]string{"primary", "fallback", "failure-mode", "none"}[s]
 }
 
-// Op names a Backend operation.
-type Op string
-
-const (
-	OpTake   Op = "take"
-	OpPeek   Op = "peek"
-	OpRefund Op = "refund"
-)
-
 // Observation describes one Throttler call, for metrics and alerts.
 type Observation struct {
 	Op       Op
@@ -224,7 +215,7 @@ func (t *Throttler) call(ctx context.Context, b Backend, detach bool, op Op, key
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	if !detach {
-		return invoke(ctx, b, op, key, p, n, now)
+		return Do(ctx, b, op, key, p, n, now)
 	}
 	if t.detached.Add(1) > int64(t.opts.MaxDetached) {
 		t.detached.Add(-1)
@@ -237,7 +228,7 @@ func (t *Throttler) call(ctx context.Context, b Backend, detach bool, op Op, key
 	done := make(chan result, 1) // buffered: an abandoned call never blocks
 	go func() {
 		defer t.detached.Add(-1)
-		d, err := invoke(ctx, b, op, key, p, n, now)
+		d, err := Do(ctx, b, op, key, p, n, now)
 		done <- result{d, err}
 	}()
 	select {
@@ -245,16 +236,5 @@ func (t *Throttler) call(ctx context.Context, b Backend, detach bool, op Op, key
 		return r.d, r.err
 	case <-ctx.Done():
 		return Decision{}, fmt.Errorf("throttler: backend did not answer: %w", ctx.Err())
-	}
-}
-
-func invoke(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
-	switch op {
-	case OpPeek:
-		return b.Peek(ctx, key, p, now)
-	case OpRefund:
-		return b.Refund(ctx, key, p, n, now)
-	default:
-		return b.Take(ctx, key, p, n, now)
 	}
 }

@@ -64,36 +64,21 @@ func runID() string {
 	return hex.EncodeToString(b[:])
 }
 
-type op int
-
 const (
-	take op = iota
-	peek
-	refund
+	take   = throttler.OpTake
+	peek   = throttler.OpPeek
+	refund = throttler.OpRefund
 )
-
-func (o op) String() string { return [...]string{"Take", "Peek", "Refund"}[o] }
 
 // step is one call at T0+at and what it must answer.
 type step struct {
-	op          op
+	op          throttler.Op
 	at          time.Duration
 	cost        int64
 	allowed     bool
 	used        int64
 	resetAt     time.Duration // offset from T0
 	description string
-}
-
-func call(ctx context.Context, b throttler.Backend, o op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	switch o {
-	case peek:
-		return b.Peek(ctx, key, p, now)
-	case refund:
-		return b.Refund(ctx, key, p, cost, now)
-	default:
-		return b.Take(ctx, key, p, cost, now)
-	}
 }
 
 // checkDecision asserts what every decision must satisfy, whatever the case.
@@ -121,7 +106,7 @@ func runSteps(t *testing.T, b throttler.Backend, key string, p throttler.Policy,
 		if s.description != "" {
 			msg += " (" + s.description + ")"
 		}
-		d, err := call(ctx, b, s.op, key, p, s.cost, now)
+		d, err := throttler.Do(ctx, b, s.op, key, p, s.cost, now)
 		require.NoError(t, err, msg)
 		checkDecision(t, p, d, now, msg)
 		assert.Equal(t, s.allowed, d.Allowed, "%s: Allowed", msg)
@@ -218,9 +203,10 @@ func testResetAtStable(t *testing.T, b throttler.Backend, key func(string) strin
 	want := T0.Add(p.Window).UnixMilli()
 	for i := 0; i < 200; i++ {
 		now := T0.Add(time.Duration(i) * 49 * time.Millisecond) // crosses second boundaries at uneven offsets
-		d, err := call(ctx, b, op(i%3), k, p, 1, now)
+		o := []throttler.Op{take, peek, refund}[i%3]
+		d, err := throttler.Do(ctx, b, o, k, p, 1, now)
 		require.NoError(t, err)
-		require.Equal(t, want, d.ResetAt.UnixMilli(), "call %d (%v) at +%v", i, op(i%3), now.Sub(T0))
+		require.Equal(t, want, d.ResetAt.UnixMilli(), "call %d (%v) at +%v", i, o, now.Sub(T0))
 	}
 }
 
@@ -363,11 +349,11 @@ func testInvalidInput(t *testing.T, b throttler.Backend, key func(string) string
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, o := range []op{take, peek, refund} {
+			for _, o := range []throttler.Op{take, peek, refund} {
 				if o == peek && tc.want == throttler.ErrInvalidCost {
 					continue // Peek takes no cost
 				}
-				_, err := call(ctx, b, o, tc.key, tc.p, tc.cost, T0)
+				_, err := throttler.Do(ctx, b, o, tc.key, tc.p, tc.cost, T0)
 				require.Error(t, err, "%v", o)
 				assert.True(t, errors.Is(err, tc.want), "%v: %v is not %v", o, err, tc.want)
 			}
