@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/backend/redis"
@@ -35,13 +36,24 @@ const migrationClients = 1000
 
 // migrationStores starts a Memcached (with memcachedArgs) and a Redis and
 // returns a backend on each, with the Memcached server for tests that
-// squeeze it and the Redis container for tests that stop it.
+// squeeze it and the Redis container for tests that stop it. The clients'
+// timeouts are generous: on a shared 2-core machine a container can stall
+// for seconds, and these tests are about the shadow, not about that.
 func migrationStores(t *testing.T, memcachedArgs ...string) (*memcached.Backend, *redis.Backend, *memcachedServer, *redisContainer) {
 	t.Helper()
 	mc := memcachedStart(t, memcachedArgs...)
 	rc := redisStart(t)
-	old := memcached.New(memcachedClient(t, time.Second, mc.addr), nil)
-	nu := redis.New(redisClient(t, rc.Addr), nil)
+	old := memcached.New(memcachedClient(t, 10*time.Second, mc.addr), nil)
+	rcl := goredis.NewClient(&goredis.Options{
+		Addr:                  rc.Addr,
+		ContextTimeoutEnabled: true, // the shadow's deadline bounds each mirrored call
+		DialTimeout:           10 * time.Second,
+		ReadTimeout:           10 * time.Second,
+		WriteTimeout:          10 * time.Second,
+		MaxRetries:            -1, // a retried script could count twice
+	})
+	t.Cleanup(func() { _ = rcl.Close() })
+	nu := redis.New(rcl, nil)
 	return old, nu, mc, rc
 }
 
@@ -269,7 +281,12 @@ func TestMigrationCandidateDown(t *testing.T) {
 	p := throttler.Policy{Name: "api", Limit: 1000, Window: time.Hour}
 	const timeout = 50 * time.Millisecond
 
-	// The baseline: Memcached alone, on keys of its own.
+	// The baseline: Memcached alone, on keys of its own, counting in open
+	// windows as the calls measured below do (opening one costs a round
+	// trip more).
+	migrationEach(4, migrationClients, func(c int) {
+		_, _ = old.Take(ctx, "base-"+migrationKey(c), p, 1, migrationT0)
+	})
 	var mu sync.Mutex
 	var base []time.Duration
 	migrationEach(4, migrationClients, func(c int) {
