@@ -21,18 +21,19 @@ func Example() {
 	old, candidate := memory.New(nil), memory.New(nil)
 	_, _ = old.Take(ctx, "alice", p, 2, t0) // only the old store saw these
 
-	s := shadow.New(old, candidate, &shadow.Options{
-		Publish: func(r shadow.Result) {
-			fmt.Printf("%s %s: control allowed=%v used=%d, candidate allowed=%v used=%d: %v\n",
-				r.Op, r.Key, r.Control.Allowed, r.Control.Used, r.Candidate.Allowed, r.Candidate.Used, r.Kinds)
-		},
-	})
+	// Publish runs on the shadow's workers; hand results over to the
+	// metrics or, here, to the printing below.
+	results := make(chan shadow.Result, 16)
+	s := shadow.New(old, candidate, &shadow.Options{Publish: func(r shadow.Result) { results <- r }})
 	defer s.Close()
 
 	d, err := s.Take(ctx, "alice", p, 1, t0.Add(time.Second))
 	fmt.Println("caller gets:", d.Allowed, d.Remaining, err)
 
 	_ = s.Flush(ctx) // wait for the comparison
+	r := <-results
+	fmt.Printf("%s %s: control allowed=%v used=%d, candidate allowed=%v used=%d: %v\n",
+		r.Op, r.Key, r.Control.Allowed, r.Control.Used, r.Candidate.Allowed, r.Candidate.Used, r.Kinds)
 	st := s.Stats()
 	fmt.Printf("compared %d, mismatch rate %.0f%%, allowed differs %d\n",
 		st.Compared, 100*st.MismatchRate(), st.Count(shadow.AllowedDiffers))
