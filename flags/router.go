@@ -50,7 +50,15 @@ type Router struct {
 	_        [56]byte
 }
 
-var _ throttler.Backend = (*Router)(nil)
+var (
+	_ throttler.Backend   = (*Router)(nil)
+	_ throttler.InProcess = (*Router)(nil)
+)
+
+// InProcess reports whether the calls of both backends never block.
+func (r *Router) InProcess() bool {
+	return r.old != nil && r.new != nil && throttler.IsInProcess(r.old) && throttler.IsInProcess(r.new)
+}
 
 // NewRouter returns a Router over old and new. A nil r routes every key to
 // old. nil opts mean defaults.

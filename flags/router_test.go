@@ -219,3 +219,16 @@ func TestRouterConcurrentRamp(t *testing.T) {
 		t.Errorf("backends hold %d units, want %d", held, workers*per)
 	}
 }
+
+func TestRouterInProcessOnlyWhenBothAre(t *testing.T) {
+	mem := memory.New(nil)
+	if !NewRouter(mem, memory.New(nil), NewPercent(50), nil).InProcess() {
+		t.Error("two memory backends: in process")
+	}
+	if NewRouter(mem, notLocal{mem}, NewPercent(50), nil).InProcess() {
+		t.Error("one backend that may block: not in process")
+	}
+}
+
+// notLocal hides its backend's InProcess, like a network store.
+type notLocal struct{ throttler.Backend }

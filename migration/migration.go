@@ -56,7 +56,13 @@ type Migration struct {
 	forward, reverse *shadow.Backend
 }
 
-var _ throttler.Backend = (*Migration)(nil)
+var (
+	_ throttler.Backend   = (*Migration)(nil)
+	_ throttler.InProcess = (*Migration)(nil)
+)
+
+// InProcess reports whether both stores' calls never block.
+func (m *Migration) InProcess() bool { return m.router.InProcess() }
 
 // New returns a Migration from old to new, ramped by r. A nil r keeps every
 // key on old. Nil options mean defaults. It starts the shadows' workers;

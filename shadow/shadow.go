@@ -156,7 +156,14 @@ type Backend struct {
 	mismatches ring
 }
 
-var _ throttler.Backend = (*Backend)(nil)
+var (
+	_ throttler.Backend   = (*Backend)(nil)
+	_ throttler.InProcess = (*Backend)(nil)
+)
+
+// InProcess reports whether the control's calls never block: the candidate
+// is called in the background, never on the caller's path.
+func (b *Backend) InProcess() bool { return b.control != nil && throttler.IsInProcess(b.control) }
 
 // call is one mirrored operation waiting for its worker, or a Flush barrier.
 type call struct {

@@ -703,3 +703,16 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 		t.Errorf("dropped %d, want 2 (the queue holds 2 behind the stuck call)", got)
 	}
 }
+
+func TestShadowInProcessFollowsTheControl(t *testing.T) {
+	s := New(memory.New(nil), struct{ throttler.Backend }{memory.New(nil)}, nil)
+	defer s.Close()
+	if !s.InProcess() {
+		t.Error("a memory control is in process: the candidate is never on the caller's path")
+	}
+	s2 := New(struct{ throttler.Backend }{memory.New(nil)}, memory.New(nil), nil)
+	defer s2.Close()
+	if s2.InProcess() {
+		t.Error("a control that may block is not in process")
+	}
+}

@@ -31,6 +31,20 @@ type Backend interface {
 	Refund(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
 }
 
+// InProcess is implemented by backends that can say their calls answer from
+// memory without blocking (backend/memory), and by wrappers (router, shadow)
+// that say what they wrap. The Throttler calls such a backend without a
+// timeout context, which would cost more than the call itself.
+type InProcess interface {
+	InProcess() bool
+}
+
+// IsInProcess reports whether b says its calls never block.
+func IsInProcess(b Backend) bool {
+	l, ok := b.(InProcess)
+	return ok && l.InProcess()
+}
+
 // Op names a Backend operation.
 type Op string
 

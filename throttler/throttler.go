@@ -114,6 +114,9 @@ func (o *Options) withDefaults() Options {
 type Throttler struct {
 	backend Backend
 	opts    Options
+	// Whether the primary and the fallback are InProcess: called without a
+	// timeout context.
+	primaryLocal, fallbackLocal bool
 
 	failures  atomic.Int64 // consecutive primary failures
 	openUntil atomic.Int64 // Unix nanoseconds until which the primary is skipped; 0: closed
@@ -122,7 +125,10 @@ type Throttler struct {
 
 // New returns a Throttler over b. Nil options mean defaults.
 func New(b Backend, opts *Options) *Throttler {
-	return &Throttler{backend: b, opts: opts.withDefaults()}
+	t := &Throttler{backend: b, opts: opts.withDefaults()}
+	t.primaryLocal = IsInProcess(b)
+	t.fallbackLocal = t.opts.Fallback != nil && IsInProcess(t.opts.Fallback)
+	return t
 }
 
 // Allow takes one unit from key's window under p.
@@ -170,7 +176,7 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 	now := t.opts.Clock()
 	var primaryErr error
 	if t.primaryClosed(now) {
-		d, err := t.call(ctx, t.backend, t.opts.Detach, op, key, p, n, now)
+		d, err := t.call(ctx, t.backend, t.primaryLocal, t.opts.Detach, op, key, p, n, now)
 		if err == nil {
 			t.failures.Store(0)
 			t.openUntil.Store(0)
@@ -189,7 +195,7 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 		primaryErr = fmt.Errorf("%w: primary skipped for %v after %d consecutive failures", ErrUnavailable, t.opts.BreakerCooldown, t.failures.Load())
 	}
 	if t.opts.Fallback != nil {
-		d, err := t.call(ctx, t.opts.Fallback, false, op, key, p, n, now)
+		d, err := t.call(ctx, t.opts.Fallback, t.fallbackLocal, false, op, key, p, n, now)
 		if err == nil {
 			d.Degraded = true
 			return d, SourceFallback, primaryErr, nil
@@ -211,7 +217,10 @@ func (t *Throttler) primaryClosed(now time.Time) bool {
 	return until == 0 || now.UnixNano() >= until
 }
 
-func (t *Throttler) call(ctx context.Context, b Backend, detach bool, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+	if local {
+		return Do(ctx, b, op, key, p, n, now)
+	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	if !detach {

@@ -318,3 +318,25 @@ func TestDetachReturnsTheBackendsAnswer(t *testing.T) {
 		assert.False(t, d.Degraded)
 	}
 }
+
+// localStub says its calls never block, so it gets the caller's context as is.
+type localStub struct{ stubBackend }
+
+func (*localStub) InProcess() bool { return true }
+
+func TestInProcessBackendsGetNoTimeoutContext(t *testing.T) {
+	local := &localStub{stubBackend{next: memory.New(nil)}}
+	_, err := throttler.New(local, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
+	require.NoError(t, err)
+	_, hasDeadline := local.ctxs[0].Deadline()
+	assert.False(t, hasDeadline, "an in-process call needs no timer")
+
+	remote := &stubBackend{next: memory.New(nil)}
+	_, err = throttler.New(remote, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
+	require.NoError(t, err)
+	_, hasDeadline = remote.ctxs[0].Deadline()
+	assert.True(t, hasDeadline)
+
+	assert.True(t, throttler.IsInProcess(memory.New(nil)))
+	assert.False(t, throttler.IsInProcess(remote))
+}

@@ -62,7 +62,14 @@ type Backend struct {
 	shardKeys  int  // per-shard bound on windows; 0 means none
 }
 
-var _ throttler.Backend = (*Backend)(nil)
+var (
+	_ throttler.Backend   = (*Backend)(nil)
+	_ throttler.InProcess = (*Backend)(nil)
+)
+
+// InProcess reports true: calls answer from memory without blocking, so a
+// Throttler needs no timeout context for them.
+func (b *Backend) InProcess() bool { return true }
 
 type shard struct {
 	mu        sync.Mutex
