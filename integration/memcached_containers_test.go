@@ -83,16 +83,9 @@ func memcachedWaitReady(t *testing.T, addrs ...string) {
 	c := memcache.New(addrs...)
 	c.Timeout = 200 * time.Millisecond
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := c.Ping()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("memcached %v not answering: %v", addrs, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var err error
+	if _, ok := poll(10*time.Second, 50*time.Millisecond, func(context.Context) bool { err = c.Ping(); return err == nil }); !ok {
+		t.Fatalf("memcached %v not answering: %v", addrs, err)
 	}
 }
 

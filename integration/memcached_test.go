@@ -33,10 +33,7 @@ func TestMemcachedConformanceTwoServers(t *testing.T) {
 func TestMemcachedExactness(t *testing.T) {
 	const clients, goroutines, perGoroutine = 4, 32, 12
 	s := memcachedStart(t)
-	backends := make([]*memcached.Backend, clients)
-	for i := range backends {
-		backends[i] = memcached.New(memcachedClient(t, time.Second, s.addr), nil)
-	}
+	backends := memcachedBackends(t, clients, s.addr)
 	p := throttler.Policy{Name: "exact", Limit: 1000, Window: time.Minute}
 	ctx := context.Background()
 	t0 := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -94,10 +91,7 @@ func TestMemcachedExactness(t *testing.T) {
 func TestMemcachedMixedCosts(t *testing.T) {
 	const clients, goroutines, perGoroutine, maxCost = 4, 32, 12, 3
 	s := memcachedStart(t)
-	backends := make([]*memcached.Backend, clients)
-	for i := range backends {
-		backends[i] = memcached.New(memcachedClient(t, time.Second, s.addr), nil)
-	}
+	backends := memcachedBackends(t, clients, s.addr)
 	p := throttler.Policy{Name: "mixed", Limit: 1000, Window: time.Minute}
 	ctx := context.Background()
 	start := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -139,4 +133,15 @@ func TestMemcachedMixedCosts(t *testing.T) {
 	if unused := p.Limit - admitted.Load(); unused >= 2*maxCost {
 		t.Errorf("%d units unused although %d Takes were denied", unused, denied.Load())
 	}
+}
+
+// memcachedBackends returns n backends on addr, each on a client of its own
+// (its own connections, as n processes would have).
+func memcachedBackends(t *testing.T, n int, addr string) []*memcached.Backend {
+	t.Helper()
+	backends := make([]*memcached.Backend, n)
+	for i := range backends {
+		backends[i] = memcached.New(memcachedClient(t, time.Second, addr), nil)
+	}
+	return backends
 }

@@ -65,20 +65,9 @@ func unleashCloseBounded(t *testing.T, c *unleash.Client) {
 	}
 }
 
-// unleashWaitFor polls cond every 10ms until it holds or within passes, and
-// returns how long it took.
-func unleashWaitFor(within time.Duration, cond func() bool) (time.Duration, bool) {
-	start := time.Now()
-	for {
-		if cond() {
-			return time.Since(start), true
-		}
-		if time.Since(start) > within {
-			return time.Since(start), false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// unleashPollEvery is how often the tests look again for what Unleash
+// changes: timings are taken to within it.
+const unleashPollEvery = 10 * time.Millisecond
 
 func unleashKeys(n int) []string {
 	keys := make([]string, n)
@@ -131,7 +120,7 @@ func TestUnleashRouter(t *testing.T) {
 	var at25 []bool
 	if !t.Run("25 percent", func(t *testing.T) {
 		want := unleashExpected(feature, keys, 25)
-		if _, ok := unleashWaitFor(30*time.Second, func() bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
+		if _, ok := poll(30*time.Second, unleashPollEvery, func(context.Context) bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
 			_, n := unleashRoutes(router, keys)
 			t.Fatalf("%d keys new after 30s, want %d (the client fetched %d times, %d errors)", n, want, l.fetches.Load(), l.errors.Load())
 		}
@@ -158,7 +147,7 @@ func TestUnleashRouter(t *testing.T) {
 	if !t.Run("50 percent keeps the new keys", func(t *testing.T) {
 		rollout.set(t, 50)
 		want := unleashExpected(feature, keys, 50)
-		if _, ok := unleashWaitFor(10*refresh, func() bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
+		if _, ok := poll(10*refresh, unleashPollEvery, func(context.Context) bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
 			t.Fatalf("the 50%% rollout did not arrive within %v", 10*refresh)
 		}
 		at50, _ := unleashRoutes(router, keys)
@@ -179,10 +168,10 @@ func TestUnleashRouter(t *testing.T) {
 		// interval. Time both.
 		published := make(chan time.Duration, 1)
 		go func() {
-			unleashWaitFor(10*refresh, func() bool { p, err := srv.unleashPublished(feature); return err == nil && p == 0 })
+			poll(10*refresh, unleashPollEvery, func(context.Context) bool { p, err := srv.unleashPublished(feature); return err == nil && p == 0 })
 			published <- time.Since(start)
 		}()
-		_, ok := unleashWaitFor(10*refresh, func() bool { _, n := unleashRoutes(router, keys); return n == 0 })
+		_, ok := poll(10*refresh, unleashPollEvery, func(context.Context) bool { _, n := unleashRoutes(router, keys); return n == 0 })
 		took := time.Since(start)
 		pub := <-published
 		if !ok {
@@ -200,7 +189,7 @@ func TestUnleashRouter(t *testing.T) {
 	if !t.Run("server stopped: last state holds", func(t *testing.T) {
 		rollout.set(t, 30)
 		want := unleashExpected(feature, keys, 30)
-		if _, ok := unleashWaitFor(10*refresh, func() bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
+		if _, ok := poll(10*refresh, unleashPollEvery, func(context.Context) bool { _, n := unleashRoutes(router, keys); return n == want }); !ok {
 			t.Fatalf("the 30%% rollout did not arrive")
 		}
 		before, _ := unleashRoutes(router, keys)
@@ -210,7 +199,7 @@ func TestUnleashRouter(t *testing.T) {
 		}
 		errs := l.errors.Load()
 		// The client must have tried, and failed, at least twice.
-		if _, ok := unleashWaitFor(10*refresh, func() bool { return l.errors.Load() >= errs+2 }); !ok {
+		if _, ok := poll(10*refresh, unleashPollEvery, func(context.Context) bool { return l.errors.Load() >= errs+2 }); !ok {
 			t.Fatalf("the client reported no failed fetches after the server stopped")
 		}
 		after, _ := unleashRoutes(router, keys)
