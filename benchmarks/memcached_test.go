@@ -3,8 +3,6 @@ package benchmarks
 import (
 	"context"
 	"fmt"
-	"net"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -22,37 +20,14 @@ import (
 // skips the benchmark when memcached is not installed.
 func memcachedServe(b *testing.B) string {
 	b.Helper()
-	bin, err := exec.LookPath("memcached")
-	if err != nil {
-		b.Skip("memcached not installed")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	// -t 1: one worker thread, as the machine has 2 cores for the server and the benchmark.
-	cmd := exec.Command(bin, "-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "64", "-t", "1", "-c", "1024", "-u", "root")
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("start memcached: %v", err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+	return serve(b, "memcached", func(port string) []string {
+		// -t 1: one worker thread, as the machine has 2 cores for the server and the benchmark.
+		return []string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64", "-t", "1", "-c", "1024", "-u", "root"}
+	}, func(addr string) error {
+		c := memcache.New(addr)
+		defer c.Close()
+		return c.Ping()
 	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := memcache.New(addr)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c.Ping() == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("memcached on %s not answering", addr)
-		}
-	}
-	_ = c.Close()
-	return addr
 }
 
 // BenchmarkMemcachedTake compares Backend.Take in an open window with the

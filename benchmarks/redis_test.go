@@ -3,8 +3,6 @@ package benchmarks
 import (
 	"context"
 	"fmt"
-	"net"
-	"os/exec"
 	"runtime"
 	"strconv"
 	"sync"
@@ -24,35 +22,13 @@ import (
 // benchmark ends. It skips the benchmark when redis-server is not installed.
 func redisServe(b *testing.B) string {
 	b.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		b.Skip("redis-server not installed")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	_ = l.Close()
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		b.Fatalf("start redis-server: %v", err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+	return serve(b, "redis-server", func(port string) []string {
+		return []string{"--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no"}
+	}, func(addr string) error {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		defer c.Close()
+		return c.Ping(context.Background()).Err()
 	})
-	addr := net.JoinHostPort("127.0.0.1", port)
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
-	defer c.Close()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c.Ping(context.Background()).Err() == nil {
-			return addr
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("redis-server on %s not answering", addr)
-		}
-	}
 }
 
 // redisFloorScript is the least a one-round-trip fixed-window limiter can
