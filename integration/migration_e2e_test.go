@@ -346,7 +346,7 @@ func TestMigrationCandidateDown(t *testing.T) {
 	redisPause(t, rc)
 	paused := newMigration(16, timeout)
 	run("Redis paused", paused, 2, true)
-	redisWaitFor(t, 10*time.Second, "a candidate timeout to be counted", func(context.Context) bool {
+	waitFor(t, 10*time.Second, "a candidate timeout to be counted", func(context.Context) bool {
 		return paused.Stats().Forward.Count(shadow.CandidateError) > 0
 	})
 	s := paused.Stats().Forward

@@ -203,10 +203,6 @@ func redisFreePorts(t testing.TB, n int) []int {
 	return ports
 }
 
-// redisWaitFor is waitFor under the name that migration_e2e_test.go still
-// calls it by.
-var redisWaitFor = waitFor
-
 // redisPause freezes the container's processes (connections stay open and
 // hang, like a stalled server) until redisUnpause; the test's cleanup
 // unpauses it so that it can be terminated.
