@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -171,4 +172,23 @@ func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 		assert.Equal(t, int64(1), d.Used, "%s: a fresh short window", k)
 	}
 	assert.Equal(t, 200, b.Len())
+}
+
+// The backend keeps its own copy of a key: a caller may build keys in a
+// buffer it reuses.
+func TestKeysAreCopied(t *testing.T) {
+	ctx := context.Background()
+	b := memory.New(nil)
+	p := throttler.Policy{Limit: 1, Window: time.Minute}
+	buf := []byte("alice")
+	key := unsafe.String(&buf[0], len(buf)) // shares buf, as zero-copy HTTP servers do
+	_, err := b.Take(ctx, key, p, 1, t0)
+	require.NoError(t, err)
+	copy(buf, "bob00")
+	d, err := b.Peek(ctx, "alice", p, t0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Used, "alice's window survives the buffer's reuse")
+	d, err = b.Peek(ctx, "bob00", p, t0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), d.Used)
 }

@@ -1,5 +1,7 @@
 package memory
 
+import "strings"
+
 // table is an open-addressing hash table of windows with linear probing,
 // keyed by (key, policy) and placed by the hash of the key alone, so a call
 // hashes once and the windows of one key under several policies sit side by
@@ -55,7 +57,9 @@ func (t *table) insert(h uint64, key, policy string, latest int64) *slot {
 		i = (i + 1) & mask
 	}
 	t.live++
-	t.slots[i] = slot{hash: h, key: key, policy: policy}
+	// The key is copied: the table keeps it for the window's life, and a
+	// caller's string may share a large buffer, or one it reuses.
+	t.slots[i] = slot{hash: h, key: strings.Clone(key), policy: policy}
 	return &t.slots[i]
 }
 
