@@ -5,8 +5,9 @@ import "strings"
 // table is an open-addressing hash table of windows with linear probing,
 // keyed by (key, policy) and placed by the hash of the key alone, so a call
 // hashes once and the windows of one key under several policies sit side by
-// side. A slot holds its window inline: a lookup touches the slot and the
-// key's bytes, and an update happens in place. Not safe for concurrent use:
+// side. A slot holds its window inline, and short keys too: finding a window
+// touches only its slot (and a long key's bytes), and an update happens in
+// place. Not safe for concurrent use:
 // a shard's mutex guards it.
 //
 // Nothing is deleted in place: an ended window is reused by its own key, and
@@ -19,10 +20,42 @@ type table struct {
 
 type slot struct {
 	hash    uint64
-	key     string // "" marks an empty slot: keys are never empty
+	key     slotKey
 	policy  string
 	used    int64
 	resetAt int64 // Unix milliseconds
+}
+
+// shortKey is the longest key a slot holds inline: IP addresses, user IDs
+// and most tokens fit, and comparing them reads no other memory.
+const shortKey = 22
+
+// slotKey is a key held inline when short, else as a string of its own. The
+// zero value marks an empty slot: keys are never empty.
+type slotKey struct {
+	n     uint8 // length of an inline key; 0 for a long one
+	short [shortKey]byte
+	long  string
+}
+
+func makeSlotKey(k string) slotKey {
+	if len(k) > shortKey {
+		// Copied: the table keeps it for the window's life, and a
+		// caller's string may share a large buffer, or one it reuses.
+		return slotKey{long: strings.Clone(k)}
+	}
+	sk := slotKey{n: uint8(len(k))}
+	copy(sk.short[:], k)
+	return sk
+}
+
+func (k *slotKey) empty() bool { return k.n == 0 && k.long == "" }
+
+func (k *slotKey) equal(s string) bool {
+	if k.n == 0 {
+		return k.long == s
+	}
+	return int(k.n) == len(s) && string(k.short[:k.n]) == s
 }
 
 const minSlots = 8
@@ -35,10 +68,10 @@ func (t *table) find(h uint64, key, policy string) *slot {
 	mask := uint64(len(t.slots) - 1)
 	for i := h & mask; ; i = (i + 1) & mask {
 		s := &t.slots[i]
-		if s.key == "" {
+		if s.key.empty() {
 			return nil
 		}
-		if s.hash == h && s.key == key && s.policy == policy {
+		if s.hash == h && s.key.equal(key) && s.policy == policy {
 			return s
 		}
 	}
@@ -53,13 +86,11 @@ func (t *table) insert(h uint64, key, policy string, latest int64) *slot {
 	}
 	mask := uint64(len(t.slots) - 1)
 	i := h & mask
-	for t.slots[i].key != "" {
+	for !t.slots[i].key.empty() {
 		i = (i + 1) & mask
 	}
 	t.live++
-	// The key is copied: the table keeps it for the window's life, and a
-	// caller's string may share a large buffer, or one it reuses.
-	t.slots[i] = slot{hash: h, key: strings.Clone(key), policy: policy}
+	t.slots[i] = slot{hash: h, key: makeSlotKey(key), policy: policy}
 	return &t.slots[i]
 }
 
@@ -69,7 +100,7 @@ func (t *table) insert(h uint64, key, policy string, latest int64) *slot {
 func (t *table) rebuild(latest int64, grow bool) {
 	live := 0
 	for i := range t.slots {
-		if t.slots[i].key != "" && t.slots[i].resetAt > latest {
+		if !t.slots[i].key.empty() && t.slots[i].resetAt > latest {
 			live++
 		}
 	}
@@ -84,11 +115,11 @@ func (t *table) rebuild(latest int64, grow bool) {
 	t.slots, t.live = make([]slot, n), 0
 	mask := uint64(n - 1)
 	for _, s := range old {
-		if s.key == "" || s.resetAt <= latest {
+		if s.key.empty() || s.resetAt <= latest {
 			continue
 		}
 		i := s.hash & mask
-		for t.slots[i].key != "" {
+		for !t.slots[i].key.empty() {
 			i = (i + 1) & mask
 		}
 		t.slots[i] = s

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -54,4 +55,25 @@ func TestTableRebuildWithNothingEndedKeepsTheSlots(t *testing.T) {
 	before := &tb.slots[0]
 	tb.rebuild(50, false)
 	assert.Same(t, before, &tb.slots[0], "no new table when nothing ended")
+}
+
+// Keys at the edge of the inline size, and long ones, are told apart even
+// when they share a hash and a prefix.
+func TestTableInlineAndLongKeys(t *testing.T) {
+	var tb table
+	keys := []string{
+		strings.Repeat("a", shortKey-1), strings.Repeat("a", shortKey), strings.Repeat("a", shortKey+1),
+		strings.Repeat("a", shortKey) + "b", strings.Repeat("a", 100), "a", "\x00",
+	}
+	for i, k := range keys {
+		s := tb.insert(42, k, "p", 0)
+		s.used, s.resetAt = int64(i), 1000
+	}
+	for i, k := range keys {
+		s := tb.find(42, k, "p")
+		require.NotNil(t, s, "%q", k)
+		assert.Equal(t, int64(i), s.used, "%q", k)
+	}
+	assert.Nil(t, tb.find(42, strings.Repeat("a", shortKey-2), "p"))
+	assert.Nil(t, tb.find(42, strings.Repeat("a", 99), "p"))
 }
