@@ -31,7 +31,11 @@ const (
 )
 
 func (s Source) String() string {
-	return [...]string{"primary", "fallback", "failure-mode", "none"}[s]
+	names := [...]string{"primary", "fallback", "failure-mode", "none"}
+	if s < 0 || int(s) >= len(names) {
+		return fmt.Sprintf("Source(%d)", int(s))
+	}
+	return names[s]
 }
 
 // Observation describes one Throttler call, for metrics and alerts.

@@ -340,3 +340,8 @@ func TestInProcessBackendsGetNoTimeoutContext(t *testing.T) {
 	assert.True(t, throttler.IsInProcess(memory.New(nil)))
 	assert.False(t, throttler.IsInProcess(remote))
 }
+
+func TestSourceString(t *testing.T) {
+	assert.Equal(t, "fallback", throttler.SourceFallback.String())
+	assert.Equal(t, "Source(9)", throttler.Source(9).String(), "out of range prints, never panics")
+}

@@ -170,12 +170,12 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 		return throttler.Decision{}, err
 	}
 	s, h := b.lock(key)
-	var w slot
-	if stored := s.table.find(h, key, p.Name); stored != nil {
-		w = *stored
+	var used, resetAt int64
+	if w := s.table.find(h, key, p.Name); w != nil {
+		used, resetAt = w.used, w.resetAt
 	}
 	s.mu.Unlock()
-	return state(p, w, now), nil
+	return state(p, used, resetAt, now), nil
 }
 
 // Refund gives cost back to the key's open window, never below zero.
@@ -187,21 +187,22 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	s, h := b.lock(key)
 	defer s.mu.Unlock()
 	s.observe(ms)
-	var w slot
-	if stored := s.table.find(h, key, p.Name); stored != nil && stored.resetAt > ms {
-		stored.used = max(0, stored.used-cost)
-		w = *stored
+	var used, resetAt int64
+	if w := s.table.find(h, key, p.Name); w != nil && w.resetAt > ms {
+		w.used = max(0, w.used-cost)
+		used, resetAt = w.used, w.resetAt
 	}
-	return state(p, w, now), nil
+	return state(p, used, resetAt, now), nil
 }
 
-// state is the Decision for a stored window (zero when absent).
-func state(p throttler.Policy, w slot, now time.Time) throttler.Decision {
-	var resetAt time.Time
-	if w.resetAt != 0 {
-		resetAt = time.UnixMilli(w.resetAt)
+// state is the Peek/Refund Decision for a window that counted used units and
+// ends at resetAt (Unix ms; 0 when no window is stored).
+func state(p throttler.Policy, used, resetAt int64, now time.Time) throttler.Decision {
+	var at time.Time
+	if resetAt != 0 {
+		at = time.UnixMilli(resetAt)
 	}
-	return throttler.PeekState(p, w.used, resetAt, now)
+	return throttler.PeekState(p, used, at, now)
 }
 
 // observe records now and sweeps once enough operations have passed to pay

@@ -329,8 +329,8 @@ func TestBadInput(t *testing.T) {
 		{"empty key", "", policy, 1, throttler.ErrInvalidKey},
 		{"zero limit", "k", throttler.Policy{Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"zero cost", "k", policy, 0, throttler.ErrInvalidCost},
-		{"limit beyond exact doubles", "k", throttler.Policy{Limit: 1<<53 + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
-		{"cost beyond exact doubles", "k", policy, 1<<53 + 1, throttler.ErrInvalidCost},
+		{"limit above MaxLimit", "k", throttler.Policy{Limit: MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"cost above MaxLimit", "k", policy, MaxLimit + 1, throttler.ErrInvalidCost},
 	}
 	for _, tt := range tests {
 		if _, err := b.Take(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
