@@ -2,17 +2,22 @@ package throttler
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
-// Backend stores fixed windows. Every operation receives the caller's now:
-// backends never read the clock, so two backends asked the same question at
-// the same now answer alike, and tests move time without sleeping.
+// Backend stores the state of limits. Every operation receives the caller's
+// now: backends never read the clock, so two backends asked the same
+// question at the same now answer alike, and tests move time without
+// sleeping. Applications pick a Backend (backend/memory, backend/redis,
+// backend/memcached, or a migration over two of them) and hand it to New;
+// writing one is described in package backend.
 //
-// The storage identity of a window is (p.Name, key). Keys are opaque bytes
-// (see MaxKeyLen); a backend makes them legal for its store. Being over the
-// limit is a Decision, never an error; errors mean bad input (ErrInvalidKey,
-// ErrInvalidPolicy, ErrInvalidCost) or a failing store.
+// The storage identity of a limit is the policy's identity (see Policy) and
+// the key. Keys are opaque bytes (see MaxKeyLen); a backend makes them legal
+// for its store. Being over the limit is a Decision, never an error; errors
+// mean bad input (ErrInvalidKey, ErrInvalidPolicy, ErrInvalidCost) or a
+// failing store.
 //
 // The fixed-window contract, checked by backendtest.Run:
 //   - A window opens at the key's first counted unit with ResetAt = now +
@@ -31,39 +36,25 @@ type Backend interface {
 	Refund(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
 }
 
-// InProcess is implemented by backends that can say their calls answer from
-// memory without blocking (backend/memory), and by wrappers (router, shadow)
-// that say what they wrap. The Throttler calls such a backend without a
-// timeout context, which would cost more than the call itself.
-type InProcess interface {
-	InProcess() bool
-}
-
-// IsInProcess reports whether b says its calls never block.
-func IsInProcess(b Backend) bool {
-	l, ok := b.(InProcess)
-	return ok && l.InProcess()
-}
-
-// Op names a Backend operation.
-type Op string
+// Op names a Backend operation, in observations and in the shadow's
+// results. The zero value is no operation.
+type Op uint8
 
 const (
-	OpTake   Op = "take"
-	OpPeek   Op = "peek"
-	OpRefund Op = "refund"
+	OpTake Op = iota + 1
+	OpPeek
+	OpRefund
 )
 
-// Do runs op on b: Take or Refund of cost, or Peek (cost unused). Code that
-// forwards, replays or tabulates calls (a shadow's mirror, a test's steps)
-// names the operation as a value and calls Do.
-func Do(ctx context.Context, b Backend, op Op, key string, p Policy, cost int64, now time.Time) (Decision, error) {
-	switch op {
-	case OpPeek:
-		return b.Peek(ctx, key, p, now)
-	case OpRefund:
-		return b.Refund(ctx, key, p, cost, now)
-	default:
-		return b.Take(ctx, key, p, cost, now)
+var opNames = [...]string{OpTake: "take", OpPeek: "peek", OpRefund: "refund"}
+
+// Valid reports whether op names an operation.
+func (op Op) Valid() bool { return op >= OpTake && int(op) < len(opNames) }
+
+// String returns "take", "peek" or "refund", and "Op(n)" for anything else.
+func (op Op) String() string {
+	if op.Valid() {
+		return opNames[op]
 	}
+	return fmt.Sprintf("Op(%d)", uint8(op))
 }

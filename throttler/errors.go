@@ -2,7 +2,7 @@ package throttler
 
 import "errors"
 
-// Errors returned for bad input, before any backend is called. Match them
+// Errors returned for bad input, before any store is called. Match them
 // with errors.Is; the wrapping error says what was wrong.
 var (
 	ErrInvalidKey    = errors.New("throttler: invalid key")
@@ -10,7 +10,7 @@ var (
 	ErrInvalidCost   = errors.New("throttler: invalid cost")
 )
 
-// ErrUnavailable wraps a backend failure (an error or a timeout) when the
+// ErrUnavailable wraps a store failure (an error or a timeout) when the
 // Throttler fails closed and has no working fallback.
 var ErrUnavailable = errors.New("throttler: backend unavailable")
 

@@ -3,18 +3,22 @@ package throttler
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/felixge/httpsnoop"
 )
 
 // KeyFunc names the client a request counts against. An error answers the
 // request with a 4xx and counts nothing.
 type KeyFunc func(*http.Request) (string, error)
 
-// ErrNoKey is returned by the provided KeyFuncs when a request does not
-// carry what identifies its client.
+// ErrNoKey wraps a KeyFunc's error: the request does not carry what
+// identifies its client, so nothing is counted and the request is answered
+// by OnError (400 by default).
 var ErrNoKey = errors.New("throttler: request has no client key")
 
 // KeyByRemoteIP keys requests by the IP address of the connection's peer.
@@ -22,7 +26,7 @@ var ErrNoKey = errors.New("throttler: request has no client key")
 func KeyByRemoteIP(r *http.Request) (string, error) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil || host == "" {
-		return "", fmt.Errorf("%w: remote address %q", ErrNoKey, r.RemoteAddr)
+		return "", fmt.Errorf("remote address %q has no host", r.RemoteAddr)
 	}
 	return host, nil
 }
@@ -33,7 +37,7 @@ func KeyByHeader(name string) KeyFunc {
 	return func(r *http.Request) (string, error) {
 		v := r.Header.Get(name)
 		if v == "" {
-			return "", fmt.Errorf("%w: header %s is empty", ErrNoKey, name)
+			return "", fmt.Errorf("header %s is empty", name)
 		}
 		return v, nil
 	}
@@ -41,7 +45,8 @@ func KeyByHeader(name string) KeyFunc {
 
 // MiddlewareOptions configure Middleware. Nil options mean defaults.
 type MiddlewareOptions struct {
-	// DeniedStatus answers a request over the limit. default: 429
+	// DeniedStatus answers a request over the limit: a 4xx or 5xx status.
+	// default: 429
 	DeniedStatus int
 	// Refundable reports whether a response with this status cost nothing,
 	// so its unit is given back. default: status == 304 Not Modified
@@ -50,12 +55,15 @@ type MiddlewareOptions struct {
 	// the IETF draft (draft-ietf-httpapi-ratelimit-headers). default: false
 	IETFHeaders bool
 	// OnError answers a request that could not be decided: the KeyFunc's
-	// error or bad input (status 400 by default), or a backend failure when
-	// the Throttler fails closed (status 503 by default).
+	// error or a key the backend refuses (the default answers 400), or a
+	// backend failure when the Throttler fails closed (err matches
+	// ErrUnavailable; the default answers 503 with Retry-After: 1). err may
+	// hold the client's key: log it, never write it to the response. The
+	// default writes only the status text. default: as described
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 }
 
-func (o *MiddlewareOptions) withDefaults() MiddlewareOptions {
+func (o *MiddlewareOptions) withDefaults() (MiddlewareOptions, error) {
 	var out MiddlewareOptions
 	if o != nil {
 		out = *o
@@ -63,22 +71,29 @@ func (o *MiddlewareOptions) withDefaults() MiddlewareOptions {
 	if out.DeniedStatus == 0 {
 		out.DeniedStatus = http.StatusTooManyRequests
 	}
+	if out.DeniedStatus < 400 || out.DeniedStatus > 599 {
+		return out, fmt.Errorf("throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got %d", out.DeniedStatus)
+	}
 	if out.Refundable == nil {
 		out.Refundable = func(status int) bool { return status == http.StatusNotModified }
 	}
 	if out.OnError == nil {
 		out.OnError = defaultOnError
 	}
-	return out
+	return out, nil
 }
 
+// defaultOnError answers with a status and its text alone: errors carry
+// client keys (often API tokens or e-mail addresses) and internal detail,
+// which never belong in a response. Observe (on the Throttler) and a custom
+// OnError see the error itself.
 func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 	status := http.StatusBadRequest
 	if errors.Is(err, ErrUnavailable) {
 		status = http.StatusServiceUnavailable
 		w.Header().Set("Retry-After", "1")
 	}
-	http.Error(w, err.Error(), status)
+	http.Error(w, http.StatusText(status), status)
 }
 
 // Middleware limits every request to p per key. It counts one unit at the
@@ -87,13 +102,31 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 // (304 Not Modified). Every response carries the X-RateLimit-* headers of
 // the single backend call that decided it; a denied request is answered
 // with DeniedStatus and Retry-After, and never reaches the handler.
-func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) func(http.Handler) http.Handler {
-	o := opts.withDefaults()
+//
+// It returns an error, naming what is wrong, for an invalid policy, a nil
+// key function or bad options: a server misconfiguration fails when the
+// server is built, never as a client error on every request. The writer
+// the handler gets keeps every optional interface of the server's
+// (http.Flusher, http.Hijacker, io.ReaderFrom, ...), so streaming works.
+func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (func(http.Handler) http.Handler, error) {
+	if t == nil {
+		return nil, errors.New("throttler: Middleware called on a nil *Throttler; build one with New")
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	if key == nil {
+		return nil, errors.New("throttler: Middleware needs a KeyFunc, got nil")
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			k, err := key(r)
 			if err != nil {
-				o.OnError(w, r, fmt.Errorf("throttler: cannot identify the client: %w", err))
+				o.OnError(w, r, fmt.Errorf("%w: %w", ErrNoKey, err))
 				return
 			}
 			d, err := t.Allow(r.Context(), k, p)
@@ -107,7 +140,7 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) f
 				http.Error(w, fmt.Sprintf("rate limit exceeded: %d per %v; retry in %ds", d.Limit, p.Window, ceilSeconds(d.RetryAfter)), o.DeniedStatus)
 				return
 			}
-			rw := &refundWriter{ResponseWriter: w, refund: func(status int) {
+			next.ServeHTTP(refundOnce(w, func(status int) {
 				if !o.Refundable(status) {
 					return
 				}
@@ -116,10 +149,9 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) f
 				if d, err := t.Refund(r.Context(), k, p, 1); err == nil {
 					t.setHeaders(w.Header(), p, d, o.IETFHeaders)
 				}
-			}}
-			next.ServeHTTP(rw, r)
+			}), r)
 		})
-	}
+	}, nil
 }
 
 // setHeaders writes GitHub's X-RateLimit-* headers (and optionally the IETF
@@ -157,28 +189,41 @@ func ceilSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// refundWriter calls refund with the status just before the headers go out.
-type refundWriter struct {
-	http.ResponseWriter
-	refund      func(status int)
-	wroteHeader bool
-}
-
-func (w *refundWriter) WriteHeader(status int) {
-	if !w.wroteHeader && status >= 200 {
-		w.wroteHeader = true
-		w.refund(status)
+// refundOnce wraps w so that refund runs with the response's status just
+// before its headers go out, whichever method sends them first (WriteHeader,
+// Write, ReadFrom, Flush). httpsnoop keeps every optional interface that w
+// has, and only those, so a streaming handler still finds its Flusher.
+func refundOnce(w http.ResponseWriter, refund func(status int)) http.ResponseWriter {
+	sent := false
+	before := func(status int) {
+		if !sent {
+			sent = true
+			refund(status)
+		}
 	}
-	w.ResponseWriter.WriteHeader(status)
+	return httpsnoop.Wrap(w, httpsnoop.Hooks{
+		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+			return func(status int) {
+				if status >= 200 { // 1xx informational responses are not the answer
+					before(status)
+				}
+				next(status)
+			}
+		},
+		Write: func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+			return func(b []byte) (int, error) { before(http.StatusOK); return next(b) }
+		},
+		WriteString: func(next httpsnoop.WriteStringFunc) httpsnoop.WriteStringFunc {
+			return func(s string) (int, error) { before(http.StatusOK); return next(s) }
+		},
+		ReadFrom: func(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
+			return func(src io.Reader) (int64, error) { before(http.StatusOK); return next(src) }
+		},
+		Flush: func(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
+			return func() { before(http.StatusOK); next() }
+		},
+		FlushError: func(next httpsnoop.FlushErrorFunc) httpsnoop.FlushErrorFunc {
+			return func() error { before(http.StatusOK); return next() }
+		},
+	})
 }
-
-func (w *refundWriter) Write(b []byte) (int, error) {
-	if !w.wroteHeader {
-		w.WriteHeader(http.StatusOK)
-	}
-	return w.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer (Flush,
-// Hijack, deadlines).
-func (w *refundWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

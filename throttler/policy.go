@@ -21,10 +21,16 @@ const MaxPolicyNameLen = 128
 
 // Policy names a limit: Limit units per Window, counted in fixed windows.
 //
-// The storage identity of a limit is (Name, key): the same client key under
-// two policies is counted in two independent windows. Changing Limit of a
-// live policy applies at once to the open window (its count is kept);
-// changing Window applies from the next window.
+// The identity of a limit in storage is (Name, key) for a named policy, so
+// that a live policy's Limit can change without anyone getting a fresh
+// window: a new Limit applies at once to the open window (its count is
+// kept), a new Window from the next window. An unnamed policy's identity is
+// its whole definition (Limit and Window), so two different unnamed
+// policies on one key never share a window: PerHour(3) and PerMinute(2) are
+// counted apart. Name the policies whose Limit may change while they run.
+//
+// Check a policy once, when it is configured, with Validate; a Throttler's
+// Middleware does so when it is built.
 type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
 	// header. It may be empty; otherwise it is printable ASCII without spaces.
@@ -105,33 +111,22 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// ValidateCost reports why cost cannot be taken or refunded, as an error
-// matching ErrInvalidCost, or nil.
-func ValidateCost(cost int64) error {
-	if cost <= 0 || cost > MaxLimit {
-		return fmt.Errorf("%w: must be between 1 and 2^48, got %d", ErrInvalidCost, cost)
+// ValidateCost reports why cost cannot be taken (op OpTake) or refunded
+// (OpRefund) under p, as an error matching ErrInvalidCost, or nil; a Peek
+// has no cost. A Take above the policy's capacity (its Limit) could never be
+// admitted, so it is an error rather than a denial with a RetryAfter that
+// would never help. A Refund may be as large as MaxLimit: it clamps to what
+// is counted.
+func (p Policy) ValidateCost(op Op, cost int64) error {
+	switch {
+	case op == OpPeek:
+		return nil
+	case cost <= 0:
+		return fmt.Errorf("%w: must be at least 1, got %d", ErrInvalidCost, cost)
+	case op == OpTake && cost > p.Limit:
+		return fmt.Errorf("%w: %d is more than the policy's capacity of %d, so it could never be admitted", ErrInvalidCost, cost, p.Limit)
+	case cost > MaxLimit:
+		return fmt.Errorf("%w: must be at most 2^48, got %d", ErrInvalidCost, cost)
 	}
 	return nil
-}
-
-// ValidateCall checks everything a Backend operation receives, so that
-// backends, routers and shadows reject bad input alike before any store is
-// called. Use cost 1 for Peek.
-func ValidateCall(key string, p Policy, cost int64) error {
-	// Small enough to inline: every backend operation runs it.
-	if key != "" && len(key) <= MaxKeyLen && cost > 0 && cost <= MaxLimit && p.Limit > 0 && p.Limit <= MaxLimit &&
-		p.Window >= time.Millisecond && p.Window%time.Millisecond == 0 && validName(p.Name) {
-		return nil
-	}
-	return validateCall(key, p, cost)
-}
-
-func validateCall(key string, p Policy, cost int64) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return ValidateCost(cost)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 )
@@ -89,27 +90,57 @@ type Options struct {
 	Observe func(Observation)
 }
 
-func (o *Options) withDefaults() Options {
+// withDefaults validates o and fills in the defaults. Negative numbers and
+// unknown modes are errors: a misconfigured Throttler must fail when it is
+// built, never turn into "allow everything" at call time.
+func (o *Options) withDefaults() (Options, error) {
 	var out Options
 	if o != nil {
 		out = *o
 	}
+	switch {
+	case out.Timeout < 0:
+		return out, fmt.Errorf("throttler: Options.Timeout must be >= 0, got %v", out.Timeout)
+	case out.FailureMode != FailOpen && out.FailureMode != FailClosed:
+		return out, fmt.Errorf("throttler: Options.FailureMode %d is neither FailOpen nor FailClosed", out.FailureMode)
+	case out.BreakerThreshold < 0:
+		return out, fmt.Errorf("throttler: Options.BreakerThreshold must be >= 0, got %d", out.BreakerThreshold)
+	case out.BreakerCooldown < 0:
+		return out, fmt.Errorf("throttler: Options.BreakerCooldown must be >= 0, got %v", out.BreakerCooldown)
+	case out.MaxDetached < 0:
+		return out, fmt.Errorf("throttler: Options.MaxDetached must be >= 0, got %d", out.MaxDetached)
+	case out.Fallback != nil && isNil(out.Fallback):
+		return out, fmt.Errorf("throttler: Options.Fallback is a nil %T", out.Fallback)
+	}
 	if out.Clock == nil {
 		out.Clock = time.Now
 	}
-	if out.Timeout <= 0 {
+	if out.Timeout == 0 {
 		out.Timeout = 100 * time.Millisecond
 	}
-	if out.BreakerThreshold <= 0 {
+	if out.BreakerThreshold == 0 {
 		out.BreakerThreshold = 5
 	}
-	if out.BreakerCooldown <= 0 {
+	if out.BreakerCooldown == 0 {
 		out.BreakerCooldown = time.Second
 	}
-	if out.MaxDetached <= 0 {
+	if out.MaxDetached == 0 {
 		out.MaxDetached = 1024
 	}
-	return out
+	return out, nil
+}
+
+// isNil reports whether b is nil, or a nil pointer (or other nil value) in
+// an interface, which would make every call fail.
+func isNil(b Backend) bool {
+	if b == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(b); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Throttler applies policies to keys over a Backend. It owns the clock, the
@@ -127,12 +158,28 @@ type Throttler struct {
 	detached  atomic.Int64 // detached calls still running
 }
 
-// New returns a Throttler over b. Nil options mean defaults.
-func New(b Backend, opts *Options) *Throttler {
-	t := &Throttler{backend: b, opts: opts.withDefaults()}
-	t.primaryLocal = IsInProcess(b)
-	t.fallbackLocal = t.opts.Fallback != nil && IsInProcess(t.opts.Fallback)
-	return t
+// New returns a Throttler over b. Nil options mean defaults. It returns an
+// error naming the problem for a nil backend and for options that cannot
+// work (a negative duration or count, an unknown FailureMode).
+func New(b Backend, opts *Options) (*Throttler, error) {
+	if isNil(b) {
+		return nil, fmt.Errorf("throttler: New needs a backend, got %T(nil)", b)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	t := &Throttler{backend: b, opts: o}
+	t.primaryLocal = inProcess(b)
+	t.fallbackLocal = o.Fallback != nil && inProcess(o.Fallback)
+	return t, nil
+}
+
+// inProcess reports whether b says its calls answer from memory without
+// blocking (package backend's InProcess interface, matched by its method).
+func inProcess(b Backend) bool {
+	l, ok := b.(interface{ InProcess() bool })
+	return ok && l.InProcess()
 }
 
 // Allow takes one unit from key's window under p.
@@ -173,10 +220,12 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 
 // decide returns the decision, who made it, the primary's failure (if any)
 // and the error for the caller.
+//
+// The primary validates the input itself (every Backend does, once per
+// call, however many wrappers it passes through); the Throttler validates
+// only when the primary does not answer, so that bad input never reaches the
+// fallback or the failure mode, which would allow it.
 func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, Source, error, error) {
-	if err := ValidateCall(key, p, n); err != nil {
-		return Decision{}, SourceNone, nil, err
-	}
 	now := t.opts.Clock()
 	var primaryErr error
 	if t.primaryClosed(now) {
@@ -197,6 +246,9 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 		primaryErr = err
 	} else {
 		primaryErr = fmt.Errorf("%w: primary skipped for %v after %d consecutive failures", ErrUnavailable, t.opts.BreakerCooldown, t.failures.Load())
+	}
+	if err := validateCall(op, key, p, n); err != nil {
+		return Decision{}, SourceNone, nil, err
 	}
 	if t.opts.Fallback != nil {
 		d, err := t.call(ctx, t.opts.Fallback, t.fallbackLocal, false, op, key, p, n, now)
@@ -223,12 +275,12 @@ func (t *Throttler) primaryClosed(now time.Time) bool {
 
 func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
 	if local {
-		return Do(ctx, b, op, key, p, n, now)
+		return dispatch(ctx, b, op, key, p, n, now)
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	if !detach {
-		return Do(ctx, b, op, key, p, n, now)
+		return dispatch(ctx, b, op, key, p, n, now)
 	}
 	if t.detached.Add(1) > int64(t.opts.MaxDetached) {
 		t.detached.Add(-1)
@@ -241,7 +293,7 @@ func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op 
 	done := make(chan result, 1) // buffered: an abandoned call never blocks
 	go func() {
 		defer t.detached.Add(-1)
-		d, err := Do(ctx, b, op, key, p, n, now)
+		d, err := dispatch(ctx, b, op, key, p, n, now)
 		done <- result{d, err}
 	}()
 	select {
@@ -250,4 +302,28 @@ func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op 
 	case <-ctx.Done():
 		return Decision{}, fmt.Errorf("throttler: backend did not answer: %w", ctx.Err())
 	}
+}
+
+// dispatch calls b's method for op, one of the Throttler's own three.
+func dispatch(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+	switch op {
+	case OpPeek:
+		return b.Peek(ctx, key, p, now)
+	case OpRefund:
+		return b.Refund(ctx, key, p, n, now)
+	default:
+		return b.Take(ctx, key, p, n, now)
+	}
+}
+
+// validateCall reports why a call cannot be made, as package backend's
+// ValidateCall does for backends.
+func validateCall(op Op, key string, p Policy, cost int64) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return p.ValidateCost(op, cost)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -43,6 +44,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) throttler.Backend) {
 		{"ResetAtStableInsideWindow", testResetAtStable},
 		{"CostAboveLimit", testCostAboveLimit},
 		{"IndependentKeysAndPolicies", testIndependent},
+		{"UnnamedPoliciesApart", testUnnamedPolicies},
 		{"KeysWithAnyBytes", testAnyBytes},
 		{"LimitChangeKeepsCount", testLimitChange},
 		{"WindowChangeAppliesNextWindow", testWindowChange},
@@ -106,7 +108,7 @@ func runSteps(t *testing.T, b throttler.Backend, key string, p throttler.Policy,
 		if s.description != "" {
 			msg += " (" + s.description + ")"
 		}
-		d, err := throttler.Do(ctx, b, s.op, key, p, s.cost, now)
+		d, err := backend.Do(ctx, b, s.op, key, p, s.cost, now)
 		require.NoError(t, err, msg)
 		checkDecision(t, p, d, now, msg)
 		assert.Equal(t, s.allowed, d.Allowed, "%s: Allowed", msg)
@@ -204,18 +206,28 @@ func testResetAtStable(t *testing.T, b throttler.Backend, key func(string) strin
 	for i := 0; i < 200; i++ {
 		now := T0.Add(time.Duration(i) * 49 * time.Millisecond) // crosses second boundaries at uneven offsets
 		o := []throttler.Op{take, peek, refund}[i%3]
-		d, err := throttler.Do(ctx, b, o, k, p, 1, now)
+		d, err := backend.Do(ctx, b, o, k, p, 1, now)
 		require.NoError(t, err)
 		require.Equal(t, want, d.ResetAt.UnixMilli(), "call %d (%v) at +%v", i, o, now.Sub(T0))
 	}
 }
 
 func testCostAboveLimit(t *testing.T, b throttler.Backend, key func(string) string) {
+	// A Take above the capacity could never be admitted: an input error,
+	// with no window opened and nothing counted, whatever the state.
+	ctx := context.Background()
 	p := throttler.Policy{Name: "big", Limit: 5, Window: time.Minute}
-	runSteps(t, b, key("k"), p, []step{
-		{op: take, at: 0, cost: 6, allowed: false, used: 0, resetAt: time.Minute, description: "cost > Limit with no window opens nothing"},
+	k := key("k")
+	_, err := b.Take(ctx, k, p, 6, T0)
+	require.ErrorIs(t, err, throttler.ErrInvalidCost, "cost > Limit with no window")
+	runSteps(t, b, k, p, []step{
+		{op: peek, at: 0, cost: 1, allowed: true, used: 0, resetAt: time.Minute, description: "the refused Take opened no window"},
 		{op: take, at: time.Second, cost: 5, allowed: true, used: 5, resetAt: time.Second + time.Minute},
-		{op: take, at: 2 * time.Second, cost: 6, allowed: false, used: 5, resetAt: time.Second + time.Minute},
+	})
+	_, err = b.Take(ctx, k, p, 6, T0.Add(2*time.Second))
+	require.ErrorIs(t, err, throttler.ErrInvalidCost, "cost > Limit in an open window")
+	runSteps(t, b, k, p, []step{
+		{op: refund, at: 3 * time.Second, cost: throttler.MaxLimit, allowed: true, used: 0, resetAt: time.Second + time.Minute, description: "a Refund above the limit clamps to zero"},
 	})
 }
 
@@ -248,6 +260,37 @@ func testIndependent(t *testing.T, b throttler.Backend, key func(string) string)
 	d, err = b.Take(ctx, key("z"), xy, 1, T0)
 	require.NoError(t, err)
 	require.True(t, d.Allowed, `("x", "y:k") and ("x:y", "k") must be different windows`)
+}
+
+// testUnnamedPolicies: an unnamed policy's identity is its definition, so
+// two different unnamed policies on one key never share a window (the
+// hourly limit of 3 must not be spent by a per-minute limit of 2), while
+// the same definition is the same limit wherever it is written.
+func testUnnamedPolicies(t *testing.T, b throttler.Backend, key func(string) string) {
+	ctx := context.Background()
+	k := key("k")
+	hourly, perMinute := throttler.PerHour(3), throttler.PerMinute(2)
+	for i := int64(1); i <= 2; i++ {
+		d, err := b.Take(ctx, k, perMinute, 1, T0)
+		require.NoError(t, err)
+		require.Equal(t, i, d.Used, "per-minute take %d", i)
+	}
+	d, err := b.Peek(ctx, k, hourly, T0)
+	require.NoError(t, err)
+	assert.Zero(t, d.Used, "PerHour(3) must not see PerMinute(2)'s count")
+	for i := int64(1); i <= 3; i++ {
+		d, err := b.Take(ctx, k, hourly, 1, T0.Add(time.Second))
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "hourly take %d", i)
+		require.Equal(t, i, d.Used)
+	}
+	d, err = b.Take(ctx, k, throttler.Policy{Limit: 3, Window: time.Hour}, 1, T0.Add(2*time.Second))
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "the same definition written out is the same limit")
+	// Same limit and window, one named: two limits.
+	d, err = b.Take(ctx, k, hourly.Named("hourly"), 1, T0.Add(2*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Used, "a named policy never shares an unnamed one's window")
 }
 
 func testAnyBytes(t *testing.T, b throttler.Backend, key func(string) string) {
@@ -340,6 +383,7 @@ func testInvalidInput(t *testing.T, b throttler.Backend, key func(string) string
 		{"zero cost", key("k"), good, 0, throttler.ErrInvalidCost},
 		{"negative cost", key("k"), good, -1, throttler.ErrInvalidCost},
 		{"cost above MaxLimit", key("k"), good, throttler.MaxLimit + 1, throttler.ErrInvalidCost},
+		{"unknown op", key("k"), good, 1, backend.ErrUnknownOp},
 		{"limit above MaxLimit", key("k"), throttler.Policy{Limit: throttler.MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"zero limit", key("k"), throttler.Policy{Limit: 0, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"negative limit", key("k"), throttler.Policy{Limit: -5, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
@@ -349,11 +393,15 @@ func testInvalidInput(t *testing.T, b throttler.Backend, key func(string) string
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, o := range []throttler.Op{take, peek, refund} {
+			ops := []throttler.Op{take, peek, refund}
+			if tc.want == backend.ErrUnknownOp {
+				ops = []throttler.Op{0, refund + 1}
+			}
+			for _, o := range ops {
 				if o == peek && tc.want == throttler.ErrInvalidCost {
 					continue // Peek takes no cost
 				}
-				_, err := throttler.Do(ctx, b, o, tc.key, tc.p, tc.cost, T0)
+				_, err := backend.Do(ctx, b, o, tc.key, tc.p, tc.cost, T0)
 				require.Error(t, err, "%v", o)
 				assert.True(t, errors.Is(err, tc.want), "%v: %v is not %v", o, err, tc.want)
 			}

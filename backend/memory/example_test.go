@@ -10,7 +10,10 @@ import (
 )
 
 func Example() {
-	b := memory.New(&memory.Options{MaxKeys: 100_000})
+	b, err := memory.New(&memory.Options{MaxKeys: 100_000})
+	if err != nil {
+		panic(err)
+	}
 	p := throttler.PerMinute(3).Named("api")
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
@@ -19,10 +22,13 @@ func Example() {
 	fmt.Println(d.Allowed, d.Used, d.Remaining, d.ResetAt.UTC().Format(time.TimeOnly))
 	d, _ = b.Take(ctx, "alice", p, 2, now.Add(time.Second))
 	fmt.Println(d.Allowed, d.Used, d.Remaining, d.RetryAfter)
+	_, err = b.Take(ctx, "alice", p, 4, now.Add(time.Second))
+	fmt.Println(err)
 	d, _ = b.Refund(ctx, "alice", p, 1, now.Add(2*time.Second))
 	fmt.Println(d.Allowed, d.Used, d.Remaining)
 	// Output:
 	// true 2 1 03:05:05
 	// false 2 1 59s
+	// throttler: invalid cost: 4 is more than the policy's capacity of 3, so it could never be admitted
 	// true 1 2
 }

@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -57,7 +58,10 @@ func FuzzAgainstModel(f *testing.F) {
 	}
 	keys := []string{"k1", "k2", "k3"}
 	f.Fuzz(func(t *testing.T, program []byte) {
-		b := memory.New(&memory.Options{Shards: 1})
+		b, err := memory.New(&memory.Options{Shards: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
 		m := model{}
 		ctx := context.Background()
 		now := backendtest0.UnixMilli()
@@ -78,6 +82,12 @@ func FuzzAgainstModel(f *testing.F) {
 				d, err = b.Peek(ctx, key, p, at)
 			case 2:
 				d, err = b.Refund(ctx, key, p, cost, at)
+			}
+			if op == 0 && cost > p.Limit {
+				if !errors.Is(err, throttler.ErrInvalidCost) {
+					t.Fatalf("op %d: take %d of %d: got %v, want ErrInvalidCost", i/2, cost, p.Limit, err)
+				}
+				continue
 			}
 			if err != nil {
 				t.Fatalf("op %d: %v", i/2, err)

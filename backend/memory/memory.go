@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -29,7 +30,7 @@ var ErrFull = errors.New("memory: full")
 // Options configure a Backend. The zero value (or nil) means defaults.
 type Options struct {
 	// Shards is the number of independently locked maps, rounded up to a
-	// power of two. default: 256
+	// power of two, at most 65536. default: 256
 	Shards int
 	// MaxKeys bounds the number of open windows. When a shard is full,
 	// Take first reclaims its ended windows, then fails a new key with
@@ -37,12 +38,22 @@ type Options struct {
 	MaxKeys int
 }
 
-func (o *Options) withDefaults() Options {
+// maxShards bounds Options.Shards: more locks than this buy nothing on any
+// machine and cost memory per Backend.
+const maxShards = 1 << 16
+
+func (o *Options) withDefaults() (Options, error) {
 	var out Options
 	if o != nil {
 		out = *o
 	}
-	if out.Shards <= 0 {
+	if out.Shards < 0 || out.Shards > maxShards {
+		return out, fmt.Errorf("memory: Options.Shards must be between 0 (default) and %d, got %d", maxShards, out.Shards)
+	}
+	if out.MaxKeys < 0 {
+		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: no bound), got %d", out.MaxKeys)
+	}
+	if out.Shards == 0 {
 		out.Shards = 256
 	}
 	n := 1
@@ -50,7 +61,7 @@ func (o *Options) withDefaults() Options {
 		n <<= 1
 	}
 	out.Shards = n
-	return out
+	return out, nil
 }
 
 // Backend is the in-process store. It is safe for concurrent use. Create it
@@ -63,8 +74,8 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend   = (*Backend)(nil)
-	_ throttler.InProcess = (*Backend)(nil)
+	_ throttler.Backend = (*Backend)(nil)
+	_ backend.InProcess = (*Backend)(nil)
 )
 
 // InProcess reports true: calls answer from memory without blocking, so a
@@ -79,9 +90,13 @@ type shard struct {
 	_         [24]byte
 }
 
-// New returns an empty Backend. Nil options mean defaults.
-func New(opts *Options) *Backend {
-	o := opts.withDefaults()
+// New returns an empty Backend. Nil options mean defaults; a negative
+// number is an error naming the field.
+func New(opts *Options) (*Backend, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	b := &Backend{seed: maphash.MakeSeed(), shards: make([]shard, o.Shards), shardShift: 64}
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
@@ -89,7 +104,7 @@ func New(opts *Options) *Backend {
 	if o.MaxKeys > 0 {
 		b.shardKeys = (o.MaxKeys + o.Shards - 1) / o.Shards
 	}
-	return b
+	return b, nil
 }
 
 // Close releases the stored windows. The Backend starts no goroutines, so
@@ -127,13 +142,13 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's window if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
 	s.observe(ms)
-	w := s.table.find(h, key, p.Name)
+	w := s.table.find(h, key, ident(p))
 	if w != nil && w.resetAt > ms && w.used+cost <= p.Limit {
 		// The common case, an open window with room: the Decision that
 		// throttler.WindowState builds, without its checks.
@@ -144,9 +159,6 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	}
 	defer s.mu.Unlock()
 	if w == nil || w.resetAt <= ms {
-		if cost > p.Limit {
-			return throttler.WindowState(p, 0, time.Time{}, now, false), nil
-		}
 		if w == nil {
 			if b.shardKeys > 0 && s.table.live >= b.shardKeys {
 				s.sweep()
@@ -154,24 +166,24 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 					return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, s.table.live, key)
 				}
 			}
-			w = s.table.insert(h, key, p.Name, s.latest)
+			w = s.table.insert(h, key, ident(p), s.latest)
 		}
 		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
 	} else if w.used+cost > p.Limit {
-		return throttler.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+		return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
 	}
 	w.used += cost
-	return throttler.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+	return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, true), nil
 }
 
 // Peek reports the key's window without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, 1); err != nil {
+	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
 	s, h := b.lock(key)
 	var used, resetAt int64
-	if w := s.table.find(h, key, p.Name); w != nil {
+	if w := s.table.find(h, key, ident(p)); w != nil {
 		used, resetAt = w.used, w.resetAt
 	}
 	s.mu.Unlock()
@@ -180,7 +192,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 
 // Refund gives cost back to the key's open window, never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
@@ -188,11 +200,21 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	defer s.mu.Unlock()
 	s.observe(ms)
 	var used, resetAt int64
-	if w := s.table.find(h, key, p.Name); w != nil && w.resetAt > ms {
+	if w := s.table.find(h, key, ident(p)); w != nil && w.resetAt > ms {
 		w.used = max(0, w.used-cost)
 		used, resetAt = w.used, w.resetAt
 	}
 	return state(p, used, resetAt, now), nil
+}
+
+// ident is the storage identity of p in a slot, without an allocation: a
+// named policy's Name, or an unnamed policy's Limit and Window (see
+// backend.Identity).
+func ident(p throttler.Policy) policyID {
+	if p.Name != "" {
+		return policyID{name: p.Name}
+	}
+	return policyID{limit: p.Limit, window: int64(p.Window)}
 }
 
 // state is the Peek/Refund Decision for a window that counted used units and
@@ -202,7 +224,7 @@ func state(p throttler.Policy, used, resetAt int64, now time.Time) throttler.Dec
 	if resetAt != 0 {
 		at = time.UnixMilli(resetAt)
 	}
-	return throttler.PeekState(p, used, at, now)
+	return backend.PeekState(p, used, at, now)
 }
 
 // observe records now and sweeps once enough operations have passed to pay

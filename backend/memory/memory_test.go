@@ -17,20 +17,49 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memory.New(nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return newBackend(t, nil) })
 }
 
 func TestConformanceOneShard(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memory.New(&memory.Options{Shards: 1}) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return newBackend(t, &memory.Options{Shards: 1}) })
 }
 
 var t0 = backendtest.T0
+
+func newBackend(t testing.TB, o *memory.Options) *memory.Backend {
+	t.Helper()
+	b, err := memory.New(o)
+	require.NoError(t, err)
+	return b
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		opts  memory.Options
+		field string
+	}{
+		{"negative shards", memory.Options{Shards: -1}, "Options.Shards"},
+		{"too many shards", memory.Options{Shards: 1<<16 + 1}, "Options.Shards"},
+		{"negative MaxKeys", memory.Options{MaxKeys: -1}, "Options.MaxKeys"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := memory.New(&tc.opts)
+			require.Error(t, err)
+			assert.Nil(t, b)
+			assert.Contains(t, err.Error(), tc.field)
+		})
+	}
+	b, err := memory.New(&memory.Options{Shards: 3, MaxKeys: 10})
+	require.NoError(t, err)
+	assert.NotNil(t, b)
+}
 
 // Ended windows are reclaimed by the now values callers pass, with no
 // clock and no goroutine.
 func TestSweepFollowsCallersNow(t *testing.T) {
 	ctx := context.Background()
-	b := memory.New(&memory.Options{Shards: 1})
+	b := newBackend(t, &memory.Options{Shards: 1})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for i := 0; i < 500; i++ {
 		_, err := b.Take(ctx, fmt.Sprint("old", i), p, 1, t0)
@@ -55,7 +84,7 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 
 func TestMaxKeys(t *testing.T) {
 	ctx := context.Background()
-	b := memory.New(&memory.Options{Shards: 1, MaxKeys: 3})
+	b := newBackend(t, &memory.Options{Shards: 1, MaxKeys: 3})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for _, k := range []string{"a", "b", "c"} {
 		d, err := b.Take(ctx, k, p, 1, t0)
@@ -78,17 +107,16 @@ func TestMaxKeys(t *testing.T) {
 	assert.Equal(t, 1, b.Len())
 }
 
-func TestDeniedTakeStoresNothing(t *testing.T) {
-	b := memory.New(nil)
+func TestRefusedTakeStoresNothing(t *testing.T) {
+	b := newBackend(t, nil)
 	p := throttler.Policy{Limit: 1, Window: time.Second}
-	d, err := b.Take(context.Background(), "k", p, 2, t0)
-	require.NoError(t, err)
-	assert.False(t, d.Allowed)
+	_, err := b.Take(context.Background(), "k", p, 2, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidCost)
 	assert.Equal(t, 0, b.Len())
 }
 
 func TestCloseEmpties(t *testing.T) {
-	b := memory.New(nil)
+	b := newBackend(t, nil)
 	p := throttler.Policy{Limit: 1, Window: time.Second}
 	_, err := b.Take(context.Background(), "k", p, 1, t0)
 	require.NoError(t, err)
@@ -109,7 +137,7 @@ func BenchmarkTake(b *testing.B) {
 		keys []string
 	}{{"HotKey", keys[:1]}, {"100kKeys", keys}} {
 		b.Run(bc.name, func(b *testing.B) {
-			m := memory.New(nil)
+			m := newBackend(b, nil)
 			for _, k := range bc.keys {
 				_, _ = m.Take(ctx, k, p, 1, t0)
 			}
@@ -122,7 +150,7 @@ func BenchmarkTake(b *testing.B) {
 			}
 		})
 		b.Run(bc.name+"/Parallel", func(b *testing.B) {
-			m := memory.New(nil)
+			m := newBackend(b, nil)
 			for _, k := range bc.keys {
 				_, _ = m.Take(ctx, k, p, 1, t0)
 			}
@@ -145,7 +173,7 @@ func BenchmarkTake(b *testing.B) {
 // long window survives the sweep that drops the short ones.
 func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 	ctx := context.Background()
-	b := memory.New(&memory.Options{Shards: 1})
+	b := newBackend(t, &memory.Options{Shards: 1})
 	short1 := throttler.Policy{Name: "s1", Limit: 10, Window: time.Second}
 	short2 := throttler.Policy{Name: "s2", Limit: 10, Window: time.Second}
 	long := throttler.Policy{Name: "long", Limit: 10, Window: time.Hour}
@@ -178,7 +206,7 @@ func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 // buffer it reuses.
 func TestKeysAreCopied(t *testing.T) {
 	ctx := context.Background()
-	b := memory.New(nil)
+	b := newBackend(t, nil)
 	p := throttler.Policy{Limit: 1, Window: time.Minute}
 	buf := []byte("alice")
 	key := unsafe.String(&buf[0], len(buf)) // shares buf, as zero-copy HTTP servers do

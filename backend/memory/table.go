@@ -21,9 +21,16 @@ type table struct {
 type slot struct {
 	hash    uint64
 	key     slotKey
-	policy  string
+	policy  policyID
 	used    int64
 	resetAt int64 // Unix milliseconds
+}
+
+// policyID is a policy's storage identity: its name, or for an unnamed
+// policy its definition (see backend.Identity).
+type policyID struct {
+	name          string
+	limit, window int64 // 0 for a named policy
 }
 
 // shortKey is the longest key a slot holds inline: IP addresses, user IDs
@@ -61,7 +68,7 @@ func (k *slotKey) equal(s string) bool {
 const minSlots = 8
 
 // find returns the slot of (key, policy), or nil.
-func (t *table) find(h uint64, key, policy string) *slot {
+func (t *table) find(h uint64, key string, policy policyID) *slot {
 	if len(t.slots) == 0 {
 		return nil
 	}
@@ -80,7 +87,7 @@ func (t *table) find(h uint64, key, policy string) *slot {
 // insert adds an empty window for (key, policy), which must not be present,
 // growing the table when it is three quarters full. Growing also drops the
 // windows that ended by latest.
-func (t *table) insert(h uint64, key, policy string, latest int64) *slot {
+func (t *table) insert(h uint64, key string, policy policyID, latest int64) *slot {
 	if (t.live+1)*4 > len(t.slots)*3 {
 		t.rebuild(latest, true)
 	}

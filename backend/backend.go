@@ -1,0 +1,106 @@
+// Package backend is for those who write a throttler.Backend or a wrapper
+// around one (a router, a shadow): it validates calls, builds decisions the
+// way every backend must, names a limit's storage identity, and forwards
+// operations named as values. Applications use package throttler and never
+// need this one.
+//
+// A backend's operation starts with ValidateCall and answers bad input with
+// its error before touching any store. That is the only validation a call
+// gets: wrappers forward without validating, since the backend they end in
+// validates, and the Throttler validates only when its backend fails.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// ErrUnknownOp is returned by Do for an Op that names no operation.
+var ErrUnknownOp = errors.New("backend: unknown operation")
+
+// ValidateCall reports why a call cannot be made, as an error matching
+// throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, or nil. Every
+// backend runs it first in each operation (cost is ignored for a Peek).
+func ValidateCall(op throttler.Op, key string, p throttler.Policy, cost int64) error {
+	if err := throttler.ValidateKey(key); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return p.ValidateCost(op, cost)
+}
+
+// Do runs op on b: Take or Refund of cost, or Peek (cost unused). Code that
+// forwards, replays or tabulates calls (a shadow's mirror, a test's steps)
+// names the operation as a value and calls Do. An op that names no
+// operation is an error matching ErrUnknownOp; nothing is called.
+func Do(ctx context.Context, b throttler.Backend, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	switch op {
+	case throttler.OpTake:
+		return b.Take(ctx, key, p, cost, now)
+	case throttler.OpPeek:
+		return b.Peek(ctx, key, p, now)
+	case throttler.OpRefund:
+		return b.Refund(ctx, key, p, cost, now)
+	}
+	return throttler.Decision{}, fmt.Errorf("%w: %v", ErrUnknownOp, op)
+}
+
+// OpFunc is a throttler.Backend written as one function of the operation,
+// as http.HandlerFunc is a Handler: its Take, Peek and Refund call it with
+// their Op (and cost 1 for Peek). Wrappers that treat the three alike
+// embed one instead of writing each method.
+type OpFunc func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error)
+
+var _ throttler.Backend = OpFunc(nil)
+
+// Take calls f with throttler.OpTake.
+func (f OpFunc) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return f(ctx, throttler.OpTake, key, p, cost, now)
+}
+
+// Peek calls f with throttler.OpPeek and cost 1.
+func (f OpFunc) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return f(ctx, throttler.OpPeek, key, p, 1, now)
+}
+
+// Refund calls f with throttler.OpRefund.
+func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return f(ctx, throttler.OpRefund, key, p, cost, now)
+}
+
+// InProcess is implemented by backends whose calls answer from memory
+// without blocking (backend/memory), and by wrappers that say what they
+// wrap. A Throttler calls such a backend without a timeout context, which
+// would cost more than the call itself.
+type InProcess interface {
+	InProcess() bool
+}
+
+// IsInProcess reports whether b says its calls never block.
+func IsInProcess(b throttler.Backend) bool {
+	l, ok := b.(InProcess)
+	return ok && l.InProcess()
+}
+
+// Required returns an error naming what for a nil b, including a nil
+// pointer held in the interface: constructors of wrappers call it so that a
+// missing backend fails when the wrapper is built, not on every call.
+func Required(what string, b throttler.Backend) error {
+	if b == nil {
+		return fmt.Errorf("%s is nil", what)
+	}
+	switch v := reflect.ValueOf(b); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
+		if v.IsNil() {
+			return fmt.Errorf("%s is a nil %T", what, b)
+		}
+	}
+	return nil
+}
