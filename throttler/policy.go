@@ -35,11 +35,18 @@ type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
 	// header. It may be empty; otherwise it is printable ASCII without spaces.
 	Name string
-	// Limit is how many units a key may take per window: 1 to MaxLimit.
+	// Limit is how many units a key may take per Window: 1 to MaxLimit
+	// (MaxLogLimit for a SlidingLog). For a TokenBucket it is the refill:
+	// Limit tokens per Window.
 	Limit int64
-	// Window is the length of a window, opened by the first counted request.
-	// Must be at least one millisecond, the unit that stores keep.
+	// Window is the length of a window: at least one millisecond, and a
+	// whole number of them, the unit that stores keep.
 	Window time.Duration
+	// Algorithm is how units are counted. default: FixedWindow
+	Algorithm Algorithm
+	// Burst is a TokenBucket's capacity, the most units one instant can
+	// take; 0 means Limit. It must be 0 for the other algorithms.
+	Burst int64
 }
 
 // PerSecond returns an unnamed policy of n units per second.
@@ -55,6 +62,29 @@ func PerHour(n int64) Policy { return Policy{Limit: n, Window: time.Hour} }
 func (p Policy) Named(name string) Policy {
 	p.Name = name
 	return p
+}
+
+// With returns a copy of p counted by a, for example
+// PerSecond(10).With(TokenBucket).
+func (p Policy) With(a Algorithm) Policy {
+	p.Algorithm = a
+	return p
+}
+
+// WithBurst returns a copy of p as a TokenBucket of capacity burst: Limit
+// tokens per Window refill it, and up to burst units may be taken at once.
+func (p Policy) WithBurst(burst int64) Policy {
+	p.Algorithm, p.Burst = TokenBucket, burst
+	return p
+}
+
+// Capacity is the most units a key can ever hold: Burst (or Limit when 0)
+// for a TokenBucket, Limit otherwise. A Take of more is ErrInvalidCost.
+func (p Policy) Capacity() int64 {
+	if p.Algorithm == TokenBucket && p.Burst != 0 {
+		return p.Burst
+	}
+	return p.Limit
 }
 
 // Validate reports why p cannot be used, as an error matching
@@ -75,6 +105,34 @@ func (p Policy) Validate() error {
 	if !validName(p.Name) {
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
 	}
+	return p.validateAlgorithm()
+}
+
+// validateAlgorithm checks what each algorithm adds to the common bounds:
+// the products its arithmetic forms must stay exact in every store.
+func (p Policy) validateAlgorithm() error {
+	w := p.Window.Milliseconds()
+	switch p.Algorithm {
+	case FixedWindow, SlidingLog, SlidingWindow:
+		if p.Burst != 0 {
+			return fmt.Errorf("%w: burst is only for a token bucket, got %d on a %v policy", ErrInvalidPolicy, p.Burst, p.Algorithm)
+		}
+	case TokenBucket:
+		if p.Burst < 0 || p.Burst > MaxLimit {
+			return fmt.Errorf("%w: burst must be between 0 (the limit) and 2^48, got %d", ErrInvalidPolicy, p.Burst)
+		}
+		if c := p.Capacity(); c > maxScaled/w {
+			return fmt.Errorf("%w: a token bucket's capacity times its window in ms must be at most 2^53, got %d x %d", ErrInvalidPolicy, c, w)
+		}
+	default:
+		return fmt.Errorf("%w: unknown algorithm %v", ErrInvalidPolicy, p.Algorithm)
+	}
+	switch {
+	case p.Algorithm == SlidingLog && p.Limit > MaxLogLimit:
+		return fmt.Errorf("%w: a sliding log's limit must be at most %d, got %d", ErrInvalidPolicy, MaxLogLimit, p.Limit)
+	case p.Algorithm == SlidingWindow && p.Limit > maxScaled/w:
+		return fmt.Errorf("%w: a sliding window's limit times its window in ms must be at most 2^53, got %d x %d", ErrInvalidPolicy, p.Limit, w)
+	}
 	return nil
 }
 
@@ -90,9 +148,16 @@ func validName(name string) bool {
 	return true
 }
 
-// String describes p, for example "api: 5000 per 1h0m0s".
+// String describes p, for example "api: 5000 per 1h0m0s" or
+// "10 per 1s (token-bucket, burst 20)".
 func (p Policy) String() string {
 	s := fmt.Sprintf("%d per %v", p.Limit, p.Window)
+	switch {
+	case p.Algorithm == TokenBucket:
+		s += fmt.Sprintf(" (%v, burst %d)", p.Algorithm, p.Capacity())
+	case p.Algorithm != FixedWindow:
+		s += " (" + p.Algorithm.String() + ")"
+	}
 	if p.Name != "" {
 		s = p.Name + ": " + s
 	}
@@ -113,18 +178,17 @@ func ValidateKey(key string) error {
 
 // ValidateCost reports why cost cannot be taken (op OpTake) or refunded
 // (OpRefund) under p, as an error matching ErrInvalidCost, or nil; a Peek
-// has no cost. A Take above the policy's capacity (its Limit) could never be
-// admitted, so it is an error rather than a denial with a RetryAfter that
-// would never help. A Refund may be as large as MaxLimit: it clamps to what
-// is counted.
+// has no cost. A Take above the policy's Capacity could never be admitted,
+// so it is an error rather than a denial with a RetryAfter that would never
+// help. A Refund may be as large as MaxLimit: it clamps to what is counted.
 func (p Policy) ValidateCost(op Op, cost int64) error {
 	switch {
 	case op == OpPeek:
 		return nil
 	case cost <= 0:
 		return fmt.Errorf("%w: must be at least 1, got %d", ErrInvalidCost, cost)
-	case op == OpTake && cost > p.Limit:
-		return fmt.Errorf("%w: %d is more than the policy's capacity of %d, so it could never be admitted", ErrInvalidCost, cost, p.Limit)
+	case op == OpTake && cost > p.Capacity():
+		return fmt.Errorf("%w: %d is more than the policy's capacity of %d, so it could never be admitted", ErrInvalidCost, cost, p.Capacity())
 	case cost > MaxLimit:
 		return fmt.Errorf("%w: must be at most 2^48, got %d", ErrInvalidCost, cost)
 	}

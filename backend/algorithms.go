@@ -1,0 +1,305 @@
+package backend
+
+import (
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// The arithmetic of the token bucket, the sliding log and the sliding-window
+// counter, exactly as DESIGN.md ("Algorithms") pins it and docs/algorithms.md
+// explains it, for the backends written in Go (memory, Memcached); the Redis
+// scripts compute the same in Lua. Each function is pure: it takes the
+// stored state (or none), the call and its instant t in Unix milliseconds,
+// and returns the Decision, the state after the call, and whether that state
+// must be written. A denied Take and a Peek never write. Inputs must have
+// passed ValidateCall.
+//
+// Every product is bounded before it is formed (Policy.Validate bounds
+// Burst·Window and Limit·Window by 2^53), so nothing overflows, and every
+// division is an integer floor or ceiling.
+
+// BucketState is a token bucket's stored state.
+type BucketState struct {
+	// Tokens is the bucket's content scaled by the window in ms: one
+	// token is Window.Milliseconds() units, so refills stay integers.
+	Tokens int64
+	// At is the Unix ms of the last refill (t0): a call at or before it
+	// refills nothing.
+	At int64
+}
+
+// Bucket applies op (cost units; Peek ignores it) at t to a token bucket
+// whose state is st when stored is true, and a full bucket otherwise.
+//
+// A call at t > At refills (t−At)·Limit scaled units, up to the capacity,
+// and moves At to t; a call at t <= At (a clock behind the one that wrote
+// the state) refills nothing and leaves At, and its RetryAfter counts from
+// At. Take admits c when the bucket holds c tokens; Refund adds tokens back
+// (clamped to the capacity) to a stored bucket only.
+func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, cost, t int64) (d throttler.Decision, next BucketState, write bool) {
+	w, limit, capacity := p.Window.Milliseconds(), p.Limit, p.Capacity()
+	full := capacity * w
+	s, t0 := full, t
+	if stored {
+		s, t0 = min(max(st.Tokens, 0), full), st.At
+	}
+	if t > t0 {
+		if deficit := full - s; t-t0 >= ceilDiv(deficit, limit) {
+			s = full
+		} else {
+			s += (t - t0) * limit // < deficit: no overflow
+		}
+		t0 = t
+	}
+	need := w // what one more unit needs: Peek's and Refund's question
+	switch op {
+	case throttler.OpTake:
+		need = cost * w
+		if s >= need {
+			s -= need
+			write = true
+		}
+		d.Allowed = write
+	case throttler.OpRefund:
+		if stored {
+			s = min(full, s+min(cost, capacity)*w)
+			write = true
+		}
+		d.Allowed = s >= w
+	default:
+		d.Allowed = s >= w
+	}
+	d.Limit = capacity
+	d.Remaining = s / w
+	d.Used = capacity - d.Remaining
+	d.ResetAt = time.UnixMilli(t0 + ceilDiv(full-s, limit))
+	if !d.Allowed {
+		d.RetryAfter = msDuration(t0 - t + ceilDiv(need-s, limit))
+	}
+	return d, BucketState{Tokens: s, At: t0}, write
+}
+
+// BucketEnd is when a stored bucket is full again (its ResetAt), in Unix
+// ms: from then on it answers like no state at all, so it may be dropped.
+func BucketEnd(p throttler.Policy, st BucketState) int64 {
+	full := p.Capacity() * p.Window.Milliseconds()
+	return st.At + ceilDiv(full-min(max(st.Tokens, 0), full), p.Limit)
+}
+
+// CounterState is a sliding-window counter's stored state.
+type CounterState struct {
+	// K is the index of the newest window with a count: window K covers
+	// [K·w, (K+1)·w) in Unix ms.
+	K int64
+	// Curr counts the units admitted in window K, Prev those in K−1.
+	Curr, Prev int64
+}
+
+// Counter applies op at t to a sliding-window counter whose state is st
+// when stored is true, and empty otherwise.
+//
+// Windows are aligned to the epoch. A call in window K+1 sees Prev = Curr
+// and Curr = 0; later, both are 0. A call in a window before K (a clock
+// behind the one that wrote the state) is answered as if made at K·w, and
+// its RetryAfter adds the difference. Used weighs Prev by the part of the
+// previous window still inside the last Window, rounded up. Stored counts
+// above Limit (a Limit lowered while the state lived) read as Limit.
+func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, cost, t int64) (d throttler.Decision, next CounterState, write bool) {
+	w, limit := p.Window.Milliseconds(), p.Limit
+	k := floorDiv(t, w)
+	e := t - k*w
+	var curr, prev, behind int64
+	if stored {
+		if k < st.K {
+			behind, k, e = st.K*w-t, st.K, 0
+		}
+		switch k - st.K {
+		case 0:
+			curr, prev = min(max(st.Curr, 0), limit), min(max(st.Prev, 0), limit)
+		case 1:
+			prev = min(max(st.Curr, 0), limit)
+		}
+	}
+	want := int64(1)
+	switch op {
+	case throttler.OpTake:
+		want = cost
+		if cost <= limit-counterUsed(curr, prev, e, w) {
+			curr += cost
+			write = true
+		}
+	case throttler.OpRefund:
+		if stored && k == st.K {
+			curr = max(0, curr-min(cost, limit))
+			write = true
+		}
+	}
+	used := counterUsed(curr, prev, e, w)
+	d.Limit, d.Used, d.Remaining = limit, used, max(0, limit-used)
+	d.ResetAt = time.UnixMilli((k + 1) * w)
+	if op == throttler.OpTake {
+		d.Allowed = write
+		if !write {
+			d.RetryAfter = msDuration(behind + counterWait(limit, curr, prev, want, e, w))
+		}
+	} else if d.Allowed = d.Remaining >= 1; !d.Allowed {
+		d.RetryAfter = msDuration(behind + counterWait(limit, curr, prev, want, e, w))
+	}
+	return d, CounterState{K: k, Curr: curr, Prev: prev}, write
+}
+
+// counterUsed is curr + ceil(prev·(w−e)/w).
+func counterUsed(curr, prev, e, w int64) int64 { return curr + ceilDiv(prev*(w-e), w) }
+
+// counterWait is the least wait after which a Take of c fits if nothing
+// else happens: within this window once Prev's weight has fallen enough,
+// or else in the next window as the count moved to Prev falls.
+func counterWait(limit, curr, prev, c, e, w int64) int64 {
+	if r := limit - curr - c; r >= 0 && prev > 0 {
+		if q := r * w / prev; q > 0 {
+			return w - q - e
+		}
+	}
+	wait := w - e
+	if curr > 0 {
+		wait += w - min(w, (limit-c)*w/curr)
+	}
+	return wait
+}
+
+// CounterEnd is when a stored counter pair stops mattering, (K+2)·w in
+// Unix ms: both of its windows are then older than the previous one.
+func CounterEnd(p throttler.Policy, st CounterState) int64 {
+	return (st.K + 2) * p.Window.Milliseconds()
+}
+
+// LogEntry is one admitted Take of a sliding log: Units admitted at At
+// (Unix ms). Takes of the same ms share an entry.
+type LogEntry struct {
+	At, Units int64
+}
+
+// Log applies op at t to a sliding log, entries sorted by At (oldest
+// first), empty when none is stored. It works in place: the returned slice
+// shares log's array (growing it when an entry must be added) and is the
+// state to write when write is true.
+//
+// An entry is live at t while t < At+w, so after a clock goes back, entries
+// "from the future" count. Take admits c when the live units plus c fit in
+// Limit; it then drops the entries that ended by t and logs (t, c). Refund
+// removes units from the newest live entries first, never below zero.
+// ResetAt is when the newest live entry ends (t+w with none); a denied
+// Take's RetryAfter is when enough of the oldest live entries have ended.
+func Log(p throttler.Policy, log []LogEntry, op throttler.Op, cost, t int64) (d throttler.Decision, next []LogEntry, write bool) {
+	w, limit := p.Window.Milliseconds(), p.Limit
+	first := liveFrom(log, t, w)
+	used := int64(0)
+	for _, en := range log[first:] {
+		used += en.Units
+	}
+	want := int64(1)
+	switch op {
+	case throttler.OpTake:
+		want = cost
+		if used+cost <= limit {
+			live := log[first:] // drops what ended by t
+			if len(live) == cap(live) && first >= len(live) {
+				// The array is full and at least half of it ended:
+				// reuse it rather than let append grow it.
+				live = log[:copy(log, live)]
+			}
+			log = insertEntry(live, t, cost)
+			first, used, write = 0, used+cost, true
+		}
+	case throttler.OpRefund:
+		// The newest entries go first, so emptied ones are always last.
+		left := min(cost, used)
+		used -= left
+		write = left > 0
+		for left > 0 {
+			last := &log[len(log)-1]
+			n := min(left, last.Units)
+			last.Units -= n
+			left -= n
+			if last.Units == 0 {
+				log = log[:len(log)-1]
+			}
+		}
+	}
+	d.Limit, d.Used, d.Remaining = limit, used, max(0, limit-used)
+	d.ResetAt = time.UnixMilli(t + w)
+	if first < len(log) {
+		d.ResetAt = time.UnixMilli(log[len(log)-1].At + w)
+	}
+	if op == throttler.OpTake {
+		d.Allowed = write
+	} else {
+		d.Allowed = used+1 <= limit
+	}
+	if !d.Allowed {
+		// The oldest live entries end first; wait for enough of them.
+		need := used + want - limit
+		for _, en := range log[first:] {
+			if need -= en.Units; need <= 0 {
+				d.RetryAfter = msDuration(en.At + w - t)
+				break
+			}
+		}
+	}
+	return d, log, write
+}
+
+// LogEnd is when a stored log stops mattering, in Unix ms: when its newest
+// entry ends (or at once, for an empty log).
+func LogEnd(p throttler.Policy, log []LogEntry) int64 {
+	if len(log) == 0 {
+		return 0
+	}
+	return log[len(log)-1].At + p.Window.Milliseconds()
+}
+
+// liveFrom returns the index of the first entry live at t: entries are
+// sorted by At, so the live ones are a suffix.
+func liveFrom(log []LogEntry, t, w int64) int {
+	i := 0
+	for i < len(log) && log[i].At+w <= t {
+		i++
+	}
+	return i
+}
+
+// insertEntry adds c units at t to log (sorted), merging with an entry of
+// the same ms; an entry from a later ms (a clock gone back) keeps its place.
+func insertEntry(log []LogEntry, t, c int64) []LogEntry {
+	i := len(log)
+	for i > 0 && log[i-1].At > t {
+		i--
+	}
+	if i > 0 && log[i-1].At == t {
+		log[i-1].Units += c
+		return log
+	}
+	log = append(log, LogEntry{})
+	copy(log[i+1:], log[i:])
+	log[i] = LogEntry{At: t, Units: c}
+	return log
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+// floorDiv rounds towards minus infinity, for instants before 1970 too.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }

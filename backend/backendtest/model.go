@@ -1,0 +1,401 @@
+package backendtest
+
+import (
+	"context"
+	"math/big"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Model is the reference model of the four algorithms: a throttler.Backend
+// written for clarity, not speed, independently of the arithmetic in
+// package backend. Where the contract says "the least wait", it searches
+// millisecond by millisecond instead of using a formula; a token bucket's
+// products are big integers. Every backend is checked against it.
+//
+// It keeps every state it writes (it never reclaims), which is what a
+// backend answers too unless it dropped state that had ended by the latest
+// now it was given; Trace allows for exactly that. It is safe for
+// concurrent use.
+type Model struct {
+	mu     sync.Mutex
+	states map[modelKey]*modelState
+}
+
+type modelKey struct{ identity, key string }
+
+type modelState struct {
+	// fixed window
+	used, resetAt int64
+	// token bucket: scaled tokens and the ms of the last refill
+	tokens, at int64
+	// sliding log: one entry per admitted Take, never merged
+	log []LogItem
+	// sliding window counter
+	k, curr, prev int64
+}
+
+// LogItem is one admitted Take in the model's sliding log.
+type LogItem struct{ At, Units int64 }
+
+// NewModel returns an empty model.
+func NewModel() *Model { return &Model{states: map[modelKey]*modelState{}} }
+
+var _ throttler.Backend = (*Model)(nil)
+
+// Take implements throttler.Backend.
+func (m *Model) Take(_ context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return m.do(throttler.OpTake, key, p, cost, now)
+}
+
+// Peek implements throttler.Backend.
+func (m *Model) Peek(_ context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return m.do(throttler.OpPeek, key, p, 1, now)
+}
+
+// Refund implements throttler.Backend.
+func (m *Model) Refund(_ context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return m.do(throttler.OpRefund, key, p, cost, now)
+}
+
+func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if err := backend.ValidateCall(op, key, p, cost); err != nil {
+		return throttler.Decision{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := modelKey{backend.Identity(p), key}
+	st := m.states[k]
+	var cp *modelState
+	if st != nil {
+		c := *st
+		c.log = append([]LogItem(nil), st.log...)
+		cp = &c
+	}
+	d, next := apply(p, cp, op, cost, now.UnixMilli())
+	if next != nil {
+		m.states[k] = next
+	}
+	return d, nil
+}
+
+// Forget drops the state of (p, key), as a backend may once it has ended.
+func (m *Model) Forget(key string, p throttler.Policy) {
+	m.mu.Lock()
+	delete(m.states, modelKey{backend.Identity(p), key})
+	m.mu.Unlock()
+}
+
+// End returns when the state of (p, key) stops mattering, in Unix ms, and
+// whether any is stored: a window's reset-at, a bucket's refill to full,
+// a log's newest entry's end, a counter pair's (K+2)·w.
+func (m *Model) End(key string, p throttler.Policy) (int64, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := m.states[modelKey{backend.Identity(p), key}]
+	if st == nil {
+		return 0, false
+	}
+	w := p.Window.Milliseconds()
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		// Search: the first ms at which a Peek sees a full bucket.
+		return firstMS(st.at, func(t int64) bool {
+			s, _ := bucketRefill(p, st, t)
+			return s == p.Capacity()*w
+		}), true
+	case throttler.SlidingLog:
+		end := int64(0)
+		for _, e := range st.log {
+			end = max(end, e.At+w)
+		}
+		return end, true
+	case throttler.SlidingWindow:
+		return (st.k + 2) * w, true
+	}
+	return st.resetAt, true
+}
+
+// apply returns the decision and the state to store (nil: store nothing).
+func apply(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		return modelBucket(p, st, op, cost, t)
+	case throttler.SlidingLog:
+		return modelLog(p, st, op, cost, t)
+	case throttler.SlidingWindow:
+		return modelCounter(p, st, op, cost, t)
+	}
+	return modelFixed(p, st, op, cost, t)
+}
+
+func modelFixed(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+	w := p.Window.Milliseconds()
+	open := st != nil && st.resetAt > t
+	used, reset := int64(0), t+w
+	if open {
+		used, reset = st.used, st.resetAt
+	}
+	var next *modelState
+	allowed := used+1 <= p.Limit
+	switch op {
+	case throttler.OpTake:
+		allowed = used+cost <= p.Limit
+		if allowed {
+			used += cost
+			next = &modelState{used: used, resetAt: reset}
+		}
+	case throttler.OpRefund:
+		if open {
+			used = max(0, used-cost)
+			next = &modelState{used: used, resetAt: reset}
+		}
+		allowed = used+1 <= p.Limit
+	}
+	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(reset)}
+	if !allowed {
+		d.RetryAfter = time.Duration(reset-t) * time.Millisecond
+	}
+	return d, next
+}
+
+// bucketRefill returns the scaled tokens and t0 after refilling st (nil: a
+// full bucket) at t, with big integers so no product can overflow.
+func bucketRefill(p throttler.Policy, st *modelState, t int64) (int64, int64) {
+	full := p.Capacity() * p.Window.Milliseconds()
+	if st == nil {
+		return full, t
+	}
+	s, t0 := min(st.tokens, full), st.at
+	if t > t0 {
+		v := new(big.Int).Mul(big.NewInt(t-t0), big.NewInt(p.Limit))
+		v.Add(v, big.NewInt(s))
+		if v.Cmp(big.NewInt(full)) > 0 {
+			v.SetInt64(full)
+		}
+		s, t0 = v.Int64(), t
+	}
+	return s, t0
+}
+
+func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+	w, capacity := p.Window.Milliseconds(), p.Capacity()
+	full := capacity * w
+	s, t0 := bucketRefill(p, st, t)
+	var next *modelState
+	want := int64(1)
+	switch op {
+	case throttler.OpTake:
+		want = cost
+		if s >= cost*w {
+			s -= cost * w
+			next = &modelState{tokens: s, at: t0}
+		}
+	case throttler.OpRefund:
+		if st != nil {
+			s = min(full, s+min(cost, capacity)*w)
+			next = &modelState{tokens: s, at: t0}
+		}
+	}
+	allowed := s >= want*w
+	if op == throttler.OpTake {
+		allowed = next != nil
+	}
+	d := throttler.Decision{Allowed: allowed, Limit: capacity, Remaining: s / w}
+	d.Used = capacity - d.Remaining
+	after := &modelState{tokens: s, at: t0}
+	// ResetAt: the first ms from t0 on at which the bucket is full.
+	d.ResetAt = time.UnixMilli(firstMS(t0, func(u int64) bool {
+		r, _ := bucketRefill(p, after, u)
+		return r == full
+	}))
+	if !allowed {
+		// The least wait from t after which want tokens are there.
+		d.RetryAfter = msSince(t, firstMS(t, func(u int64) bool {
+			r, _ := bucketRefill(p, after, u)
+			return r >= want*w
+		}))
+	}
+	return d, next
+}
+
+func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+	w := p.Window.Milliseconds()
+	var log []LogItem
+	if st != nil {
+		log = st.log
+	}
+	usedAt := func(log []LogItem, u int64) int64 {
+		n := int64(0)
+		for _, e := range log {
+			if u < e.At+w {
+				n += e.Units
+			}
+		}
+		return n
+	}
+	used := usedAt(log, t)
+	var next *modelState
+	want := int64(1)
+	switch op {
+	case throttler.OpTake:
+		want = cost
+		if used+cost <= p.Limit {
+			var kept []LogItem
+			for _, e := range log {
+				if t < e.At+w {
+					kept = append(kept, e)
+				}
+			}
+			log = append(kept, LogItem{At: t, Units: cost})
+			used += cost
+			next = &modelState{log: log}
+		}
+	case throttler.OpRefund:
+		// Newest entries first.
+		sort.SliceStable(log, func(i, j int) bool { return log[i].At < log[j].At })
+		left := min(cost, used)
+		if left > 0 {
+			for i := len(log) - 1; i >= 0 && left > 0; i-- {
+				if t < log[i].At+w {
+					n := min(left, log[i].Units)
+					log[i].Units -= n
+					left -= n
+				}
+			}
+			var kept []LogItem
+			for _, e := range log {
+				if e.Units > 0 {
+					kept = append(kept, e)
+				}
+			}
+			log = kept
+			used = usedAt(log, t)
+			next = &modelState{log: log}
+		}
+	}
+	allowed := used+want <= p.Limit
+	if op == throttler.OpTake {
+		allowed = next != nil
+	} else {
+		allowed = used+1 <= p.Limit
+	}
+	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(t + w)}
+	newest := int64(-1 << 62)
+	for _, e := range log {
+		if t < e.At+w {
+			newest = max(newest, e.At)
+		}
+	}
+	if newest > -1<<62 {
+		d.ResetAt = time.UnixMilli(newest + w)
+	}
+	if !allowed {
+		d.RetryAfter = msSince(t, firstMS(t, func(u int64) bool { return usedAt(log, u)+want <= p.Limit }))
+	}
+	return d, next
+}
+
+// counterView is what a sliding-window counter shows at t: the window
+// index, the offset into it, the two counts, and how far the call was
+// moved forward because the clock was behind the state.
+func counterView(p throttler.Policy, st *modelState, t int64) (k, e, curr, prev, behind int64) {
+	w := p.Window.Milliseconds()
+	k = t / w
+	if t%w != 0 && t < 0 {
+		k--
+	}
+	e = t - k*w
+	if st == nil {
+		return k, e, 0, 0, 0
+	}
+	if k < st.k {
+		behind, k, e = st.k*w-t, st.k, 0
+	}
+	switch k - st.k {
+	case 0:
+		curr, prev = min(st.curr, p.Limit), min(st.prev, p.Limit)
+	case 1:
+		prev = min(st.curr, p.Limit)
+	}
+	return k, e, curr, prev, behind
+}
+
+func counterUsedAt(p throttler.Policy, curr, prev, e int64) int64 {
+	w := p.Window.Milliseconds()
+	weighted := new(big.Int).Mul(big.NewInt(prev), big.NewInt(w-e))
+	q, r := new(big.Int).QuoRem(weighted, big.NewInt(w), new(big.Int))
+	n := q.Int64()
+	if r.Sign() > 0 {
+		n++
+	}
+	return curr + n
+}
+
+func modelCounter(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+	w := p.Window.Milliseconds()
+	k, e, curr, prev, _ := counterView(p, st, t)
+	var next *modelState
+	want := int64(1)
+	switch op {
+	case throttler.OpTake:
+		want = cost
+		if curr+counterUsedAt(p, 0, prev, e)+cost <= p.Limit {
+			curr += cost
+			next = &modelState{k: k, curr: curr, prev: prev}
+		}
+	case throttler.OpRefund:
+		if st != nil && k == st.k {
+			curr = max(0, curr-cost)
+			next = &modelState{k: k, curr: curr, prev: prev}
+		}
+	}
+	used := counterUsedAt(p, curr, prev, e)
+	d := throttler.Decision{Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli((k + 1) * w)}
+	if op == throttler.OpTake {
+		d.Allowed = next != nil
+	} else {
+		d.Allowed = d.Remaining >= 1
+	}
+	if !d.Allowed {
+		// The least wait after which a Take of want fits, if nothing else
+		// happens: search the instants from t on.
+		after := st
+		if next != nil {
+			after = next
+		}
+		d.RetryAfter = msSince(t, firstMS(t, func(u int64) bool {
+			_, eu, cu, pu, _ := counterView(p, after, u)
+			return counterUsedAt(p, cu, pu, eu)+want <= p.Limit
+		}))
+	}
+	return d, next
+}
+
+// firstMS returns the least u >= from for which ok(u) holds; ok must be
+// monotone (false, then true for good) and true somewhere.
+func firstMS(from int64, ok func(int64) bool) int64 {
+	if ok(from) {
+		return from
+	}
+	lo, step := from, int64(1) // ok(lo) is false
+	for !ok(from + step) {
+		lo, step = from+step, step*2
+	}
+	hi := from + step // ok(hi) is true
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if ok(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+func msSince(t, u int64) time.Duration { return time.Duration(u-t) * time.Millisecond }

@@ -1,0 +1,88 @@
+package backendtest
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// kitState runs the arithmetic of package backend on one key's state.
+type kitState struct {
+	fixedUsed, fixedReset int64
+	bucket                backend.BucketState
+	counter               backend.CounterState
+	log                   []backend.LogEntry
+	stored                bool
+}
+
+func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, t int64) throttler.Decision {
+	var d throttler.Decision
+	var write bool
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		var next backend.BucketState
+		d, next, write = backend.Bucket(p, k.bucket, k.stored, op, cost, t)
+		if write {
+			k.bucket = next
+		}
+	case throttler.SlidingWindow:
+		var next backend.CounterState
+		d, next, write = backend.Counter(p, k.counter, k.stored, op, cost, t)
+		if write {
+			k.counter = next
+		}
+	case throttler.SlidingLog:
+		var next []backend.LogEntry
+		d, next, write = backend.Log(p, k.log, op, cost, t)
+		if write {
+			k.log = next
+		}
+	}
+	k.stored = k.stored || write
+	return d
+}
+
+// The kit's formulas agree with the model's searches on random traces of
+// one key, with the clock jumping both ways.
+func TestKitMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	policies := []throttler.Policy{
+		{Limit: 5, Window: 100 * time.Millisecond, Algorithm: throttler.TokenBucket},
+		{Limit: 3, Window: 70 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 7},
+		{Limit: 7, Window: 13 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 2},
+		{Limit: 5, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog},
+		{Limit: 9, Window: 37 * time.Millisecond, Algorithm: throttler.SlidingLog},
+		{Limit: 5, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingWindow},
+		{Limit: 11, Window: 29 * time.Millisecond, Algorithm: throttler.SlidingWindow},
+	}
+	for seed := uint64(1); seed <= 40; seed++ {
+		for _, p := range policies {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			m := NewModel()
+			var k kitState
+			t0 := T0.UnixMilli()
+			for i := 0; i < 400; i++ {
+				switch r := rng.IntN(20); {
+				case r < 12:
+					t0 += int64(rng.IntN(15))
+				case r < 16:
+					t0 -= int64(rng.IntN(40)) // a clock behind
+				default:
+					t0 += int64(rng.IntN(300))
+				}
+				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
+				cost := 1 + int64(rng.IntN(int(p.Capacity())))
+				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(t0))
+				require.NoError(t, err)
+				got := k.do(p, op, cost, t0)
+				require.Equal(t, want, got, "seed %d policy %v step %d: %v cost %d at %d", seed, p, i, op, cost, t0)
+			}
+		}
+	}
+}
