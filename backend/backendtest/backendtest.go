@@ -50,6 +50,12 @@ func Run(t *testing.T, newBackend func(t *testing.T) throttler.Backend) {
 		{"WindowChangeAppliesNextWindow", testWindowChange},
 		{"InvalidInput", testInvalidInput},
 		{"ExactUnderConcurrency", testConcurrency},
+		{"TokenBucket", testTokenBucket},
+		{"SlidingLog", testSlidingLog},
+		{"SlidingWindow", testSlidingWindow},
+		{"AlgorithmsApart", testAlgorithmsApart},
+		{"AlgorithmsExactUnderConcurrency", testAlgorithmsConcurrent},
+		{"DifferentialTraces", testDifferentialTraces},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

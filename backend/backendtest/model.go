@@ -66,21 +66,35 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost int64, 
 	if err := backend.ValidateCall(op, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
+	d, commit := m.try(op, key, p, cost, now.UnixMilli(), false)
+	commit()
+	return d, nil
+}
+
+// try computes a call's Decision without storing anything (from no state
+// at all when dropped is set); commit stores what the call would, the drop
+// included.
+func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, t int64, dropped bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := modelKey{backend.Identity(p), key}
-	st := m.states[k]
 	var cp *modelState
-	if st != nil {
+	if st := m.states[k]; st != nil && !dropped {
 		c := *st
 		c.log = append([]LogItem(nil), st.log...)
 		cp = &c
 	}
-	d, next := apply(p, cp, op, cost, now.UnixMilli())
-	if next != nil {
-		m.states[k] = next
+	d, next := apply(p, cp, op, cost, t)
+	return d, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if dropped {
+			delete(m.states, k)
+		}
+		if next != nil {
+			m.states[k] = next
+		}
 	}
-	return d, nil
 }
 
 // Forget drops the state of (p, key), as a backend may once it has ended.

@@ -145,6 +145,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(throttler.OpTake, key, p, cost, now)
+	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
 	s.observe(ms)
@@ -160,15 +163,13 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	defer s.mu.Unlock()
 	if w == nil || w.resetAt <= ms {
 		if w == nil {
-			if b.shardKeys > 0 && s.table.live >= b.shardKeys {
-				s.sweep()
-				if s.table.live >= b.shardKeys {
-					return throttler.Decision{}, fmt.Errorf("%w: %d windows open in the shard of key %q", ErrFull, s.table.live, key)
-				}
+			var err error
+			if w, err = b.insert(s, h, key, p); err != nil {
+				return throttler.Decision{}, err
 			}
-			w = s.table.insert(h, key, ident(p), s.latest)
 		}
 		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
+		w.end = w.resetAt
 	} else if w.used+cost > p.Limit {
 		return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
 	}
@@ -180,6 +181,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
+	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(throttler.OpPeek, key, p, 1, now)
 	}
 	s, h := b.lock(key)
 	var used, resetAt int64
@@ -195,6 +199,9 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(throttler.OpRefund, key, p, cost, now)
+	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
 	defer s.mu.Unlock()
@@ -207,14 +214,87 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	return state(p, used, resetAt, now), nil
 }
 
+// insert adds a slot for (key, p) to the locked shard s, first reclaiming
+// ended state when the shard is at its bound, and fails with ErrFull when
+// that makes no room: live state is never evicted.
+func (b *Backend) insert(s *shard, h uint64, key string, p throttler.Policy) (*slot, error) {
+	if b.shardKeys > 0 && s.table.live >= b.shardKeys {
+		s.sweep()
+		if s.table.live >= b.shardKeys {
+			return nil, fmt.Errorf("%w: %d keys held in the shard of key %q", ErrFull, s.table.live, key)
+		}
+	}
+	return s.table.insert(h, key, ident(p), s.latest), nil
+}
+
+// apply runs op under a token bucket, sliding log or sliding-window
+// counter, with the arithmetic of package backend on the slot's state. A
+// slot holds a bucket as used = scaled tokens, resetAt = t0; a counter as
+// resetAt = K, used = curr, prev; a log in its own buffer.
+func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	ms := now.UnixMilli()
+	s, h := b.lock(key)
+	defer s.mu.Unlock()
+	if op != throttler.OpPeek {
+		s.observe(ms)
+	}
+	w := s.table.find(h, key, ident(p))
+	var (
+		d     throttler.Decision
+		write bool
+		save  func(*slot)
+	)
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		var st backend.BucketState
+		if w != nil {
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt}
+		}
+		var next backend.BucketState
+		d, next, write = backend.Bucket(p, st, w != nil, op, cost, ms)
+		save = func(w *slot) { w.used, w.resetAt, w.end = next.Tokens, next.At, backend.BucketEnd(p, next) }
+	case throttler.SlidingWindow:
+		var st backend.CounterState
+		if w != nil {
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev}
+		}
+		var next backend.CounterState
+		d, next, write = backend.Counter(p, st, w != nil, op, cost, ms)
+		save = func(w *slot) { w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, backend.CounterEnd(p, next) }
+	case throttler.SlidingLog:
+		var log []backend.LogEntry
+		if w != nil && w.log != nil {
+			log = w.log.entries
+		}
+		var next []backend.LogEntry
+		d, next, write = backend.Log(p, log, op, cost, ms)
+		save = func(w *slot) {
+			if w.log == nil {
+				w.log = new(logBuf)
+			}
+			w.log.entries, w.end = next, backend.LogEnd(p, next)
+		}
+	}
+	if write {
+		if w == nil {
+			var err error
+			if w, err = b.insert(s, h, key, p); err != nil {
+				return throttler.Decision{}, err
+			}
+		}
+		save(w)
+	}
+	return d, nil
+}
+
 // ident is the storage identity of p in a slot, without an allocation: a
 // named policy's Name, or an unnamed policy's Limit and Window (see
 // backend.Identity).
 func ident(p throttler.Policy) policyID {
 	if p.Name != "" {
-		return policyID{name: p.Name}
+		return policyID{name: p.Name, alg: p.Algorithm}
 	}
-	return policyID{limit: p.Limit, window: int64(p.Window)}
+	return policyID{limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm}
 }
 
 // state is the Peek/Refund Decision for a window that counted used units and

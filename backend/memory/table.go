@@ -1,6 +1,11 @@
 package memory
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
 
 // table is an open-addressing hash table of windows with linear probing,
 // keyed by (key, policy) and placed by the hash of the key alone, so a call
@@ -24,13 +29,23 @@ type slot struct {
 	policy  policyID
 	used    int64
 	resetAt int64 // Unix milliseconds
+	prev    int64 // a sliding-window counter's previous count
+	end     int64 // Unix ms from which the state answers like none: a sweep may drop it
+	log     *logBuf
 }
 
-// policyID is a policy's storage identity: its name, or for an unnamed
-// policy its definition (see backend.Identity).
+// logBuf holds a sliding log's entries, apart from the slot so that other
+// algorithms' slots stay small.
+type logBuf struct {
+	entries []backend.LogEntry
+}
+
+// policyID is a policy's storage identity: its name and algorithm, or for
+// an unnamed policy its whole definition (see backend.Identity).
 type policyID struct {
-	name          string
-	limit, window int64 // 0 for a named policy
+	name                 string
+	limit, window, burst int64 // 0 for a named policy
+	alg                  throttler.Algorithm
 }
 
 // shortKey is the longest key a slot holds inline: IP addresses, user IDs
@@ -107,7 +122,7 @@ func (t *table) insert(h uint64, key string, policy policyID, latest int64) *slo
 func (t *table) rebuild(latest int64, grow bool) {
 	live := 0
 	for i := range t.slots {
-		if !t.slots[i].key.empty() && t.slots[i].resetAt > latest {
+		if !t.slots[i].key.empty() && t.slots[i].end > latest {
 			live++
 		}
 	}
@@ -122,7 +137,7 @@ func (t *table) rebuild(latest int64, grow bool) {
 	t.slots, t.live = make([]slot, n), 0
 	mask := uint64(n - 1)
 	for _, s := range old {
-		if s.key.empty() || s.resetAt <= latest {
+		if s.key.empty() || s.end <= latest {
 			continue
 		}
 		i := s.hash & mask

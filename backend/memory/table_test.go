@@ -17,7 +17,7 @@ func TestTableCollisionsGrowthAndRebuild(t *testing.T) {
 	for i := 0; i < n; i++ {
 		h := uint64(i % 3) // three hashes for 300 windows: long probe runs
 		s := tb.insert(h, fmt.Sprint("key", i/2), policyID{name: fmt.Sprint("policy", i%2)}, 0)
-		s.used, s.resetAt = int64(i), int64(1000+i)
+		s.used, s.resetAt, s.end = int64(i), int64(1000+i), int64(1000+i)
 	}
 	require.Equal(t, n, tb.live)
 	assert.LessOrEqual(t, tb.live*4, len(tb.slots)*3, "load factor")
@@ -51,7 +51,7 @@ func TestTableCollisionsGrowthAndRebuild(t *testing.T) {
 func TestTableRebuildWithNothingEndedKeepsTheSlots(t *testing.T) {
 	var tb table
 	s := tb.insert(7, "k", policyID{name: "p"}, 0)
-	s.resetAt = 100
+	s.resetAt, s.end = 100, 100
 	before := &tb.slots[0]
 	tb.rebuild(50, false)
 	assert.Same(t, before, &tb.slots[0], "no new table when nothing ended")
@@ -67,7 +67,7 @@ func TestTableInlineAndLongKeys(t *testing.T) {
 	}
 	for i, k := range keys {
 		s := tb.insert(42, k, policyID{name: "p"}, 0)
-		s.used, s.resetAt = int64(i), 1000
+		s.used, s.resetAt, s.end = int64(i), 1000, 1000
 	}
 	for i, k := range keys {
 		s := tb.find(42, k, policyID{name: "p"})
