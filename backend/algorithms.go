@@ -27,12 +27,17 @@ type BucketState struct {
 	// At is the Unix ms of the last refill (t0): a call at or before it
 	// refills nothing.
 	At int64
+	// Window is the policy's window in ms when the state was written: the
+	// scale of Tokens. A state of another window (a live policy whose
+	// Window changed) reads as no state.
+	Window int64
 }
 
 // Bucket applies op (cost units; Peek ignores it) at t to a token bucket
 // whose state is st when stored is true, and a full bucket otherwise.
 //
-// A call at t > At refills (t−At)·Limit scaled units, up to the capacity,
+// A state written under another Window reads as none (a full bucket). A
+// call at t > At refills (t−At)·Limit scaled units, up to the capacity,
 // and moves At to t; a call at t <= At (a clock behind the one that wrote
 // the state) refills nothing and leaves At, and its RetryAfter counts from
 // At. Take admits c when the bucket holds c tokens; Refund adds tokens back
@@ -41,7 +46,7 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 	w, limit, capacity := p.Window.Milliseconds(), p.Limit, p.Capacity()
 	full := capacity * w
 	s, t0 := full, t
-	if stored {
+	if stored = stored && st.Window == w; stored {
 		s, t0 = min(max(st.Tokens, 0), full), st.At
 	}
 	if t > t0 {
@@ -77,7 +82,7 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 	if !d.Allowed {
 		d.RetryAfter = msDuration(t0 - t + ceilDiv(need-s, limit))
 	}
-	return d, BucketState{Tokens: s, At: t0}, write
+	return d, BucketState{Tokens: s, At: t0, Window: w}, write
 }
 
 // BucketEnd is when a stored bucket is full again (its ResetAt), in Unix
@@ -94,12 +99,16 @@ type CounterState struct {
 	K int64
 	// Curr counts the units admitted in window K, Prev those in K−1.
 	Curr, Prev int64
+	// Window is the policy's window in ms when the state was written: the
+	// unit of K. A state of another window reads as no state.
+	Window int64
 }
 
 // Counter applies op at t to a sliding-window counter whose state is st
 // when stored is true, and empty otherwise.
 //
-// Windows are aligned to the epoch. A call in window K+1 sees Prev = Curr
+// Windows are aligned to the epoch. A state written under another Window
+// reads as none. A call in window K+1 sees Prev = Curr
 // and Curr = 0; later, both are 0. A call in a window before K (a clock
 // behind the one that wrote the state) is answered as if made at K·w, and
 // its RetryAfter adds the difference. Used weighs Prev by the part of the
@@ -110,7 +119,7 @@ func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, 
 	k := floorDiv(t, w)
 	e := t - k*w
 	var curr, prev, behind int64
-	if stored {
+	if stored = stored && st.Window == w; stored {
 		if k < st.K {
 			behind, k, e = st.K*w-t, st.K, 0
 		}
@@ -146,7 +155,7 @@ func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, 
 	} else if d.Allowed = d.Remaining >= 1; !d.Allowed {
 		d.RetryAfter = msDuration(behind + counterWait(limit, curr, prev, want, e, w))
 	}
-	return d, CounterState{K: k, Curr: curr, Prev: prev}, write
+	return d, CounterState{K: k, Curr: curr, Prev: prev, Window: w}, write
 }
 
 // counterUsed is curr + ceil(prev·(w−e)/w).

@@ -105,6 +105,33 @@ func testSlidingWindow(t *testing.T, b throttler.Backend, key func(string) strin
 	})
 }
 
+// testWindowChange: a live bucket's or counter's state is scaled by the
+// window that wrote it, so a policy whose Window changes starts afresh;
+// a log's entries keep counting under the new window.
+func testAlgorithmWindowChange(t *testing.T, b throttler.Backend, key func(string) string) {
+	ctx := context.Background()
+	for _, a := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingWindow, throttler.SlidingLog} {
+		k := key(a.String())
+		p := throttler.Policy{Name: "wchange", Limit: 3, Window: time.Second, Algorithm: a}
+		for i := 0; i < 3; i++ {
+			_, err := b.Take(ctx, k, p, 1, T0)
+			require.NoError(t, err)
+		}
+		d, err := b.Peek(ctx, k, p, T0)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "%v: spent", a)
+		p.Window = time.Minute
+		d, err = b.Peek(ctx, k, p, T0.Add(ms))
+		require.NoError(t, err)
+		if a == throttler.SlidingLog {
+			assert.Equal(t, int64(3), d.Used, "%v: the entries still count", a)
+		} else {
+			assert.Equal(t, int64(0), d.Used, "%v: a state of another window reads as none", a)
+			assert.Less(t, d.RetryAfter, time.Minute, "%v: never a wait from a misread state", a)
+		}
+	}
+}
+
 // testAlgorithmsApart: one name and key under four algorithms is four
 // limits.
 func testAlgorithmsApart(t *testing.T, b throttler.Backend, key func(string) string) {

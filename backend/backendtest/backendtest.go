@@ -54,6 +54,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) throttler.Backend) {
 		{"SlidingLog", testSlidingLog},
 		{"SlidingWindow", testSlidingWindow},
 		{"AlgorithmsApart", testAlgorithmsApart},
+		{"AlgorithmWindowChange", testAlgorithmWindowChange},
 		{"AlgorithmsExactUnderConcurrency", testAlgorithmsConcurrent},
 		{"DifferentialTraces", testDifferentialTraces},
 	}

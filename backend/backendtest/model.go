@@ -37,6 +37,8 @@ type modelState struct {
 	log []LogItem
 	// sliding window counter
 	k, curr, prev int64
+	// the window (ms) a bucket or counter was written under
+	window int64
 }
 
 // LogItem is one admitted Take in the model's sliding log.
@@ -84,7 +86,14 @@ func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, t int
 		c.log = append([]LogItem(nil), st.log...)
 		cp = &c
 	}
+	w := p.Window.Milliseconds()
+	if cp != nil && (p.Algorithm == throttler.TokenBucket || p.Algorithm == throttler.SlidingWindow) && cp.window != w {
+		cp = nil // written under another Window: read as no state
+	}
 	d, next := apply(p, cp, op, cost, t)
+	if next != nil {
+		next.window = w
+	}
 	return d, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()

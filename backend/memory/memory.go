@@ -230,7 +230,8 @@ func (b *Backend) insert(s *shard, h uint64, key string, p throttler.Policy) (*s
 // apply runs op under a token bucket, sliding log or sliding-window
 // counter, with the arithmetic of package backend on the slot's state. A
 // slot holds a bucket as used = scaled tokens, resetAt = t0; a counter as
-// resetAt = K, used = curr, prev; a log in its own buffer.
+// resetAt = K, used = curr, prev; both with their window; a log in its own
+// buffer.
 func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
@@ -248,19 +249,21 @@ func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost in
 	case throttler.TokenBucket:
 		var st backend.BucketState
 		if w != nil {
-			st = backend.BucketState{Tokens: w.used, At: w.resetAt}
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
 		}
 		var next backend.BucketState
 		d, next, write = backend.Bucket(p, st, w != nil, op, cost, ms)
-		save = func(w *slot) { w.used, w.resetAt, w.end = next.Tokens, next.At, backend.BucketEnd(p, next) }
+		save = func(w *slot) { w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, backend.BucketEnd(p, next) }
 	case throttler.SlidingWindow:
 		var st backend.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev}
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
 		}
 		var next backend.CounterState
 		d, next, write = backend.Counter(p, st, w != nil, op, cost, ms)
-		save = func(w *slot) { w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, backend.CounterEnd(p, next) }
+		save = func(w *slot) {
+			w.resetAt, w.used, w.prev, w.window, w.end = next.K, next.Curr, next.Prev, next.Window, backend.CounterEnd(p, next)
+		}
 	case throttler.SlidingLog:
 		var log []backend.LogEntry
 		if w != nil && w.log != nil {

@@ -220,3 +220,29 @@ func TestKeysAreCopied(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(0), d.Used)
 }
+
+func BenchmarkAlgorithms(b *testing.B) {
+	ctx := context.Background()
+	for _, p := range []throttler.Policy{
+		{Name: "fw", Limit: 1 << 40, Window: time.Hour},
+		{Name: "tb", Limit: 1 << 30, Window: time.Hour, Algorithm: throttler.TokenBucket},
+		{Name: "sl", Limit: throttler.MaxLogLimit, Window: time.Hour, Algorithm: throttler.SlidingLog},
+		{Name: "sw", Limit: 1 << 30, Window: time.Hour, Algorithm: throttler.SlidingWindow},
+	} {
+		b.Run(p.Algorithm.String(), func(b *testing.B) {
+			m := newBackend(b, nil)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				// A hot key, the clock moving a ms per call; a log is
+				// refunded so that it never fills.
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				if _, err := m.Take(ctx, "hot", p, 1, now); err != nil {
+					b.Fatal(err)
+				}
+				if p.Algorithm == throttler.SlidingLog && i%2 == 1 {
+					_, _ = m.Refund(ctx, "hot", p, 2, now)
+				}
+			}
+		})
+	}
+}

@@ -30,6 +30,7 @@ type slot struct {
 	used    int64
 	resetAt int64 // Unix milliseconds
 	prev    int64 // a sliding-window counter's previous count
+	window  int64 // a bucket's or counter's window (ms) when written
 	end     int64 // Unix ms from which the state answers like none: a sweep may drop it
 	log     *logBuf
 }
