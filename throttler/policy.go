@@ -2,6 +2,7 @@ package throttler
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -121,7 +122,7 @@ func (p Policy) validateAlgorithm() error {
 		if p.Burst < 0 || p.Burst > MaxLimit {
 			return fmt.Errorf("%w: burst must be between 0 (the limit) and 2^48, got %d", ErrInvalidPolicy, p.Burst)
 		}
-		if c := p.Capacity(); c > maxScaled/w {
+		if c := p.Capacity(); !scaledFits(c, w) {
 			return fmt.Errorf("%w: a token bucket's capacity times its window in ms must be at most 2^53, got %d x %d", ErrInvalidPolicy, c, w)
 		}
 	default:
@@ -130,10 +131,17 @@ func (p Policy) validateAlgorithm() error {
 	switch {
 	case p.Algorithm == SlidingLog && p.Limit > MaxLogLimit:
 		return fmt.Errorf("%w: a sliding log's limit must be at most %d, got %d", ErrInvalidPolicy, MaxLogLimit, p.Limit)
-	case p.Algorithm == SlidingWindow && p.Limit > maxScaled/w:
+	case p.Algorithm == SlidingWindow && !scaledFits(p.Limit, w):
 		return fmt.Errorf("%w: a sliding window's limit times its window in ms must be at most 2^53, got %d x %d", ErrInvalidPolicy, p.Limit, w)
 	}
 	return nil
+}
+
+// scaledFits reports whether n·w <= 2^53, with no division (every call
+// validates its policy) and no overflow.
+func scaledFits(n, w int64) bool {
+	hi, lo := bits.Mul64(uint64(n), uint64(w))
+	return hi == 0 && lo <= maxScaled
 }
 
 func validName(name string) bool {

@@ -235,58 +235,57 @@ func (b *Backend) insert(s *shard, h uint64, key string, p throttler.Policy) (*s
 func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	defer s.mu.Unlock()
 	if op != throttler.OpPeek {
 		s.observe(ms)
 	}
 	w := s.table.find(h, key, ident(p))
 	var (
-		d     throttler.Decision
-		write bool
-		save  func(*slot)
+		d       throttler.Decision
+		write   bool
+		bucket  backend.BucketState
+		counter backend.CounterState
+		log     []backend.LogEntry
 	)
 	switch p.Algorithm {
 	case throttler.TokenBucket:
-		var st backend.BucketState
 		if w != nil {
-			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
+			bucket = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
 		}
-		var next backend.BucketState
-		d, next, write = backend.Bucket(p, st, w != nil, op, cost, ms)
-		save = func(w *slot) { w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, backend.BucketEnd(p, next) }
+		d, bucket, write = backend.Bucket(p, bucket, w != nil, op, cost, ms)
 	case throttler.SlidingWindow:
-		var st backend.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
+			counter = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
 		}
-		var next backend.CounterState
-		d, next, write = backend.Counter(p, st, w != nil, op, cost, ms)
-		save = func(w *slot) {
-			w.resetAt, w.used, w.prev, w.window, w.end = next.K, next.Curr, next.Prev, next.Window, backend.CounterEnd(p, next)
-		}
+		d, counter, write = backend.Counter(p, counter, w != nil, op, cost, ms)
 	case throttler.SlidingLog:
-		var log []backend.LogEntry
 		if w != nil && w.log != nil {
 			log = w.log.entries
 		}
-		var next []backend.LogEntry
-		d, next, write = backend.Log(p, log, op, cost, ms)
-		save = func(w *slot) {
-			if w.log == nil {
-				w.log = new(logBuf)
-			}
-			w.log.entries, w.end = next, backend.LogEnd(p, next)
+		d, log, write = backend.Log(p, log, op, cost, ms)
+	}
+	if !write {
+		s.mu.Unlock()
+		return d, nil
+	}
+	if w == nil {
+		var err error
+		if w, err = b.insert(s, h, key, p); err != nil {
+			s.mu.Unlock()
+			return throttler.Decision{}, err
 		}
 	}
-	if write {
-		if w == nil {
-			var err error
-			if w, err = b.insert(s, h, key, p); err != nil {
-				return throttler.Decision{}, err
-			}
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		w.used, w.resetAt, w.window, w.end = bucket.Tokens, bucket.At, bucket.Window, backend.BucketEnd(p, bucket)
+	case throttler.SlidingWindow:
+		w.resetAt, w.used, w.prev, w.window, w.end = counter.K, counter.Curr, counter.Prev, counter.Window, backend.CounterEnd(p, counter)
+	case throttler.SlidingLog:
+		if w.log == nil {
+			w.log = new(logBuf)
 		}
-		save(w)
+		w.log.entries, w.end = log, backend.LogEnd(p, log)
 	}
+	s.mu.Unlock()
 	return d, nil
 }
 
