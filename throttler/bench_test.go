@@ -2,10 +2,11 @@ package throttler_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -14,7 +15,7 @@ import (
 func BenchmarkAllow(b *testing.B) {
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	ctx := context.Background()
-	m := memory.New(nil)
+	m := newMemory(b)
 	now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	b.Run("backend", func(b *testing.B) {
 		b.ReportAllocs()
@@ -25,7 +26,7 @@ func BenchmarkAllow(b *testing.B) {
 		}
 	})
 	b.Run("throttler", func(b *testing.B) {
-		th := throttler.New(m, nil)
+		th := newThrottler(b, m, nil)
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := th.Allow(ctx, "client", p); err != nil {
@@ -33,4 +34,29 @@ func BenchmarkAllow(b *testing.B) {
 			}
 		}
 	})
+	b.Run("unnamed", func(b *testing.B) { // the identity is built from the definition
+		th := newThrottler(b, m, nil)
+		unnamed := throttler.Policy{Limit: 1 << 40, Window: time.Hour}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := th.Allow(ctx, "client", unnamed); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkMiddleware is one allowed request through the middleware: the
+// key, the decision, the headers and the wrapped writer.
+func BenchmarkMiddleware(b *testing.B) {
+	th := newThrottler(b, newMemory(b), nil)
+	mw := newMiddleware(b, th, throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}, throttler.KeyByHeader("X-Client"), nil)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Client", "alice")
+	w := httptest.NewRecorder()
+	b.ReportAllocs()
+	for b.Loop() {
+		h.ServeHTTP(w, r)
+	}
 }

@@ -1,7 +1,13 @@
 // Package throttler limits how often each client may do something: the API
 // an application uses. Pick a Backend (the in-process backend/memory, or
-// Redis or Memcached for a fleet), build a Throttler over it once, and ask
-// it per request, directly or through its HTTP middleware:
+// backend/redis or backend/memcached for a fleet), build a Throttler over it
+// once, and ask it per request, directly or through its HTTP middleware
+// (Example shows the whole set-up, runnable):
+//
+//	import (
+//		"github.com/throttlekit/throttlekit/backend/memory"
+//		"github.com/throttlekit/throttlekit/throttler"
+//	)
 //
 //	store, err := memory.New(nil)
 //	if err != nil { ... }
@@ -18,27 +24,49 @@
 //		// over the limit: retry after d.RetryAfter
 //	}
 //
+// # Construction
+//
+// Every constructor (New, Middleware, and the backends' New) checks what it
+// is given and returns an error naming the bad field: a nil backend, a
+// negative duration, an unknown FailureMode, an invalid Policy, a nil
+// KeyFunc. A misconfigured limiter fails when the program starts, never by
+// failing every call and letting everything through. Zero values mean
+// defaults; nil options mean all defaults.
+//
 // # Policies and decisions
 //
 // A Policy is a limit: Limit units per Window. Named policies keep their
-// state across a change of Limit; see Policy for the identity of a limit. A
-// Decision is what one call saw: Allowed, Limit, Used, Remaining, ResetAt
-// and RetryAfter, all from the single backend call that decided, so the
-// X-RateLimit-* headers built from it never contradict each other.
+// state across a change of Limit; two different unnamed policies never
+// share state (see Policy for the identity of a limit). A Decision is what
+// one call saw: Allowed, Limit, Used, Remaining, ResetAt and RetryAfter,
+// all from the single backend call that decided, so the headers built from
+// it never contradict each other.
+//
+// # HTTP
+//
+// Middleware counts one unit when a request starts and gives it back for a
+// refundable answer (304 Not Modified). Every answer carries
+// X-RateLimit-Limit, -Remaining, -Used, -Reset (Unix seconds, rounded up)
+// and -Resource (the policy's Name); with MiddlewareOptions.IETFHeaders also
+// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers). A
+// denied request gets 429 and Retry-After. The handler's writer keeps the
+// server's http.Flusher, http.Hijacker and io.ReaderFrom, so streaming works.
 //
 // # Failures
 //
 // Bad input (an empty key, a cost above the limit) is an error matching
-// ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, and a misconfiguration
-// is an error from the constructor: neither ever counts as a store outage.
-// A store that fails or times out is an outage: the Throttler answers from
-// Options.Fallback, or fails open (allows, marks the Decision Degraded) or
-// closed (ErrUnavailable), as Options.FailureMode says, and reports it to
-// Options.Observe, so that failing open is always visible.
+// ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost (IsInputError): it is
+// never counted as a store outage, so it is never answered by a fallback or
+// by failing open. A store that fails or times out is an outage: the
+// Throttler answers from Options.Fallback, or fails open (allows, marks the
+// Decision Degraded) or closed (ErrUnavailable), as Options.FailureMode
+// says, and reports it to Options.Observe, so that failing open is always
+// visible.
 //
 // Errors may contain the client's key: log them, never send them to a
-// client. Keys that are secrets (API tokens) are best hashed by the KeyFunc
-// before they reach a store.
+// client. The middleware's default answers (400, 503) hold only the status
+// text. Keys that are secrets (API tokens) are best hashed by the KeyFunc
+// before they reach a store (see ExampleKeyFunc_hashed).
 //
 // # Time
 //
@@ -46,4 +74,11 @@
 // the backend, which never reads a clock: tests move time by moving the
 // clock, and two backends asked the same question at the same instant
 // answer alike (which the shadow comparison of a migration relies on).
+//
+// # Writing a backend
+//
+// Backend is the interface applications pass around. What only backend and
+// wrapper authors need (call validation, decision builders, storage
+// identity, Do, OpFunc) is in package
+// github.com/throttlekit/throttlekit/backend.
 package throttler

@@ -1,41 +1,45 @@
 package throttler_test
 
 import (
-	"errors"
-	"strings"
+	"context"
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// FuzzValidateCall: any input gets nil or one of the input errors, never a
-// panic, and nil only for input every backend can take.
-func FuzzValidateCall(f *testing.F) {
-	f.Add("client", "core", int64(5000), int64(3600_000_000_000), int64(1))
-	f.Add("", "", int64(0), int64(0), int64(0))
-	f.Add("k\x00\n", "a b", int64(-1), int64(1500_000), int64(-3))
-	f.Add(strings.Repeat("x", 5000), "ok", int64(1), int64(1_000_000), int64(1))
-	f.Fuzz(func(t *testing.T, key, name string, limit, window, cost int64) {
+// FuzzBadInputNeverFailsOpen: with the primary down and the Throttler
+// failing open, any input is either refused as an input error (never
+// allowed, never a panic) or, exactly when a backend would take it, allowed
+// as a degraded decision.
+func FuzzBadInputNeverFailsOpen(f *testing.F) {
+	f.Add(uint8(throttler.OpTake), "client", "core", int64(5000), int64(3600_000_000_000), int64(1))
+	f.Add(uint8(throttler.OpPeek), "", "", int64(0), int64(0), int64(0))
+	f.Add(uint8(throttler.OpRefund), "k\x00\n", "a b", int64(-1), int64(1500_000), int64(-3))
+	f.Add(uint8(throttler.OpTake), "k", "", int64(3), int64(1_000_000), int64(4))
+	f.Fuzz(func(t *testing.T, op uint8, key, name string, limit, window, cost int64) {
+		o := throttler.Op(op%3 + 1)
 		p := throttler.Policy{Name: name, Limit: limit, Window: time.Duration(window)}
-		err := throttler.ValidateCall(key, p, cost)
+		th, err := throttler.New(&stubBackend{err: errDown}, nil)
 		if err != nil {
-			if !throttler.IsInputError(err) {
-				t.Fatalf("%v is not an input error", err)
-			}
-			if errors.Is(err, throttler.ErrInvalidKey) && key != "" && len(key) <= throttler.MaxKeyLen {
-				t.Fatalf("key %q rejected: %v", key, err)
-			}
-			return
+			t.Fatal(err)
 		}
-		if key == "" || len(key) > throttler.MaxKeyLen || cost <= 0 || cost > throttler.MaxLimit || limit <= 0 || limit > throttler.MaxLimit || p.Window < time.Millisecond || p.Window%time.Millisecond != 0 {
-			t.Fatalf("accepted key=%q %v cost=%d", key, p, cost)
+		var d throttler.Decision
+		switch o {
+		case throttler.OpTake:
+			d, err = th.AllowN(context.Background(), key, p, cost)
+		case throttler.OpPeek:
+			d, err = th.Peek(context.Background(), key, p)
+		case throttler.OpRefund:
+			d, err = th.Refund(context.Background(), key, p, cost)
 		}
-		for _, c := range []byte(name) {
-			if c <= ' ' || c > '~' {
-				t.Fatalf("accepted name %q", name)
-			}
+		want := backend.ValidateCall(o, key, p, cost)
+		switch {
+		case want != nil && (err == nil || !throttler.IsInputError(err) || d.Allowed):
+			t.Fatalf("%v %q %v cost %d: want %v, got %v allowed=%v", o, key, p, cost, want, err, d.Allowed)
+		case want == nil && (err != nil || !d.Allowed || !d.Degraded):
+			t.Fatalf("%v %q %v cost %d: failing open, got %v %+v", o, key, p, cost, err, d)
 		}
-		_ = p.String()
 	})
 }

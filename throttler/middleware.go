@@ -16,9 +16,9 @@ import (
 // request with a 4xx and counts nothing.
 type KeyFunc func(*http.Request) (string, error)
 
-// ErrNoKey wraps a KeyFunc's error: the request does not carry what
-// identifies its client, so nothing is counted and the request is answered
-// by OnError (400 by default).
+// ErrNoKey wraps a KeyFunc's error (unless the KeyFunc wrapped it already):
+// the request does not carry what identifies its client, so nothing is
+// counted and the request is answered by OnError (400 by default).
 var ErrNoKey = errors.New("throttler: request has no client key")
 
 // KeyByRemoteIP keys requests by the IP address of the connection's peer.
@@ -109,8 +109,8 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 // the handler gets keeps every optional interface of the server's
 // (http.Flusher, http.Hijacker, io.ReaderFrom, ...), so streaming works.
 func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (func(http.Handler) http.Handler, error) {
-	if t == nil {
-		return nil, errors.New("throttler: Middleware called on a nil *Throttler; build one with New")
+	if t == nil || t.backend == nil {
+		return nil, errors.New("throttler: Middleware called on a Throttler that New did not build")
 	}
 	if err := p.Validate(); err != nil {
 		return nil, err
@@ -126,7 +126,10 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			k, err := key(r)
 			if err != nil {
-				o.OnError(w, r, fmt.Errorf("%w: %w", ErrNoKey, err))
+				if !errors.Is(err, ErrNoKey) { // one prefix: a KeyFunc may wrap ErrNoKey itself
+					err = fmt.Errorf("%w: %w", ErrNoKey, err)
+				}
+				o.OnError(w, r, err)
 				return
 			}
 			d, err := t.Allow(r.Context(), k, p)

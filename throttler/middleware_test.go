@@ -1,11 +1,15 @@
 package throttler_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +17,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -26,6 +29,13 @@ var etagHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 	_, _ = w.Write([]byte("ok"))
 })
 
+func newMiddleware(t testing.TB, th *throttler.Throttler, p throttler.Policy, key throttler.KeyFunc, o *throttler.MiddlewareOptions) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := th.Middleware(p, key, o)
+	require.NoError(t, err)
+	return mw
+}
+
 func serve(h http.Handler, header ...string) *httptest.ResponseRecorder {
 	r := httptest.NewRequest(http.MethodGet, "/repos", nil)
 	r.Header.Set("X-Client", "alice")
@@ -37,11 +47,49 @@ func serve(h http.Handler, header ...string) *httptest.ResponseRecorder {
 	return w
 }
 
+func TestMiddlewareRejects(t *testing.T) {
+	th := newThrottler(t, newMemory(t), nil)
+	p := throttler.PerMinute(10).Named("api")
+	var nilThrottler *throttler.Throttler
+	tests := []struct {
+		name   string
+		th     *throttler.Throttler
+		p      throttler.Policy
+		key    throttler.KeyFunc
+		o      *throttler.MiddlewareOptions
+		want   string
+		wantIs error
+	}{
+		{name: "zero policy", th: th, p: throttler.Policy{}, key: throttler.KeyByRemoteIP, want: "throttler: invalid policy: limit must be between 1 and 2^48, got 0", wantIs: throttler.ErrInvalidPolicy},
+		{name: "no window", th: th, p: throttler.Policy{Limit: 1}, key: throttler.KeyByRemoteIP, want: "throttler: invalid policy: window must be >= 1ms, got 0s", wantIs: throttler.ErrInvalidPolicy},
+		{name: "name with a space", th: th, p: p.Named("my api"), key: throttler.KeyByRemoteIP, want: `throttler: invalid policy: name "my api": only printable ASCII without spaces is allowed`, wantIs: throttler.ErrInvalidPolicy},
+		{name: "nil KeyFunc", th: th, p: p, key: nil, want: "throttler: Middleware needs a KeyFunc, got nil"},
+		{name: "DeniedStatus 200", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 200}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 200"},
+		{name: "DeniedStatus 99", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 99}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 99"},
+		{name: "DeniedStatus 600", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 600}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 600"},
+		{name: "nil Throttler", th: nilThrottler, p: p, key: throttler.KeyByRemoteIP, want: "throttler: Middleware called on a Throttler that New did not build"},
+		{name: "zero Throttler", th: &throttler.Throttler{}, p: p, key: throttler.KeyByRemoteIP, want: "throttler: Middleware called on a Throttler that New did not build"},
+	}
+	for _, tc := range tests {
+		mw, err := tc.th.Middleware(tc.p, tc.key, tc.o)
+		assert.EqualError(t, err, tc.want, tc.name)
+		if tc.wantIs != nil {
+			assert.ErrorIs(t, err, tc.wantIs, tc.name)
+		}
+		assert.Nil(t, mw, tc.name)
+	}
+
+	for _, o := range []*throttler.MiddlewareOptions{nil, {}, {DeniedStatus: 400}, {DeniedStatus: 503}, {DeniedStatus: 599}} {
+		_, err := th.Middleware(p, throttler.KeyByRemoteIP, o)
+		assert.NoError(t, err, "%+v", o)
+	}
+}
+
 func TestMiddlewareHeaders(t *testing.T) {
 	clock := &fakeClock{now: t0.Add(250 * time.Millisecond)}
-	th := throttler.New(memory.New(nil), &throttler.Options{Clock: clock.Now})
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(3).Named("core")
-	h := th.Middleware(p, throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	h := newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler)
 	wantReset := strconv.FormatInt(t0.Add(time.Minute).Unix()+1, 10) // 250ms past a second: rounded up
 
 	tests := []struct {
@@ -77,37 +125,92 @@ func TestMiddlewareHeaders(t *testing.T) {
 }
 
 func TestMiddlewareIETFHeaders(t *testing.T) {
-	th := throttler.New(memory.New(nil), &throttler.Options{Clock: func() time.Time { return t0 }})
-	h := th.Middleware(throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	h := newMiddleware(t, th, throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
 	w := serve(h)
 	assert.Equal(t, `"core";q=5000;w=3600`, w.Header().Get("RateLimit-Policy"))
 	assert.Equal(t, `"core";r=4999;t=3600`, w.Header().Get("RateLimit"))
+
+	h = newMiddleware(t, th, throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	w = serve(h)
+	assert.Empty(t, w.Header().Get("RateLimit-Policy"), "opt-in")
+	assert.Empty(t, w.Header().Get("RateLimit"))
 }
 
 func TestMiddlewareDeniedStatusIsConfigurable(t *testing.T) {
-	th := throttler.New(memory.New(nil), nil)
-	h := th.Middleware(throttler.PerMinute(1), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{DeniedStatus: http.StatusServiceUnavailable})(etagHandler)
+	th := newThrottler(t, newMemory(t), nil)
+	h := newMiddleware(t, th, throttler.PerMinute(1), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{DeniedStatus: http.StatusServiceUnavailable})(etagHandler)
 	assert.Equal(t, 200, serve(h).Code)
 	assert.Equal(t, 503, serve(h).Code)
 }
 
 func TestMiddlewareKeyErrors(t *testing.T) {
-	stub := &stubBackend{next: memory.New(nil)}
-	th := throttler.New(stub, nil)
-	h := th.Middleware(throttler.PerMinute(1), throttler.KeyByHeader("X-Missing"), nil)(etagHandler)
-	w := serve(h)
-	assert.Equal(t, http.StatusBadRequest, w.Code)
-	assert.Contains(t, w.Body.String(), "X-Missing")
-	assert.Zero(t, stub.count(), "nothing counted")
+	stub := &stubBackend{next: newMemory(t)}
+	th := newThrottler(t, stub, nil)
+	tests := []struct {
+		name string
+		key  throttler.KeyFunc
+	}{
+		{"header missing", throttler.KeyByHeader("X-Missing")},
+		{"KeyFunc error", func(*http.Request) (string, error) { return "", errors.New("token signature invalid") }},
+		{"KeyFunc error wrapping ErrNoKey", func(*http.Request) (string, error) { return "", fmt.Errorf("%w: no token", throttler.ErrNoKey) }},
+		{"empty key", func(*http.Request) (string, error) { return "", nil }},
+		{"key too long", func(*http.Request) (string, error) { return strings.Repeat("k", throttler.MaxKeyLen+1), nil }},
+	}
+	for _, tc := range tests {
+		var got error
+		o := &throttler.MiddlewareOptions{OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+			got = err
+			http.Error(w, "custom", http.StatusUnauthorized)
+		}}
+		w := serve(newMiddleware(t, th, throttler.PerMinute(1), tc.key, nil)(etagHandler))
+		assert.Equal(t, http.StatusBadRequest, w.Code, tc.name)
+		assert.Equal(t, "Bad Request\n", w.Body.String(), "%s: the status text alone", tc.name)
 
-	failing := throttler.KeyFunc(func(*http.Request) (string, error) { return "", errors.New("token signature invalid") })
-	w = serve(th.Middleware(throttler.PerMinute(1), failing, nil)(etagHandler))
-	assert.Equal(t, http.StatusBadRequest, w.Code)
-	assert.Contains(t, w.Body.String(), "token signature invalid")
+		w = serve(newMiddleware(t, th, throttler.PerMinute(1), tc.key, o)(etagHandler))
+		assert.Equal(t, http.StatusUnauthorized, w.Code, tc.name)
+		assert.True(t, errors.Is(got, throttler.ErrNoKey) || throttler.IsInputError(got), "%s: %v", tc.name, got)
+	}
+	assert.Equal(t, 4, stub.count(), "KeyFunc errors count nothing; the two keys returned reached the store (twice each), which refused them")
+}
 
-	long := throttler.KeyFunc(func(*http.Request) (string, error) { return string(make([]byte, throttler.MaxKeyLen+1)), nil })
-	w = serve(th.Middleware(throttler.PerMinute(1), long, nil)(etagHandler))
-	assert.Equal(t, http.StatusBadRequest, w.Code)
+// Keys are often API tokens or e-mail addresses, and errors carry them: no
+// default answer ever writes an error, so no key and no internal detail
+// reaches a client.
+func TestErrorAnswersNeverHoldTheKeyNorTheError(t *testing.T) {
+	const key = "alice@example.com"
+	leak := fmt.Errorf(`redis: take %q (policy "api"): %w`, key, context.DeadlineExceeded)
+	p := throttler.PerMinute(5).Named("api")
+	tests := []struct {
+		name     string
+		backend  throttler.Backend
+		mode     throttler.FailureMode
+		key      throttler.KeyFunc
+		status   int
+		forbid   []string
+		inHeader bool
+	}{
+		{"fail closed", &stubBackend{err: leak}, throttler.FailClosed, throttler.KeyByHeader("X-Client"), 503,
+			[]string{key, "redis", "deadline", "throttler"}, true},
+		{"key too long", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) {
+			return "token-" + key + strings.Repeat("x", throttler.MaxKeyLen), nil
+		}, 400,
+			[]string{key, "token-", "4096", "throttler"}, true},
+		{"KeyFunc error", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) { return "", fmt.Errorf("token %q is not signed", key) }, 400,
+			[]string{key, "signed", "throttler"}, true},
+	}
+	for _, tc := range tests {
+		th := newThrottler(t, tc.backend, &throttler.Options{FailureMode: tc.mode})
+		w := serve(newMiddleware(t, th, p, tc.key, nil)(etagHandler), "X-Client", key)
+		assert.Equal(t, tc.status, w.Code, tc.name)
+		assert.Equal(t, http.StatusText(tc.status)+"\n", w.Body.String(), tc.name)
+		for _, s := range tc.forbid {
+			assert.NotContains(t, strings.ToLower(w.Body.String()), strings.ToLower(s), tc.name)
+			for name, v := range w.Header() {
+				assert.NotContains(t, strings.Join(v, " "), s, "%s: header %s", tc.name, name)
+			}
+		}
+	}
 }
 
 func TestKeyByRemoteIP(t *testing.T) {
@@ -118,29 +221,29 @@ func TestKeyByRemoteIP(t *testing.T) {
 	assert.Equal(t, "192.0.2.7", k)
 	r.RemoteAddr = "garbage"
 	_, err = throttler.KeyByRemoteIP(r)
-	assert.ErrorIs(t, err, throttler.ErrNoKey)
+	assert.EqualError(t, err, `remote address "garbage" has no host`, "no prefix: the middleware adds ErrNoKey's")
 }
 
 func TestMiddlewareDegraded(t *testing.T) {
 	p := throttler.PerMinute(5)
 	t.Run("fail open sets no count it does not know", func(t *testing.T) {
-		th := throttler.New(&stubBackend{err: errDown}, nil)
-		w := serve(th.Middleware(p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
+		th := newThrottler(t, &stubBackend{err: errDown}, nil)
+		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler))
 		assert.Equal(t, 200, w.Code)
 		assert.Equal(t, "5", w.Header().Get("X-RateLimit-Limit"))
-		for _, h := range []string{"X-RateLimit-Remaining", "X-RateLimit-Used", "X-RateLimit-Reset"} {
+		for _, h := range []string{"X-RateLimit-Remaining", "X-RateLimit-Used", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy"} {
 			assert.Empty(t, w.Header().Get(h), h)
 		}
 	})
 	t.Run("fail closed answers 503", func(t *testing.T) {
-		th := throttler.New(&stubBackend{err: errDown}, &throttler.Options{FailureMode: throttler.FailClosed})
-		w := serve(th.Middleware(p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
+		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{FailureMode: throttler.FailClosed})
+		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
 		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 		assert.Equal(t, "1", w.Header().Get("Retry-After"))
 	})
 	t.Run("the fallback's counts are real", func(t *testing.T) {
-		th := throttler.New(&stubBackend{err: errDown}, &throttler.Options{Fallback: memory.New(nil)})
-		w := serve(th.Middleware(p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
+		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{Fallback: newMemory(t)})
+		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
 		assert.Equal(t, 200, w.Code)
 		assert.Equal(t, "4", w.Header().Get("X-RateLimit-Remaining"))
 	})
@@ -149,22 +252,20 @@ func TestMiddlewareDegraded(t *testing.T) {
 // Counting at the start of the request: concurrent requests can never pass
 // the last allowed one.
 func TestMiddlewareExactUnderConcurrency(t *testing.T) {
-	th := throttler.New(memory.New(nil), &throttler.Options{Clock: func() time.Time { return t0 }})
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 	release := make(chan struct{})
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release })
-	h := th.Middleware(throttler.PerMinute(10), throttler.KeyByHeader("X-Client"), nil)(slow)
+	h := newMiddleware(t, th, throttler.PerMinute(10), throttler.KeyByHeader("X-Client"), nil)(slow)
 	var mu sync.Mutex
 	codes := map[int]int{}
 	var wg sync.WaitGroup
-	for i := 0; i < 64; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range 64 {
+		wg.Go(func() {
 			w := serve(h)
 			mu.Lock()
 			codes[w.Code]++
 			mu.Unlock()
-		}()
+		})
 	}
 	// The 54 denied requests return while the 10 admitted still block.
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return codes[429] == 54 }, 5*time.Second, time.Millisecond)
@@ -174,9 +275,9 @@ func TestMiddlewareExactUnderConcurrency(t *testing.T) {
 }
 
 func TestRefundOnlyWhenRefundable(t *testing.T) {
-	stub := &stubBackend{next: memory.New(nil)}
-	th := throttler.New(stub, nil)
-	h := th.Middleware(throttler.PerMinute(5), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	stub := &stubBackend{next: newMemory(t)}
+	th := newThrottler(t, stub, nil)
+	h := newMiddleware(t, th, throttler.PerMinute(5), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
 	serve(h)
 	assert.Equal(t, 1, stub.count(), "a 200 costs one call")
 	serve(h, "If-None-Match", "x")
@@ -184,4 +285,173 @@ func TestRefundOnlyWhenRefundable(t *testing.T) {
 	d, err := th.Peek(context.Background(), "alice", throttler.PerMinute(5))
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), d.Used)
+}
+
+// get sends a GET with X-Client: client to url.
+func get(t *testing.T, url, client string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Client", client)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	return resp
+}
+
+// A streaming handler behind the middleware flushes: the client reads the
+// first chunk while the handler still runs. (The writer used to hide
+// http.Flusher.)
+func TestMiddlewareStreams(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	release := make(chan struct{})
+	stream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f, ok := w.(http.Flusher)
+		if !ok {
+			http.Error(w, "no Flusher", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "first\n")
+		f.Flush()
+		<-release
+		_, _ = io.WriteString(w, "second\n")
+	})
+	srv := httptest.NewServer(newMiddleware(t, th, throttler.PerMinute(5), throttler.KeyByHeader("X-Client"), nil)(stream))
+	defer srv.Close()
+
+	type read struct {
+		resp  *http.Response
+		first string
+		err   error
+	}
+	done := make(chan read, 1)
+	req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Client", "alice")
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- read{err: err}
+			return
+		}
+		first, err := bufio.NewReader(resp.Body).ReadString('\n')
+		done <- read{resp, first, err}
+	}()
+	var r read
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second): // a guard against a hang, not a clock
+		close(release)
+		t.Fatal("the first chunk never arrived: the writer does not flush")
+	}
+	close(release)
+	require.NoError(t, r.err)
+	defer r.resp.Body.Close()
+	assert.Equal(t, 200, r.resp.StatusCode)
+	assert.Equal(t, "first\n", r.first, "read before the handler finished")
+	assert.Equal(t, "4", r.resp.Header.Get("X-RateLimit-Remaining"))
+}
+
+// The writer the handler gets has exactly the optional interfaces of the
+// server's: all of them behind net/http's server, none behind a writer that
+// has none.
+func TestMiddlewareWriterKeepsTheServersInterfaces(t *testing.T) {
+	th := newThrottler(t, newMemory(t), nil)
+	mw := newMiddleware(t, th, throttler.PerMinute(100), throttler.KeyByHeader("X-Client"), nil)
+	interfaces := func(w http.ResponseWriter) string {
+		_, flusher := w.(http.Flusher)
+		_, hijacker := w.(http.Hijacker)
+		_, readerFrom := w.(io.ReaderFrom)
+		_, stringWriter := w.(io.StringWriter)
+		return fmt.Sprintf("Flusher=%v Hijacker=%v ReaderFrom=%v StringWriter=%v", flusher, hijacker, readerFrom, stringWriter)
+	}
+	report := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		deadline := rc.SetWriteDeadline(time.Time{}) // found through the wrapper
+		_, _ = fmt.Fprintf(w, "%s deadline=%v", interfaces(w), deadline)
+	})
+
+	srv := httptest.NewServer(mw(report))
+	defer srv.Close()
+	resp := get(t, srv.URL, "alice")
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, "Flusher=true Hijacker=true ReaderFrom=true StringWriter=true deadline=<nil>", string(body))
+
+	plain := &plainWriter{header: http.Header{}}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-Client", "bob")
+	var got string
+	mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got = interfaces(w) })).ServeHTTP(plain, r)
+	assert.Equal(t, "Flusher=false Hijacker=false ReaderFrom=false StringWriter=false", got, "none added")
+}
+
+// plainWriter is an http.ResponseWriter with no optional interface.
+type plainWriter struct {
+	header http.Header
+	status int
+	body   strings.Builder
+}
+
+func (w *plainWriter) Header() http.Header         { return w.header }
+func (w *plainWriter) Write(b []byte) (int, error) { return w.body.Write(b) }
+func (w *plainWriter) WriteHeader(status int)      { w.status = status }
+
+// A refundable response's unit goes back before its headers are sent,
+// whichever method sends them: the headers show the count after the refund.
+func TestMiddlewareRefundsBeforeTheHeaders(t *testing.T) {
+	tests := []struct {
+		name    string
+		handler http.HandlerFunc
+		status  int
+	}{
+		{"WriteHeader 304", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNotModified) }, 304},
+		{"103 then 304", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusEarlyHints) // informational: not the answer
+			w.WriteHeader(http.StatusNotModified)
+		}, 304},
+		{"Flush first", func(w http.ResponseWriter, r *http.Request) {
+			w.(http.Flusher).Flush()
+			_, _ = w.Write([]byte("streamed"))
+		}, 200},
+		{"FlushError through a ResponseController", func(w http.ResponseWriter, r *http.Request) {
+			_ = http.NewResponseController(w).Flush()
+			_, _ = w.Write([]byte("streamed"))
+		}, 200},
+		{"Write first", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("body")) }, 200},
+		{"WriteString first", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "body") }, 200},
+		{"ReadFrom first", func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(w, strings.NewReader("body")) }, 200},
+		{"Hijack is no response: no refund", func(w http.ResponseWriter, r *http.Request) {
+			conn, buf, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nX-RateLimit-Remaining: hijacked\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+			_ = buf.Flush()
+		}, 200},
+	}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	p := throttler.PerMinute(5)
+	refundable := &throttler.MiddlewareOptions{Refundable: func(status int) bool { return status == 200 || status == 304 }}
+	for i, tc := range tests {
+		srv := httptest.NewServer(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), refundable)(tc.handler))
+		client := fmt.Sprintf("client-%d", i)
+		resp := get(t, srv.URL, client)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		srv.Close()
+
+		assert.Equal(t, tc.status, resp.StatusCode, tc.name)
+		d, err := th.Peek(context.Background(), client, p)
+		require.NoError(t, err)
+		if strings.HasPrefix(tc.name, "Hijack") {
+			assert.Equal(t, "hijacked", resp.Header.Get("X-RateLimit-Remaining"))
+			assert.Equal(t, int64(1), d.Used, "%s: counted", tc.name)
+			continue
+		}
+		assert.Equal(t, "5", resp.Header.Get("X-RateLimit-Remaining"), "%s: the header shows the refund", tc.name)
+		assert.Equal(t, "0", resp.Header.Get("X-RateLimit-Used"), tc.name)
+		assert.Equal(t, int64(0), d.Used, "%s: refunded once", tc.name)
+	}
 }

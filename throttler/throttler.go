@@ -145,7 +145,9 @@ func isNil(b Backend) bool {
 
 // Throttler applies policies to keys over a Backend. It owns the clock, the
 // per-call timeout and what happens when the backend fails. It is safe for
-// concurrent use; most callers want Allow, or Middleware for HTTP.
+// concurrent use; most callers want Allow, or Middleware for HTTP. The zero
+// value has no backend: build one with New (a zero or nil Throttler answers
+// every call with an error, never a panic).
 type Throttler struct {
 	backend Backend
 	opts    Options
@@ -162,8 +164,11 @@ type Throttler struct {
 // error naming the problem for a nil backend and for options that cannot
 // work (a negative duration or count, an unknown FailureMode).
 func New(b Backend, opts *Options) (*Throttler, error) {
+	if b == nil {
+		return nil, errors.New("throttler: New needs a backend, got nil")
+	}
 	if isNil(b) {
-		return nil, fmt.Errorf("throttler: New needs a backend, got %T(nil)", b)
+		return nil, fmt.Errorf("throttler: New needs a backend, got a nil %T", b)
 	}
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -174,6 +179,9 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	t.fallbackLocal = o.Fallback != nil && inProcess(o.Fallback)
 	return t, nil
 }
+
+// errNotBuilt answers calls on a Throttler that New did not build.
+var errNotBuilt = errors.New("throttler: Throttler has no backend; build one with New")
 
 // inProcess reports whether b says its calls answer from memory without
 // blocking (package backend's InProcess interface, matched by its method).
@@ -204,6 +212,9 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64) (
 }
 
 func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
+	if t == nil || t.backend == nil {
+		return Decision{}, errNotBuilt
+	}
 	var started time.Time
 	if t.opts.Observe != nil {
 		started = time.Now()
@@ -300,7 +311,7 @@ func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op 
 	case r := <-done:
 		return r.d, r.err
 	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("throttler: backend did not answer: %w", ctx.Err())
+		return Decision{}, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
 	}
 }
 

@@ -3,6 +3,9 @@ package throttler_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +77,20 @@ func (s *stubBackend) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.c
 
 var errDown = errors.New("connection refused")
 
+func newMemory(t testing.TB) *memory.Backend {
+	t.Helper()
+	m, err := memory.New(nil)
+	require.NoError(t, err)
+	return m
+}
+
+func newThrottler(t testing.TB, b throttler.Backend, o *throttler.Options) *throttler.Throttler {
+	t.Helper()
+	th, err := throttler.New(b, o)
+	require.NoError(t, err)
+	return th
+}
+
 func TestPolicyValidate(t *testing.T) {
 	tests := []struct {
 		p    throttler.Policy
@@ -108,7 +125,7 @@ func TestPolicyValidate(t *testing.T) {
 
 func TestAllowUsesTheClock(t *testing.T) {
 	clock := &fakeClock{now: t0}
-	th := throttler.New(memory.New(nil), &throttler.Options{Clock: clock.Now})
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(2).Named("api")
 	ctx := context.Background()
 	steps := []struct {
@@ -129,25 +146,105 @@ func TestAllowUsesTheClock(t *testing.T) {
 	}
 }
 
-func TestBadInputNeverReachesTheBackend(t *testing.T) {
-	stub := &stubBackend{next: memory.New(nil)}
-	var seen []throttler.Observation
-	th := throttler.New(stub, &throttler.Options{Observe: func(o throttler.Observation) { seen = append(seen, o) }})
-	ctx := context.Background()
-	_, err := th.Allow(ctx, "", throttler.PerSecond(1))
-	assert.ErrorIs(t, err, throttler.ErrInvalidKey)
-	_, err = th.AllowN(ctx, "k", throttler.PerSecond(1), 0)
-	assert.ErrorIs(t, err, throttler.ErrInvalidCost)
-	_, err = th.Refund(ctx, "k", throttler.PerSecond(1), -2)
-	assert.ErrorIs(t, err, throttler.ErrInvalidCost)
-	_, err = th.Peek(ctx, "k", throttler.PerSecond(0))
-	assert.ErrorIs(t, err, throttler.ErrInvalidPolicy)
-	assert.Zero(t, stub.count())
-	require.Len(t, seen, 4)
-	for _, o := range seen {
-		assert.Equal(t, throttler.SourceNone, o.Source)
-		assert.True(t, throttler.IsInputError(o.Err), "%v", o.Err)
+// Bad input is the caller's error whatever state the primary is in: never
+// an outage, so never answered by the fallback or by failing open.
+func TestBadInputIsAnInputErrorNeverAnOutage(t *testing.T) {
+	p := throttler.PerMinute(10)
+	calls := []struct {
+		name string
+		call func(*throttler.Throttler) (throttler.Decision, error)
+		want error
+	}{
+		{"empty key", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.Allow(context.Background(), "", p)
+		}, throttler.ErrInvalidKey},
+		{"key too long", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.Allow(context.Background(), strings.Repeat("k", throttler.MaxKeyLen+1), p)
+		}, throttler.ErrInvalidKey},
+		{"cost 0", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.AllowN(context.Background(), "k", p, 0)
+		}, throttler.ErrInvalidCost},
+		{"cost above the limit", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.AllowN(context.Background(), "k", p, 11)
+		}, throttler.ErrInvalidCost},
+		{"negative refund", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.Refund(context.Background(), "k", p, -2)
+		}, throttler.ErrInvalidCost},
+		{"zero policy", func(th *throttler.Throttler) (throttler.Decision, error) {
+			return th.Peek(context.Background(), "k", throttler.Policy{})
+		}, throttler.ErrInvalidPolicy},
 	}
+	primaries := []struct {
+		name        string
+		err         error // the primary's failure; nil: up
+		breakerOpen bool
+	}{
+		{"primary up", nil, false},
+		{"primary down", errDown, false},
+		{"breaker open", errDown, true},
+	}
+	for _, pr := range primaries {
+		for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
+			for _, c := range calls {
+				t.Run(fmt.Sprintf("%s/%d/%s", pr.name, mode, c.name), func(t *testing.T) {
+					primary := &stubBackend{next: newMemory(t)}
+					fallback := &stubBackend{next: newMemory(t)}
+					var seen []throttler.Observation
+					th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: mode, Fallback: fallback, BreakerThreshold: 1,
+						Observe: func(o throttler.Observation) { seen = append(seen, o) }})
+					if pr.breakerOpen {
+						primary.set(errDown)
+						_, err := th.Allow(context.Background(), "other", p) // opens the breaker
+						require.NoError(t, err)
+						seen = nil
+					}
+					primary.set(pr.err)
+					before := fallback.count()
+
+					d, err := c.call(th)
+					assert.ErrorIs(t, err, c.want)
+					assert.False(t, d.Allowed, "never failed open")
+					assert.False(t, d.Degraded)
+					assert.NotErrorIs(t, err, throttler.ErrUnavailable)
+					assert.Equal(t, before, fallback.count(), "the fallback never sees bad input")
+					require.Len(t, seen, 1)
+					assert.Equal(t, throttler.SourceNone, seen[0].Source)
+					assert.True(t, throttler.IsInputError(seen[0].Err), "%v", seen[0].Err)
+				})
+			}
+		}
+	}
+}
+
+// Validation runs once per call, in the leaf backend: the Throttler does not
+// validate in front of a primary that answers (here one that accepts
+// anything), only when the primary fails.
+func TestThrottlerValidatesOnlyWhenThePrimaryFails(t *testing.T) {
+	lenient := &stubBackend{next: acceptAll{}}
+	th := newThrottler(t, lenient, nil)
+	d, err := th.Allow(context.Background(), "", throttler.Policy{})
+	require.NoError(t, err, "the primary answered: its word is final")
+	assert.True(t, d.Allowed)
+	assert.Equal(t, 1, lenient.count())
+
+	lenient.set(errDown)
+	_, err = th.Allow(context.Background(), "", throttler.Policy{})
+	assert.ErrorIs(t, err, throttler.ErrInvalidKey, "the primary failed: the Throttler checks before failing open")
+}
+
+// acceptAll allows everything, checking nothing.
+type acceptAll struct{}
+
+func (acceptAll) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true}, nil
+}
+
+func (acceptAll) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true}, nil
+}
+
+func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{Allowed: true}, nil
 }
 
 func TestFailureModes(t *testing.T) {
@@ -171,9 +268,9 @@ func TestFailureModes(t *testing.T) {
 			var obs throttler.Observation
 			o := &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: tc.mode, Observe: func(x throttler.Observation) { obs = x }}
 			if tc.fallback {
-				o.Fallback = memory.New(nil)
+				o.Fallback = newMemory(t)
 			}
-			d, err := throttler.New(stub, o).Allow(context.Background(), "k", p)
+			d, err := newThrottler(t, stub, o).Allow(context.Background(), "k", p)
 			if tc.wantErr != nil {
 				assert.ErrorIs(t, err, tc.wantErr)
 				assert.ErrorIs(t, err, errDown, "the cause is kept")
@@ -192,7 +289,7 @@ func TestFailureModes(t *testing.T) {
 
 func TestTimeoutBoundsEveryCall(t *testing.T) {
 	stub := &stubBackend{block: true}
-	th := throttler.New(stub, &throttler.Options{Timeout: 20 * time.Millisecond})
+	th := newThrottler(t, stub, &throttler.Options{Timeout: 20 * time.Millisecond})
 	d, err := th.Allow(context.Background(), "k", throttler.PerSecond(1))
 	require.NoError(t, err)
 	assert.True(t, d.Allowed && d.Degraded, "a hung backend fails open")
@@ -204,7 +301,7 @@ func TestTimeoutBoundsEveryCall(t *testing.T) {
 
 func TestCallerCancellationIsNotAnOutage(t *testing.T) {
 	stub := &stubBackend{block: true}
-	th := throttler.New(stub, nil)
+	th := newThrottler(t, stub, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_, err := th.Allow(ctx, "k", throttler.PerSecond(1))
@@ -215,9 +312,9 @@ func TestCallerCancellationIsNotAnOutage(t *testing.T) {
 // BreakerCooldown (on the Throttler's clock), then tried again.
 func TestBreaker(t *testing.T) {
 	clock := &fakeClock{now: t0}
-	primary := &stubBackend{err: errDown, next: memory.New(nil)}
-	fallback := memory.New(nil)
-	th := throttler.New(primary, &throttler.Options{Clock: clock.Now, Fallback: fallback, BreakerThreshold: 3, BreakerCooldown: 2 * time.Second})
+	primary := &stubBackend{err: errDown, next: newMemory(t)}
+	fallback := newMemory(t)
+	th := newThrottler(t, primary, &throttler.Options{Clock: clock.Now, Fallback: fallback, BreakerThreshold: 3, BreakerCooldown: 2 * time.Second})
 	p := throttler.PerMinute(100)
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
@@ -249,32 +346,9 @@ func TestBreaker(t *testing.T) {
 
 func TestBackendInputErrorIsReturned(t *testing.T) {
 	stub := &stubBackend{err: throttler.ErrInvalidKey}
-	th := throttler.New(stub, &throttler.Options{Fallback: memory.New(nil)})
+	th := newThrottler(t, stub, &throttler.Options{Fallback: newMemory(t)})
 	_, err := th.Allow(context.Background(), "k", throttler.PerSecond(1))
 	assert.ErrorIs(t, err, throttler.ErrInvalidKey, "a key the store cannot hold is the caller's problem, not an outage")
-}
-
-func TestWindowState(t *testing.T) {
-	p := throttler.Policy{Limit: 10, Window: time.Minute}
-	tests := []struct {
-		name    string
-		used    int64
-		resetAt time.Time
-		allowed bool
-		want    throttler.Decision
-	}{
-		{"open", 4, t0.Add(30 * time.Second), true, throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: t0.Add(30 * time.Second)}},
-		{"denied", 10, t0.Add(30 * time.Second), false, throttler.Decision{Limit: 10, Used: 10, Remaining: 0, ResetAt: t0.Add(30 * time.Second), RetryAfter: 30 * time.Second}},
-		{"over a lowered limit", 12, t0.Add(time.Second), false, throttler.Decision{Limit: 10, Used: 12, Remaining: 0, ResetAt: t0.Add(time.Second), RetryAfter: time.Second}},
-		{"absent", 0, time.Time{}, true, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-		{"ended at now", 7, t0, true, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, throttler.WindowState(p, tc.used, tc.resetAt, t0, tc.allowed), tc.name)
-	}
-	full := throttler.PeekState(p, 10, t0.Add(time.Second), t0)
-	assert.False(t, full.Allowed)
-	assert.Equal(t, time.Second, full.RetryAfter)
 }
 
 // deafBackend ignores its context, like gomemcache: it answers only when
@@ -293,7 +367,7 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 	deaf := &deafBackend{release: make(chan struct{})}
 	defer close(deaf.release)
 	var obs []throttler.Observation
-	th := throttler.New(deaf, &throttler.Options{Timeout: 10 * time.Millisecond, Detach: true, MaxDetached: 2, Fallback: memory.New(nil),
+	th := newThrottler(t, deaf, &throttler.Options{Timeout: 10 * time.Millisecond, Detach: true, MaxDetached: 2, Fallback: newMemory(t),
 		Observe: func(o throttler.Observation) { obs = append(obs, o) }})
 	p := throttler.PerMinute(10)
 	for i := 0; i < 3; i++ {
@@ -310,7 +384,7 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 }
 
 func TestDetachReturnsTheBackendsAnswer(t *testing.T) {
-	th := throttler.New(memory.New(nil), &throttler.Options{Detach: true, Clock: func() time.Time { return t0 }})
+	th := newThrottler(t, newMemory(t), &throttler.Options{Detach: true, Clock: func() time.Time { return t0 }})
 	for i := int64(1); i <= 3; i++ {
 		d, err := th.AllowN(context.Background(), "k", throttler.PerMinute(2), 1)
 		require.NoError(t, err)
@@ -325,23 +399,177 @@ type localStub struct{ stubBackend }
 func (*localStub) InProcess() bool { return true }
 
 func TestInProcessBackendsGetNoTimeoutContext(t *testing.T) {
-	local := &localStub{stubBackend{next: memory.New(nil)}}
-	_, err := throttler.New(local, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
+	local := &localStub{stubBackend{next: newMemory(t)}}
+	_, err := newThrottler(t, local, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
 	require.NoError(t, err)
 	_, hasDeadline := local.ctxs[0].Deadline()
 	assert.False(t, hasDeadline, "an in-process call needs no timer")
 
-	remote := &stubBackend{next: memory.New(nil)}
-	_, err = throttler.New(remote, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
+	remote := &stubBackend{next: newMemory(t)}
+	_, err = newThrottler(t, remote, nil).Allow(context.Background(), "k", throttler.PerSecond(1))
 	require.NoError(t, err)
 	_, hasDeadline = remote.ctxs[0].Deadline()
 	assert.True(t, hasDeadline)
-
-	assert.True(t, throttler.IsInProcess(memory.New(nil)))
-	assert.False(t, throttler.IsInProcess(remote))
 }
 
 func TestSourceString(t *testing.T) {
 	assert.Equal(t, "fallback", throttler.SourceFallback.String())
 	assert.Equal(t, "Source(9)", throttler.Source(9).String(), "out of range prints, never panics")
+}
+
+func TestNewRejects(t *testing.T) {
+	var nilMemory *memory.Backend
+	mem := newMemory(t)
+	tests := []struct {
+		name string
+		b    throttler.Backend
+		o    *throttler.Options
+		want string
+	}{
+		{"nil backend", nil, nil, "throttler: New needs a backend, got nil"},
+		{"typed-nil backend", nilMemory, nil, "throttler: New needs a backend, got a nil *memory.Backend"},
+		{"negative Timeout", mem, &throttler.Options{Timeout: -time.Millisecond}, "throttler: Options.Timeout must be >= 0, got -1ms"},
+		{"negative BreakerThreshold", mem, &throttler.Options{BreakerThreshold: -1}, "throttler: Options.BreakerThreshold must be >= 0, got -1"},
+		{"negative BreakerCooldown", mem, &throttler.Options{BreakerCooldown: -time.Second}, "throttler: Options.BreakerCooldown must be >= 0, got -1s"},
+		{"negative MaxDetached", mem, &throttler.Options{MaxDetached: -1}, "throttler: Options.MaxDetached must be >= 0, got -1"},
+		{"unknown FailureMode", mem, &throttler.Options{FailureMode: 2}, "throttler: Options.FailureMode 2 is neither FailOpen nor FailClosed"},
+		{"negative FailureMode", mem, &throttler.Options{FailureMode: -1}, "throttler: Options.FailureMode -1 is neither FailOpen nor FailClosed"},
+		{"typed-nil Fallback", mem, &throttler.Options{Fallback: nilMemory}, "throttler: Options.Fallback is a nil *memory.Backend"},
+	}
+	for _, tc := range tests {
+		th, err := throttler.New(tc.b, tc.o)
+		assert.EqualError(t, err, tc.want, tc.name)
+		assert.Nil(t, th, tc.name)
+	}
+
+	// Zero means default; nothing else is needed.
+	for _, o := range []*throttler.Options{nil, {}, {FailureMode: throttler.FailClosed, Fallback: mem}} {
+		_, err := throttler.New(mem, o)
+		assert.NoError(t, err)
+	}
+}
+
+// Issue 10 measured a backend built wrong (redis.New(nil, nil)) under a
+// Limit of 1: 10 of 10 calls allowed, no error anywhere, because every call
+// failed, the Throttler read an outage and failed open. Now the mistake
+// stops construction, and a Throttler that was never built answers errors,
+// never allows.
+func TestMisconfiguredBackendIsAnErrorAtConstructionNeverAFailOpen(t *testing.T) {
+	var nilMemory *memory.Backend
+	badMemory, memErr := memory.New(&memory.Options{Shards: -1})
+	require.EqualError(t, memErr, "memory: Options.Shards must be between 0 (default) and 65536, got -1")
+
+	builds := []struct {
+		name string
+		b    throttler.Backend
+		o    *throttler.Options
+	}{
+		{"nil", nil, nil},
+		{"typed nil", nilMemory, nil},
+		{"memory.New's error ignored", badMemory, nil},
+		{"typed-nil fallback", newMemory(t), &throttler.Options{Fallback: nilMemory}},
+		{"unknown failure mode", newMemory(t), &throttler.Options{FailureMode: 7}},
+	}
+	p := throttler.PerMinute(1)
+	for _, tc := range builds {
+		th, err := throttler.New(tc.b, tc.o)
+		require.Error(t, err, tc.name)
+		allowed := 0
+		for range 10 {
+			d, err := th.Allow(context.Background(), "k", p)
+			assert.Error(t, err, "%s: a Throttler New refused answers errors", tc.name)
+			if d.Allowed {
+				allowed++
+			}
+		}
+		assert.Zero(t, allowed, tc.name)
+		_, err = th.Middleware(p, throttler.KeyByRemoteIP, nil)
+		assert.Error(t, err, tc.name)
+	}
+}
+
+func TestZeroThrottlerErrsNeverPanics(t *testing.T) {
+	for _, th := range []*throttler.Throttler{nil, {}} {
+		for _, call := range []func() (throttler.Decision, error){
+			func() (throttler.Decision, error) { return th.Allow(context.Background(), "k", throttler.PerSecond(1)) },
+			func() (throttler.Decision, error) {
+				return th.AllowN(context.Background(), "k", throttler.PerSecond(1), 1)
+			},
+			func() (throttler.Decision, error) { return th.Peek(context.Background(), "k", throttler.PerSecond(1)) },
+			func() (throttler.Decision, error) {
+				return th.Refund(context.Background(), "k", throttler.PerSecond(1), 1)
+			},
+		} {
+			d, err := call()
+			assert.EqualError(t, err, "throttler: Throttler has no backend; build one with New")
+			assert.False(t, d.Allowed)
+		}
+	}
+}
+
+// Two unnamed policies on one key never share a window: issue 10 measured
+// PerHour(3) admitting 120 in 2 hours next to PerMinute(2).
+func TestUnnamedPoliciesOnOneKeyStayApart(t *testing.T) {
+	clock := &fakeClock{now: t0}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+	hourly, perMinute := throttler.PerHour(3), throttler.PerMinute(2)
+	ctx := context.Background()
+	admitted := map[throttler.Policy]int{}
+	for range 120 { // two hours, one step a minute
+		for _, p := range []throttler.Policy{perMinute, hourly, perMinute, hourly} {
+			d, err := th.Allow(ctx, "alice", p)
+			require.NoError(t, err)
+			if d.Allowed {
+				admitted[p]++
+			}
+		}
+		clock.Add(time.Minute)
+	}
+	assert.Equal(t, 6, admitted[hourly], "3 an hour")
+	assert.Equal(t, 240, admitted[perMinute], "2 a minute")
+
+	// Named policies share their Name's window, whatever their Limit: a
+	// live policy's Limit can change without a fresh window.
+	core := throttler.PerHour(3).Named("core")
+	_, err := th.AllowN(ctx, "bob", core, 3)
+	require.NoError(t, err)
+	d, err := th.Peek(ctx, "bob", throttler.PerHour(5).Named("core"))
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), d.Used)
+}
+
+// Every error says "throttler:" once, however many layers it crossed.
+func TestErrorsHaveOnePrefix(t *testing.T) {
+	var errs []error
+	_, err := throttler.New(nil, nil)
+	errs = append(errs, err)
+	_, err = newThrottler(t, newMemory(t), nil).Allow(context.Background(), "", throttler.PerSecond(1))
+	errs = append(errs, err)
+
+	// Fail closed, with a detached call that times out and a fallback that
+	// fails too.
+	deaf := &deafBackend{release: make(chan struct{})}
+	defer close(deaf.release)
+	th := newThrottler(t, deaf, &throttler.Options{Timeout: time.Millisecond, Detach: true, FailureMode: throttler.FailClosed, Fallback: &stubBackend{err: errDown}})
+	_, err = th.Allow(context.Background(), "k", throttler.PerSecond(1))
+	require.ErrorIs(t, err, throttler.ErrUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	errs = append(errs, err)
+
+	// The middleware's errors, as OnError sees them.
+	onError := &throttler.MiddlewareOptions{OnError: func(_ http.ResponseWriter, _ *http.Request, err error) { errs = append(errs, err) }}
+	mw := newMiddleware(t, newThrottler(t, newMemory(t), nil), throttler.PerSecond(1), throttler.KeyByHeader("X-Missing"), onError)
+	serve(mw(etagHandler))
+	wrapsErrNoKey := func(*http.Request) (string, error) { return "", fmt.Errorf("%w: bad token", throttler.ErrNoKey) }
+	serve(newMiddleware(t, newThrottler(t, newMemory(t), nil), throttler.PerSecond(1), wrapsErrNoKey, onError)(etagHandler))
+	_, err = newThrottler(t, newMemory(t), nil).Middleware(throttler.Policy{}, throttler.KeyByRemoteIP, nil)
+	errs = append(errs, err)
+
+	require.Len(t, errs, 6)
+	for _, err := range errs {
+		require.Error(t, err)
+		assert.Equal(t, 1, strings.Count(err.Error(), "throttler:"), "%q", err)
+	}
+	assert.EqualError(t, errs[3], "throttler: request has no client key: header X-Missing is empty")
+	assert.EqualError(t, errs[4], "throttler: request has no client key: bad token")
 }

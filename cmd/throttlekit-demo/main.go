@@ -34,14 +34,15 @@ func main() {
 }
 
 func run(addr string, p throttler.Policy, out io.Writer) error {
-	if err := p.Validate(); err != nil {
-		return err
+	h, err := newHandler(p, log.Default())
+	if err != nil {
+		return err // before listening: a bad -limit or -window stops here
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: newHandler(p, log.Default()), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	printUsage(out, "http://"+ln.Addr().String(), p)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -66,15 +67,28 @@ func run(addr string, p throttler.Policy, out io.Writer) error {
 
 // newHandler is the demo API: /repos is limited by p and answers 304 to a
 // matching If-None-Match (refunded), /rate_limit reports the window without
-// counting, as GitHub's does.
-func newHandler(p throttler.Policy, logger *log.Logger) http.Handler {
-	th := throttler.New(memory.New(&memory.Options{MaxKeys: 1_000_000}), &throttler.Options{
+// counting, as GitHub's does. A policy that cannot work is an error here.
+func newHandler(p throttler.Policy, logger *log.Logger) (http.Handler, error) {
+	store, err := memory.New(&memory.Options{MaxKeys: 1_000_000})
+	if err != nil {
+		return nil, err
+	}
+	th, err := throttler.New(store, &throttler.Options{
 		Observe: func(o throttler.Observation) {
 			if o.Err != nil && !throttler.IsInputError(o.Err) {
+				// Errors may hold the client's key: fine in the server's
+				// log, never in a response.
 				logger.Printf("rate limiter degraded (%v): %v", o.Source, o.Err)
 			}
 		},
 	})
+	if err != nil {
+		return nil, err
+	}
+	limited, err := th.Middleware(p, clientKey, &throttler.MiddlewareOptions{IETFHeaders: true})
+	if err != nil {
+		return nil, err
+	}
 	const etag = `"repos-v1"`
 	repos := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("ETag", etag)
@@ -86,16 +100,20 @@ func newHandler(p throttler.Policy, logger *log.Logger) http.Handler {
 		_ = json.NewEncoder(w).Encode([]map[string]string{{"name": "throttlekit"}, {"name": "hello-world"}})
 	})
 	mux := http.NewServeMux()
-	mux.Handle("GET /repos", th.Middleware(p, clientKey, &throttler.MiddlewareOptions{IETFHeaders: true})(repos))
+	mux.Handle("GET /repos", limited(repos))
 	mux.HandleFunc("GET /rate_limit", func(w http.ResponseWriter, r *http.Request) {
 		k, err := clientKey(r)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
+			http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
 			return
 		}
 		d, err := th.Peek(r.Context(), k, p)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		switch {
+		case throttler.IsInputError(err): // a key the store refuses: the client's to fix
+			http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+			return
+		case err != nil:
+			http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -103,16 +121,17 @@ func newHandler(p throttler.Policy, logger *log.Logger) http.Handler {
 			"resource": p.Name, "limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": d.ResetUnix(),
 		})
 	})
-	return mux
+	return mux, nil
 }
 
 // clientKey names the client by its token ("Authorization: token X"), or by
-// its IP address when it sends none.
+// its IP address when it sends none. A real service would hash a token
+// before it reaches a store (see throttler's ExampleKeyFunc_hashed).
 func clientKey(r *http.Request) (string, error) {
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		tok, ok := strings.CutPrefix(auth, "token ")
 		if !ok || tok == "" {
-			return "", fmt.Errorf("%w: Authorization must be \"token <value>\"", throttler.ErrNoKey)
+			return "", errors.New(`the Authorization header must be "token <value>"`)
 		}
 		return "token:" + tok, nil
 	}
@@ -120,16 +139,46 @@ func clientKey(r *http.Request) (string, error) {
 	return "ip:" + ip, err
 }
 
+// tryStep is one command the demo prints: a request (repeated times times)
+// and the status its last response gets when the commands run in order.
+type tryStep struct {
+	note   string
+	header string // "Name: value", or ""
+	path   string
+	times  int64
+	want   int
+}
+
+// trySteps are the commands to try, in an order in which each does what its
+// note says for any limit: the 304 comes before a request that could spend
+// a limit of 1, and the loop that spends a window comes last, on a client
+// of its own.
+func trySteps(p throttler.Policy) []tryStep {
+	return []tryStep{
+		{fmt.Sprintf("304: the unit is refunded, X-RateLimit-Remaining stays %d", p.Limit), `If-None-Match: "repos-v1"`, "/repos", 1, http.StatusNotModified},
+		{fmt.Sprintf("200: X-RateLimit-Remaining falls to %d", p.Limit-1), "", "/repos", 1, http.StatusOK},
+		{"the window, not counted", "", "/rate_limit", 1, http.StatusOK},
+		{"400: a malformed key is the client's error", "Authorization: Basic xyz", "/repos", 1, http.StatusBadRequest},
+		{fmt.Sprintf("another client, its own window: %d x 200, then 429 with Retry-After", p.Limit), "Authorization: token alice", "/repos", p.Limit + 1, http.StatusTooManyRequests},
+	}
+}
+
+// command renders s as a shell command against base.
+func (s tryStep) command(base string) string {
+	h := ""
+	if s.header != "" {
+		h = "-H '" + s.header + "' "
+	}
+	if s.times > 1 {
+		return fmt.Sprintf(`for i in $(seq %d); do curl -s -o /dev/null -w '%%{http_code}\n' %s%s%s; done`, s.times, h, base, s.path)
+	}
+	return fmt.Sprintf("curl -i %s%s%s", h, base, s.path)
+}
+
 func printUsage(w io.Writer, base string, p throttler.Policy) {
-	fmt.Fprintf(w, `throttlekit demo listening on %[1]s (policy %[2]v, memory backend)
-
-Try it:
-  curl -i %[1]s/repos                                   # watch X-RateLimit-Remaining fall
-  for i in $(seq %[3]d); do curl -s -o /dev/null -w '%%{http_code}\n' %[1]s/repos; done   # then 429 with Retry-After
-  curl -i -H 'If-None-Match: "repos-v1"' %[1]s/repos    # 304: the unit is refunded
-  curl -i -H 'Authorization: token alice' %[1]s/repos   # another client, its own window
-  curl -s %[1]s/rate_limit                              # the window, not counted
-
-Ctrl-C stops it.
-`, base, p, p.Limit+1)
+	fmt.Fprintf(w, "throttlekit demo listening on %s (policy %v, memory backend)\n\nTry it, in this order:\n", base, p)
+	for _, s := range trySteps(p) {
+		fmt.Fprintf(w, "  # %s\n  %s\n", s.note, s.command(base))
+	}
+	fmt.Fprintln(w, "\nCtrl-C stops it.")
 }

@@ -1,0 +1,81 @@
+package backend_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// FuzzValidateCall: any input gets nil or one of the input errors, never a
+// panic, and nil only for input every backend can take.
+func FuzzValidateCall(f *testing.F) {
+	f.Add(uint8(throttler.OpTake), "client", "core", int64(5000), int64(3600_000_000_000), int64(1))
+	f.Add(uint8(0), "", "", int64(0), int64(0), int64(0))
+	f.Add(uint8(throttler.OpPeek), "k\x00\n", "a b", int64(-1), int64(1500_000), int64(-3))
+	f.Add(uint8(throttler.OpRefund), strings.Repeat("x", 5000), "ok", int64(1), int64(1_000_000), int64(1))
+	f.Add(uint8(throttler.OpTake), "k", "", int64(3), int64(1_000_000), int64(4))
+	f.Add(uint8(throttler.OpRefund), "k", "", int64(3), int64(1_000_000), int64(throttler.MaxLimit))
+	f.Fuzz(func(t *testing.T, op uint8, key, name string, limit, window, cost int64) {
+		o := throttler.Op(op)
+		p := throttler.Policy{Name: name, Limit: limit, Window: time.Duration(window)}
+		err := backend.ValidateCall(o, key, p, cost)
+		if err != nil {
+			if !throttler.IsInputError(err) {
+				t.Fatalf("%v is not an input error", err)
+			}
+			if strings.Count(err.Error(), "throttler:") != 1 {
+				t.Fatalf("%q: not one prefix", err)
+			}
+			if errors.Is(err, throttler.ErrInvalidKey) && key != "" && len(key) <= throttler.MaxKeyLen {
+				t.Fatalf("key %q rejected: %v", key, err)
+			}
+			if errors.Is(err, throttler.ErrInvalidCost) && o == throttler.OpPeek {
+				t.Fatalf("a Peek's cost was checked: %v", err)
+			}
+			return
+		}
+		if key == "" || len(key) > throttler.MaxKeyLen || limit <= 0 || limit > throttler.MaxLimit || p.Window < time.Millisecond || p.Window%time.Millisecond != 0 {
+			t.Fatalf("accepted key=%q %v", key, p)
+		}
+		if o != throttler.OpPeek && (cost <= 0 || cost > throttler.MaxLimit) {
+			t.Fatalf("accepted %v of %d", o, cost)
+		}
+		if o == throttler.OpTake && cost > limit {
+			t.Fatalf("accepted a Take of %d above the limit %d", cost, limit)
+		}
+		for _, c := range []byte(name) {
+			if c <= ' ' || c > '~' {
+				t.Fatalf("accepted name %q", name)
+			}
+		}
+		if id := backend.Identity(p); name != "" && id != name || name == "" && !strings.HasPrefix(id, " ") {
+			t.Fatalf("identity %q of %v", id, p)
+		}
+		_ = p.String()
+	})
+}
+
+// FuzzIdentity: an unnamed policy's identity never equals a valid Name, and
+// two unnamed policies share one only when they are the same limit.
+func FuzzIdentity(f *testing.F) {
+	f.Add("core", int64(3), int64(3600_000), int64(2), int64(60_000))
+	f.Add("fw", int64(1), int64(1), int64(1), int64(1))
+	f.Fuzz(func(t *testing.T, name string, limit1, ms1, limit2, ms2 int64) {
+		p1 := throttler.Policy{Limit: limit1, Window: time.Duration(ms1) * time.Millisecond}
+		p2 := throttler.Policy{Limit: limit2, Window: time.Duration(ms2) * time.Millisecond}
+		if p1.Validate() != nil || p2.Validate() != nil {
+			return
+		}
+		if (backend.Identity(p1) == backend.Identity(p2)) != (p1 == p2) {
+			t.Fatalf("%v and %v: identities %q and %q", p1, p2, backend.Identity(p1), backend.Identity(p2))
+		}
+		named := p1.Named(name)
+		if named.Validate() == nil && name != "" && backend.Identity(named) == backend.Identity(p2) {
+			t.Fatalf("name %q meets the unnamed %v", name, p2)
+		}
+	})
+}
