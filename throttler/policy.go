@@ -20,7 +20,8 @@ const MaxLimit = 1 << 48
 // MaxPolicyNameLen is the longest Policy.Name, in bytes.
 const MaxPolicyNameLen = 128
 
-// Policy names a limit: Limit units per Window, counted in fixed windows.
+// Policy names a limit: Limit units per Window, counted by its Algorithm
+// (fixed windows by default; see docs/algorithms.md for the others).
 //
 // The identity of a limit in storage is (Name, key) for a named policy, so
 // that a live policy's Limit can change without anyone getting a fresh

@@ -110,6 +110,21 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(1).Named("has space"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named("new\nline"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named(string(make([]byte, 200))), throttler.ErrInvalidPolicy},
+		// Algorithms and their bounds.
+		{throttler.PerSecond(10).With(throttler.TokenBucket), nil},
+		{throttler.PerSecond(10).WithBurst(50), nil},
+		{throttler.PerSecond(10).WithBurst(-1), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(10).WithBurst(throttler.MaxLimit + 1), throttler.ErrInvalidPolicy},
+		{throttler.Policy{Limit: 10, Window: time.Second, Burst: 5}, throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(10).With(throttler.SlidingLog).WithBurst(5).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(10).With(throttler.Algorithm(4)), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(throttler.MaxLogLimit).With(throttler.SlidingLog), nil},
+		{throttler.PerSecond(throttler.MaxLogLimit + 1).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
+		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil}, // 2^53 exactly
+		{throttler.Policy{Limit: 1<<43 + 1, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, throttler.ErrInvalidPolicy},
+		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1 << 43}, nil},
+		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1<<43 + 1}, throttler.ErrInvalidPolicy},
+		{throttler.Policy{Limit: throttler.MaxLimit, Window: 1 << 40 * time.Millisecond, Algorithm: throttler.TokenBucket}, throttler.ErrInvalidPolicy}, // the product overflows 64 bits
 	}
 	for _, tc := range tests {
 		err := tc.p.Validate()
@@ -121,6 +136,25 @@ func TestPolicyValidate(t *testing.T) {
 	}
 	assert.Equal(t, "core: 5000 per 1h0m0s", throttler.PerHour(5000).Named("core").String())
 	assert.Equal(t, "10 per 1s", throttler.PerSecond(10).String())
+	assert.Equal(t, "10 per 1s (token-bucket, burst 20)", throttler.PerSecond(10).WithBurst(20).String())
+	assert.Equal(t, "api: 3 per 1m0s (sliding-log)", throttler.PerMinute(3).With(throttler.SlidingLog).Named("api").String())
+	assert.Equal(t, int64(20), throttler.PerSecond(10).WithBurst(20).Capacity())
+	assert.Equal(t, int64(10), throttler.PerSecond(10).With(throttler.TokenBucket).Capacity())
+	assert.Equal(t, "Algorithm(9)", throttler.Algorithm(9).String())
+}
+
+func TestTakeAboveCapacityIsAnInputError(t *testing.T) {
+	for _, p := range []throttler.Policy{
+		throttler.PerSecond(5),
+		throttler.PerSecond(5).WithBurst(8),
+		throttler.PerSecond(5).With(throttler.SlidingLog),
+		throttler.PerSecond(5).With(throttler.SlidingWindow),
+	} {
+		assert.NoError(t, p.ValidateCost(throttler.OpTake, p.Capacity()), "%v", p)
+		assert.ErrorIs(t, p.ValidateCost(throttler.OpTake, p.Capacity()+1), throttler.ErrInvalidCost, "%v", p)
+		assert.NoError(t, p.ValidateCost(throttler.OpRefund, throttler.MaxLimit), "%v: a refund clamps", p)
+		assert.NoError(t, p.ValidateCost(throttler.OpPeek, 0), "%v: a peek has no cost", p)
+	}
 }
 
 func TestAllowUsesTheClock(t *testing.T) {
