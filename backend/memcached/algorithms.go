@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -27,9 +28,14 @@ import (
 //     answer computed from a state that was not the latest.
 //
 // A Peek, a denied Take and a Refund that changes nothing are one round
-// trip (gets); an admitted Take is two. Between lost rounds the call waits
-// a random moment, growing with the attempts, so that 64 callers on one
-// key take turns instead of colliding again.
+// trip (gets); an admitted Take is two.
+//
+// Callers of one Backend on one pair take turns (a lock per state item
+// in use), so a cas loses only to another process, not to a goroutine of
+// this one: 64 goroutines on one key then make about no retries instead
+// of exhausting MaxAttempts. Between lost rounds the call waits a random
+// moment, growing with the attempts, so that processes on one key spread
+// out instead of colliding again.
 //
 // The item expires a little after the state stops mattering (BucketEnd,
 // CounterEnd, LogEnd), with the same relative exptime, margin and 30-day
@@ -43,8 +49,8 @@ func (k itemKeys) state() string { return k.prefix + "s:" + k.id }
 // further loss up to maxContentionBackoff, and each wait is drawn uniformly
 // below it.
 const (
-	contentionBackoff    = 50 * time.Microsecond
-	maxContentionBackoff = 5 * time.Millisecond
+	contentionBackoff    = 100 * time.Microsecond
+	maxContentionBackoff = 10 * time.Millisecond
 )
 
 // apply runs op (validated) under p's algorithm on the pair's state item.
@@ -52,6 +58,11 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
 	ik := k.state()
 	t := now.UnixMilli()
+	unlock, err := b.locks.lock(ctx, ik)
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	defer unlock()
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := backoff(ctx, attempt); err != nil {
@@ -158,5 +169,46 @@ func backoff(ctx context.Context, attempt int) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("memcached: %w", ctx.Err())
+	}
+}
+
+// stateLocks lets one caller at a time work on a state item. The zero
+// value is ready; an item's lock lives while someone holds or awaits it.
+type stateLocks struct {
+	mu sync.Mutex
+	m  map[string]*stateLock
+}
+
+type stateLock struct {
+	turn chan struct{} // holds a token while the lock is held
+	refs int           // holders and waiters
+}
+
+// lock waits for key's turn, or until ctx is done, and returns the unlock.
+func (l *stateLocks) lock(ctx context.Context, key string) (func(), error) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*stateLock{}
+	}
+	s := l.m[key]
+	if s == nil {
+		s = &stateLock{turn: make(chan struct{}, 1)}
+		l.m[key] = s
+	}
+	s.refs++
+	l.mu.Unlock()
+	release := func() {
+		l.mu.Lock()
+		if s.refs--; s.refs == 0 {
+			delete(l.m, key)
+		}
+		l.mu.Unlock()
+	}
+	select {
+	case s.turn <- struct{}{}:
+		return func() { <-s.turn; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, fmt.Errorf("memcached: %w", ctx.Err())
 	}
 }

@@ -215,6 +215,7 @@ type Backend struct {
 	c     Client
 	opts  Options
 	cache *headCache // with NoCache, a hint of the counter key only
+	locks stateLocks // one caller per state item at a time (algorithms.go)
 	err   error      // bad configuration, returned by every operation
 }
 
