@@ -45,9 +45,8 @@ import (
 // state is the pair's item kind for the algorithms other than FixedWindow.
 func (k itemKeys) state() string { return k.prefix + "s:" + k.id }
 
-// contentionBackoff is the first wait after a lost cas; it doubles with each
-// further loss up to maxContentionBackoff, and each wait is drawn uniformly
-// below it.
+// contentionBackoff is the least bound of the first wait after a lost cas
+// (see backoff); no wait is longer than maxContentionBackoff.
 const (
 	contentionBackoff    = 100 * time.Microsecond
 	maxContentionBackoff = 10 * time.Millisecond
@@ -63,12 +62,14 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 		return throttler.Decision{}, err
 	}
 	defer unlock()
+	var round time.Duration // how long the last lost round took
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
-			if err := backoff(ctx, attempt); err != nil {
+			if err := backoff(ctx, attempt, round); err != nil {
 				return throttler.Decision{}, err
 			}
 		}
+		began := time.Now()
 		if err := ctx.Err(); err != nil {
 			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
 		}
@@ -103,6 +104,7 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 			return d, nil
 		case errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
 			// Another process wrote (or the item expired) since the gets.
+			round = time.Since(began)
 		default:
 			return throttler.Decision{}, fmt.Errorf("memcached: write state of %q: %w", k.id, err)
 		}
@@ -159,9 +161,12 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int
 	return d, value, end, write, nil
 }
 
-// backoff waits a random moment before attempt (>= 1), or until ctx is done.
-func backoff(ctx context.Context, attempt int) error {
-	limit := min(contentionBackoff<<(attempt-1), maxContentionBackoff)
+// backoff waits before attempt (>= 1), or until ctx is done: a random
+// moment below a bound that starts at the duration of the round just lost
+// (at least contentionBackoff), so it scales with the server's latency,
+// and doubles with each attempt.
+func backoff(ctx context.Context, attempt int, round time.Duration) error {
+	limit := min(max(round, contentionBackoff)<<(attempt-1), maxContentionBackoff)
 	timer := time.NewTimer(rand.N(limit) + 1)
 	defer timer.Stop()
 	select {

@@ -123,41 +123,58 @@ func (c *casCounter) Add(it *memcache.Item) error {
 }
 
 // TestContentionReal: 64 goroutines take from one key of a real memcached
-// at one instant; exactly the capacity is admitted, no call fails, and the
-// lost rounds per admitted Take are logged.
+// at one instant, through one Backend or through 8 (as 8 processes would);
+// exactly the capacity is admitted, and the lost rounds (cas or add that
+// lost to another writer) per admitted Take are logged. Through one
+// Backend no call fails (its callers take turns); across 8, a call may run
+// out of MaxAttempts, and then fails with ErrContention, never admitting.
 func TestContentionReal(t *testing.T) {
 	addr := startMemcached(t)
-	for _, alg := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
-			p := throttler.Policy{Name: "hot", Limit: 500, Window: time.Hour, Algorithm: alg}
-			cc := &casCounter{Client: newRealClient(addr)}
-			b := New(cc, nil)
-			var admitted, errs atomic.Int64
-			var wg sync.WaitGroup
-			start := time.Now()
-			for g := 0; g < 64; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := 0; i < 10; i++ {
-						d, err := b.Take(context.Background(), "k", p, 1, t0)
-						if err != nil {
-							errs.Add(1)
-							continue
+	for _, backends := range []int{1, 8} {
+		for _, alg := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
+			t.Run(fmt.Sprintf("%d backends/%v", backends, alg), func(t *testing.T) {
+				p := throttler.Policy{Name: "hot" + strconv.Itoa(backends), Limit: 500, Window: time.Hour, Algorithm: alg}
+				var bs []*Backend
+				var ccs []*casCounter
+				for range backends {
+					cc := &casCounter{Client: newRealClient(addr)}
+					ccs = append(ccs, cc)
+					bs = append(bs, New(cc, nil))
+				}
+				var admitted, errs, otherErrs atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				for g := 0; g < 64; g++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := 0; i < 10; i++ {
+							d, err := bs[g%backends].Take(context.Background(), "k", p, 1, t0)
+							if err != nil {
+								errs.Add(1)
+								if !errors.Is(err, ErrContention) {
+									otherErrs.Add(1)
+								}
+								continue
+							}
+							if d.Allowed {
+								admitted.Add(1)
+							}
 						}
-						if d.Allowed {
-							admitted.Add(1)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			if errs.Load() != 0 || admitted.Load() != 500 {
-				t.Errorf("admitted %d, %d errors; want 500 and none", admitted.Load(), errs.Load())
-			}
-			t.Logf("%v: 640 takes by 64 goroutines, %d admitted, %d lost cas/add: %.2f retries per admitted take, %v",
-				alg, admitted.Load(), cc.lost.Load(), float64(cc.lost.Load())/float64(admitted.Load()), time.Since(start).Round(time.Millisecond))
-		})
+					}()
+				}
+				wg.Wait()
+				var lost int64
+				for _, cc := range ccs {
+					lost += cc.lost.Load()
+				}
+				if admitted.Load() != 500 || otherErrs.Load() != 0 || (backends == 1 && errs.Load() != 0) {
+					t.Errorf("admitted %d, %d errors (%d not ErrContention); want 500", admitted.Load(), errs.Load(), otherErrs.Load())
+				}
+				t.Logf("%d backends, %v: 640 takes by 64 goroutines, %d admitted, %d ErrContention, %d lost cas/add: %.2f retries per admitted take, %v",
+					backends, alg, admitted.Load(), errs.Load(), lost, float64(lost)/float64(admitted.Load()), time.Since(start).Round(time.Millisecond))
+			})
+		}
 	}
 }
 
