@@ -111,6 +111,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -131,7 +132,7 @@ var _ Client = (*memcache.Client)(nil)
 var _ throttler.Backend = (*Backend)(nil)
 
 // MaxLimit is the largest Policy.Limit this backend accepts:
-// throttler.MaxLimit (2^48), which throttler.ValidateCall enforces. Memcached
+// throttler.MaxLimit (2^48), which backend.ValidateCall enforces. Memcached
 // counts in unsigned 64 bits that wrap around; with every admitted cost at
 // most MaxLimit, only 65536 overshooting Takes in flight at once on one key,
 // each costing about MaxLimit, could wrap a counter.
@@ -214,6 +215,7 @@ type Backend struct {
 	c     Client
 	opts  Options
 	cache *headCache // with NoCache, a hint of the counter key only
+	locks stateLocks // one caller per state item at a time (algorithms.go)
 	err   error      // bad configuration, returned by every operation
 }
 
@@ -233,11 +235,11 @@ func New(c Client, opts *Options) *Backend {
 }
 
 // check validates a call before any server is asked.
-func (b *Backend) check(key string, p throttler.Policy, cost int64) error {
+func (b *Backend) check(op throttler.Op, key string, p throttler.Policy, cost int64) error {
 	if b.err != nil {
 		return b.err
 	}
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(op, key, p, cost); err != nil {
 		return err
 	}
 	return nil
@@ -383,10 +385,13 @@ func exptime(resetAtMs int64, now time.Time) int32 {
 
 // Peek reports the state of key's window without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := b.check(key, p, 1); err != nil {
+	if err := b.check(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
-	return b.peek(ctx, newItemKeys(b.opts.Prefix, p.Name, key), p, now, true)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpPeek, key, p, 1, now)
+	}
+	return b.peek(ctx, newItemKeys(b.opts.Prefix, backend.Identity(p), key), p, now, true)
 }
 
 // peek reads the state; allowedIfRoom says whether Allowed reports room for
@@ -405,24 +410,27 @@ func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now 
 		resetAt = resetTime(w.resetAt, now)
 	}
 	if !allowedIfRoom {
-		return throttler.WindowState(p, n, resetAt, now, false), nil
+		return backend.WindowState(p, n, resetAt, now, false), nil
 	}
-	return throttler.PeekState(p, n, resetAt, now), nil
+	return backend.PeekState(p, n, resetAt, now), nil
 }
 
 // Refund gives cost units back to key's open window, never below zero; it
 // does nothing when no window is open.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.check(key, p, cost); err != nil {
+	if err := b.check(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	k := newItemKeys(b.opts.Prefix, p.Name, key)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
+	}
+	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
 	w, err := b.head(ctx, k, now)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
 	if !w.open {
-		return throttler.PeekState(p, 0, time.Time{}, now), nil
+		return backend.PeekState(p, 0, time.Time{}, now), nil
 	}
 	if err := ctx.Err(); err != nil {
 		return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
@@ -439,17 +447,20 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 			return throttler.Decision{}, err
 		}
 	}
-	return throttler.PeekState(p, n, resetTime(w.resetAt, now), now), nil
+	return backend.PeekState(p, n, resetTime(w.resetAt, now), now), nil
 }
 
 // Take counts cost units against key's window if they fit, opening a window
 // when none is open. A denied Take counts nothing; see the package comment
 // for the sequence of calls and what it can and cannot promise.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.check(key, p, cost); err != nil {
+	if err := b.check(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	k := newItemKeys(b.opts.Prefix, p.Name, key)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
+	}
+	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
 	if cost > p.Limit {
 		// Never admissible: answer from the state, counting and opening nothing.
 		return b.peek(ctx, k, p, now, false)
@@ -529,7 +540,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		if fresh {
 			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
 			if err == nil {
-				return throttler.WindowState(p, cost, resetAt, now, true), nil
+				return backend.WindowState(p, cost, resetAt, now, true), nil
 			}
 			if !errors.Is(err, memcache.ErrNotStored) {
 				return throttler.Decision{}, fmt.Errorf("memcached: add count of %q: %w", k.id, err)
@@ -555,7 +566,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 			return throttler.Decision{}, fmt.Errorf("memcached: count of %q wrapped around: %w", k.id, ErrBadItem)
 		}
 		if v <= uint64(p.Limit) {
-			return throttler.WindowState(p, int64(v), resetAt, now, true), nil
+			return backend.WindowState(p, int64(v), resetAt, now, true), nil
 		}
 		// Overshoot: undo it, even if ctx is done.
 		dv, err := b.c.Decrement(key, uint64(cost))
@@ -577,5 +588,5 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	if !denied {
 		return throttler.Decision{}, fmt.Errorf("%w: counter of %q kept vanishing after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
 	}
-	return throttler.WindowState(p, d, resetAt, now, false), nil
+	return backend.WindowState(p, d, resetAt, now, false), nil
 }

@@ -1,0 +1,219 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Token bucket, sliding log and sliding-window counter.
+//
+// Each (policy, key) pair of these algorithms is one item, <prefix> "s:"
+// <id> (see keys.go; the identity includes the algorithm, so the kinds
+// never meet), holding the encoded state (state.go). A call is
+//
+//  1. gets the item (missing: no state);
+//  2. compute with backend.Bucket, Counter or Log at now;
+//  3. if they say write: cas the new state over the version read, or add it
+//     when there was none. Losing (another process wrote first) starts
+//     again at 1, at most MaxAttempts times, then ErrContention: never an
+//     answer computed from a state that was not the latest.
+//
+// A Peek, a denied Take and a Refund that changes nothing are one round
+// trip (gets); an admitted Take is two.
+//
+// Callers of one Backend on one pair take turns (a lock per state item
+// in use), so a cas loses only to another process, not to a goroutine of
+// this one: 64 goroutines on one key then make about no retries instead
+// of exhausting MaxAttempts. Between lost rounds the call waits a random
+// moment, growing with the attempts, so that processes on one key spread
+// out instead of colliding again.
+//
+// The item expires a little after the state stops mattering (BucketEnd,
+// CounterEnd, LogEnd), with the same relative exptime, margin and 30-day
+// rule as the fixed-window items: a state that ended reads, before it
+// expires, exactly like no state.
+
+// state is the pair's item kind for the algorithms other than FixedWindow.
+func (k itemKeys) state() string { return k.prefix + "s:" + k.id }
+
+// contentionBackoff is the least bound of the first wait after a lost cas
+// (see backoff); no wait is longer than maxContentionBackoff.
+const (
+	contentionBackoff    = 100 * time.Microsecond
+	maxContentionBackoff = 10 * time.Millisecond
+)
+
+// apply runs op (validated) under p's algorithm on the pair's state item.
+func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
+	ik := k.state()
+	t := now.UnixMilli()
+	unlock, err := b.locks.lock(ctx, ik)
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	defer unlock()
+	var round time.Duration // how long the last lost round took
+	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
+		if attempt > 0 {
+			if err := backoff(ctx, attempt, round); err != nil {
+				return throttler.Decision{}, err
+			}
+		}
+		began := time.Now()
+		if err := ctx.Err(); err != nil {
+			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
+		}
+		it, err := b.c.Get(ik)
+		switch {
+		case errors.Is(err, memcache.ErrCacheMiss):
+			it = nil
+		case err != nil:
+			return throttler.Decision{}, fmt.Errorf("memcached: get state of %q: %w", k.id, err)
+		case it == nil:
+			return throttler.Decision{}, fmt.Errorf("memcached: get state of %q: %w: no item and no error", k.id, ErrBadItem)
+		}
+		d, value, end, write, err := compute(p, it, op, cost, t)
+		if errors.Is(err, errDecode) {
+			return throttler.Decision{}, fmt.Errorf("memcached: state of %q (%d bytes): %w", k.id, len(it.Value), ErrBadItem)
+		}
+		if err != nil {
+			return throttler.Decision{}, err
+		}
+		if !write {
+			return d, nil
+		}
+		next := &memcache.Item{Key: ik, Value: value, Expiration: exptime(end, now)}
+		if it == nil {
+			err = b.c.Add(next)
+		} else {
+			next.CasID = it.CasID
+			err = b.c.CompareAndSwap(next)
+		}
+		switch {
+		case err == nil:
+			return d, nil
+		case errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
+			// Another process wrote (or the item expired) since the gets.
+			round = time.Since(began)
+		default:
+			return throttler.Decision{}, fmt.Errorf("memcached: write state of %q: %w", k.id, err)
+		}
+	}
+	return throttler.Decision{}, fmt.Errorf("%w: state of %q changed under each of %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
+}
+
+// compute decodes the stored state (it nil: none), applies op at t with
+// the arithmetic of package backend, and returns the decision, the encoded
+// next state and its end when it must be written. An item that does not
+// decode is errDecode.
+func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int64) (d throttler.Decision, value []byte, end int64, write bool, err error) {
+	var stored []byte
+	if it != nil {
+		stored = it.Value
+	}
+	switch p.Algorithm {
+	case throttler.TokenBucket:
+		var st backend.BucketState
+		if it != nil {
+			if st, err = decodeBucket(stored); err != nil {
+				return d, nil, 0, false, err
+			}
+		}
+		var next backend.BucketState
+		if d, next, write = backend.Bucket(p, st, it != nil, op, cost, t); write {
+			value, end = appendBucket(make([]byte, 0, 24), next), backend.BucketEnd(p, next)
+		}
+	case throttler.SlidingWindow:
+		var st backend.CounterState
+		if it != nil {
+			if st, err = decodeCounter(stored); err != nil {
+				return d, nil, 0, false, err
+			}
+		}
+		var next backend.CounterState
+		if d, next, write = backend.Counter(p, st, it != nil, op, cost, t); write {
+			value, end = appendCounter(make([]byte, 0, 32), next), backend.CounterEnd(p, next)
+		}
+	case throttler.SlidingLog:
+		var log []backend.LogEntry
+		if it != nil {
+			if log, err = decodeLog(stored); err != nil {
+				return d, nil, 0, false, err
+			}
+		}
+		if d, log, write = backend.Log(p, log, op, cost, t); write {
+			value, end = appendLog(make([]byte, 0, 2+len(stored)+12), log), backend.LogEnd(p, log)
+		}
+	default:
+		// Policy.Validate rejects other algorithms before we get here.
+		return d, nil, 0, false, fmt.Errorf("memcached: algorithm %v: %w", p.Algorithm, throttler.ErrInvalidPolicy)
+	}
+	return d, value, end, write, nil
+}
+
+// backoff waits before attempt (>= 1), or until ctx is done: a random
+// moment below a bound that starts at the duration of the round just lost
+// (at least contentionBackoff), so it scales with the server's latency,
+// and doubles with each attempt.
+func backoff(ctx context.Context, attempt int, round time.Duration) error {
+	limit := min(max(round, contentionBackoff)<<(attempt-1), maxContentionBackoff)
+	timer := time.NewTimer(rand.N(limit) + 1)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("memcached: %w", ctx.Err())
+	}
+}
+
+// stateLocks lets one caller at a time work on a state item. The zero
+// value is ready; an item's lock lives while someone holds or awaits it.
+type stateLocks struct {
+	mu sync.Mutex
+	m  map[string]*stateLock
+}
+
+type stateLock struct {
+	turn chan struct{} // holds a token while the lock is held
+	refs int           // holders and waiters
+}
+
+// lock waits for key's turn, or until ctx is done, and returns the unlock.
+func (l *stateLocks) lock(ctx context.Context, key string) (func(), error) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*stateLock{}
+	}
+	s := l.m[key]
+	if s == nil {
+		s = &stateLock{turn: make(chan struct{}, 1)}
+		l.m[key] = s
+	}
+	s.refs++
+	l.mu.Unlock()
+	release := func() {
+		l.mu.Lock()
+		if s.refs--; s.refs == 0 {
+			delete(l.m, key)
+		}
+		l.mu.Unlock()
+	}
+	select {
+	case s.turn <- struct{}{}:
+		return func() { <-s.turn; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, fmt.Errorf("memcached: %w", ctx.Err())
+	}
+}
