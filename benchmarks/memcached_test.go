@@ -52,7 +52,10 @@ func BenchmarkMemcachedTake(b *testing.B) {
 				c.Timeout = 5 * time.Second // 64 goroutines queue on a loaded 2-core machine
 				c.MaxIdleConns = goroutines
 				b.Cleanup(func() { _ = c.Close() })
-				m := memcached.New(c, mode.opts)
+				m, err := memcached.New(c, mode.opts)
+				if err != nil {
+					b.Fatal(err)
+				}
 				// Every call is admitted: the benchmark measures counting in an open window.
 				p := throttler.Policy{Name: "bench", Limit: memcached.MaxLimit, Window: time.Hour}
 				now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)

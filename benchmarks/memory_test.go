@@ -38,7 +38,10 @@ type memoryPeer struct {
 
 var memoryPeers = []memoryPeer{
 	{"throttlekit", func(b *testing.B) func(string) bool {
-		m := memory.New(nil)
+		m, err := memory.New(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
 		p := throttler.Policy{Name: "bench", Limit: memLimit, Window: time.Hour}
 		now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 		ctx := context.Background()

@@ -31,6 +31,16 @@ func redisServe(b *testing.B) string {
 	})
 }
 
+// redisBackend is redis.New for a client that cannot be wrong.
+func redisBackend(b *testing.B, c redis.Client, opts *redis.Options) *redis.Backend {
+	b.Helper()
+	be, err := redis.New(c, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return be
+}
+
 // redisFloorScript is the least a one-round-trip fixed-window limiter can
 // do: count and set the expiry, nothing read, nothing returned but the
 // count.
@@ -78,7 +88,7 @@ func BenchmarkRedisTake(b *testing.B) {
 				})
 			})
 			b.Run(fmt.Sprintf("take%s/goroutines=%d", cl.suffix, goroutines), func(b *testing.B) {
-				be := redis.New(cl.c, nil)
+				be := redisBackend(b, cl.c, nil)
 				redisRun(b, goroutines, "take", func(key string) error {
 					d, err := be.Take(ctx, key, p, 1, now)
 					if err == nil && !d.Allowed {
@@ -126,7 +136,7 @@ func BenchmarkRedisTakeLatencyPaired(b *testing.B) {
 	if err := redisFloorScript.Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)
 	}
-	be := redis.New(c, nil)
+	be := redisBackend(b, c, nil)
 	l := redis_rate.NewLimiter(c)
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
@@ -178,7 +188,7 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 	}
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
-	take, takeAP := redis.New(c, nil), redis.New(ap, nil)
+	take, takeAP := redisBackend(b, c, nil), redisBackend(b, ap, nil)
 	rate, rateAP := redis_rate.NewLimiter(c), redis_rate.NewLimiter(ap)
 	variants := []struct {
 		name string

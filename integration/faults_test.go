@@ -87,9 +87,12 @@ func (sc *faultScenario) run(t *testing.T, fault string, fallback bool) {
 		},
 	}
 	if fallback {
-		opts.Fallback = memory.New(nil)
+		m, err := memory.New(nil)
+		require.NoError(t, err)
+		opts.Fallback = m
 	}
-	thr := throttler.New(sc.backend, opts)
+	thr, err := throttler.New(sc.backend, opts)
+	require.NoError(t, err)
 	ctx := context.Background()
 	run := fmt.Sprint(time.Now().UnixNano())
 

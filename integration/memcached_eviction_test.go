@@ -11,7 +11,6 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -45,7 +44,7 @@ func TestMemcachedEviction(t *testing.T) {
 		t.Run(fill.name+"-items", func(t *testing.T) {
 			s := memcachedStart(t, "-m", fmt.Sprint(memMB))
 			c := memcachedClient(t, time.Second, s.addr)
-			b := memcached.New(c, nil)
+			b := memcachedNew(t, c, nil)
 			p := throttler.Policy{Name: "evict", Limit: 1000, Window: time.Hour}
 			t0 := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 			ctx := context.Background()

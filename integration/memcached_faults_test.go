@@ -38,7 +38,7 @@ func memcachedTestFault(t *testing.T, fault string, fallback bool) {
 	c := memcachedClient(t, memcachedClientTimeout, s.addr)
 	sc := &faultScenario{
 		name:    "Memcached",
-		backend: memcached.New(c, nil),
+		backend: memcachedNew(t, c, nil),
 		leaks:   leaks,
 		timeout: memcachedFaultTimeout,
 		margin:  memcachedFaultMargin,
@@ -47,7 +47,7 @@ func memcachedTestFault(t *testing.T, fault string, fallback bool) {
 		stop:    s.stop,
 		start:   s.start,
 		stored: func(t *testing.T, key string, p throttler.Policy) {
-			stored, err := memcached.New(c, &memcached.Options{NoCache: true}).Peek(context.Background(), key, p, time.Now())
+			stored, err := memcachedNew(t, c, &memcached.Options{NoCache: true}).Peek(context.Background(), key, p, time.Now())
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), stored.Used, "the decision after recovery was counted in Memcached")
 		},

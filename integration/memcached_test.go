@@ -12,10 +12,21 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// memcachedNew is memcached.New for a client and options that cannot be
+// wrong.
+func memcachedNew(t testing.TB, c memcached.Client, opts *memcached.Options) *memcached.Backend {
+	t.Helper()
+	b, err := memcached.New(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 func TestMemcachedConformance(t *testing.T) {
 	s := memcachedStart(t)
 	c := memcachedClient(t, time.Second, s.addr)
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcached.New(c, nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcachedNew(t, c, nil) })
 }
 
 // TestMemcachedConformanceTwoServers: with gomemcache's server list a pair's
@@ -23,7 +34,7 @@ func TestMemcachedConformance(t *testing.T) {
 func TestMemcachedConformanceTwoServers(t *testing.T) {
 	s1, s2 := memcachedStart(t), memcachedStart(t)
 	c := memcachedClient(t, time.Second, s1.addr, s2.addr)
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcached.New(c, nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return memcachedNew(t, c, nil) })
 }
 
 // TestMemcachedExactness: 4 independent clients (own connections, as 4
@@ -119,7 +130,7 @@ func TestMemcachedMixedCosts(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	d, err := memcached.New(memcachedClient(t, time.Second, s.addr), &memcached.Options{NoCache: true}).Peek(ctx, "hot", p, start.Add(time.Second))
+	d, err := memcachedNew(t, memcachedClient(t, time.Second, s.addr), &memcached.Options{NoCache: true}).Peek(ctx, "hot", p, start.Add(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +152,7 @@ func memcachedBackends(t *testing.T, n int, addr string) []*memcached.Backend {
 	t.Helper()
 	backends := make([]*memcached.Backend, n)
 	for i := range backends {
-		backends[i] = memcached.New(memcachedClient(t, time.Second, addr), nil)
+		backends[i] = memcachedNew(t, memcachedClient(t, time.Second, addr), nil)
 	}
 	return backends
 }

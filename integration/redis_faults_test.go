@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend/redis"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -37,7 +36,7 @@ func redisTestFault(t *testing.T, fault string, fallback, autoPipeline bool) {
 	rc := redisStart(t)
 	leaks := faultLeaks()
 	c := redisClient(t, rc.Addr)
-	b := redis.New(c, nil)
+	b := redisNew(t, c, nil)
 	if autoPipeline {
 		// The AutoPipeliner's blocking calls wait for their batch whatever
 		// the caller's context says (go-redis v9.23); a batch is bounded by
@@ -55,7 +54,7 @@ func redisTestFault(t *testing.T, fault string, fallback, autoPipeline bool) {
 		t.Cleanup(func() { c.Close() })
 		ap, err := c.AutoPipeline()
 		require.NoError(t, err)
-		b = redis.New(ap, nil)
+		b = redisNew(t, ap, nil)
 	}
 	sc := &faultScenario{
 		name:    "Redis",

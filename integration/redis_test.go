@@ -26,28 +26,36 @@ import (
 // every window at once.
 var redisT0 = time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 
+// redisNew is redis.New for a client and options that cannot be wrong.
+func redisNew(t testing.TB, c redis.Client, opts *redis.Options) *redis.Backend {
+	t.Helper()
+	b, err := redis.New(c, opts)
+	require.NoError(t, err)
+	return b
+}
+
 func TestRedisStandalone(t *testing.T) {
 	rc := redisStart(t)
 	c := redisClient(t, rc.Addr)
 
 	t.Run("Conformance", func(t *testing.T) {
-		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redis.New(c, nil) })
+		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redisNew(t, c, nil) })
 	})
 	t.Run("ConformanceAutoPipeline", func(t *testing.T) {
 		ap, err := c.AutoPipeline()
 		require.NoError(t, err)
-		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redis.New(ap, nil) })
+		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redisNew(t, ap, nil) })
 	})
 	t.Run("ResetAtNeverWobbles", func(t *testing.T) {
-		redisTestResetAtNeverWobbles(t, redis.New(c, nil), nil)
+		redisTestResetAtNeverWobbles(t, redisNew(t, c, nil), nil)
 	})
 	t.Run("ExactAcrossProcesses", func(t *testing.T) {
-		redisTestExactAcrossClients(t, func() throttler.Backend { return redis.New(redisClient(t, rc.Addr), nil) })
+		redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClient(t, rc.Addr), nil) })
 	})
 	t.Run("ExpiryIsADurationAfterResetAt", func(t *testing.T) {
 		// The window opens years from today on the application's clock; Redis
 		// must still keep it for Window + margin from its own now.
-		b := redis.New(c, &redis.Options{Prefix: "ttl:", ExpiryMargin: 1500 * time.Millisecond})
+		b := redisNew(t, c, &redis.Options{Prefix: "ttl:", ExpiryMargin: 1500 * time.Millisecond})
 		p := throttler.Policy{Name: "ttl", Limit: 5, Window: time.Minute}
 		_, err := b.Take(context.Background(), "k", p, 1, redisT0)
 		require.NoError(t, err)
@@ -65,7 +73,7 @@ func TestRedisStandalone(t *testing.T) {
 	t.Run("ExactUpToMaxLimit", func(t *testing.T) {
 		// Lua numbers are doubles: counts up to 2^53 must stay exact, one
 		// unit either side of the limit included.
-		b := redis.New(c, nil)
+		b := redisNew(t, c, nil)
 		p := throttler.Policy{Name: "max", Limit: redis.MaxLimit, Window: time.Minute}
 		ctx := context.Background()
 		d, err := b.Take(ctx, "k", p, redis.MaxLimit-1, redisT0)
@@ -89,7 +97,7 @@ func TestRedisStandalone(t *testing.T) {
 	t.Run("ScriptCacheFlushed", func(t *testing.T) {
 		// After SCRIPT FLUSH (a restart, a failover to a fresh replica) EVALSHA
 		// fails with NOSCRIPT and the backend must fall back to EVAL.
-		b := redis.New(c, nil)
+		b := redisNew(t, c, nil)
 		p := throttler.Policy{Name: "flush", Limit: 2, Window: time.Minute}
 		require.NoError(t, c.ScriptFlush(context.Background()).Err())
 		d, err := b.Take(context.Background(), "k", p, 1, redisT0)
@@ -104,7 +112,7 @@ func TestRedisStandalone(t *testing.T) {
 		// Fields that do not parse (another program's, an old layout's) read
 		// as no window, and the next Take replaces them; a key of another type
 		// is an error, never a panic.
-		b := redis.New(c, &redis.Options{Prefix: "corrupt:"})
+		b := redisNew(t, c, &redis.Options{Prefix: "corrupt:"})
 		p := throttler.Policy{Name: "c", Limit: 2, Window: time.Minute}
 		_, err := b.Take(context.Background(), "k", p, 1, redisT0)
 		require.NoError(t, err)
@@ -142,15 +150,15 @@ func TestRedisCluster(t *testing.T) {
 	c := redisClusterClient(t, addrs)
 
 	t.Run("Conformance", func(t *testing.T) {
-		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redis.New(c, nil) })
+		backendtest.Run(t, func(t *testing.T) throttler.Backend { return redisNew(t, c, nil) })
 	})
 	t.Run("ExactAcrossProcesses", func(t *testing.T) {
-		redisTestExactAcrossClients(t, func() throttler.Backend { return redis.New(redisClusterClient(t, addrs), nil) })
+		redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClusterClient(t, addrs), nil) })
 	})
 	t.Run("KeysWithBracesSpreadOverMasters", func(t *testing.T) {
 		// Every key holds the same "{tenant}": if the user's braces made the
 		// hash tag, all would land in one slot on one master.
-		b := redis.New(c, &redis.Options{Prefix: "spread:"})
+		b := redisNew(t, c, &redis.Options{Prefix: "spread:"})
 		p := throttler.Policy{Name: "{p}", Limit: 1, Window: time.Minute}
 		for i := 0; i < 60; i++ {
 			d, err := b.Take(context.Background(), fmt.Sprintf("{tenant}}{%d", i), p, 1, redisT0)
@@ -246,7 +254,7 @@ func TestRedisStaleReplica(t *testing.T) {
 	p := throttler.Policy{Name: "stale", Limit: 5, Window: time.Minute}
 	ctx := context.Background()
 	// Fill the window on the server that will play the replica.
-	filler := redis.New(redisClient(t, stale.Addr), nil)
+	filler := redisNew(t, redisClient(t, stale.Addr), nil)
 	d, err := filler.Take(ctx, "k", p, 5, redisT0)
 	require.NoError(t, err)
 	require.True(t, d.Allowed)
@@ -307,9 +315,12 @@ func redisTestResetAtNeverWobbles(t *testing.T, b throttler.Backend, primaries [
 	var nowNS atomic.Int64
 	nowNS.Store(redisT0.Add(300 * time.Millisecond).UnixNano())
 	clock := func() time.Time { return time.Unix(0, nowNS.Load()) }
-	thr := throttler.New(b, &throttler.Options{Clock: clock, Timeout: 2 * time.Second})
+	thr, err := throttler.New(b, &throttler.Options{Clock: clock, Timeout: 2 * time.Second})
+	require.NoError(t, err)
 	p := throttler.Policy{Name: "wobble", Limit: 5000, Window: time.Hour}
-	h := thr.Middleware(p, throttler.KeyByHeader("X-Client"), nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	mw, err := thr.Middleware(p, throttler.KeyByHeader("X-Client"), nil)
+	require.NoError(t, err)
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	key := fmt.Sprint("client-", time.Now().UnixNano())
 
 	var wantReset time.Time

@@ -54,7 +54,7 @@ const (
 
 // apply runs op (validated) under p's algorithm on the pair's state item.
 func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
+	k := newItemKeys(b.opts.Prefix, p, key)
 	ik := k.state()
 	t := now.UnixMilli()
 	unlock, err := b.locks.lock(ctx, ik)

@@ -90,14 +90,14 @@ func newRealClient(addr string) *memcache.Client {
 // against a real memcached.
 func TestConformanceReal(t *testing.T) {
 	c := newRealClient(startMemcached(t))
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return New(c, nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return mustNew(t, c, nil) })
 }
 
 // TestConformanceFake runs the suite on the in-process fake, so that it
 // runs where memcached is not installed.
 func TestConformanceFake(t *testing.T) {
 	f := newFakeClient()
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return New(f, nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return mustNew(t, f, nil) })
 }
 
 // casCounter counts the cas and add calls that lost to another writer.
@@ -139,7 +139,7 @@ func TestContentionReal(t *testing.T) {
 				for range backends {
 					cc := &casCounter{Client: newRealClient(addr)}
 					ccs = append(ccs, cc)
-					bs = append(bs, New(cc, nil))
+					bs = append(bs, mustNew(t, cc, nil))
 				}
 				var admitted, errs, otherErrs atomic.Int64
 				var wg sync.WaitGroup
@@ -185,7 +185,7 @@ func TestAlgorithmRoundTrips(t *testing.T) {
 	for _, p := range algPolicies {
 		t.Run(p.Algorithm.String(), func(t *testing.T) {
 			f := newFakeClient()
-			b := New(f, nil)
+			b := mustNew(t, f, nil)
 			steps := []struct {
 				name string
 				do   func() error
@@ -229,7 +229,7 @@ func TestAlgorithmContention(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				f := newFakeClient()
-				b := New(f, &Options{MaxAttempts: maxAttempts})
+				b := mustNew(t, f, &Options{MaxAttempts: maxAttempts})
 				if _, err := b.Take(ctx, "k", p, 1, t0); err != nil { // creates the item: later writes are cas
 					t.Fatal(err)
 				}
@@ -272,9 +272,9 @@ func TestAlgorithmContention(t *testing.T) {
 	}
 	// A lost add (another process created the item first) is a lost round too.
 	f := newFakeClient()
-	b := New(f, &Options{MaxAttempts: 2})
+	b := mustNew(t, f, &Options{MaxAttempts: 2})
 	p := algPolicies[2]
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k").state()
+	k := newItemKeys(b.opts.Prefix, p, "k").state()
 	f.setBefore(func(op, key string) error {
 		if op == "add" {
 			f.setBefore(nil)
@@ -337,8 +337,8 @@ func TestAlgorithmBadItems(t *testing.T) {
 		for _, tt := range bad[p.Algorithm] {
 			t.Run(p.Algorithm.String()+"/"+tt.name, func(t *testing.T) {
 				f := newFakeClient()
-				b := New(f, nil)
-				k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k").state()
+				b := mustNew(t, f, nil)
+				k := newItemKeys(b.opts.Prefix, p, "k").state()
 				f.set(k, string(tt.value))
 				for op, call := range map[string]func() error{
 					"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
@@ -370,7 +370,7 @@ func binaryLog(n int, units int64) []byte {
 // fixed-window items of the same name and key.
 func TestAlgorithmKeys(t *testing.T) {
 	f := newFakeClient()
-	b := New(f, nil)
+	b := mustNew(t, f, nil)
 	ctx := context.Background()
 	fw := throttler.Policy{Name: "api", Limit: 1, Window: time.Second}
 	if _, err := b.Take(ctx, "k", fw, 1, t0); err != nil {
@@ -382,7 +382,7 @@ func TestAlgorithmKeys(t *testing.T) {
 			t.Fatalf("%v: %+v, %v", p.Algorithm, d, err)
 		}
 		for _, key := range []string{"k", strings.Repeat("é", 200), "a b\x00c"} {
-			ik := newItemKeys(b.opts.Prefix, backend.Identity(p), key).state()
+			ik := newItemKeys(b.opts.Prefix, p, key).state()
 			if !legalKey(ik) || !strings.HasPrefix(ik, "throttlekit:s:") {
 				t.Errorf("%v, %q: item key %q", p.Algorithm, key, ik)
 			}
@@ -416,11 +416,11 @@ func TestAlgorithmExptime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		f := newFakeClient()
-		b := New(f, nil)
+		b := mustNew(t, f, nil)
 		if _, err := b.Take(ctx, "k", tt.p, 1, t0); err != nil {
 			t.Fatal(err)
 		}
-		k := newItemKeys(b.opts.Prefix, backend.Identity(tt.p), "k").state()
+		k := newItemKeys(b.opts.Prefix, tt.p, "k").state()
 		if got := f.exptimeOf(k); got != tt.want {
 			t.Errorf("%v: exptime %d, want %d", tt.p, got, tt.want)
 		}
@@ -431,7 +431,7 @@ func TestAlgorithmExptime(t *testing.T) {
 // real memcached (1 MB default) and is read and written back.
 func TestFullLogReal(t *testing.T) {
 	c := newRealClient(startMemcached(t))
-	b := New(c, nil)
+	b := mustNew(t, c, nil)
 	ctx := context.Background()
 	p := throttler.Policy{Name: "full", Limit: throttler.MaxLogLimit, Window: 24 * time.Hour, Algorithm: throttler.SlidingLog}
 	log := make([]backend.LogEntry, throttler.MaxLogLimit-1)
@@ -443,7 +443,7 @@ func TestFullLogReal(t *testing.T) {
 	if len(value) > 64<<10 {
 		t.Errorf("%d bytes", len(value))
 	}
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k").state()
+	k := newItemKeys(b.opts.Prefix, p, "k").state()
 	if err := c.Set(&memcache.Item{Key: k, Value: value}); err != nil {
 		t.Fatal(err)
 	}
@@ -543,3 +543,4 @@ func FuzzDecodeState(f *testing.F) {
 		}
 	})
 }
+

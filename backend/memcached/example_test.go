@@ -11,19 +11,27 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Example needs a Memcached server, so it is compiled but not run. The
-// client's Timeout bounds every call, since gomemcache takes no context.
+// Example needs a Memcached server, so it is compiled but not run.
+// gomemcache takes no context, so the client's Timeout is what bounds each
+// call: set it below the Throttler's Timeout (docs/backends.md).
 func Example() {
 	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
-	c.Timeout = 100 * time.Millisecond
-	c.MaxIdleConns = 64 // about the peak of concurrent calls
-	b := memcached.New(c, &memcached.Options{Prefix: "api-limits:"})
-
-	p := throttler.PerHour(5000).Named("core")
-	d, err := b.Take(context.Background(), "user:42", p, 1, time.Now())
+	c.Timeout = 50 * time.Millisecond // below the Throttler's 100ms
+	c.MaxIdleConns = 64               // about the peak of concurrent calls
+	b, err := memcached.New(c, &memcached.Options{Prefix: "rl:"})
 	if err != nil {
-		fmt.Println("memcached unavailable:", err)
-		return
+		panic(err) // a nil client or a bad option: fails here, not per call
 	}
-	fmt.Println(d.Allowed, d.Remaining)
+	t, err := throttler.New(b, &throttler.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		panic(err)
+	}
+
+	// While Memcached is unreachable the Throttler fails open: Allowed,
+	// with Degraded set. An error means bad input.
+	d, err := t.Allow(context.Background(), "user:42", throttler.PerHour(5000).Named("core"))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(d.Allowed, d.Degraded, d.Remaining)
 }

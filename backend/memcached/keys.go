@@ -5,6 +5,9 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strconv"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Memcached's text protocol takes keys of at most 250 bytes without spaces or
@@ -13,12 +16,16 @@ import (
 //	head:    <prefix> "w:" <id>
 //	counter: <prefix> "n:" <reset-at ms> ":" <id>
 //
-// where <id> names the (policy, key) pair: "<len(name)>:<name>:<key>" when
-// that is printable ASCII and short enough, otherwise "#" and the URL-safe
-// base64 of its SHA-256. The length prefix makes the plain form injective
-// (a name cannot swallow part of the key), "#" never starts a plain id, and
-// the reset-at is digits (and a minus sign) ended by ":", so distinct
-// (policy, key) pairs, and distinct windows of one pair, never share an item.
+// where <id> names the (policy, key) pair: "<len(identity)>:<identity>:<key>"
+// when that is printable ASCII and short enough, otherwise "#" and the
+// URL-safe base64 of its SHA-256. The identity is backend.Identity(policy):
+// a named policy's Name, as in every earlier version, so its live windows
+// stay where they are; an unnamed policy's definition, " fw <limit>/<window
+// ms>", whose spaces always send it to the hashed form. The length prefix
+// makes the plain form injective (an identity cannot swallow part of the
+// key), "#" never starts a plain id, and the reset-at is digits (and a minus
+// sign) ended by ":", so distinct (policy, key) pairs, and distinct windows
+// of one pair, never share an item.
 const (
 	maxItemKeyLen = 250
 	// MaxPrefixLen is the longest Options.Prefix accepted.
@@ -58,9 +65,10 @@ type itemKeys struct {
 	id     string
 }
 
-// newItemKeys encodes (name, key) under prefix. prefix must have passed
-// validPrefix; name and key may be anything.
-func newItemKeys(prefix, name, key string) itemKeys {
+// newItemKeys encodes (p's identity, key) under prefix. prefix must have
+// passed validPrefix; the name and key may be anything.
+func newItemKeys(prefix string, p throttler.Policy, key string) itemKeys {
+	name := backend.Identity(p)
 	id := strconv.Itoa(len(name)) + ":" + name + ":" + key
 	if len(prefix)+counterTagLen+len(id) > maxItemKeyLen || !printable(name) || !printable(key) {
 		sum := sha256.Sum256([]byte(id))

@@ -9,6 +9,11 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// named is a policy whose identity is name (an unnamed one for "").
+func named(name string) throttler.Policy {
+	return throttler.Policy{Name: name, Limit: 10, Window: time.Minute}
+}
+
 func TestItemKeys(t *testing.T) {
 	const prefix = "throttlekit:"
 	long := strings.Repeat("k", maxItemKeyLen)
@@ -18,7 +23,8 @@ func TestItemKeys(t *testing.T) {
 		wantHashed bool
 	}{
 		{"api", "user-1", "throttlekit:w:3:api:user-1", false},
-		{"", "user-1", "throttlekit:w:0::user-1", false},
+		// An unnamed policy's identity, " fw 10/60000", holds spaces.
+		{"", "user-1", "", true},
 		{"a:b", "c", "throttlekit:w:3:a:b:c", false},
 		{"a", "b:c", "throttlekit:w:1:a:b:c", false},
 		{"api", "has space", "", true},
@@ -32,7 +38,7 @@ func TestItemKeys(t *testing.T) {
 		{"api", long[:maxItemKeyLen-len(prefix)-counterTagLen-len("3:api:")+1], "", true},
 	}
 	for _, tt := range tests {
-		k := newItemKeys(prefix, tt.name, tt.key)
+		k := newItemKeys(prefix, named(tt.name), tt.key)
 		hashed := strings.HasPrefix(k.id, "#")
 		if hashed != tt.wantHashed {
 			t.Errorf("(%q, %q): id %q, hashed %v, want %v", tt.name, tt.key, k.id, hashed, tt.wantHashed)
@@ -45,6 +51,31 @@ func TestItemKeys(t *testing.T) {
 				t.Errorf("(%q, %q): illegal item key %q (%d bytes)", tt.name, tt.key, ik, len(ik))
 			}
 		}
+	}
+}
+
+// TestItemKeysAreStable pins the layout of a named policy's items: every
+// process of an application, and every version of this package, must find
+// a live window where the last one left it, whatever the policy's Limit
+// and Window (which may change while it runs).
+func TestItemKeysAreStable(t *testing.T) {
+	for _, p := range []throttler.Policy{throttler.PerHour(5000).Named("api"), throttler.PerMinute(7).Named("api")} {
+		k := newItemKeys("throttlekit:", p, "user-42")
+		if got, want := k.head(), "throttlekit:w:3:api:user-42"; got != want {
+			t.Errorf("%v: head %q, want %q", p, got, want)
+		}
+		if got, want := k.counter(1925089445000), "throttlekit:n:1925089445000:3:api:user-42"; got != want {
+			t.Errorf("%v: counter %q, want %q", p, got, want)
+		}
+	}
+	// A hashed id too: the SHA-256 of "3:api:has space".
+	if got, want := newItemKeys("throttlekit:", named("api"), "has space").head(), "throttlekit:w:#GL1oK-StWS1hsuRu8xIWoYzBjAirYPoeWuLJPOOt-Jw"; got != want {
+		t.Errorf("hashed head %q, want %q", got, want)
+	}
+	// Unnamed policies: the SHA-256 of their definition and the key, apart.
+	hourly, perMinute := newItemKeys("throttlekit:", throttler.PerHour(3), "k"), newItemKeys("throttlekit:", throttler.PerMinute(2), "k")
+	if !strings.HasPrefix(hourly.id, "#") || hourly.head() == perMinute.head() {
+		t.Errorf("unnamed heads %q and %q, want two distinct hashed ids", hourly.head(), perMinute.head())
 	}
 }
 
@@ -64,8 +95,8 @@ func FuzzItemKeys(f *testing.F) {
 		if backend.ValidateCall(throttler.OpTake, key1, p1, 1) != nil || backend.ValidateCall(throttler.OpTake, key2, p2, 1) != nil {
 			return
 		}
-		k1 := newItemKeys(prefix, name1, key1)
-		k2 := newItemKeys(prefix, name2, key2)
+		k1 := newItemKeys(prefix, p1, key1)
+		k2 := newItemKeys(prefix, p2, key2)
 		for _, ik := range []string{k1.head(), k1.counter(resetAtMs), k1.counter(resetAtMs + 1)} {
 			if !legalKey(ik) {
 				t.Fatalf("(%q, %q): illegal item key %q (%d bytes)", name1, key1, ik, len(ik))

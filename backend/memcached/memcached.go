@@ -106,6 +106,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -156,7 +157,8 @@ var (
 	ErrBadItem = errors.New("memcached: unexpected item value")
 )
 
-// Options configures a Backend. A nil *Options means the defaults.
+// Options configures a Backend. A nil *Options, or a zero field, means the
+// default; a value that cannot work is an error from New.
 type Options struct {
 	// Prefix starts every item key, so the limiter's items can share a
 	// server with other data. Printable ASCII without spaces, at most
@@ -164,16 +166,18 @@ type Options struct {
 	Prefix string
 	// MaxAttempts bounds the rounds a Take makes when it loses a race to
 	// open a window (then it fails with ErrContention) or is denied while
-	// its cost would have fit (then it stays denied). Must be >= 0.
-	// default: 8
+	// its cost would have fit (then it stays denied). Negative is an
+	// error. default: 8
 	MaxAttempts int
 	// CacheFor is how long, in the callers' time (the now they pass), a
 	// process trusts the reset-at it last read for a pair, so that a Take
 	// in an open window makes one round trip (incr) instead of two. It also
 	// bounds how long this process may keep counting in a window after the
-	// head changed under it (see the package comment). default: 1s
+	// head changed under it (see the package comment). Negative is an
+	// error. default: 1s
 	CacheFor time.Duration
-	// CacheSize bounds the pairs whose reset-at is cached. default: 65536
+	// CacheSize bounds the pairs whose reset-at is cached. Negative is an
+	// error. default: 65536
 	CacheSize int
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
@@ -192,13 +196,16 @@ func (o *Options) withDefaults() (Options, error) {
 		return r, err
 	}
 	if r.MaxAttempts < 0 {
-		return r, fmt.Errorf("memcached: Options.MaxAttempts must be >= 0, got %d", r.MaxAttempts)
+		return r, fmt.Errorf("memcached: Options.MaxAttempts must be >= 0 (0: the default, 8), got %d", r.MaxAttempts)
 	}
 	if r.MaxAttempts == 0 {
 		r.MaxAttempts = 8
 	}
-	if r.CacheFor < 0 || r.CacheSize < 0 {
-		return r, fmt.Errorf("memcached: Options.CacheFor and CacheSize must be >= 0, got %v and %d", r.CacheFor, r.CacheSize)
+	if r.CacheFor < 0 {
+		return r, fmt.Errorf("memcached: Options.CacheFor must be >= 0 (0: the default, 1s), got %v", r.CacheFor)
+	}
+	if r.CacheSize < 0 {
+		return r, fmt.Errorf("memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got %d", r.CacheSize)
 	}
 	if r.CacheFor == 0 {
 		r.CacheFor = time.Second
@@ -216,33 +223,27 @@ type Backend struct {
 	opts  Options
 	cache *headCache // with NoCache, a hint of the counter key only
 	locks stateLocks // one caller per state item at a time (algorithms.go)
-	err   error      // bad configuration, returned by every operation
 }
 
 // New returns a Backend over c, usually a *memcache.Client whose Timeout
-// bounds each call. Invalid options (or a nil c) make every operation fail
-// with an error that says why, rather than panic.
-func New(c Client, opts *Options) *Backend {
+// bounds each call. Nil options mean defaults. A nil c, or an option that
+// cannot work, is an error naming it.
+func New(c Client, opts *Options) (*Backend, error) {
+	if c == nil {
+		return nil, errors.New("memcached: the Client is nil")
+	}
+	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("memcached: the Client is a nil %T", c)
+	}
 	o, err := opts.withDefaults()
-	if err == nil && c == nil {
-		err = errors.New("memcached: nil Client")
+	if err != nil {
+		return nil, err
 	}
 	ttl := o.CacheFor.Milliseconds()
 	if o.NoCache {
 		ttl = 0 // never trusted: remembered only to fetch the counter with the head
 	}
-	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl, o.CacheFor.Milliseconds()), err: err}
-}
-
-// check validates a call before any server is asked.
-func (b *Backend) check(op throttler.Op, key string, p throttler.Policy, cost int64) error {
-	if b.err != nil {
-		return b.err
-	}
-	if err := backend.ValidateCall(op, key, p, cost); err != nil {
-		return err
-	}
-	return nil
+	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl, o.CacheFor.Milliseconds())}, nil
 }
 
 // window is what the head says: the open window's reset-at, if any.
@@ -385,18 +386,13 @@ func exptime(resetAtMs int64, now time.Time) int32 {
 
 // Peek reports the state of key's window without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := b.check(throttler.OpPeek, key, p, 1); err != nil {
+	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
 		return b.apply(ctx, throttler.OpPeek, key, p, 1, now)
 	}
-	return b.peek(ctx, newItemKeys(b.opts.Prefix, backend.Identity(p), key), p, now, true)
-}
-
-// peek reads the state; allowedIfRoom says whether Allowed reports room for
-// one more unit (Peek) or is false (a Take denied without counting).
-func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now time.Time, allowedIfRoom bool) (throttler.Decision, error) {
+	k := newItemKeys(b.opts.Prefix, p, key)
 	w, err := b.head(ctx, k, now)
 	if err != nil {
 		return throttler.Decision{}, err
@@ -409,22 +405,19 @@ func (b *Backend) peek(ctx context.Context, k itemKeys, p throttler.Policy, now 
 		}
 		resetAt = resetTime(w.resetAt, now)
 	}
-	if !allowedIfRoom {
-		return backend.WindowState(p, n, resetAt, now, false), nil
-	}
 	return backend.PeekState(p, n, resetAt, now), nil
 }
 
 // Refund gives cost units back to key's open window, never below zero; it
 // does nothing when no window is open.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.check(throttler.OpRefund, key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
 		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
 	}
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
+	k := newItemKeys(b.opts.Prefix, p, key)
 	w, err := b.head(ctx, k, now)
 	if err != nil {
 		return throttler.Decision{}, err
@@ -454,17 +447,13 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // when none is open. A denied Take counts nothing; see the package comment
 // for the sequence of calls and what it can and cannot promise.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.check(throttler.OpTake, key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
 		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
 	}
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), key)
-	if cost > p.Limit {
-		// Never admissible: answer from the state, counting and opening nothing.
-		return b.peek(ctx, k, p, now, false)
-	}
+	k := newItemKeys(b.opts.Prefix, p, key)
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		w, err := b.head(ctx, k, now)
 		if err != nil {

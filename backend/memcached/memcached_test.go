@@ -23,7 +23,17 @@ var t0 = time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 func newTestBackend(t *testing.T) (*Backend, *fakeClient) {
 	t.Helper()
 	f := newFakeClient()
-	return New(f, nil), f
+	return mustNew(t, f, nil), f
+}
+
+// mustNew is New for a client and options that cannot be wrong.
+func mustNew(t testing.TB, c Client, opts *Options) *Backend {
+	t.Helper()
+	b, err := New(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestSequence runs operations on one key at fixed instants and checks every
@@ -69,6 +79,10 @@ func TestSequence(t *testing.T) {
 		{"refund with no window opens nothing", []step{
 			{"refund", 0, 3, true, 0, time.Minute},
 			{"take", 10 * time.Second, 1, true, 1, 10*time.Second + time.Minute},
+		}},
+		{"refund above the limit clamps", []step{
+			{"take", 0, 5, true, 5, time.Minute},
+			{"refund", time.Second, MaxLimit, true, 0, time.Minute},
 		}},
 	}
 	for _, tt := range tests {
@@ -133,7 +147,7 @@ func TestRoundTrips(t *testing.T) {
 	}
 	for _, noCache := range []bool{false, true} {
 		f := newFakeClient()
-		b := New(f, &Options{NoCache: noCache})
+		b := mustNew(t, f, &Options{NoCache: noCache})
 		for _, tt := range tests {
 			f.callCounts()
 			if err := tt.do(b); err != nil {
@@ -159,8 +173,8 @@ func TestCacheStaleness(t *testing.T) {
 	ctx := context.Background()
 	for _, noCache := range []bool{false, true} {
 		f := newFakeClient()
-		a := New(f, &Options{NoCache: noCache})
-		other := New(f, &Options{NoCache: true})
+		a := mustNew(t, f, &Options{NoCache: noCache})
+		other := mustNew(t, f, &Options{NoCache: true})
 		end := t0.Add(time.Minute)
 		if _, err := a.Take(ctx, "k", p, 3, t0); err != nil {
 			t.Fatal(err)
@@ -188,7 +202,7 @@ func TestCacheStaleness(t *testing.T) {
 	// Everything lost (a restarted server): the cached window's counter is
 	// missing, so the head is read and a window opens.
 	f := newFakeClient()
-	b := New(f, nil)
+	b := mustNew(t, f, nil)
 	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +314,7 @@ func TestItemsExpireAfterResetAt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k")
+		k := newItemKeys(b.opts.Prefix, p, "k")
 		for _, key := range []string{k.head(), k.counter(d.ResetAt.UnixMilli())} {
 			if got := f.exptimeOf(key); got != tt.want {
 				t.Errorf("window %v: %s exptime %d, want %d", tt.window, key, got, tt.want)
@@ -368,7 +382,7 @@ func TestSpuriousDenialIsRetried(t *testing.T) {
 	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
 		t.Fatal(err)
 	}
-	counter := newItemKeys(b.opts.Prefix, backend.Identity(p), "k").counter(t0.Add(time.Minute).UnixMilli())
+	counter := newItemKeys(b.opts.Prefix, p, "k").counter(t0.Add(time.Minute).UnixMilli())
 	// Another Take of 6 is in flight: its incr lands before ours, so ours
 	// overshoots; its decr lands before ours, so our undo finds room and
 	// the Take tries again.
@@ -405,11 +419,11 @@ func TestPersistentOvershootDenies(t *testing.T) {
 	p := throttler.Policy{Limit: 10, Window: time.Minute}
 	ctx := context.Background()
 	f := newFakeClient()
-	b := New(f, &Options{MaxAttempts: 3})
+	b := mustNew(t, f, &Options{MaxAttempts: 3})
 	if _, err := b.Take(ctx, "k", p, 5, t0); err != nil {
 		t.Fatal(err)
 	}
-	counter := newItemKeys(b.opts.Prefix, backend.Identity(p), "k").counter(t0.Add(time.Minute).UnixMilli())
+	counter := newItemKeys(b.opts.Prefix, p, "k").counter(t0.Add(time.Minute).UnixMilli())
 	f.set(counter, "11") // 5 counted + 6 of a Take between its incr and decr
 	f.callCounts()
 	d, err := b.Take(ctx, "k", p, 5, t0)
@@ -517,7 +531,7 @@ func TestContextCheckedBeforeEachCall(t *testing.T) {
 func TestContention(t *testing.T) {
 	p := throttler.Policy{Limit: 3, Window: time.Minute}
 	f := newFakeClient()
-	b := New(f, &Options{MaxAttempts: 4})
+	b := mustNew(t, f, &Options{MaxAttempts: 4})
 	for _, op := range []string{"add", "cas"} {
 		t.Run(op, func(t *testing.T) {
 			if op == "cas" {
@@ -554,7 +568,7 @@ func TestEvictedCounter(t *testing.T) {
 	if _, err := b.Take(ctx, "k", p, 3, t0); err != nil {
 		t.Fatal(err)
 	}
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k")
+	k := newItemKeys(b.opts.Prefix, p, "k")
 	f.evict(k.counter(t0.Add(time.Minute).UnixMilli()))
 	d, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second))
 	if err != nil || !d.Allowed || d.Used != 1 || !d.ResetAt.Equal(t0.Add(time.Minute)) {
@@ -604,7 +618,7 @@ func TestBadItems(t *testing.T) {
 	p := throttler.Policy{Limit: 3, Window: time.Minute}
 	ctx := context.Background()
 	b, f := newTestBackend(t)
-	k := newItemKeys(b.opts.Prefix, backend.Identity(p), "k")
+	k := newItemKeys(b.opts.Prefix, p, "k")
 	resetMs := t0.Add(time.Minute).UnixMilli()
 	live := strconv.FormatInt(resetMs, 10)
 	errServer := errors.New("any error")
@@ -647,7 +661,7 @@ func TestBadItems(t *testing.T) {
 	}
 	// A client that answers neither an item nor an error.
 	nilClient := &nilItemClient{fakeClient: newFakeClient()}
-	if _, err := New(nilClient, nil).Peek(ctx, "k", p, t0); !errors.Is(err, ErrBadItem) {
+	if _, err := mustNew(t, nilClient, nil).Peek(ctx, "k", p, t0); !errors.Is(err, ErrBadItem) {
 		t.Errorf("nil item: err %v, want ErrBadItem", err)
 	}
 }
@@ -661,57 +675,92 @@ func TestInvalidInput(t *testing.T) {
 	ctx := context.Background()
 	ok := throttler.Policy{Limit: 3, Window: time.Minute}
 	tests := []struct {
-		name string
-		key  string
-		p    throttler.Policy
-		cost int64
-		want error
+		name     string
+		key      string
+		p        throttler.Policy
+		cost     int64
+		want     error
+		takeOnly bool // a Refund of that cost is fine
 	}{
-		{"empty key", "", ok, 1, throttler.ErrInvalidKey},
-		{"zero limit", "k", throttler.Policy{Window: time.Second}, 1, throttler.ErrInvalidPolicy},
-		{"limit above MaxLimit", "k", throttler.Policy{Limit: MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
-		{"zero cost", "k", ok, 0, throttler.ErrInvalidCost},
+		{"empty key", "", ok, 1, throttler.ErrInvalidKey, false},
+		{"zero limit", "k", throttler.Policy{Window: time.Second}, 1, throttler.ErrInvalidPolicy, false},
+		{"limit above MaxLimit", "k", throttler.Policy{Limit: MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy, false},
+		{"zero cost", "k", ok, 0, throttler.ErrInvalidCost, false},
+		{"cost above MaxLimit", "k", ok, MaxLimit + 1, throttler.ErrInvalidCost, false},
+		// Never admissible: an input error, not a denial.
+		{"take above the limit", "k", ok, ok.Limit + 1, throttler.ErrInvalidCost, true},
 	}
 	for _, tt := range tests {
 		if _, err := b.Take(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: take err %v, want %v", tt.name, err, tt.want)
 		}
+		if tt.takeOnly {
+			continue
+		}
 		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: refund err %v, want %v", tt.name, err, tt.want)
 		}
-		if tt.cost > 0 {
+		if tt.want != throttler.ErrInvalidCost {
 			if _, err := b.Peek(ctx, tt.key, tt.p, t0); !errors.Is(err, tt.want) {
 				t.Errorf("%s: peek err %v, want %v", tt.name, err, tt.want)
 			}
 		}
 	}
+	if c := f.callCounts(); len(c) != 0 {
+		t.Errorf("bad input reached the server: %v", c)
+	}
 	if _, err := b.Take(ctx, "k", throttler.Policy{Limit: MaxLimit, Window: time.Second}, MaxLimit, t0); err != nil {
 		t.Errorf("MaxLimit: %v", err)
 	}
-	f.callCounts()
 }
 
-func TestInvalidOptions(t *testing.T) {
-	p := throttler.Policy{Limit: 3, Window: time.Minute}
+func TestConstructionErrors(t *testing.T) {
+	var nilClient *memcache.Client // a typed nil: an unassigned variable
 	tests := []struct {
 		name string
 		c    Client
 		opts *Options
-		want string
+		want string // a fragment naming the bad field
 	}{
-		{"nil client", nil, nil, "nil Client"},
-		{"prefix with space", newFakeClient(), &Options{Prefix: "my app:"}, "Prefix"},
-		{"prefix too long", newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen+1)}, "Prefix"},
-		{"negative attempts", newFakeClient(), &Options{MaxAttempts: -1}, "MaxAttempts"},
+		{"nil client", nil, nil, "memcached: the Client is nil"},
+		{"typed-nil client", nilClient, nil, "memcached: the Client is a nil *memcache.Client"},
+		{"prefix with space", newFakeClient(), &Options{Prefix: "my app:"}, `memcached: Options.Prefix "my app:" must be printable ASCII without spaces`},
+		{"prefix with a control byte", newFakeClient(), &Options{Prefix: "a\n"}, "memcached: Options.Prefix"},
+		{"prefix not ASCII", newFakeClient(), &Options{Prefix: "ünï:"}, "memcached: Options.Prefix"},
+		{"prefix too long", newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen+1)}, "memcached: Options.Prefix is 65 bytes, at most 64 allowed"},
+		{"negative MaxAttempts", newFakeClient(), &Options{MaxAttempts: -1}, "memcached: Options.MaxAttempts must be >= 0 (0: the default, 8), got -1"},
+		{"negative CacheFor", newFakeClient(), &Options{CacheFor: -time.Second}, "memcached: Options.CacheFor must be >= 0 (0: the default, 1s), got -1s"},
+		{"negative CacheSize", newFakeClient(), &Options{CacheSize: -1}, "memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got -1"},
 	}
 	for _, tt := range tests {
-		b := New(tt.c, tt.opts)
-		_, err := b.Take(context.Background(), "k", p, 1, t0)
-		if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "memcached: ") {
-			t.Errorf("%s: err %v, want memcached: … %s", tt.name, err, tt.want)
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := New(tt.c, tt.opts)
+			if err == nil || b != nil {
+				t.Fatalf("got %v, %v; want an error", b, err)
+			}
+			if !strings.Contains(err.Error(), tt.want) || strings.Count(err.Error(), "memcached:") != 1 {
+				t.Errorf("err %q, want one prefix and %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestOptionDefaults(t *testing.T) {
+	p := throttler.Policy{Limit: 3, Window: time.Minute}
+	for _, tt := range []struct {
+		opts *Options
+		want Options
+	}{
+		{nil, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536}},
+		{&Options{}, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536}},
+		{&Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true},
+			Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true}},
+	} {
+		if b := mustNew(t, newFakeClient(), tt.opts); b.opts != tt.want {
+			t.Errorf("%+v: options %+v, want %+v", tt.opts, b.opts, tt.want)
 		}
 	}
-	b := New(newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen)})
+	b := mustNew(t, newFakeClient(), &Options{Prefix: strings.Repeat("p", MaxPrefixLen)})
 	if _, err := b.Take(context.Background(), strings.Repeat("k", throttler.MaxKeyLen), p, 1, t0); err != nil {
 		t.Errorf("longest prefix and key: %v", err)
 	}
@@ -758,7 +807,7 @@ func TestConcurrentTakes(t *testing.T) {
 // TestConformance runs the suite on the in-process fake; the integration
 // module runs it on real servers.
 func TestConformance(t *testing.T) {
-	backendtest.Run(t, func(t *testing.T) throttler.Backend { return New(newFakeClient(), nil) })
+	backendtest.Run(t, func(t *testing.T) throttler.Backend { return mustNew(t, newFakeClient(), nil) })
 }
 
 // TestHintMismatch: the counter fetched with the head belongs to the window
@@ -767,7 +816,7 @@ func TestHintMismatch(t *testing.T) {
 	p := throttler.Policy{Limit: 10, Window: time.Minute}
 	ctx := context.Background()
 	f := newFakeClient()
-	a, other := New(f, &Options{NoCache: true}), New(f, &Options{NoCache: true})
+	a, other := mustNew(t, f, &Options{NoCache: true}), mustNew(t, f, &Options{NoCache: true})
 	if _, err := a.Take(ctx, "k", p, 7, t0); err != nil {
 		t.Fatal(err)
 	}

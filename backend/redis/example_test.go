@@ -23,10 +23,21 @@ func Example() {
 	})
 	defer rdb.Close()
 
-	t := throttler.New(redis.New(rdb, nil), &throttler.Options{
+	b, err := redis.New(rdb, nil)
+	if err != nil {
+		panic(err) // a nil client or a bad option: fails here, not per call
+	}
+	fallback, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	t, err := throttler.New(b, &throttler.Options{
 		Timeout:  50 * time.Millisecond,
-		Fallback: memory.New(nil),
+		Fallback: fallback,
 	})
+	if err != nil {
+		panic(err)
+	}
 	d, err := t.Allow(context.Background(), "user-42", throttler.PerHour(5000).Named("api"))
 	if err != nil {
 		panic(err)
@@ -47,7 +58,9 @@ func ExampleNewSharded() {
 	if err != nil {
 		panic(err)
 	}
-	_ = throttler.New(b, nil)
+	if _, err := throttler.New(b, nil); err != nil {
+		panic(err)
+	}
 }
 
 // Many goroutines sharing one client: go-redis's AutoPipeliner batches
@@ -68,5 +81,11 @@ func ExampleNew_autoPipeline() {
 	if err != nil {
 		panic(err)
 	}
-	_ = throttler.New(redis.New(ap, nil), &throttler.Options{Timeout: timeout})
+	b, err := redis.New(ap, nil)
+	if err != nil {
+		panic(err)
+	}
+	if _, err := throttler.New(b, &throttler.Options{Timeout: timeout}); err != nil {
+		panic(err)
+	}
 }

@@ -3,11 +3,18 @@ package redis
 import (
 	"strconv"
 	"strings"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Key layout (docs/backends-redis.md): one hash per (policy, key),
 //
-//	<prefix>{<16 hex digits>}<len(policy name)>:<policy name>:<key>
+//	<prefix>{<16 hex digits>}<len(identity)>:<identity>:<key>
+//
+// where identity is backend.Identity(policy): a named policy's Name, as in
+// every earlier version (live windows stay where they are), or an unnamed
+// policy's definition, " fw <limit>/<window ms>".
 //
 // The braces are the hash tag, so a Cluster places the key by the 16 hex
 // digits alone. They are a 64-bit hash of everything else in the storage
@@ -20,17 +27,20 @@ import (
 // tagLen is the length of the hash tag, braces included.
 const tagLen = 2 + 16
 
-// storageKey returns the Redis key of (policy, key) and its 64-bit hash,
-// which also picks the shard. It allocates once: the hash is taken over the
-// parts before the key is built around it.
-func (b *Backend) storageKey(policy, key string) (string, uint64) {
+// storageKey returns the Redis key of (p, key) and its 64-bit hash, which
+// also picks the shard. It allocates once: the identity is built on the
+// stack and the hash is taken over the parts before the key is built
+// around it.
+func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
+	var idBuf [throttler.MaxPolicyNameLen]byte
+	id := backend.AppendIdentity(idBuf[:0], p)
 	var lenBuf [20]byte
-	nameLen := strconv.AppendInt(lenBuf[:0], int64(len(policy)), 10)
+	idLen := strconv.AppendInt(lenBuf[:0], int64(len(id)), 10)
 
 	h := fnv1aString(fnvOffset, b.prefix)
-	h = fnv1a(h, nameLen)
+	h = fnv1a(h, idLen)
 	h = fnv1aString(h, ":")
-	h = fnv1aString(h, policy)
+	h = fnv1a(h, id)
 	h = fnv1aString(h, ":")
 	h = fmix64(fnv1aString(h, key))
 
@@ -42,12 +52,12 @@ func (b *Backend) storageKey(policy, key string) (string, uint64) {
 	}
 
 	var sb strings.Builder
-	sb.Grow(len(b.prefix) + tagLen + len(nameLen) + 1 + len(policy) + 1 + len(key))
+	sb.Grow(len(b.prefix) + tagLen + len(idLen) + 1 + len(id) + 1 + len(key))
 	sb.WriteString(b.prefix)
 	sb.Write(tag[:])
-	sb.Write(nameLen)
+	sb.Write(idLen)
 	sb.WriteByte(':')
-	sb.WriteString(policy)
+	sb.Write(id)
 	sb.WriteByte(':')
 	sb.WriteString(key)
 	return sb.String(), h

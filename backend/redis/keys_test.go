@@ -5,6 +5,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // hashTag is the part of a key that Redis Cluster hashes: the bytes between
@@ -21,7 +25,13 @@ func hashTag(k string) string {
 	return k[i+1 : i+1+j]
 }
 
-// decodeStorageKey inverts storageKey's layout, or reports why it cannot.
+// named is a policy whose identity is name (an unnamed one for "").
+func named(name string) throttler.Policy {
+	return throttler.Policy{Name: name, Limit: 10, Window: time.Minute}
+}
+
+// decodeStorageKey inverts storageKey's layout, or reports why it cannot:
+// policy is the identity stored.
 func decodeStorageKey(prefix, sk string) (tag, policy, key string, err error) {
 	rest, ok := strings.CutPrefix(sk, prefix)
 	if !ok {
@@ -47,62 +57,71 @@ func TestStorageKeyLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tests := []struct{ policy, key string }{
-		{"", "k"},
-		{"api", "user-42"},
-		{"a:b", "c"},
-		{"a", "b:c"},
-		{"x", "{"},
-		{"x", "}"},
-		{"x", "}{"},
-		{"x", "{tag}"},
-		{"{p}", "{k}"},
-		{"x", "\x00\xff\n "},
-		{"x", strings.Repeat("}", 4096)},
+	tests := []struct {
+		p   throttler.Policy
+		key string
+	}{
+		{named(""), "k"},
+		{named("api"), "user-42"},
+		{named("a:b"), "c"},
+		{named("a"), "b:c"},
+		{named("x"), "{"},
+		{named("x"), "}"},
+		{named("x"), "}{"},
+		{named("x"), "{tag}"},
+		{named("{p}"), "{k}"},
+		{named("x"), "\x00\xff\n "},
+		{named("x"), strings.Repeat("}", 4096)},
+		// Unnamed policies are stored by their definition.
+		{throttler.PerHour(3), "k"},
+		{throttler.PerMinute(2), "k"},
+		{throttler.PerMinute(3), "k"},
+		{throttler.PerHour(3).Named("hourly"), "k"},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {
-		sk, h := b.storageKey(tt.policy, tt.key)
+		sk, h := b.storageKey(tt.p, tt.key)
 		tag, policy, key, err := decodeStorageKey("app:", sk)
 		if err != nil {
-			t.Fatalf("storageKey(%q, %q) = %q: %v", tt.policy, tt.key, sk, err)
+			t.Fatalf("storageKey(%v, %q) = %q: %v", tt.p, tt.key, sk, err)
 		}
-		if policy != tt.policy || key != tt.key {
-			t.Errorf("storageKey(%q, %q) decodes to (%q, %q)", tt.policy, tt.key, policy, key)
+		if policy != backend.Identity(tt.p) || key != tt.key {
+			t.Errorf("storageKey(%v, %q) decodes to (%q, %q)", tt.p, tt.key, policy, key)
 		}
 		if want := fmt.Sprintf("%016x", h); tag != want || hashTag(sk) != want {
-			t.Errorf("storageKey(%q, %q) = %q: tag %q, Redis hashes %q, want %q", tt.policy, tt.key, sk, tag, hashTag(sk), want)
+			t.Errorf("storageKey(%v, %q) = %q: tag %q, Redis hashes %q, want %q", tt.p, tt.key, sk, tag, hashTag(sk), want)
 		}
 		if seen[sk] {
-			t.Errorf("storageKey(%q, %q) = %q, already given to another pair", tt.policy, tt.key, sk)
+			t.Errorf("storageKey(%v, %q) = %q, already given to another pair", tt.p, tt.key, sk)
 		}
 		seen[sk] = true
 	}
 	// The pairs that a naive "policy:key" join would confuse.
-	if a, _ := b.storageKey("a:b", "c"); a == func() string { s, _ := b.storageKey("a", "b:c"); return s }() {
+	if a, _ := b.storageKey(named("a:b"), "c"); a == func() string { s, _ := b.storageKey(named("a"), "b:c"); return s }() {
 		t.Errorf("(a:b, c) and (a, b:c) share %q", a)
 	}
 }
 
 func TestStorageKeyIsStable(t *testing.T) {
 	// Every process of an application, and every version of this package,
-	// must place a key on the same shard and slot: a changed hash would hand
-	// every client a fresh window after a deploy.
-	b := New(&fakeClient{}, nil)
-	sk, h := b.storageKey("api", "user-42")
-	if want := "throttlekit:{" + fmt.Sprintf("%016x", h) + "}3:api:user-42"; sk != want {
-		t.Errorf("storageKey = %q, want %q", sk, want)
-	}
-	if want := uint64(0xc88ccab0414fa7a4); h != want {
-		t.Errorf("hash = %#x, want %#x (changing it moves every live window)", h, want)
-	}
-}
-
-func TestPrefixWithBraceIsRejected(t *testing.T) {
-	for _, prefix := range []string{"{", "a}", "x{y}:"} {
-		if _, err := NewSharded([]Shard{{Primary: &fakeClient{}}}, &Options{Prefix: prefix}); err == nil {
-			t.Errorf("NewSharded with prefix %q: no error", prefix)
+	// must place a key on the same shard and slot: a changed hash, or a
+	// named policy's identity stored differently, would hand every client a
+	// fresh window after a deploy. The Limit and Window of a named policy
+	// are not part of its key.
+	b := newBackend(t, &fakeClient{}, nil)
+	for _, p := range []throttler.Policy{throttler.PerHour(5000).Named("api"), throttler.PerMinute(7).Named("api")} {
+		sk, h := b.storageKey(p, "user-42")
+		if want := "throttlekit:{c88ccab0414fa7a4}3:api:user-42"; sk != want {
+			t.Errorf("storageKey(%v) = %q, want %q", p, sk, want)
 		}
+		if want := uint64(0xc88ccab0414fa7a4); h != want {
+			t.Errorf("hash = %#x, want %#x (changing it moves every live window)", h, want)
+		}
+	}
+	// An unnamed policy's key holds its definition.
+	sk, _ := b.storageKey(throttler.PerHour(3), "user-42")
+	if _, rest, _ := strings.Cut(sk, "}"); rest != "13: fw 3/3600000:user-42" {
+		t.Errorf("unnamed storageKey = %q, want the tag then 13: fw 3/3600000:user-42", sk)
 	}
 }
 
@@ -111,9 +130,10 @@ func FuzzStorageKey(f *testing.F) {
 	f.Add("a:b", "c")
 	f.Add("", "}{")
 	f.Add("{x}", "\x00{}")
-	b := New(&fakeClient{}, nil)
-	f.Fuzz(func(t *testing.T, policy, key string) {
-		sk, h := b.storageKey(policy, key)
+	b := newBackend(f, &fakeClient{}, nil)
+	f.Fuzz(func(t *testing.T, name, key string) {
+		policy := backend.Identity(named(name))
+		sk, h := b.storageKey(named(name), key)
 		tag, p, k, err := decodeStorageKey("throttlekit:", sk)
 		if err != nil {
 			t.Fatalf("storageKey(%q, %q) = %q: %v", policy, key, sk, err)
@@ -128,13 +148,13 @@ func FuzzStorageKey(f *testing.F) {
 }
 
 func TestJumpHashMovesOnlyToTheNewShard(t *testing.T) {
-	b := New(&fakeClient{}, nil)
+	b := newBackend(t, &fakeClient{}, nil)
 	const keys = 20000
 	for _, n := range []int{1, 2, 3, 7, 10} {
 		moved := 0
 		counts := make([]int, n+1)
 		for i := 0; i < keys; i++ {
-			_, h := b.storageKey("api", "user-"+strconv.Itoa(i))
+			_, h := b.storageKey(named("api"), "user-"+strconv.Itoa(i))
 			before, after := jumpHash(h, n), jumpHash(h, n+1)
 			counts[after]++
 			if before != after {

@@ -15,18 +15,20 @@
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
-// ContextTimeoutEnabled: true. Set it:
+// ContextTimeoutEnabled: true. Set it (goredis is the import
+// github.com/redis/go-redis/v9, renamed as this package is redis too):
 //
 //	rdb := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true})
+//	b, err := redis.New(rdb, nil)
 //
 // Without it a stalled server holds a call for the client's ReadTimeout
 // (3s by default) whatever the Throttler's timeout.
 //
 // Many goroutines on one client get several times the throughput from
-// go-redis's AutoPipeliner: New(rdb.AutoPipeline()). Its blocking calls
-// ignore the context, though (go-redis v9.23): bound them with the
-// client's ReadTimeout, WriteTimeout and DialTimeout, each a quarter of the
-// Throttler's timeout.
+// go-redis's AutoPipeliner (rdb.AutoPipeline()), passed to New as the
+// client (ExampleNew_autoPipeline). Its blocking calls ignore the context,
+// though (go-redis v9.23): bound them with the client's ReadTimeout,
+// WriteTimeout and DialTimeout, each a quarter of the Throttler's timeout.
 package redis
 
 import (
@@ -34,6 +36,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -41,6 +44,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -68,7 +72,7 @@ var ErrUnexpectedReply = errors.New("redis: unexpected reply")
 var ErrNoShards = errors.New("redis: no shards")
 
 // MaxLimit is the largest Policy.Limit, and the largest cost, this backend
-// counts: throttler.MaxLimit (2^48), which throttler.ValidateCall enforces.
+// counts: throttler.MaxLimit (2^48), which backend.ValidateCall enforces.
 // The scripts' numbers are Lua doubles, exact up to 2^53.
 const MaxLimit = throttler.MaxLimit
 
@@ -81,7 +85,8 @@ var (
 	refundScript = goredis.NewScript(refundSource)
 )
 
-// Options configure a Backend. The zero value (or nil) means defaults.
+// Options configure a Backend. The zero value (or nil) means defaults; a
+// value that cannot work is an error from New or NewSharded.
 type Options struct {
 	// Prefix begins every key the backend writes, so that several
 	// applications can share one Redis. It must not hold '{' or '}',
@@ -89,11 +94,12 @@ type Options struct {
 	Prefix string
 	// ExpiryMargin is how long a window's key outlives its reset-at, for
 	// an application clock that lags Redis's; the key is deleted by Redis
-	// then, purely to reclaim memory. default: 1s
+	// then, purely to reclaim memory. Negative is an error; below a
+	// millisecond counts as one. default: 1s
 	ExpiryMargin time.Duration
 }
 
-func (o *Options) withDefaults() Options {
+func (o *Options) withDefaults() (Options, error) {
 	var out Options
 	if o != nil {
 		out = *o
@@ -101,10 +107,16 @@ func (o *Options) withDefaults() Options {
 	if out.Prefix == "" {
 		out.Prefix = "throttlekit:"
 	}
-	if out.ExpiryMargin <= 0 {
+	if strings.ContainsAny(out.Prefix, "{}") {
+		return out, fmt.Errorf("redis: Options.Prefix %q holds a brace, which would move the hash tag", out.Prefix)
+	}
+	if out.ExpiryMargin < 0 {
+		return out, fmt.Errorf("redis: Options.ExpiryMargin must be >= 0 (0: the default, 1s), got %v", out.ExpiryMargin)
+	}
+	if out.ExpiryMargin == 0 {
 		out.ExpiryMargin = time.Second
 	}
-	return out
+	return out, nil
 }
 
 // Shard is one independent Redis of a sharded layout: a primary that takes
@@ -127,23 +139,18 @@ type Backend struct {
 	shards   []*shard
 	prefix   string
 	marginMS int64
-	err      error // a construction error that every call returns
 }
 
 var _ throttler.Backend = (*Backend)(nil)
 
 // New returns a Backend on one client: a single Redis, or a Cluster or Ring
-// client, which route each key themselves. Nil options mean defaults. The
-// errors NewSharded would return (a nil client, a prefix with braces) are
-// returned by every call instead.
-func New(c Client, opts *Options) *Backend {
-	b, err := NewSharded([]Shard{{Primary: c}}, opts)
-	if err != nil {
-		// A nil client or a prefix with braces: every call reports it,
-		// rather than New panicking or a call dereferencing nil.
-		return &Backend{err: err}
+// client, which route each key themselves. Nil options mean defaults. A nil
+// client or a bad option is an error naming it.
+func New(c Client, opts *Options) (*Backend, error) {
+	if err := required("the Client", c); err != nil {
+		return nil, err
 	}
-	return b
+	return NewSharded([]Shard{{Primary: c}}, opts)
 }
 
 // NewSharded returns a Backend that spreads keys over independent shards by
@@ -151,26 +158,24 @@ func New(c Client, opts *Options) *Backend {
 // 1/N of the keys, all of them to the new shard. The order of shards is
 // part of the layout: append new ones at the end, never reorder. Writes go
 // to a shard's primary; Peek goes to one of its replicas, round robin, and
-// to the primary when that replica fails. Nil options mean defaults.
+// to the primary when that replica fails. Nil options mean defaults. No
+// shards (ErrNoShards), a nil client or a bad option is an error naming it.
 func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	if len(shards) == 0 {
 		return nil, ErrNoShards
 	}
-	o := opts.withDefaults()
-	if strings.ContainsAny(o.Prefix, "{}") {
-		return nil, fmt.Errorf("redis: prefix %q holds a brace, which would move the hash tag", o.Prefix)
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: o.ExpiryMargin.Milliseconds()}
-	if b.marginMS < 1 {
-		b.marginMS = 1
-	}
+	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: max(o.ExpiryMargin.Milliseconds(), 1)}
 	for i, s := range shards {
-		if s.Primary == nil {
-			return nil, fmt.Errorf("redis: shard %d has no primary", i)
+		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
+			return nil, err
 		}
 		for j, r := range s.Replicas {
-			if r == nil {
-				return nil, fmt.Errorf("redis: shard %d has a nil replica at %d", i, j)
+			if err := required(fmt.Sprintf("shards[%d].Replicas[%d]", i, j), r); err != nil {
+				return nil, err
 			}
 		}
 		b.shards[i] = &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...)}
@@ -178,13 +183,15 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// checkCall validates the input and reports a construction error.
-func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
-	if b.err != nil {
-		return b.err
+// required reports a nil client, including a nil pointer in the interface
+// (a *goredis.Client variable never assigned), which would otherwise fail,
+// or panic, on the first call rather than here.
+func required(what string, c Client) error {
+	if c == nil {
+		return fmt.Errorf("redis: %s is nil", what)
 	}
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
-		return err
+	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
+		return fmt.Errorf("redis: %s is a nil %T", what, c)
 	}
 	return nil
 }
@@ -192,10 +199,10 @@ func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
 // Take counts cost against the key's window if it fits: one script, one
 // round trip, on the shard's primary.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	sk, h := b.storageKey(p, key)
 	nowMS := now.UnixMilli()
 	winMS := p.Window.Milliseconds()
 	var res [3]int64
@@ -207,16 +214,16 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if err != nil {
 		return throttler.Decision{}, opError("take", key, p, err)
 	}
-	return throttler.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+	return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
 }
 
 // Refund gives cost back to the key's open window, never below zero: one
 // script, one round trip, on the shard's primary.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	sk, h := b.storageKey(p, key)
 	var res [2]int64
 	err := parseInts(refundScript.Run(ctx, b.shardFor(h).primary, []string{sk}, now.UnixMilli(), cost), res[:])
 	if err == nil && res[0] < 0 {
@@ -225,17 +232,17 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if err != nil {
 		return throttler.Decision{}, opError("refund", key, p, err)
 	}
-	return throttler.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+	return backend.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
 }
 
 // Peek reports the key's window without counting. It reads a replica when
 // the shard has one, and the primary when that read fails; a window that
 // ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, 1); err != nil {
+	if err := backend.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	sk, h := b.storageKey(p, key)
 	s := b.shardFor(h)
 	var (
 		used    int64
@@ -254,7 +261,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if err != nil {
 		return throttler.Decision{}, opError("peek", key, p, err)
 	}
-	return throttler.PeekState(p, used, resetAt, now), nil
+	return backend.PeekState(p, used, resetAt, now), nil
 }
 
 // readWindow reads a window's hash; a zero resetAt means none is stored.
@@ -320,10 +327,11 @@ func (b *Backend) shardFor(h uint64) *shard {
 }
 
 // opError wraps a store failure with the operation and the window's
-// identity. Long keys are cut: the error is for logs.
+// identity. Long keys are cut: the error is for logs (a Throttler never
+// writes it into a response).
 func opError(op, key string, p throttler.Policy, err error) error {
 	if len(key) > 64 {
 		key = key[:64] + "..."
 	}
-	return fmt.Errorf("redis: %s %q (policy %q): %w", op, key, p.Name, err)
+	return fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
 }

@@ -65,6 +65,16 @@ func (f *fakeClient) HMGet(ctx context.Context, key string, fields ...string) *g
 	return cmd
 }
 
+// newBackend is New for a client that cannot be wrong.
+func newBackend(t testing.TB, c Client, opts *Options) *Backend {
+	t.Helper()
+	b, err := New(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 var (
 	t0     = time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	policy = throttler.Policy{Name: "api", Limit: 10, Window: time.Minute}
@@ -74,7 +84,7 @@ var (
 
 func TestTakeSendsWindowAsDurations(t *testing.T) {
 	f := &fakeClient{evalVal: []any{int64(1), int64(3), reset}}
-	b := New(f, &Options{ExpiryMargin: 2 * time.Second})
+	b := newBackend(t, f, &Options{ExpiryMargin: 2 * time.Second})
 	d, err := b.Take(context.Background(), "k", policy, 3, t0.Add(700*time.Microsecond))
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +94,7 @@ func TestTakeSendsWindowAsDurations(t *testing.T) {
 	if got := fmt.Sprint(f.lastArgs); got != want {
 		t.Errorf("script args = %s, want %s", got, want)
 	}
-	if sk, _ := b.storageKey("api", "k"); len(f.lastKeys) != 1 || f.lastKeys[0] != sk {
+	if sk, _ := b.storageKey(policy, "k"); len(f.lastKeys) != 1 || f.lastKeys[0] != sk {
 		t.Errorf("script keys = %q, want [%q]", f.lastKeys, sk)
 	}
 	wantD := throttler.Decision{Allowed: true, Limit: 10, Used: 3, Remaining: 7, ResetAt: time.UnixMilli(reset)}
@@ -95,7 +105,7 @@ func TestTakeSendsWindowAsDurations(t *testing.T) {
 
 func TestScriptFallsBackToEvalOnNoScript(t *testing.T) {
 	f := &fakeClient{noScript: true, evalVal: []any{int64(1), int64(1), reset}}
-	if _, err := New(f, nil).Take(context.Background(), "k", policy, 1, t0); err != nil {
+	if _, err := newBackend(t, f, nil).Take(context.Background(), "k", policy, 1, t0); err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(f.calls, ","); got != "evalsha,eval" {
@@ -130,7 +140,7 @@ func TestTakeReplies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeClient{evalVal: tt.reply, evalErr: tt.err}
-			d, err := New(f, nil).Take(context.Background(), "k", policy, 1, t0)
+			d, err := newBackend(t, f, nil).Take(context.Background(), "k", policy, 1, t0)
 			if tt.err != nil || tt.isErr != nil {
 				if err == nil {
 					t.Fatalf("Take = %+v, want an error", d)
@@ -174,7 +184,7 @@ func TestRefundReplies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeClient{evalVal: tt.reply}
-			d, err := New(f, nil).Refund(context.Background(), "k", policy, 2, t0)
+			d, err := newBackend(t, f, nil).Refund(context.Background(), "k", policy, 2, t0)
 			if tt.isErr {
 				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: refund ") {
 					t.Fatalf("Refund = %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
@@ -220,7 +230,7 @@ func TestPeekReplies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeClient{hmgetVal: tt.reply}
-			d, err := New(f, nil).Peek(context.Background(), "k", policy, tt.now)
+			d, err := newBackend(t, f, nil).Peek(context.Background(), "k", policy, tt.now)
 			if tt.isErr {
 				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: peek ") {
 					t.Fatalf("Peek = %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
@@ -288,7 +298,7 @@ func TestWritesGoToTheKeysShard(t *testing.T) {
 	}
 	for i := range 200 {
 		key := fmt.Sprint("user-", i)
-		_, h := b.storageKey(policy.Name, key)
+		_, h := b.storageKey(policy, key)
 		want := fakes[jumpHash(h, 4)]
 		for _, op := range []string{"take", "refund", "peek"} {
 			for _, f := range fakes {
@@ -317,7 +327,7 @@ func TestWritesGoToTheKeysShard(t *testing.T) {
 
 func TestBadInput(t *testing.T) {
 	f := &fakeClient{}
-	b := New(f, nil)
+	b := newBackend(t, f, nil)
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -331,10 +341,16 @@ func TestBadInput(t *testing.T) {
 		{"zero cost", "k", policy, 0, throttler.ErrInvalidCost},
 		{"limit above MaxLimit", "k", throttler.Policy{Limit: MaxLimit + 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"cost above MaxLimit", "k", policy, MaxLimit + 1, throttler.ErrInvalidCost},
+		// A Take above the limit could never be admitted; a Refund of as
+		// much is fine (it clamps), so it is checked below.
+		{"take above the limit", "k", policy, policy.Limit + 1, throttler.ErrInvalidCost},
 	}
 	for _, tt := range tests {
 		if _, err := b.Take(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: Take error %v, want %v", tt.name, err, tt.want)
+		}
+		if tt.name == "take above the limit" {
+			continue
 		}
 		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: Refund error %v, want %v", tt.name, err, tt.want)
@@ -351,23 +367,74 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestConstructionErrors(t *testing.T) {
-	if _, err := NewSharded(nil, nil); !errors.Is(err, ErrNoShards) {
-		t.Errorf("NewSharded(nil) error %v, want ErrNoShards", err)
+	var nilClient *goredis.Client // a typed nil: an unassigned variable
+	good := &fakeClient{}
+	tests := []struct {
+		name   string
+		new    func() (*Backend, error)
+		want   string // a fragment naming the bad field
+		wantIs error
+	}{
+		{"New nil client", func() (*Backend, error) { return New(nil, nil) }, "redis: the Client is nil", nil},
+		{"New typed-nil client", func() (*Backend, error) { return New(nilClient, nil) }, "redis: the Client is a nil *redis.Client", nil},
+		{"New prefix with {", func() (*Backend, error) { return New(good, &Options{Prefix: "a{b"}) },
+			`redis: Options.Prefix "a{b" holds a brace, which would move the hash tag`, nil},
+		{"New prefix with }", func() (*Backend, error) { return New(good, &Options{Prefix: "a}"}) }, "Options.Prefix", nil},
+		{"New prefix with a tag", func() (*Backend, error) { return New(good, &Options{Prefix: "x{y}:"}) }, "Options.Prefix", nil},
+		{"New negative ExpiryMargin", func() (*Backend, error) { return New(good, &Options{ExpiryMargin: -time.Second}) },
+			"redis: Options.ExpiryMargin must be >= 0 (0: the default, 1s), got -1s", nil},
+		{"NewSharded nil", func() (*Backend, error) { return NewSharded(nil, nil) }, "redis: no shards", ErrNoShards},
+		{"NewSharded empty", func() (*Backend, error) { return NewSharded([]Shard{}, nil) }, "redis: no shards", ErrNoShards},
+		{"NewSharded no primary", func() (*Backend, error) { return NewSharded([]Shard{{Primary: good}, {}}, nil) },
+			"redis: shards[1].Primary is nil", nil},
+		{"NewSharded typed-nil primary", func() (*Backend, error) { return NewSharded([]Shard{{Primary: nilClient}}, nil) },
+			"redis: shards[0].Primary is a nil *redis.Client", nil},
+		{"NewSharded nil replica", func() (*Backend, error) {
+			return NewSharded([]Shard{{Primary: good}, {Primary: good, Replicas: []Client{good, nil}}}, nil)
+		}, "redis: shards[1].Replicas[1] is nil", nil},
+		{"NewSharded typed-nil replica", func() (*Backend, error) {
+			return NewSharded([]Shard{{Primary: good, Replicas: []Client{nilClient}}}, nil)
+		}, "redis: shards[0].Replicas[0] is a nil *redis.Client", nil},
+		{"NewSharded prefix with a brace", func() (*Backend, error) {
+			return NewSharded([]Shard{{Primary: good}}, &Options{Prefix: "{"})
+		}, "redis: Options.Prefix", nil},
+		{"NewSharded negative ExpiryMargin", func() (*Backend, error) {
+			return NewSharded([]Shard{{Primary: good}}, &Options{ExpiryMargin: -1})
+		}, "redis: Options.ExpiryMargin", nil},
 	}
-	if _, err := NewSharded([]Shard{{}}, nil); err == nil {
-		t.Error("NewSharded with no primary: no error")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := tt.new()
+			if err == nil || b != nil {
+				t.Fatalf("got %v, %v; want an error", b, err)
+			}
+			if !strings.Contains(err.Error(), tt.want) || strings.Count(err.Error(), "redis:") != 1 {
+				t.Errorf("error %q, want one prefix and %q", err, tt.want)
+			}
+			if tt.wantIs != nil && !errors.Is(err, tt.wantIs) {
+				t.Errorf("error %v, want %v", err, tt.wantIs)
+			}
+		})
 	}
-	if _, err := NewSharded([]Shard{{Primary: &fakeClient{}, Replicas: []Client{nil}}}, nil); err == nil {
-		t.Error("NewSharded with a nil replica: no error")
-	}
-	// New cannot return an error; a nil client fails every call instead of
-	// panicking.
-	b := New(nil, nil)
-	if _, err := b.Take(context.Background(), "k", policy, 1, t0); err == nil || !strings.HasPrefix(err.Error(), "redis: ") {
-		t.Errorf("Take on New(nil) = %v, want a redis error", err)
-	}
-	if _, err := b.Peek(context.Background(), "k", policy, t0); err == nil {
-		t.Error("Peek on New(nil): no error")
+}
+
+// TestOptionDefaults: zero means the default, and a margin below a
+// millisecond still keeps the key a millisecond past its reset-at.
+func TestOptionDefaults(t *testing.T) {
+	for _, tt := range []struct {
+		opts     *Options
+		prefix   string
+		marginMS int64
+	}{
+		{nil, "throttlekit:", 1000},
+		{&Options{}, "throttlekit:", 1000},
+		{&Options{Prefix: "rl:", ExpiryMargin: 2500 * time.Millisecond}, "rl:", 2500},
+		{&Options{ExpiryMargin: time.Microsecond}, "throttlekit:", 1},
+	} {
+		b := newBackend(t, &fakeClient{}, tt.opts)
+		if b.prefix != tt.prefix || b.marginMS != tt.marginMS {
+			t.Errorf("%+v: prefix %q margin %dms, want %q %dms", tt.opts, b.prefix, b.marginMS, tt.prefix, tt.marginMS)
+		}
 	}
 }
 
@@ -407,7 +474,7 @@ func FuzzReplies(f *testing.F) {
 			hm = []any{a, b}
 		}
 		fc := &fakeClient{evalVal: reply, hmgetVal: hm}
-		be := New(fc, nil)
+		be := newBackend(t, fc, nil)
 		ctx := context.Background()
 		check := func(op string, d throttler.Decision, err error) {
 			if err != nil {

@@ -5,12 +5,13 @@
 -- ARGV[1]  now, Unix ms, from the application's clock
 -- ARGV[2]  reset-at of a window opened now: now + the policy's window, Unix ms
 -- ARGV[3]  the policy's limit
--- ARGV[4]  cost (> 0)
+-- ARGV[4]  cost (> 0, <= limit: the caller refuses a larger one as an
+--          input error, ErrInvalidCost)
 -- ARGV[5]  expiry of a window opened now, ms: the policy's window + a margin
 --
--- Returns {allowed (0|1), used, reset-at ms}. When no window is open and the
--- cost cannot fit, it opens nothing and returns reset-at = now, which the
--- caller reads as "no window".
+-- Returns {allowed (0|1), used, reset-at ms}. Should a cost above the limit
+-- reach it anyway, it opens nothing and returns reset-at = now ("no
+-- window"): the script alone never stores more than the limit.
 --
 -- A stored window whose reset-at <= now has ended: it is replaced, whatever
 -- TTL the key still has, so the application's clock decides, never Redis's.
