@@ -543,4 +543,3 @@ func FuzzDecodeState(f *testing.F) {
 		}
 	})
 }
-
