@@ -23,10 +23,17 @@ func Example() {
 	})
 	defer rdb.Close()
 
-	t := throttler.New(redis.New(rdb, nil), &throttler.Options{
+	fallback, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	t, err := throttler.New(redis.New(rdb, nil), &throttler.Options{
 		Timeout:  50 * time.Millisecond,
-		Fallback: memory.New(nil),
+		Fallback: fallback,
 	})
+	if err != nil {
+		panic(err)
+	}
 	d, err := t.Allow(context.Background(), "user-42", throttler.PerHour(5000).Named("api"))
 	if err != nil {
 		panic(err)
@@ -47,7 +54,7 @@ func ExampleNewSharded() {
 	if err != nil {
 		panic(err)
 	}
-	_ = throttler.New(b, nil)
+	_, _ = throttler.New(b, nil)
 }
 
 // Many goroutines sharing one client: go-redis's AutoPipeliner batches
@@ -68,5 +75,5 @@ func ExampleNew_autoPipeline() {
 	if err != nil {
 		panic(err)
 	}
-	_ = throttler.New(redis.New(ap, nil), &throttler.Options{Timeout: timeout})
+	_, _ = throttler.New(redis.New(ap, nil), &throttler.Options{Timeout: timeout})
 }

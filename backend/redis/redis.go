@@ -41,6 +41,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -179,11 +180,11 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 }
 
 // checkCall validates the input and reports a construction error.
-func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
+func (b *Backend) checkCall(op throttler.Op, key string, p throttler.Policy, cost int64) error {
 	if b.err != nil {
 		return b.err
 	}
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
+	if err := backend.ValidateCall(op, key, p, cost); err != nil {
 		return err
 	}
 	return nil
@@ -192,10 +193,13 @@ func (b *Backend) checkCall(key string, p throttler.Policy, cost int64) error {
 // Take counts cost against the key's window if it fits: one script, one
 // round trip, on the shard's primary.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, cost); err != nil {
+	if err := b.checkCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
+	}
+	sk, h := b.storageKey(backend.Identity(p), key)
 	nowMS := now.UnixMilli()
 	winMS := p.Window.Milliseconds()
 	var res [3]int64
@@ -207,16 +211,19 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if err != nil {
 		return throttler.Decision{}, opError("take", key, p, err)
 	}
-	return throttler.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+	return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
 }
 
 // Refund gives cost back to the key's open window, never below zero: one
 // script, one round trip, on the shard's primary.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, cost); err != nil {
+	if err := b.checkCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
+	}
+	sk, h := b.storageKey(backend.Identity(p), key)
 	var res [2]int64
 	err := parseInts(refundScript.Run(ctx, b.shardFor(h).primary, []string{sk}, now.UnixMilli(), cost), res[:])
 	if err == nil && res[0] < 0 {
@@ -225,17 +232,20 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if err != nil {
 		return throttler.Decision{}, opError("refund", key, p, err)
 	}
-	return throttler.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+	return backend.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
 }
 
 // Peek reports the key's window without counting. It reads a replica when
 // the shard has one, and the primary when that read fails; a window that
 // ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := b.checkCall(key, p, 1); err != nil {
+	if err := b.checkCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
 	}
-	sk, h := b.storageKey(p.Name, key)
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpPeek, key, p, 0, now)
+	}
+	sk, h := b.storageKey(backend.Identity(p), key)
 	s := b.shardFor(h)
 	var (
 		used    int64
@@ -254,7 +264,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if err != nil {
 		return throttler.Decision{}, opError("peek", key, p, err)
 	}
-	return throttler.PeekState(p, used, resetAt, now), nil
+	return backend.PeekState(p, used, resetAt, now), nil
 }
 
 // readWindow reads a window's hash; a zero resetAt means none is stored.
