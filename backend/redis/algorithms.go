@@ -40,9 +40,10 @@ var (
 	logScript = goredis.NewScript(logSource)
 )
 
-// maxStored bounds a stored number's magnitude (exclusive): 2^53, the
-// largest the scripts' doubles hold exactly. A field beyond it, or not a
-// decimal integer, reads as no state, in the scripts as here.
+// maxStored bounds a stored number's magnitude: 2^53, up to which the
+// scripts' doubles hold every integer (a full bucket may hold 2^53 scaled
+// tokens). A field beyond it, or not a decimal integer of at most 16
+// digits, reads as no state, in the scripts as here.
 const maxStored = 1 << 53
 
 // apply runs op under p's algorithm, which is not FixedWindow. The input
@@ -93,20 +94,20 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 		return d, nil
 	}
 	w := p.Window.Milliseconds()
-	var res [5]int64
+	var res [7]int64
 	err := parseInts(bucketScript.Run(ctx, s.primary, []string{sk},
 		int(op), t, w, p.Limit, p.Capacity(), cost, b.marginMS), res[:])
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	wrote, stored, err := scriptFlags(res[0], res[1], res[2:])
+	wrote, stored, err := scriptFlags(res[0], res[1], res[2:5])
 	if err != nil {
 		return throttler.Decision{}, err
 	}
 	st = backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
-	d, _, write := backend.Bucket(p, st, stored, op, cost, t)
-	if write != wrote {
-		return throttler.Decision{}, fmt.Errorf("%w: the script wrote %v, the state %v reads as %v", ErrUnexpectedReply, wrote, res[2:], write)
+	d, next, write := backend.Bucket(p, st, stored, op, cost, t)
+	if write != wrote || next.Tokens != res[5] || next.At != res[6] {
+		return throttler.Decision{}, disagree(res[:], write, next)
 	}
 	return d, nil
 }
@@ -124,20 +125,20 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 		return d, nil
 	}
 	w := p.Window.Milliseconds()
-	var res [6]int64
+	var res [9]int64
 	err := parseInts(counterScript.Run(ctx, s.primary, []string{sk},
 		int(op), t, w, p.Limit, cost, b.marginMS), res[:])
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	wrote, stored, err := scriptFlags(res[0], res[1], res[2:])
+	wrote, stored, err := scriptFlags(res[0], res[1], res[2:6])
 	if err != nil {
 		return throttler.Decision{}, err
 	}
 	st := backend.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
-	d, _, write := backend.Counter(p, st, stored, op, cost, t)
-	if write != wrote {
-		return throttler.Decision{}, fmt.Errorf("%w: the script wrote %v, the state %v reads as %v", ErrUnexpectedReply, wrote, res[2:], write)
+	d, next, write := backend.Counter(p, st, stored, op, cost, t)
+	if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
+		return throttler.Decision{}, disagree(res[:], write, next)
 	}
 	return d, nil
 }
@@ -173,16 +174,22 @@ func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op,
 }
 
 // scriptFlags checks a state script's reply: wrote and stored are 0 or 1,
-// and a state that was not stored is returned as zeros.
+// the state read is within maxStored, and zeros when none was stored.
 func scriptFlags(wrote, stored int64, state []int64) (bool, bool, error) {
 	bad := wrote < 0 || wrote > 1 || stored < 0 || stored > 1
 	for _, v := range state {
-		bad = bad || v <= -maxStored || v >= maxStored || (stored == 0 && v != 0)
+		bad = bad || v < -maxStored || v > maxStored || (stored == 0 && v != 0)
 	}
 	if bad {
 		return false, false, fmt.Errorf("%w: %d, %d, %v", ErrUnexpectedReply, wrote, stored, state)
 	}
 	return wrote == 1, stored == 1, nil
+}
+
+// disagree reports a script whose admission or next state differs from
+// Go's: a bug, surfaced as an error rather than answered.
+func disagree(reply []int64, write bool, next any) error {
+	return fmt.Errorf("%w: the script replied %v; Go writes %v, state %+v", ErrUnexpectedReply, reply, write, next)
 }
 
 // readFields reads a state's hash fields into out, on a replica when the
@@ -226,17 +233,14 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(Client) error) erro
 }
 
 // parseStored reads a stored field as the scripts do: an optional '-' and
-// at most 17 characters of decimal digits, less than 2^53 in magnitude.
+// at most 16 decimal digits, at most 2^53 in magnitude.
 func parseStored(s string) (int64, bool) {
-	if len(s) == 0 || len(s) > 17 {
-		return 0, false
-	}
-	neg := s[0] == '-'
+	neg := len(s) > 0 && s[0] == '-'
 	digits := s
 	if neg {
 		digits = s[1:]
 	}
-	if len(digits) == 0 {
+	if len(digits) == 0 || len(digits) > 16 {
 		return 0, false
 	}
 	var n int64
@@ -245,9 +249,9 @@ func parseStored(s string) (int64, bool) {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		n = n*10 + int64(c-'0') // 17 digits fit in an int64
+		n = n*10 + int64(c-'0') // 16 digits fit in an int64
 	}
-	if n >= maxStored {
+	if n > maxStored {
 		return 0, false
 	}
 	if neg {

@@ -15,8 +15,10 @@
 -- ARGV[6]  cost (> 0, <= capacity for a take)
 -- ARGV[7]  expiry margin, ms
 --
--- Returns {wrote (0|1), stored (0|1), s, t, w}: stored is 1 when all three
--- fields were read as integers, and s, t, w are their values (0 otherwise).
+-- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when all
+-- three fields were read as integers (of magnitude <= 2^53), s, t, w are
+-- their values (0 otherwise), and s', t' the state after the call, which
+-- the caller checks against Go's.
 --
 -- Numbers are Lua doubles, exact to 2^53: policy validation bounds
 -- capacity * w by 2^53, every product is formed only below that bound,
@@ -24,14 +26,14 @@
 -- with %.0f. Expiry is a duration, for cleanup only: until the bucket is
 -- full again, plus the margin.
 local function int(v)
-  if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
+  if type(v) ~= 'string' then
     return nil
   end
-  local n = tonumber(v)
-  if n >= 9007199254740992 or n <= -9007199254740992 then
-    return nil
+  local digits = string.match(v, '^%-?(%d+)$')
+  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil -- not a decimal integer of magnitude <= 2^53
   end
-  return n
+  return tonumber(v)
 end
 
 local function ceildiv(a, b)
@@ -86,6 +88,6 @@ if wrote == 1 then
   redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ends - t + tonumber(ARGV[7])))
 end
 if stored then
-  return {wrote, 1, rs, rt, rw}
+  return {wrote, 1, rs, rt, rw, s, t0}
 end
-return {wrote, 0, 0, 0, 0}
+return {wrote, 0, 0, 0, 0, s, t0}

@@ -14,23 +14,24 @@
 -- ARGV[5]  cost (> 0, <= limit for a take)
 -- ARGV[6]  expiry margin, ms
 --
--- Returns {wrote (0|1), stored (0|1), k, c, p, w}: stored is 1 when all four
--- fields were read as integers, and k, c, p, w are their values (0
--- otherwise).
+-- Returns {wrote (0|1), stored (0|1), k, c, p, w, k', c', p'}: stored is 1
+-- when all four fields were read as integers (of magnitude <= 2^53), k, c,
+-- p, w are their values (0 otherwise), and k', c', p' the state after the
+-- call, which the caller checks against Go's.
 --
 -- Numbers are Lua doubles, exact to 2^53: policy validation bounds limit * w
 -- by 2^53, divisions are exact (a - fmod(a, b)) / b, and stored numbers are
 -- written with %.0f. Expiry is a duration, for cleanup only: until both
 -- counted windows are older than the previous one, (k+2)*w, plus the margin.
 local function int(v)
-  if type(v) ~= 'string' or #v > 17 or not string.find(v, '^%-?%d+$') then
+  if type(v) ~= 'string' then
     return nil
   end
-  local n = tonumber(v)
-  if n >= 9007199254740992 or n <= -9007199254740992 then
-    return nil
+  local digits = string.match(v, '^%-?(%d+)$')
+  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil -- not a decimal integer of magnitude <= 2^53
   end
-  return n
+  return tonumber(v)
 end
 
 local function ceildiv(a, b)
@@ -86,6 +87,6 @@ if wrote == 1 then
   redis.call('PEXPIRE', KEYS[1], string.format('%.0f', (k + 2) * w - t + tonumber(ARGV[6])))
 end
 if stored then
-  return {wrote, 1, rk, rc, rp, rw}
+  return {wrote, 1, rk, rc, rp, rw, k, curr, prev}
 end
-return {wrote, 0, 0, 0, 0, 0}
+return {wrote, 0, 0, 0, 0, 0, k, curr, prev}
