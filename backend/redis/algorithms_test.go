@@ -3,15 +3,18 @@ package redis
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -67,4 +70,96 @@ func TestConformanceLocalRedis(t *testing.T) {
 		}
 		return b
 	})
+}
+
+// TestAlgorithmsMatchGoAtTheBounds replays random traces on a real Redis and
+// on package backend's functions (state kept here, never dropped), at the
+// bounds of the doubles: capacity·window and limit·window at 2^53, costs up
+// to 2^48, windows that do not divide the refill, instants before 1970,
+// clocks going back, and named policies whose Limit, Burst or Window
+// change under live state. Every Decision must be equal, Peek included.
+func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: time.Hour}) // nothing expires mid-trace
+	if err != nil {
+		t.Fatal(err)
+	}
+	const max48 = throttler.MaxLimit
+	ms := time.Millisecond
+	policies := []throttler.Policy{
+		{Name: "tb-max", Limit: max48, Window: 32 * ms, Algorithm: throttler.TokenBucket},
+		{Name: "tb-max", Limit: 3, Window: 31 * ms, Algorithm: throttler.TokenBucket, Burst: max48},
+		{Name: "tb-max", Limit: 3, Window: 32 * ms, Algorithm: throttler.TokenBucket, Burst: max48},
+		{Name: "tb-odd", Limit: 7, Window: 13 * ms, Algorithm: throttler.TokenBucket, Burst: 2},
+		{Name: "tb-odd", Limit: 5, Window: 13 * ms, Algorithm: throttler.TokenBucket, Burst: 3},
+		{Limit: 1_000_000_007, Window: 8191 * ms, Algorithm: throttler.TokenBucket, Burst: 1_000_000_000_000},
+		{Name: "sw-max", Limit: 1 << 40, Window: 8191 * ms, Algorithm: throttler.SlidingWindow},
+		{Name: "sw-max", Limit: max48, Window: 32 * ms, Algorithm: throttler.SlidingWindow},
+		{Name: "sw-odd", Limit: 3, Window: 7 * ms, Algorithm: throttler.SlidingWindow},
+		{Name: "sw-odd", Limit: 2, Window: 7 * ms, Algorithm: throttler.SlidingWindow},
+		{Name: "sl", Limit: throttler.MaxLogLimit, Window: 50 * ms, Algorithm: throttler.SlidingLog},
+		{Name: "sl", Limit: 7, Window: 13 * ms, Algorithm: throttler.SlidingLog},
+		{Limit: 1, Window: ms, Algorithm: throttler.SlidingLog},
+	}
+	type state struct {
+		bucket  backend.BucketState
+		counter backend.CounterState
+		log     []backend.LogEntry
+		stored  bool
+	}
+	ctx := context.Background()
+	for _, start := range []int64{backendtest.T0.UnixMilli(), -1_000_003} {
+		rng := rand.New(rand.NewPCG(uint64(start), 7))
+		ref := map[string]*state{}
+		now := start
+		for i := range 3000 {
+			switch r := rng.IntN(10); {
+			case r < 6:
+				now += int64(rng.IntN(5))
+			case r < 8:
+				now -= int64(rng.IntN(30))
+			default:
+				now += int64(rng.IntN(20_000))
+			}
+			p := policies[rng.IntN(len(policies))]
+			key := fmt.Sprint(start, []string{"a", "b"}[rng.IntN(2)])
+			op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
+			c := p.Capacity()
+			cost := []int64{1, 1 + rng.Int64N(c), c, c/2 + 1, 1 + rng.Int64N(min(c, 3))}[rng.IntN(5)]
+			if op == throttler.OpRefund && rng.IntN(4) == 0 {
+				cost = max48
+			}
+			got, err := backend.Do(ctx, b, op, key, p, cost, time.UnixMilli(now))
+			if err != nil {
+				t.Fatalf("step %d: %v", i, err)
+			}
+			id := backend.Identity(p) + "\x00" + key
+			st := ref[id]
+			if st == nil {
+				st = &state{}
+				ref[id] = st
+			}
+			var want throttler.Decision
+			switch p.Algorithm {
+			case throttler.TokenBucket:
+				d, next, write := backend.Bucket(p, st.bucket, st.stored, op, cost, now)
+				if want = d; write {
+					st.bucket, st.stored = next, true
+				}
+			case throttler.SlidingWindow:
+				d, next, write := backend.Counter(p, st.counter, st.stored, op, cost, now)
+				if want = d; write {
+					st.counter, st.stored = next, true
+				}
+			case throttler.SlidingLog:
+				d, next, write := backend.Log(p, slices.Clone(st.log), op, cost, now)
+				if want = d; write {
+					st.log = next
+				}
+			}
+			if got != want {
+				t.Fatalf("step %d: %v %d of %q under %+v at %d:\n got %+v\nwant %+v", i, op, cost, key, p, now, got, want)
+			}
+		}
+	}
 }
