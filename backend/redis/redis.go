@@ -202,6 +202,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
+	}
 	sk, h := b.storageKey(p, key)
 	nowMS := now.UnixMilli()
 	winMS := p.Window.Milliseconds()
@@ -223,6 +226,9 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
+	}
 	sk, h := b.storageKey(p, key)
 	var res [2]int64
 	err := parseInts(refundScript.Run(ctx, b.shardFor(h).primary, []string{sk}, now.UnixMilli(), cost), res[:])
@@ -241,6 +247,9 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
+	}
+	if p.Algorithm != throttler.FixedWindow {
+		return b.apply(ctx, throttler.OpPeek, key, p, 0, now)
 	}
 	sk, h := b.storageKey(p, key)
 	s := b.shardFor(h)

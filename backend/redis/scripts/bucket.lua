@@ -1,0 +1,93 @@
+-- bucket.lua takes or refunds units of the token bucket stored in KEYS[1], in
+-- one atomic step, exactly as backend.Bucket (backend/algorithms.go) does.
+-- It returns the state it read; the caller derives the Decision from that
+-- state with backend.Bucket, the same function a Peek of a replica runs, so
+-- every answer is Go's.
+--
+-- KEYS[1]  the bucket's hash: s = tokens scaled by the window (one token is
+--          w units), t = Unix ms of the last refill, w = the window in ms
+--          that scaled s
+-- ARGV[1]  op: 1 take, 3 refund
+-- ARGV[2]  now (t), Unix ms, from the application's clock
+-- ARGV[3]  the policy's window in ms (w)
+-- ARGV[4]  the policy's limit: tokens refilled per window
+-- ARGV[5]  capacity (the burst, or the limit)
+-- ARGV[6]  cost (> 0, <= capacity for a take)
+-- ARGV[7]  expiry margin, ms
+--
+-- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when all
+-- three fields were read as integers (of magnitude <= 2^53), s, t, w are
+-- their values (0 otherwise), and s', t' the state after the call, which
+-- the caller checks against Go's.
+--
+-- Numbers are Lua doubles, exact to 2^53: policy validation bounds
+-- capacity * w by 2^53, every product is formed only below that bound,
+-- divisions are exact (a - fmod(a, b)) / b, and stored numbers are written
+-- with %.0f. Expiry is a duration, for cleanup only: until the bucket is
+-- full again, plus the margin.
+local function int(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local digits = string.match(v, '^%-?(%d+)$')
+  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil -- not a decimal integer of magnitude <= 2^53
+  end
+  return tonumber(v)
+end
+
+local function ceildiv(a, b)
+  if a <= 0 then
+    return 0
+  end
+  local r = math.fmod(a, b)
+  if r > 0 then
+    return (a - r) / b + 1
+  end
+  return a / b
+end
+
+local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit, cap, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local full = cap * w
+
+local v = redis.call('HMGET', KEYS[1], 's', 't', 'w')
+local rs, rt, rw = int(v[1]), int(v[2]), int(v[3])
+local stored = rs ~= nil and rt ~= nil and rw ~= nil
+local live = stored and rw == w -- a state of another window reads as none
+
+local s, t0 = full, t
+if live then
+  s, t0 = math.min(math.max(rs, 0), full), rt
+end
+if t > t0 then
+  local deficit = full - s
+  if t - t0 >= ceildiv(deficit, limit) then
+    s = full
+  else
+    s = s + (t - t0) * limit -- < deficit
+  end
+  t0 = t
+end
+
+local wrote = 0
+if op == 1 then
+  local need = cost * w
+  if s >= need then
+    s = s - need
+    wrote = 1
+  end
+elseif op == 3 and live then
+  s = math.min(full, s + math.min(cost, cap) * w)
+  wrote = 1
+end
+
+if wrote == 1 then
+  redis.call('HSET', KEYS[1], 's', string.format('%.0f', s), 't', string.format('%.0f', t0), 'w', ARGV[3])
+  local ends = t0 + ceildiv(full - s, limit)
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ends - t + tonumber(ARGV[7])))
+end
+if stored then
+  return {wrote, 1, rs, rt, rw, s, t0}
+end
+return {wrote, 0, 0, 0, 0, s, t0}

@@ -1,0 +1,92 @@
+-- counter.lua takes or refunds units of the sliding-window counter stored in
+-- KEYS[1], in one atomic step, exactly as backend.Counter
+-- (backend/algorithms.go) does. It returns the state it read; the caller
+-- derives the Decision from that state with backend.Counter, the same
+-- function a Peek of a replica runs, so every answer is Go's.
+--
+-- KEYS[1]  the counter's hash: k = index of the newest window with a count
+--          (window k is [k*w, (k+1)*w) in Unix ms), c = units in window k,
+--          p = units in window k-1, w = the window in ms that indexed k
+-- ARGV[1]  op: 1 take, 3 refund
+-- ARGV[2]  now (t), Unix ms, from the application's clock
+-- ARGV[3]  the policy's window in ms (w)
+-- ARGV[4]  the policy's limit
+-- ARGV[5]  cost (> 0, <= limit for a take)
+-- ARGV[6]  expiry margin, ms
+--
+-- Returns {wrote (0|1), stored (0|1), k, c, p, w, k', c', p'}: stored is 1
+-- when all four fields were read as integers (of magnitude <= 2^53), k, c,
+-- p, w are their values (0 otherwise), and k', c', p' the state after the
+-- call, which the caller checks against Go's.
+--
+-- Numbers are Lua doubles, exact to 2^53: policy validation bounds limit * w
+-- by 2^53, divisions are exact (a - fmod(a, b)) / b, and stored numbers are
+-- written with %.0f. Expiry is a duration, for cleanup only: until both
+-- counted windows are older than the previous one, (k+2)*w, plus the margin.
+local function int(v)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  local digits = string.match(v, '^%-?(%d+)$')
+  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+    return nil -- not a decimal integer of magnitude <= 2^53
+  end
+  return tonumber(v)
+end
+
+local function ceildiv(a, b)
+  if a <= 0 then
+    return 0
+  end
+  local r = math.fmod(a, b)
+  if r > 0 then
+    return (a - r) / b + 1
+  end
+  return a / b
+end
+
+local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
+
+local v = redis.call('HMGET', KEYS[1], 'k', 'c', 'p', 'w')
+local rk, rc, rp, rw = int(v[1]), int(v[2]), int(v[3]), int(v[4])
+local stored = rk ~= nil and rc ~= nil and rp ~= nil and rw ~= nil
+local live = stored and rw == w -- a state of another window reads as none
+
+local e = math.fmod(t, w) -- floor division, for instants before 1970 too
+if e < 0 then
+  e = e + w
+end
+local k = (t - e) / w
+local curr, prev = 0, 0
+if live then
+  if k < rk then -- a clock behind: answered as made at rk*w
+    k, e = rk, 0
+  end
+  if k == rk then
+    curr, prev = math.min(math.max(rc, 0), limit), math.min(math.max(rp, 0), limit)
+  elseif k == rk + 1 then
+    prev = math.min(math.max(rc, 0), limit)
+  end
+end
+
+local wrote = 0
+if op == 1 then
+  if cost <= limit - (curr + ceildiv(prev * (w - e), w)) then
+    curr = curr + cost
+    wrote = 1
+  end
+elseif op == 3 and live and k == rk then
+  curr = math.max(0, curr - math.min(cost, limit))
+  wrote = 1
+end
+
+if wrote == 1 then
+  redis.call('HSET', KEYS[1], 'k', string.format('%.0f', k), 'c', string.format('%.0f', curr),
+    'p', string.format('%.0f', prev), 'w', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', (k + 2) * w - t + tonumber(ARGV[6])))
+end
+if stored then
+  return {wrote, 1, rk, rc, rp, rw, k, curr, prev}
+end
+return {wrote, 0, 0, 0, 0, 0, k, curr, prev}
