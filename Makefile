@@ -37,8 +37,12 @@ fuzz:
 	  done; \
 	done
 
+# lint fails on unformatted code, on a module whose go.mod or go.sum is not
+# what `go mod tidy` would write (it prints the difference; `make tidy`
+# fixes it), and on vet or staticcheck findings.
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || { echo "$$m: go.mod/go.sum not tidy: run make tidy"; exit 1; }; done
 	@for m in $(MODULES); do (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...) || exit 1; done
 
 demo:

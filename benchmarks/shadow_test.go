@@ -25,6 +25,36 @@ var shadowKeys = func() []string {
 	return k
 }()
 
+// shadowMem returns a default memory backend.
+func shadowMem(b *testing.B) *memory.Backend {
+	b.Helper()
+	m, err := memory.New(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// shadowNew is shadow.New for arguments the benchmark knows are valid.
+func shadowNew(b *testing.B, control, candidate throttler.Backend, o *shadow.Options) *shadow.Backend {
+	b.Helper()
+	s, err := shadow.New(control, candidate, o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s
+}
+
+// shadowThrottler is throttler.New on be with a fixed clock.
+func shadowThrottler(b *testing.B, be throttler.Backend, now time.Time) *throttler.Throttler {
+	b.Helper()
+	t, err := throttler.New(be, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return t
+}
+
 // BenchmarkShadowControlPath measures what an application waits for:
 // Throttler.Allow over the memory backend alone ("off") and over a Shadow
 // that mirrors to a second memory backend ("on"). BenchmarkShadowTake
@@ -36,17 +66,16 @@ func BenchmarkShadowControlPath(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now }
 	for _, mode := range []string{"off", "on"} {
 		b.Run(mode, func(b *testing.B) {
-			var be throttler.Backend = memory.New(nil)
+			var be throttler.Backend = shadowMem(b)
 			var s *shadow.Backend
 			if mode == "on" {
-				s = shadow.New(be, memory.New(nil), nil)
+				s = shadowNew(b, be, shadowMem(b), nil)
 				defer s.Close()
 				be = s
 			}
-			t := throttler.New(be, &throttler.Options{Clock: clock})
+			t := shadowThrottler(b, be, now)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				if _, err := t.Allow(ctx, shadowKeys[i&1023], p); err != nil {
@@ -69,15 +98,15 @@ func BenchmarkShadowTake(b *testing.B) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for _, mode := range []string{"off", "on", "on-1worker", "on-free-candidate"} {
 		b.Run(mode, func(b *testing.B) {
-			var be throttler.Backend = memory.New(nil)
+			var be throttler.Backend = shadowMem(b)
 			var s *shadow.Backend
 			switch mode {
 			case "on":
-				s = shadow.New(be, memory.New(nil), nil)
+				s = shadowNew(b, be, shadowMem(b), nil)
 			case "on-free-candidate":
-				s = shadow.New(be, freeBackend{}, nil)
+				s = shadowNew(b, be, freeBackend{}, nil)
 			case "on-1worker":
-				s = shadow.New(be, memory.New(nil), &shadow.Options{Workers: 1})
+				s = shadowNew(b, be, shadowMem(b), &shadow.Options{Workers: 1})
 
 			}
 			if s != nil {
@@ -123,14 +152,14 @@ func BenchmarkShadowQueueMemory(b *testing.B) {
 	for b.Loop() {
 		release := make(chan struct{})
 		stuck := stuckBackend{release}
-		control := memory.New(nil)
+		control := shadowMem(b)
 		for _, k := range shadowKeys { // the control's own windows are not the queue's
 			_, _ = control.Take(ctx, k, p, 1, now)
 		}
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		s := shadow.New(control, stuck, &shadow.Options{Workers: workers, QueueSize: queue, Timeout: time.Hour})
+		s := shadowNew(b, control, stuck, &shadow.Options{Workers: workers, QueueSize: queue, Timeout: time.Hour})
 		// Far more calls than fit: every queue ends full, the rest drop.
 		for i := range 4 * workers * queue {
 			_, _ = s.Take(ctx, shadowKeys[i&1023], p, 1, now)
@@ -199,16 +228,16 @@ func BenchmarkShadowLatency(b *testing.B) {
 	clockCost := clockReadCost()
 	for _, mode := range []string{"take-off", "take-on", "throttler-off", "throttler-on"} {
 		b.Run(mode, func(b *testing.B) {
-			var be throttler.Backend = memory.New(nil)
+			var be throttler.Backend = shadowMem(b)
 			var s *shadow.Backend
 			if strings.HasSuffix(mode, "-on") {
-				s = shadow.New(be, memory.New(nil), nil)
+				s = shadowNew(b, be, shadowMem(b), nil)
 				defer s.Close()
 				be = s
 			}
 			call := func(key string) error { _, err := be.Take(ctx, key, p, 1, now); return err }
 			if strings.HasPrefix(mode, "throttler") {
-				t := throttler.New(be, &throttler.Options{Clock: func() time.Time { return now }})
+				t := shadowThrottler(b, be, now)
 				call = func(key string) error { _, err := t.Allow(ctx, key, p); return err }
 			}
 			lat := make([]time.Duration, 0, 1<<20)

@@ -2,15 +2,18 @@ package flags
 
 import "math/bits"
 
-// bucketer computes Bucket for one group quickly: the murmur3 state after
-// the group's prefix (groupID + ":") is computed once, so a call hashes only
-// the key, with no concatenation. It is the same murmur3 (32-bit, seed 0)
-// that Unleash uses, streamed; FuzzBucketer checks it against the library.
-type bucketer struct {
-	h1    uint32 // state after the prefix's whole 4-byte blocks
-	tail  uint32 // the prefix's last len%4 bytes, little-endian, not yet mixed
+// Bucketer computes Bucket for one group quickly: the murmur3 state after
+// the group's name is computed once, so a call hashes only ":" and the key,
+// with no concatenation. It is the same murmur3 (32-bit, seed 0) that
+// Unleash uses, streamed; FuzzBucketer checks it against the library.
+//
+// Sources that bucket keys by a group of their own (package flags/unleash)
+// keep one per group. The zero value buckets in the group "". A Bucketer is
+// never changed after NewBucketer, so it is safe for concurrent use.
+type Bucketer struct {
+	h1    uint32 // state after the group's whole 4-byte blocks
+	tail  uint32 // the group's last len%4 bytes, little-endian, not yet mixed
 	ntail int
-	plen  int // prefix length
 	group string
 }
 
@@ -28,9 +31,10 @@ func mixBlock(h1, k1 uint32) uint32 {
 	return h1*5 + 0xe6546b64
 }
 
-func newBucketer(groupID string) bucketer {
-	p := groupID + ":"
-	b := bucketer{plen: len(p), group: groupID}
+// NewBucketer returns the Bucketer of groupID.
+func NewBucketer(groupID string) Bucketer {
+	b := Bucketer{group: groupID}
+	p := groupID
 	for ; len(p) >= 4; p = p[4:] {
 		b.h1 = mixBlock(b.h1, uint32(p[0])|uint32(p[1])<<8|uint32(p[2])<<16|uint32(p[3])<<24)
 	}
@@ -41,11 +45,18 @@ func newBucketer(groupID string) bucketer {
 	return b
 }
 
-// bucket returns key's bucket, 1 to 100.
-func (b *bucketer) bucket(key string) int {
-	h1, total := b.h1, uint32(b.plen+len(key))
-	// The bytes still to hash are the prefix's tail, then key.
-	acc, n := b.tail, b.ntail
+// GroupID returns the group b buckets in.
+func (b *Bucketer) GroupID() string { return b.group }
+
+// Bucket returns key's bucket in b's group, 1 to 100: Bucket(b.GroupID(), key).
+func (b *Bucketer) Bucket(key string) int {
+	h1, total := b.h1, uint32(len(b.group)+1+len(key))
+	// The bytes still to hash are the group's tail, ":", then key.
+	acc, n := b.tail|':'<<(8*b.ntail), b.ntail+1
+	if n == 4 {
+		h1 = mixBlock(h1, acc)
+		acc, n = 0, 0
+	}
 	if n > 0 {
 		for n < 4 && len(key) > 0 {
 			acc |= uint32(key[0]) << (8 * n)
@@ -81,6 +92,6 @@ func (b *bucketer) bucket(key string) int {
 }
 
 // inRollout reports whether key is in a p-percent rollout.
-func (b *bucketer) inRollout(key string, p int) bool {
-	return p > 0 && (p >= 100 || b.bucket(key) <= p)
+func (b *Bucketer) inRollout(key string, p int) bool {
+	return p > 0 && (p >= 100 || b.Bucket(key) <= p)
 }

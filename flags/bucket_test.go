@@ -13,7 +13,7 @@ func reference(group, key string) int {
 }
 
 func TestBucketerMatchesMurmur3(t *testing.T) {
-	// Every prefix and key length modulo 4, and empty pieces.
+	// Every group and key length modulo 4, and empty pieces.
 	groups := []string{"", "a", "ab", "abc", "abcd", "ratelimit-redis", DefaultGroupID, "ü"}
 	var keys []string
 	for n := 0; n <= 13; n++ {
@@ -21,12 +21,26 @@ func TestBucketerMatchesMurmur3(t *testing.T) {
 	}
 	keys = append(keys, testKeys(2000)...)
 	for _, g := range groups {
-		b := newBucketer(g)
+		b := NewBucketer(g)
 		for _, k := range keys {
-			if got, want := b.bucket(k), reference(g, k); got != want {
-				t.Fatalf("bucket(%q, %q) = %d, murmur3 gives %d", g, k, got, want)
+			if got, want := b.Bucket(k), reference(g, k); got != want {
+				t.Fatalf("Bucket(%q, %q) = %d, murmur3 gives %d", g, k, got, want)
 			}
 		}
+	}
+}
+
+// The zero Bucketer is the group "": what Unleash does for a strategy
+// without a groupId.
+func TestZeroBucketer(t *testing.T) {
+	var zero Bucketer
+	for _, k := range testKeys(1000) {
+		if got, want := zero.Bucket(k), reference("", k); got != want {
+			t.Fatalf("zero Bucketer: Bucket(%q) = %d, murmur3 gives %d", k, got, want)
+		}
+	}
+	if zero.GroupID() != "" {
+		t.Errorf("zero Bucketer's GroupID() = %q", zero.GroupID())
 	}
 }
 
@@ -35,13 +49,13 @@ func FuzzBucketer(f *testing.F) {
 	f.Add("", "")
 	f.Add("abc", "d")
 	f.Fuzz(func(t *testing.T, group, key string) {
-		b := newBucketer(group)
-		got := b.bucket(key)
+		b := NewBucketer(group)
+		got := b.Bucket(key)
 		if want := reference(group, key); got != want {
-			t.Fatalf("bucket(%q, %q) = %d, murmur3 gives %d", group, key, got, want)
+			t.Fatalf("Bucket(%q, %q) = %d, murmur3 gives %d", group, key, got, want)
 		}
 		if got != Bucket(group, key) {
-			t.Fatalf("Bucket disagrees with bucketer for (%q, %q)", group, key)
+			t.Fatalf("Bucket disagrees with Bucketer for (%q, %q)", group, key)
 		}
 	})
 }

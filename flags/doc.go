@@ -2,17 +2,22 @@
 // percentage that changes at run time, so a migration between stores can be
 // ramped up and rolled back without a deploy.
 //
-// A Rollout decides per key; the sources are a static percentage (Percent),
-// a JSON file an operator edits (File) and an Unleash feature flag (Unleash).
-// All three put a key in the same percentile bucket as Unleash's
-// flexibleRollout strategy (see Bucket), so switching sources does not
-// reshuffle clients, and raising the percentage only ever adds keys.
+// A Rollout decides per key; this package has a static percentage (Percent)
+// and a JSON file an operator edits (File). An Unleash feature flag is the
+// third source, in package flags/unleash, so that a program using the first
+// two compiles in no Unleash client. All three put a key in the same
+// percentile bucket as Unleash's flexibleRollout strategy (see Bucket), so
+// switching sources does not reshuffle clients, and raising the percentage
+// only ever adds keys.
 //
 // Router is a throttler.Backend that sends Take, Peek and Refund for a key to
 // the backend the key maps to at call time:
 //
-//	pct := flags.NewPercent(0)
-//	b := flags.NewRouter(memcachedBackend, redisBackend, pct, nil)
+//	pct, _ := flags.NewPercent(0)
+//	router, err := flags.NewRouter(memcachedBackend, redisBackend, pct, nil)
+//	if err != nil {
+//		return err
+//	}
 //	pct.Set(25) // a quarter of the keys move to redis on their next call
 //	pct.Set(0)  // rollback: every key is back on memcached
 package flags

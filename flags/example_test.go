@@ -17,9 +17,22 @@ func Example() {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	policy := throttler.PerHour(5000).Named("api")
 
-	old, next := memory.New(nil), memory.New(nil)
-	pct := flags.NewPercent(0)
-	router := flags.NewRouter(old, next, pct, nil)
+	old, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	next, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	pct, err := flags.NewPercent(0) // every key on old until Set
+	if err != nil {
+		panic(err)
+	}
+	router, err := flags.NewRouter(old, next, pct, nil)
+	if err != nil {
+		panic(err)
+	}
 
 	take := func() {
 		for i := range 1000 {

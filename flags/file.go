@@ -32,10 +32,20 @@ var ErrSettings = errors.New("flags: invalid rollout settings")
 // ParseSettings parses a rollout file's content: one JSON object with a
 // required "percent" (an integer from 0 to 100) and an optional "mirror"
 // (a boolean). Unknown fields are errors, so a misspelt setting is caught
-// instead of ignored.
+// instead of ignored. Every error matches ErrSettings.
 func ParseSettings(data []byte) (Settings, error) {
+	s, err := parseSettings(data)
+	if err != nil {
+		return Settings{}, fmt.Errorf("%w: %w", ErrSettings, err)
+	}
+	return s, nil
+}
+
+// parseSettings is ParseSettings with errors that say what is wrong and
+// nothing else, for the caller to prefix.
+func parseSettings(data []byte) (Settings, error) {
 	if len(data) > MaxFileSize {
-		return Settings{}, fmt.Errorf("%w: %d bytes, at most %d", ErrSettings, len(data), MaxFileSize)
+		return Settings{}, fmt.Errorf("%d bytes, at most %d", len(data), MaxFileSize)
 	}
 	var raw struct {
 		Percent *int  `json:"percent"`
@@ -44,16 +54,16 @@ func ParseSettings(data []byte) (Settings, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
-		return Settings{}, fmt.Errorf("%w: %w", ErrSettings, err)
+		return Settings{}, err
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return Settings{}, fmt.Errorf("%w: data after the JSON object", ErrSettings)
+		return Settings{}, errors.New("data after the JSON object")
 	}
 	if raw.Percent == nil {
-		return Settings{}, fmt.Errorf("%w: \"percent\" is missing", ErrSettings)
+		return Settings{}, errors.New(`"percent" is missing`)
 	}
-	if err := checkPercent(*raw.Percent); err != nil {
-		return Settings{}, fmt.Errorf("%w: %w", ErrSettings, err)
+	if p := *raw.Percent; p < 0 || p > 100 {
+		return Settings{}, fmt.Errorf(`"percent" is %d; must be within [0, 100]`, p)
 	}
 	s := Settings{Percent: *raw.Percent}
 	if raw.Mirror != nil {
@@ -69,7 +79,7 @@ type FileOptions struct {
 	// default: DefaultGroupID
 	GroupID string
 	// Interval is how often the file is checked for a change (its size,
-	// modification time or identity). default: 1s
+	// modification time or identity); negative is an error. default: 1s
 	Interval time.Duration
 	// OnChange is called, from the checking goroutine, with the new
 	// settings after a change was loaded. default: nil
@@ -123,18 +133,24 @@ func (s fileSig) same(o fileSig) bool {
 
 // NewFile reads the rollout file at path and starts checking it for
 // changes. It fails when the file cannot be read or parsed at start, so a
-// broken deploy is caught at once. nil opts mean defaults.
+// broken deploy is caught at once, and for a negative Interval. nil opts
+// mean defaults.
 func NewFile(path string, opts *FileOptions) (*File, error) {
 	var o FileOptions
 	if opts != nil {
 		o = *opts
 	}
-	if o.Interval <= 0 {
+	switch {
+	case path == "":
+		return nil, errors.New("flags: rollout file: the path is empty")
+	case o.Interval < 0:
+		return nil, fmt.Errorf("flags: FileOptions.Interval is %v; want 0 (default 1s) or more", o.Interval)
+	case o.Interval == 0:
 		o.Interval = time.Second
 	}
 	f := &File{
 		path:     path,
-		pct:      NewPercentFor(o.GroupID, 0),
+		pct:      newPercent(o.GroupID, 0),
 		interval: o.Interval,
 		onChange: o.OnChange,
 		onError:  o.OnError,
@@ -142,33 +158,35 @@ func NewFile(path string, opts *FileOptions) (*File, error) {
 		done:     make(chan struct{}),
 	}
 	info, err := os.Stat(path)
-	if err == nil {
-		var s Settings
-		if s, err = readSettings(path); err == nil {
-			f.apply(s)
-			f.sig = fileSig{info}
-		}
-	}
 	if err != nil {
 		return nil, fmt.Errorf("flags: rollout file: %w", err)
 	}
+	st, err := readSettings(path)
+	if err != nil {
+		return nil, err
+	}
+	f.apply(st)
+	f.sig = fileSig{info}
 	go f.watch()
 	return f, nil
 }
 
+// readSettings reads and parses the file at path. Its errors carry their
+// one "flags:" prefix: ErrSettings for content that cannot be used, "flags:
+// rollout file:" for a file that cannot be read.
 func readSettings(path string) (Settings, error) {
 	fh, err := os.Open(path)
 	if err != nil {
-		return Settings{}, err
+		return Settings{}, fmt.Errorf("flags: rollout file: %w", err)
 	}
 	defer fh.Close()
 	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
 	if err != nil {
-		return Settings{}, err
+		return Settings{}, fmt.Errorf("flags: rollout file: %w", err)
 	}
-	s, err := ParseSettings(data)
+	s, err := parseSettings(data)
 	if err != nil {
-		return Settings{}, fmt.Errorf("%s: %w", path, err)
+		return Settings{}, fmt.Errorf("%w: %s: %w", ErrSettings, path, err)
 	}
 	return s, nil
 }
@@ -230,11 +248,12 @@ func (f *File) load(force bool) (report error, changed *Settings, err error) {
 	}
 	f.sig = sig
 	var s Settings
-	if err == nil {
+	if err != nil {
+		err = fmt.Errorf("flags: rollout file: %w", err)
+	} else {
 		s, err = readSettings(f.path)
 	}
 	if err != nil {
-		err = fmt.Errorf("flags: rollout file: %w", err)
 		// Report a failure once, not on every check while it lasts.
 		if moved || f.lastErr == nil || f.lastErr.Error() != err.Error() {
 			report = err

@@ -49,7 +49,7 @@ func TestParseSettings(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrSettings) || !strings.Contains(err.Error(), tt.wantErr) {
+			if !errors.Is(err, ErrSettings) || !strings.Contains(err.Error(), tt.wantErr) || strings.Count(err.Error(), "flags:") != 1 {
 				t.Fatalf("ParseSettings error = %v, want ErrSettings mentioning %q", err, tt.wantErr)
 			}
 		})
@@ -72,7 +72,7 @@ func FuzzParseSettings(f *testing.F) {
 			t.Fatalf("accepted percent %d", s.Percent)
 		}
 		// What was accepted is what the source routes by.
-		p := NewPercent(s.Percent)
+		p := percent(t, s.Percent)
 		if p.Percent() != s.Percent {
 			t.Fatalf("percent %d became %d", s.Percent, p.Percent())
 		}
@@ -138,8 +138,8 @@ func TestFileReload(t *testing.T) {
 		if (err != nil) != s.wantErr {
 			t.Fatalf("%s: Reload() = %v, want error %v", s.name, err, s.wantErr)
 		}
-		if err != nil && !strings.Contains(err.Error(), "flags: rollout file") {
-			t.Errorf("%s: error %q lacks the package prefix", s.name, err)
+		if err != nil && (!strings.HasPrefix(err.Error(), "flags: ") || strings.Count(err.Error(), "flags:") != 1) {
+			t.Errorf("%s: error %q does not have exactly one package prefix", s.name, err)
 		}
 		if !errors.Is(f.Err(), err) {
 			t.Errorf("%s: Err() = %v, want %v", s.name, f.Err(), err)
@@ -167,7 +167,10 @@ func TestFileRoutesLikePercent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	p := NewPercentFor("ratelimit-redis", 37)
+	p, err := NewPercentFor("ratelimit-redis", 37)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range testKeys(10000) {
 		if f.UseNew(k) != p.UseNew(k) {
 			t.Fatalf("key %q: file and static source disagree", k)
@@ -179,15 +182,33 @@ func TestNewFileErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.json")
 	writeFile(t, bad, `{"percent": "all"}`)
-	for _, path := range []string{filepath.Join(dir, "missing.json"), bad, dir} {
-		f, err := NewFile(path, nil)
-		if err == nil || f != nil {
-			t.Errorf("NewFile(%q) = %v, %v; want an error", path, f, err)
-			continue
-		}
-		if !strings.HasPrefix(err.Error(), "flags: rollout file: ") {
-			t.Errorf("NewFile(%q) error %q lacks the prefix", path, err)
-		}
+	good := filepath.Join(dir, "good.json")
+	writeFile(t, good, `{"percent": 5}`)
+	tests := []struct {
+		name string
+		path string
+		opts *FileOptions
+		want string // the error's start
+	}{
+		{"empty path", "", nil, "flags: rollout file: the path is empty"},
+		{"missing", filepath.Join(dir, "missing.json"), nil, "flags: rollout file: stat "},
+		{"invalid", bad, nil, "flags: invalid rollout settings: " + bad + ": json: "},
+		{"a directory", dir, nil, "flags: rollout file: "},
+		{"negative interval", good, &FileOptions{Interval: -time.Second}, "flags: FileOptions.Interval is -1s; want 0 (default 1s) or more"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := NewFile(tt.path, tt.opts)
+			if err == nil || f != nil {
+				if f != nil {
+					f.Close()
+				}
+				t.Fatalf("NewFile(%q) = %v, %v; want an error", tt.path, f, err)
+			}
+			if !strings.HasPrefix(err.Error(), tt.want) || strings.Count(err.Error(), "flags:") != 1 {
+				t.Errorf("NewFile(%q) error %q, want it to start %q, with one package prefix", tt.path, err, tt.want)
+			}
+		})
 	}
 }
 

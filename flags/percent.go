@@ -5,7 +5,7 @@ import "sync/atomic"
 // Percent is a static percentage rollout that can be changed at run time:
 // a change applies to the next call. It is safe for concurrent use.
 type Percent struct {
-	b bucketer
+	b Bucketer
 	// state packs the percentage (low byte) and the mirror bit, so a
 	// reader never sees one without the other.
 	state atomic.Uint32
@@ -19,19 +19,28 @@ var (
 const mirrorBit = 1 << 8
 
 // NewPercent returns a rollout of p percent in DefaultGroupID, with
-// mirroring off. A p outside [0, 100] is clamped into it.
-func NewPercent(p int) *Percent { return NewPercentFor(DefaultGroupID, p) }
+// mirroring off. A p outside [0, 100] is an error matching ErrPercent, as
+// it is for Set.
+func NewPercent(p int) (*Percent, error) { return NewPercentFor(DefaultGroupID, p) }
 
 // NewPercentFor is NewPercent in the bucketing group groupID: pass the name
 // of the Unleash feature (or the groupId of its flexibleRollout strategy)
 // that will take over, so the same keys stay on the new backend. An empty
 // groupID means DefaultGroupID.
-func NewPercentFor(groupID string, p int) *Percent {
+func NewPercentFor(groupID string, p int) (*Percent, error) {
+	if err := checkPercent(p); err != nil {
+		return nil, err
+	}
+	return newPercent(groupID, p), nil
+}
+
+// newPercent is NewPercentFor for a p already checked.
+func newPercent(groupID string, p int) *Percent {
 	if groupID == "" {
 		groupID = DefaultGroupID
 	}
-	s := &Percent{b: newBucketer(groupID)}
-	s.state.Store(uint32(min(max(p, 0), 100)))
+	s := &Percent{b: NewBucketer(groupID)}
+	s.state.Store(uint32(p))
 	return s
 }
 

@@ -48,6 +48,6 @@ func checkPercent(p int) error {
 // over groupID + ":" + key, modulo 100, plus one. A key is in a rollout of
 // p percent when Bucket(groupID, key) <= p, so raising p only adds keys.
 func Bucket(groupID, key string) int {
-	b := newBucketer(groupID)
-	return b.bucket(key)
+	b := NewBucketer(groupID)
+	return b.Bucket(key)
 }

@@ -2,16 +2,14 @@ package flags
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// ErrNoBackend is returned when a key maps to a nil backend.
-var ErrNoBackend = errors.New("flags: no backend")
 
 // RouterOptions configure a Router. The zero value (or nil) means defaults.
 type RouterOptions struct {
@@ -35,11 +33,19 @@ func (o *RouterOptions) withDefaults() RouterOptions {
 	return r
 }
 
-// Router is a throttler.Backend that sends each call to the old or the new
-// backend, as its Rollout says for the key at call time. While the rollout's
-// setting holds still, a key stays on one backend, so its budget never
-// splits across two stores. It is safe for concurrent use.
+// opFunc is backend.OpFunc under a name that is not exported, so that
+// embedding it gives Router its Take, Peek and Refund without a field
+// anyone outside could reassign.
+type opFunc = backend.OpFunc
+
+// Router is a throttler.Backend whose Take, Peek and Refund send each call
+// to the old or the new backend, as its Rollout says for the key at call
+// time. While the rollout's setting holds still, a key stays on one
+// backend, so its budget never splits across two stores. A Refund after
+// the key has moved goes to the backend that serves it now, as the next
+// Take would. It is safe for concurrent use.
 type Router struct {
+	opFunc           // r.do(): Take, Peek and Refund
 	old, new         throttler.Backend
 	rollout          Rollout
 	oldName, newName string
@@ -51,20 +57,47 @@ type Router struct {
 }
 
 var (
-	_ throttler.Backend   = (*Router)(nil)
-	_ throttler.InProcess = (*Router)(nil)
+	_ throttler.Backend = (*Router)(nil)
+	_ backend.InProcess = (*Router)(nil)
 )
+
+// NewRouter returns a Router over old and new, ramped by r. Both backends
+// and r are required: to keep every key on old, pass NewPercent(0). nil
+// opts mean defaults.
+func NewRouter(old, new throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
+	if err := backend.Required("flags: old backend", old); err != nil {
+		return nil, err
+	}
+	if err := backend.Required("flags: new backend", new); err != nil {
+		return nil, err
+	}
+	if err := requiredRollout("flags: rollout", r); err != nil {
+		return nil, err
+	}
+	o := opts.withDefaults()
+	rt := &Router{old: old, new: new, rollout: r, oldName: o.OldName, newName: o.NewName}
+	rt.opFunc = rt.do()
+	return rt, nil
+}
+
+// requiredRollout is backend.Required for a Rollout: a nil one, or a nil
+// pointer in one, would panic on the first call.
+func requiredRollout(what string, r Rollout) error {
+	if r == nil {
+		return fmt.Errorf("%s is nil; pass flags.NewPercent(0) to keep every key on old", what)
+	}
+	switch v := reflect.ValueOf(r); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
+		if v.IsNil() {
+			return fmt.Errorf("%s is a nil %T", what, r)
+		}
+	}
+	return nil
+}
 
 // InProcess reports whether the calls of both backends never block.
 func (r *Router) InProcess() bool {
-	return r.old != nil && r.new != nil && throttler.IsInProcess(r.old) && throttler.IsInProcess(r.new)
-}
-
-// NewRouter returns a Router over old and new. A nil r routes every key to
-// old. nil opts mean defaults.
-func NewRouter(old, new throttler.Backend, r Rollout, opts *RouterOptions) *Router {
-	o := opts.withDefaults()
-	return &Router{old: old, new: new, rollout: r, oldName: o.OldName, newName: o.NewName}
+	return backend.IsInProcess(r.old) && backend.IsInProcess(r.new)
 }
 
 // Stats counts the calls a Router has sent to each backend.
@@ -72,96 +105,62 @@ type Stats struct {
 	Old, New uint64
 }
 
-// Stats returns how many calls have gone to each backend so far. Calls
-// rejected for bad input reach neither and are not counted.
+// Stats returns how many calls have gone to each backend so far, including
+// those the backend rejected as bad input.
 func (r *Router) Stats() Stats {
 	return Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load()}
 }
 
 // UseNew reports whether key would be sent to the new backend now.
-func (r *Router) UseNew(key string) bool {
-	return r.rollout != nil && r.rollout.UseNew(key)
+func (r *Router) UseNew(key string) bool { return r.rollout.UseNew(key) }
+
+// do returns the function behind Take, Peek and Refund: it sends the call
+// to the backend key maps to now, and counts it. The router does not
+// validate: the backend it ends in does. It is a closure over r rather than
+// the method value r.do, and it switches on op itself rather than calling
+// backend.Do: either would cost every call one more frame (about 10 ns,
+// a quarter of what the router adds).
+func (r *Router) do() backend.OpFunc {
+	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+		b, isNew := r.old, false
+		if r.rollout.UseNew(key) {
+			b, isNew = r.new, true
+			r.newCalls.Add(1)
+		} else {
+			r.oldCalls.Add(1)
+		}
+		var d throttler.Decision
+		var err error
+		switch op {
+		case throttler.OpTake:
+			d, err = b.Take(ctx, key, p, cost, now)
+		case throttler.OpPeek:
+			d, err = b.Peek(ctx, key, p, now)
+		case throttler.OpRefund:
+			d, err = b.Refund(ctx, key, p, cost, now)
+		default:
+			return backend.Do(ctx, b, op, key, p, cost, now) // ErrUnknownOp
+		}
+		if err != nil {
+			return d, r.wrap(err, isNew)
+		}
+		return d, nil
+	}
 }
 
-// pick returns the backend for key, and whether it is the new one, and
-// counts the call.
-func (r *Router) pick(key string) (throttler.Backend, bool) {
-	if r.rollout != nil && r.rollout.UseNew(key) {
-		r.newCalls.Add(1)
-		return r.new, true
-	}
-	r.oldCalls.Add(1)
-	return r.old, false
-}
-
-// Take takes cost units for key from the backend the key maps to now.
-func (r *Router) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
-		return throttler.Decision{}, err
-	}
-	b, isNew := r.pick(key)
-	if b == nil {
-		return throttler.Decision{}, r.errNil(isNew, key)
-	}
-	d, err := b.Take(ctx, key, p, cost, now)
-	if err != nil {
-		return d, r.wrap(err, isNew)
-	}
-	return d, nil
-}
-
-// Peek reads key's window from the backend the key maps to now.
-func (r *Router) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, 1); err != nil {
-		return throttler.Decision{}, err
-	}
-	b, isNew := r.pick(key)
-	if b == nil {
-		return throttler.Decision{}, r.errNil(isNew, key)
-	}
-	d, err := b.Peek(ctx, key, p, now)
-	if err != nil {
-		return d, r.wrap(err, isNew)
-	}
-	return d, nil
-}
-
-// Refund gives cost units back to key's window on the backend the key maps
-// to now. A refund after the key has moved goes to the backend that serves
-// it now, as the next Take would.
-func (r *Router) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
-		return throttler.Decision{}, err
-	}
-	b, isNew := r.pick(key)
-	if b == nil {
-		return throttler.Decision{}, r.errNil(isNew, key)
-	}
-	d, err := b.Refund(ctx, key, p, cost, now)
-	if err != nil {
-		return d, r.wrap(err, isNew)
-	}
-	return d, nil
-}
-
-func (r *Router) name(isNew bool) string {
-	if isNew {
-		return r.newName
-	}
-	return r.oldName
-}
-
-// errNil and wrap stay out of line: the error paths' frames would otherwise
+// wrap names the backend that failed; errors.Is still finds the cause. An
+// input error is the caller's, whichever backend found it, and is returned
+// as it is. It stays out of line: the error path's frame would otherwise
 // weigh on every call.
 //
 //go:noinline
-func (r *Router) errNil(isNew bool, key string) error {
-	return fmt.Errorf("%w: %s backend is nil (key %q)", ErrNoBackend, r.name(isNew), key)
-}
-
-// wrap names the backend that failed; errors.Is still finds the cause.
-//
-//go:noinline
 func (r *Router) wrap(err error, isNew bool) error {
-	return fmt.Errorf("flags: %s backend: %w", r.name(isNew), err)
+	if throttler.IsInputError(err) {
+		return err
+	}
+	name := r.oldName
+	if isNew {
+		name = r.newName
+	}
+	return fmt.Errorf("%s backend: %w", name, err)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -15,11 +16,58 @@ import (
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// mem returns a default memory backend.
+func mem(t testing.TB) *memory.Backend {
+	t.Helper()
+	b, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// router is NewRouter for arguments the test knows are valid.
+func router(t testing.TB, old, new throttler.Backend, r Rollout, opts *RouterOptions) *Router {
+	t.Helper()
+	rt, err := NewRouter(old, new, r, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func TestNewRouterErrors(t *testing.T) {
+	var nilMem *memory.Backend
+	var nilPct *Percent
+	tests := []struct {
+		name     string
+		old, new throttler.Backend
+		rollout  Rollout
+		want     string
+	}{
+		{"nil old", nil, mem(t), percent(t, 0), "flags: old backend is nil"},
+		{"nil new", mem(t), nil, percent(t, 0), "flags: new backend is nil"},
+		{"typed nil old", nilMem, mem(t), percent(t, 0), "flags: old backend is a nil *memory.Backend"},
+		{"typed nil new", mem(t), nilMem, percent(t, 0), "flags: new backend is a nil *memory.Backend"},
+		{"nil rollout", mem(t), mem(t), nil, "flags: rollout is nil; pass flags.NewPercent(0) to keep every key on old"},
+		{"typed nil rollout", mem(t), mem(t), nilPct, "flags: rollout is a nil *flags.Percent"},
+		{"nil func rollout", mem(t), mem(t), rolloutFunc(nil), "flags: rollout is a nil flags.rolloutFunc"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := NewRouter(tt.old, tt.new, tt.rollout, nil)
+			if r != nil || err == nil || err.Error() != tt.want {
+				t.Fatalf("NewRouter = %v, %v; want error %q", r, err, tt.want)
+			}
+		})
+	}
+}
+
 func TestRouterConformance(t *testing.T) {
 	for _, p := range []int{0, 50, 100} {
 		t.Run(strconv.Itoa(p), func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) throttler.Backend {
-				return NewRouter(memory.New(nil), memory.New(nil), NewPercent(p), nil)
+				return router(t, mem(t), mem(t), percent(t, p), nil)
 			})
 		})
 	}
@@ -30,9 +78,9 @@ func TestRouterConformance(t *testing.T) {
 func TestRouterSendsEachKeyToItsBackend(t *testing.T) {
 	ctx := context.Background()
 	pol := throttler.PerMinute(10)
-	old, nw := memory.New(nil), memory.New(nil)
-	pct := NewPercent(30)
-	r := NewRouter(old, nw, pct, nil)
+	old, nw := mem(t), mem(t)
+	pct := percent(t, 30)
+	r := router(t, old, nw, pct, nil)
 	keys := testKeys(400)
 	var wantOld, wantNew uint64
 	for _, k := range keys {
@@ -76,8 +124,8 @@ func TestRouterSendsEachKeyToItsBackend(t *testing.T) {
 func TestRouterRollback(t *testing.T) {
 	ctx := context.Background()
 	pol := throttler.PerHour(100)
-	pct := NewPercent(0)
-	r := NewRouter(memory.New(nil), memory.New(nil), pct, nil)
+	pct := percent(t, 0)
+	r := router(t, mem(t), mem(t), pct, nil)
 	key := ""
 	for _, k := range testKeys(100) {
 		if Bucket(DefaultGroupID, k) <= 50 {
@@ -148,14 +196,14 @@ func TestRouterErrors(t *testing.T) {
 		wantText  string
 		wantCalls Stats
 	}{
-		{"empty key", NewRouter(memory.New(nil), memory.New(nil), NewPercent(100), nil), take("", 1), throttler.ErrInvalidKey, "", Stats{}},
-		{"zero cost", NewRouter(memory.New(nil), memory.New(nil), NewPercent(100), nil), take("k", 0), throttler.ErrInvalidCost, "", Stats{}},
-		{"bad refund", NewRouter(memory.New(nil), memory.New(nil), NewPercent(0), nil), refund("k", -1), throttler.ErrInvalidCost, "", Stats{}},
-		{"bad policy", NewRouter(memory.New(nil), memory.New(nil), NewPercent(0), nil), peek("k", throttler.Policy{}), throttler.ErrInvalidPolicy, "", Stats{}},
-		{"old fails", NewRouter(failing{errDown}, memory.New(nil), NewPercent(0), &RouterOptions{OldName: "memcached"}), take("k", 1), errDown, "flags: memcached backend: connection refused", Stats{Old: 1}},
-		{"new fails", NewRouter(memory.New(nil), failing{errDown}, NewPercent(100), nil), peek("k", pol), errDown, "flags: new backend: connection refused", Stats{New: 1}},
-		{"nil new", NewRouter(memory.New(nil), nil, NewPercent(100), nil), refund("k", 1), ErrNoBackend, "", Stats{New: 1}},
-		{"nil old", NewRouter(nil, memory.New(nil), nil, nil), take("k", 1), ErrNoBackend, "", Stats{Old: 1}},
+		// Input errors are the backend's, returned as they are.
+		{"empty key", router(t, mem(t), mem(t), percent(t, 100), nil), take("", 1), throttler.ErrInvalidKey, "throttler: invalid key: empty", Stats{New: 1}},
+		{"zero cost", router(t, mem(t), mem(t), percent(t, 100), nil), take("k", 0), throttler.ErrInvalidCost, "", Stats{New: 1}},
+		{"cost above limit", router(t, mem(t), mem(t), percent(t, 0), nil), take("k", 6), throttler.ErrInvalidCost, "", Stats{Old: 1}},
+		{"bad refund", router(t, mem(t), mem(t), percent(t, 0), nil), refund("k", -1), throttler.ErrInvalidCost, "", Stats{Old: 1}},
+		{"bad policy", router(t, mem(t), mem(t), percent(t, 0), nil), peek("k", throttler.Policy{}), throttler.ErrInvalidPolicy, "", Stats{Old: 1}},
+		{"old fails", router(t, failing{errDown}, mem(t), percent(t, 0), &RouterOptions{OldName: "memcached"}), take("k", 1), errDown, "memcached backend: connection refused", Stats{Old: 1}},
+		{"new fails", router(t, mem(t), failing{errDown}, percent(t, 100), nil), peek("k", pol), errDown, "new backend: connection refused", Stats{New: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -179,9 +227,9 @@ func TestRouterErrors(t *testing.T) {
 func TestRouterConcurrentRamp(t *testing.T) {
 	ctx := context.Background()
 	pol := throttler.PerHour(1 << 40)
-	old, nw := memory.New(nil), memory.New(nil)
-	pct := NewPercent(0)
-	r := NewRouter(old, nw, pct, nil)
+	old, nw := mem(t), mem(t)
+	pct := percent(t, 0)
+	r := router(t, old, nw, pct, nil)
 	keys := testKeys(64)
 	const workers, per = 4, 500
 	var wg sync.WaitGroup
@@ -221,14 +269,24 @@ func TestRouterConcurrentRamp(t *testing.T) {
 }
 
 func TestRouterInProcessOnlyWhenBothAre(t *testing.T) {
-	mem := memory.New(nil)
-	if !NewRouter(mem, memory.New(nil), NewPercent(50), nil).InProcess() {
+	m := mem(t)
+	if !router(t, m, mem(t), percent(t, 50), nil).InProcess() {
 		t.Error("two memory backends: in process")
 	}
-	if NewRouter(mem, notLocal{mem}, NewPercent(50), nil).InProcess() {
+	if router(t, m, notLocal{m}, percent(t, 50), nil).InProcess() {
 		t.Error("one backend that may block: not in process")
 	}
 }
 
 // notLocal hides its backend's InProcess, like a network store.
 type notLocal struct{ throttler.Backend }
+
+// An Op that names no operation reaches no backend's store: it is
+// backend.Do's ErrUnknownOp, unwrapped.
+func TestRouterUnknownOp(t *testing.T) {
+	r := router(t, mem(t), mem(t), percent(t, 50), nil)
+	_, err := r.do()(context.Background(), throttler.Op(9), "k", throttler.PerMinute(1), 1, t0)
+	if !errors.Is(err, backend.ErrUnknownOp) || err.Error() != "backend: unknown operation: Op(9)" {
+		t.Fatalf("got %v, want backend.ErrUnknownOp", err)
+	}
+}

@@ -43,7 +43,10 @@ func migrationStores(t *testing.T, memcachedArgs ...string) (*memcached.Backend,
 	t.Helper()
 	mc := memcachedStart(t, memcachedArgs...)
 	rc := redisStart(t)
-	old := memcached.New(memcachedClient(t, 10*time.Second, mc.addr), nil)
+	old, err := memcached.New(memcachedClient(t, 10*time.Second, mc.addr), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	rcl := goredis.NewClient(&goredis.Options{
 		Addr:                  rc.Addr,
 		ContextTimeoutEnabled: true, // the shadow's deadline bounds each mirrored call
@@ -53,7 +56,10 @@ func migrationStores(t *testing.T, memcachedArgs ...string) (*memcached.Backend,
 		MaxRetries:            -1, // a retried script could count twice
 	})
 	t.Cleanup(func() { _ = rcl.Close() })
-	nu := redis.New(rcl, nil)
+	nu, err := redis.New(rcl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return old, nu, mc, rc
 }
 
@@ -72,6 +78,30 @@ func migrationEach(par, n int, f func(c int)) {
 		}()
 	}
 	wg.Wait()
+}
+
+// migrationNew is migration.New for arguments the test knows are valid,
+// closed when the test ends.
+func migrationNew(t *testing.T, old, nu throttler.Backend, r flags.Rollout, o *migration.Options) *migration.Migration {
+	t.Helper()
+	m, err := migration.New(old, nu, r, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// migrationPercent is a static rollout at 0% with mirroring on: the shadow
+// stage.
+func migrationPercent(t *testing.T) *flags.Percent {
+	t.Helper()
+	r, err := flags.NewPercent(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetMirror(true)
+	return r
 }
 
 func migrationKey(c int) string { return fmt.Sprintf("client-%04d", c) }
@@ -124,8 +154,7 @@ func TestMigrationEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = rollout.Close() })
 	shadowOpts := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second}
-	m := migration.New(old, nu, rollout, &migration.Options{Forward: shadowOpts, Reverse: shadowOpts})
-	t.Cleanup(func() { _ = m.Close() })
+	m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: shadowOpts, Reverse: shadowOpts})
 
 	// admitted[w][c]: units admitted to client c in window w.
 	admitted := [2][]int64{make([]int64, migrationClients), make([]int64, migrationClients)}
@@ -216,11 +245,8 @@ func TestMigrationEvictionDiverges(t *testing.T) {
 	old, nu, mc, _ := migrationStores(t, "-m", "2")
 	ctx := context.Background()
 	p := throttler.Policy{Name: "api", Limit: 100, Window: time.Hour}
-	rollout := flags.NewPercent(0)
-	rollout.SetMirror(true)
 	o := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second}
-	m := migration.New(old, nu, rollout, &migration.Options{Forward: o, Reverse: o})
-	t.Cleanup(func() { _ = m.Close() })
+	m := migrationNew(t, old, nu, migrationPercent(t), &migration.Options{Forward: o, Reverse: o})
 
 	takeAll := func(now time.Time, n int) {
 		migrationEach(32, migrationClients, func(c int) {
@@ -328,12 +354,8 @@ func TestMigrationCandidateDown(t *testing.T) {
 		}
 	}
 	newMigration := func(queue int, timeout time.Duration) *migration.Migration {
-		rollout := flags.NewPercent(0)
-		rollout.SetMirror(true)
 		o := &shadow.Options{Workers: 2, QueueSize: queue, Timeout: timeout, DrainTimeout: 200 * time.Millisecond}
-		m := migration.New(old, nu, rollout, &migration.Options{Forward: o, Reverse: o})
-		t.Cleanup(func() { _ = m.Close() })
-		return m
+		return migrationNew(t, old, nu, migrationPercent(t), &migration.Options{Forward: o, Reverse: o})
 	}
 
 	healthy := newMigration(4096, 5*time.Second)

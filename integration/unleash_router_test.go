@@ -10,10 +10,11 @@ import (
 	"testing"
 	"time"
 
-	unleash "github.com/Unleash/unleash-client-go/v4"
+	unleashsdk "github.com/Unleash/unleash-client-go/v4"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/flags/unleash"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -33,17 +34,17 @@ func (l *unleashListener) OnUpdate()       { l.fetches.Add(1) }
 // unleash.NewClient registers the instance synchronously (with metrics on),
 // so with the default client a server that accepts and never answers would
 // hang NewClient itself.
-func unleashClient(t *testing.T, url string, refresh time.Duration, l *unleashListener) *unleash.Client {
+func unleashClient(t *testing.T, url string, refresh time.Duration, l *unleashListener) *unleashsdk.Client {
 	t.Helper()
-	c, err := unleash.NewClient(
-		unleash.WithUrl(url+"/api/"),
-		unleash.WithAppName("throttlekit-integration"),
-		unleash.WithRefreshInterval(refresh),
-		unleash.WithMetricsInterval(refresh),
-		unleash.WithCustomHeaders(http.Header{"Authorization": {unleashClientToken}}),
-		unleash.WithBackupPath(t.TempDir()),
-		unleash.WithListener(l),
-		unleash.WithHttpClient(&http.Client{Timeout: unleashHTTPTimeout}),
+	c, err := unleashsdk.NewClient(
+		unleashsdk.WithUrl(url+"/api/"),
+		unleashsdk.WithAppName("throttlekit-integration"),
+		unleashsdk.WithRefreshInterval(refresh),
+		unleashsdk.WithMetricsInterval(refresh),
+		unleashsdk.WithCustomHeaders(http.Header{"Authorization": {unleashClientToken}}),
+		unleashsdk.WithBackupPath(t.TempDir()),
+		unleashsdk.WithListener(l),
+		unleashsdk.WithHttpClient(&http.Client{Timeout: unleashHTTPTimeout}),
 	)
 	if err != nil {
 		t.Fatalf("unleash client: %v", err)
@@ -55,7 +56,7 @@ func unleashClient(t *testing.T, url string, refresh time.Duration, l *unleashLi
 const unleashHTTPTimeout = time.Second
 
 // unleashCloseBounded closes c and fails the test if that hangs.
-func unleashCloseBounded(t *testing.T, c *unleash.Client) {
+func unleashCloseBounded(t *testing.T, c *unleashsdk.Client) {
 	done := make(chan struct{})
 	go func() { c.Close(); close(done) }()
 	select {
@@ -63,6 +64,29 @@ func unleashCloseBounded(t *testing.T, c *unleash.Client) {
 	case <-time.After(10 * time.Second):
 		t.Error("unleash client Close hung for 10s")
 	}
+}
+
+// unleashRouter is a Router between two memory backends, ramped by an
+// Unleash source over feature.
+func unleashRouter(t *testing.T, c *unleashsdk.Client, feature string, recheck time.Duration) *flags.Router {
+	t.Helper()
+	src, err := unleash.New(c, feature, &unleash.Options{Recheck: recheck})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nu, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := flags.NewRouter(old, nu, src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // unleashPollEvery is how often the tests look again for what Unleash
@@ -114,8 +138,7 @@ func TestUnleashRouter(t *testing.T) {
 	rollout := srv.unleashCreateRollout(t, feature, 25)
 	l := &unleashListener{}
 	c := unleashClient(t, srv.URL, refresh, l)
-	src := flags.NewUnleash(c, feature, &flags.UnleashOptions{Recheck: recheck})
-	router := flags.NewRouter(memory.New(nil), memory.New(nil), src, nil)
+	router := unleashRouter(t, c, feature, recheck)
 
 	var at25 []bool
 	if !t.Run("25 percent", func(t *testing.T) {
@@ -251,7 +274,7 @@ func TestUnleashRouter(t *testing.T) {
 				start := time.Now()
 				l := &unleashListener{}
 				c := unleashClient(t, tc.url, refresh, l)
-				r := flags.NewRouter(memory.New(nil), memory.New(nil), flags.NewUnleash(c, feature, &flags.UnleashOptions{Recheck: recheck}), nil)
+				r := unleashRouter(t, c, feature, recheck)
 				ctx, now := context.Background(), time.Now()
 				for _, k := range keys {
 					if _, err := r.Take(ctx, k, throttler.PerHour(100), 1, now); err != nil {

@@ -13,17 +13,35 @@ import (
 
 // A migration from one store to another, ramped and rolled back by a static
 // percentage. In production the stores are Memcached and Redis, and the
-// rollout is a flags.File or flags.Unleash source an operator changes.
+// rollout is a flags.File or an unleash.Source (package flags/unleash) that
+// an operator changes.
 func Example() {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-	rollout := flags.NewPercent(0)
+	old, err := memory.New(nil) // in production: Memcached
+	if err != nil {
+		panic(err)
+	}
+	next, err := memory.New(nil) // in production: Redis
+	if err != nil {
+		panic(err)
+	}
+	rollout, err := flags.NewPercent(0)
+	if err != nil {
+		panic(err)
+	}
 	rollout.SetMirror(true) // stage 1: old serves, new is compared
-	m := migration.New(memory.New(nil), memory.New(nil), rollout, nil)
+	m, err := migration.New(old, next, rollout, nil)
+	if err != nil {
+		panic(err)
+	}
 	defer m.Close()
-	t := throttler.New(m, &throttler.Options{Clock: func() time.Time { return now }})
+	t, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		panic(err)
+	}
 
 	take := func() bool { d, _ := t.Allow(ctx, "alice", p); return d.Allowed }
 	fmt.Println("0%:", take(), take())

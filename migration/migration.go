@@ -1,11 +1,15 @@
 // Package migration is the one piece of code that moves a live system from
 // an old rate-limit store to a new one, as DESIGN.md's "Migration" runs it:
 //
-//	m := migration.New(memcachedBackend, redisBackend, rollout, nil)
+//	m, err := migration.New(memcachedBackend, redisBackend, rollout, nil)
+//	if err != nil {
+//		return err
+//	}
 //	defer m.Close()
-//	t := throttler.New(m, nil)
+//	t, err := throttler.New(m, nil)
 //
-// The rollout (a flags source: Percent, File or Unleash) decides per key
+// The rollout (a flags source: flags.Percent, flags.File or an
+// unleash.Source from package flags/unleash) decides per key
 // which store serves it, and whether mirroring is on. A key served by the
 // old store is mirrored to the new one (the forward shadow), and a key
 // served by the new store is mirrored back to the old one (the reverse
@@ -24,8 +28,9 @@ package migration
 import (
 	"context"
 	"errors"
-	"time"
+	"fmt"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -48,26 +53,38 @@ type Options struct {
 	Mirror func() bool
 }
 
+// router is flags.Router under a name that is not exported, so that
+// embedding it gives Migration the router's Take, Peek, Refund, UseNew and
+// InProcess without a field anyone outside could reassign.
+type router = flags.Router
+
 // Migration is a throttler.Backend: Router(Shadow(old→new), Shadow(new→old)).
-// It is safe for concurrent use. Create it with New; Close stops the
-// shadows' workers.
+// Its Take, Peek and Refund go to the store that serves the key now (the
+// router's); UseNew reports which that is, and InProcess whether both
+// stores' calls never block. It is safe for concurrent use. Create it with
+// New; Close stops the shadows' workers.
 type Migration struct {
-	router           *flags.Router
+	*router
 	forward, reverse *shadow.Backend
 }
 
 var (
-	_ throttler.Backend   = (*Migration)(nil)
-	_ throttler.InProcess = (*Migration)(nil)
+	_ throttler.Backend = (*Migration)(nil)
+	_ backend.InProcess = (*Migration)(nil)
 )
 
-// InProcess reports whether both stores' calls never block.
-func (m *Migration) InProcess() bool { return m.router.InProcess() }
-
-// New returns a Migration from old to new, ramped by r. A nil r keeps every
-// key on old. Nil options mean defaults. It starts the shadows' workers;
-// call Close to stop them.
-func New(old, new throttler.Backend, r flags.Rollout, opts *Options) *Migration {
+// New returns a Migration from old to new, ramped by r. The stores and r
+// are required: to keep every key on old, pass flags.NewPercent(0). Nil
+// options mean defaults; an option the shadows or the router refuse is an
+// error naming it. New starts the shadows' workers; call Close to stop
+// them.
+func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration, error) {
+	if err := backend.Required("migration: old backend", old); err != nil {
+		return nil, err
+	}
+	if err := backend.Required("migration: new backend", new); err != nil {
+		return nil, err
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -79,11 +96,34 @@ func New(old, new throttler.Backend, r flags.Rollout, opts *Options) *Migration 
 			mirror = m.Mirroring
 		}
 	}
-	fwd := shadowOptions(o.Forward, mirror)
-	rev := shadowOptions(o.Reverse, mirror)
-	m := &Migration{forward: shadow.New(old, new, fwd), reverse: shadow.New(new, old, rev)}
-	m.router = flags.NewRouter(m.forward, m.reverse, r, o.Router)
-	return m
+	fwd, err := shadow.New(old, new, shadowOptions(o.Forward, mirror))
+	if err != nil {
+		return nil, optionsError("Forward", err)
+	}
+	rev, err := shadow.New(new, old, shadowOptions(o.Reverse, mirror))
+	if err != nil {
+		_ = fwd.Close()
+		return nil, optionsError("Reverse", err)
+	}
+	rt, err := flags.NewRouter(fwd, rev, r, o.Router)
+	if err != nil {
+		// Only r can be wrong here; the error names it ("flags: rollout
+		// is nil; …").
+		_ = errors.Join(fwd.Close(), rev.Close())
+		return nil, err
+	}
+	return &Migration{router: rt, forward: fwd, reverse: rev}, nil
+}
+
+// optionsError renames a shadow's refusal of its options: the backends are
+// checked before, so shadow.New can only fail as "shadow: Options.<field>
+// …", which names the field as the caller of New wrote it:
+// "migration: Options.Forward.<field> …".
+func optionsError(field string, err error) error {
+	if inner := errors.Unwrap(err); inner != nil {
+		return fmt.Errorf("migration: Options.%s.%w", field, inner)
+	}
+	return err
 }
 
 // shadowOptions copies o, making its Enabled require mirror too.
@@ -98,21 +138,6 @@ func shadowOptions(o *shadow.Options, mirror func() bool) *shadow.Options {
 		out.Enabled = mirror
 	}
 	return &out
-}
-
-// Take takes cost from the store that serves key now.
-func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return m.router.Take(ctx, key, p, cost, now)
-}
-
-// Peek reads key's window from the store that serves it now.
-func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	return m.router.Peek(ctx, key, p, now)
-}
-
-// Refund gives cost back on the store that serves key now.
-func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return m.router.Refund(ctx, key, p, cost, now)
 }
 
 // Stats is what an operator watches during a migration.

@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -15,6 +16,74 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// mem returns a default memory backend.
+func mem(t testing.TB) *memory.Backend {
+	t.Helper()
+	b, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// percent is flags.NewPercent for a p the test knows is valid.
+func percent(t testing.TB, p int) *flags.Percent {
+	t.Helper()
+	r, err := flags.NewPercent(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// newMigration is New for arguments the test knows are valid, closed when
+// the test ends.
+func newMigration(t *testing.T, old, new throttler.Backend, r flags.Rollout, opts *Options) *Migration {
+	t.Helper()
+	m, err := New(old, new, r, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+// TestNewErrors: every refusal names what the caller passed; none leaves a
+// worker running (TestMain checks that).
+func TestNewErrors(t *testing.T) {
+	var nilMem *memory.Backend
+	var nilPct *flags.Percent
+	tests := []struct {
+		name     string
+		old, new throttler.Backend
+		rollout  flags.Rollout
+		opts     *Options
+		want     string
+	}{
+		{"nil old", nil, mem(t), percent(t, 0), nil, "migration: old backend is nil"},
+		{"nil new", mem(t), nil, percent(t, 0), nil, "migration: new backend is nil"},
+		{"typed nil old", nilMem, mem(t), percent(t, 0), nil, "migration: old backend is a nil *memory.Backend"},
+		{"typed nil new", mem(t), nilMem, percent(t, 0), nil, "migration: new backend is a nil *memory.Backend"},
+		{"nil rollout", mem(t), mem(t), nil, nil, "flags: rollout is nil; pass flags.NewPercent(0) to keep every key on old"},
+		{"typed nil rollout", mem(t), mem(t), nilPct, nil, "flags: rollout is a nil *flags.Percent"},
+		{"bad forward options", mem(t), mem(t), percent(t, 0), &Options{Forward: &shadow.Options{Workers: -1}},
+			"migration: Options.Forward.Workers is -1; want 0 (default 8) or more"},
+		{"bad reverse options", mem(t), mem(t), percent(t, 0), &Options{Reverse: &shadow.Options{Timeout: -time.Second}},
+			"migration: Options.Reverse.Timeout is -1s; want 0 (default 100ms) or more"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := New(tt.old, tt.new, tt.rollout, tt.opts)
+			if m != nil || err == nil || err.Error() != tt.want {
+				if m != nil {
+					m.Close()
+				}
+				t.Fatalf("New = %v, %v; want error %q", m, err, tt.want)
+			}
+		})
+	}
+}
 
 // A population runs through the stages inside one window. With mirroring
 // on, no client is admitted more than its limit across any switch and both
@@ -34,10 +103,9 @@ func TestStagesKeepCountsWarm(t *testing.T) {
 			ctx := context.Background()
 			p := throttler.Policy{Name: "api", Limit: 5, Window: time.Minute}
 			now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-			rollout := flags.NewPercent(0)
+			rollout := percent(t, 0)
 			rollout.SetMirror(tc.mirror)
-			m := New(memory.New(nil), memory.New(nil), rollout, nil)
-			defer m.Close()
+			m := newMigration(t, mem(t), mem(t), rollout, nil)
 
 			const clients = 300
 			admitted := make([]int64, clients)
@@ -108,12 +176,11 @@ func TestMirrorOption(t *testing.T) {
 		{"Mirror overrides the rollout", onlyOld{}, &Options{Mirror: func() bool { return true }}, 1},
 		{"forward Enabled must agree too", onlyOld{}, &Options{Mirror: func() bool { return true },
 			Forward: &shadow.Options{Enabled: func() bool { return false }}}, 0},
-		{"nil rollout keeps keys old", nil, &Options{Mirror: func() bool { return true }}, 1},
+		{"0% keeps keys old", percent(t, 0), &Options{Mirror: func() bool { return true }}, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			m := New(memory.New(nil), memory.New(nil), tc.rollout, tc.opts)
-			defer m.Close()
+			m := newMigration(t, mem(t), mem(t), tc.rollout, tc.opts)
 			if _, err := m.Take(ctx, "k", p, 1, now); err != nil {
 				t.Fatal(err)
 			}
@@ -132,10 +199,32 @@ type onlyOld struct{}
 
 func (onlyOld) UseNew(string) bool { return false }
 
+// Bad input is rejected by the store that serves the key, returned as it
+// is, and mirrored to neither.
 func TestBadInput(t *testing.T) {
-	m := New(memory.New(nil), memory.New(nil), flags.NewPercent(50), nil)
-	defer m.Close()
-	if _, err := m.Take(context.Background(), "", throttler.PerMinute(1), 1, time.Unix(0, 0)); !throttler.IsInputError(err) {
-		t.Fatalf("got %v, want an input error", err)
+	rollout := percent(t, 50)
+	rollout.SetMirror(true)
+	m := newMigration(t, mem(t), mem(t), rollout, nil)
+	ctx := context.Background()
+	_, err := m.Take(ctx, "", throttler.PerMinute(1), 1, time.Unix(0, 0))
+	if !errors.Is(err, throttler.ErrInvalidKey) || err.Error() != "throttler: invalid key: empty" {
+		t.Fatalf("got %v, want the backend's ErrInvalidKey as it is", err)
+	}
+	if err := m.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Stats(); st.Forward.Results+st.Reverse.Results != 0 || st.Routed.Old+st.Routed.New != 1 {
+		t.Errorf("a bad call was mirrored or not routed once: %+v", st)
+	}
+}
+
+func TestInProcessAndUseNew(t *testing.T) {
+	m := newMigration(t, mem(t), mem(t), percent(t, 100), nil)
+	if !m.InProcess() || !m.UseNew("k") {
+		t.Errorf("two memory stores at 100%%: InProcess %v, UseNew %v; want true, true", m.InProcess(), m.UseNew("k"))
+	}
+	m2 := newMigration(t, mem(t), struct{ throttler.Backend }{mem(t)}, percent(t, 0), nil)
+	if m2.InProcess() || m2.UseNew("k") {
+		t.Errorf("a store that may block at 0%%: InProcess %v, UseNew %v; want false, false", m2.InProcess(), m2.UseNew("k"))
 	}
 }

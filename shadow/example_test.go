@@ -18,13 +18,23 @@ func Example() {
 	p := throttler.Policy{Name: "api", Limit: 2, Window: time.Minute}
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-	old, candidate := memory.New(nil), memory.New(nil)
+	old, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
+	candidate, err := memory.New(nil)
+	if err != nil {
+		panic(err)
+	}
 	_, _ = old.Take(ctx, "alice", p, 2, t0) // only the old store saw these
 
 	// Publish runs on the shadow's workers; hand results over to the
 	// metrics or, here, to the printing below.
 	results := make(chan shadow.Result, 16)
-	s := shadow.New(old, candidate, &shadow.Options{Publish: func(r shadow.Result) { results <- r }})
+	s, err := shadow.New(old, candidate, &shadow.Options{Publish: func(r shadow.Result) { results <- r }})
+	if err != nil {
+		panic(err)
+	}
 	defer s.Close()
 
 	d, err := s.Take(ctx, "alice", p, 1, t0.Add(time.Second))

@@ -8,29 +8,6 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Op names the Backend operation a Result is about.
-type Op uint8
-
-// The mirrored operations.
-const (
-	OpTake Op = iota + 1
-	OpPeek
-	OpRefund
-)
-
-// String returns "take", "peek" or "refund".
-func (o Op) String() string {
-	switch o {
-	case OpTake:
-		return "take"
-	case OpPeek:
-		return "peek"
-	case OpRefund:
-		return "refund"
-	}
-	return "op(" + strconv.Itoa(int(o)) + ")"
-}
-
 // Kind is a set of the ways one control/candidate pair can disagree. The
 // zero Kind means the pair matched.
 type Kind uint8
@@ -90,7 +67,7 @@ func (k Kind) String() string {
 // Result is one comparison: the call, both answers and how they differ. It
 // is a value; nothing in it changes after it is published.
 type Result struct {
-	Op     Op
+	Op     throttler.Op
 	Key    string
 	Policy throttler.Policy
 	Cost   int64

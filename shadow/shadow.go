@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -38,12 +39,10 @@ var (
 	ErrCandidatePanic = errors.New("shadow: candidate panicked")
 	// ErrClosed: Flush was called after Close.
 	ErrClosed = errors.New("shadow: closed")
-	// ErrNoControl: the Backend was built without a control backend.
-	ErrNoControl = errors.New("shadow: no control backend")
 )
 
-// Options configure a Backend. The zero value (or nil) means defaults;
-// negative numbers mean defaults too.
+// Options configure a Backend. The zero value (or nil) means defaults; a
+// negative number is an error.
 type Options struct {
 	// Workers is how many goroutines call the candidate. Calls for one key
 	// always go to the same worker, in order. A network candidate needs
@@ -77,13 +76,15 @@ type Options struct {
 	// Ignore, if set, is asked about every pair whose decisions differ;
 	// returning true marks a known, accepted difference: the Result is
 	// published with Ignored set and not counted as a mismatch. It runs on
-	// a worker goroutine. default: nil, nothing ignored
+	// a worker goroutine. A panic in it is recovered, counted in
+	// Stats.IgnorePanics, and the difference is not ignored.
+	// default: nil, nothing ignored
 	Ignore func(Result) bool
 	// Publish, if set, receives every Result: matches, differences,
 	// candidate errors and drops. It runs on a worker goroutine, except
 	// for drops, which it receives on the caller's goroutine; it must be
-	// quick and safe for concurrent use. A panic in it is recovered.
-	// default: nil
+	// quick and safe for concurrent use. A panic in it is recovered and
+	// counted in Stats.PublishPanics. default: nil
 	Publish func(Result)
 	// Enabled, if set, is asked on every call whether to mirror it; false
 	// serves from the control alone and records nothing. It runs on the
@@ -95,33 +96,52 @@ type Options struct {
 	KeepMismatches int
 }
 
-func (o *Options) withDefaults() Options {
+// withDefaults returns o with its zero fields set to their defaults, or an
+// error naming the first negative field, as "Field is …" (New adds
+// "shadow: Options.", package migration "migration: Options.Forward.").
+func (o *Options) withDefaults() (Options, error) {
 	var out Options
 	if o != nil {
 		out = *o
 	}
-	if out.Workers <= 0 {
+	neg := func(field string, v any, def string) (Options, error) {
+		return out, fmt.Errorf("%s is %v; want 0 (default %s) or more", field, v, def)
+	}
+	switch {
+	case out.Workers < 0:
+		return neg("Workers", out.Workers, "8")
+	case out.QueueSize < 0:
+		return neg("QueueSize", out.QueueSize, "1024")
+	case out.Timeout < 0:
+		return neg("Timeout", out.Timeout, "100ms")
+	case out.DrainTimeout < 0:
+		return neg("DrainTimeout", out.DrainTimeout, "1s")
+	case out.UsedTolerance < 0:
+		return neg("UsedTolerance", out.UsedTolerance, "0, exact")
+	case out.ResetAtTolerance < 0:
+		return neg("ResetAtTolerance", out.ResetAtTolerance, "1ms")
+	case out.KeepMismatches < 0:
+		return neg("KeepMismatches", out.KeepMismatches, "100")
+	}
+	if out.Workers == 0 {
 		out.Workers = 8
 	}
-	if out.QueueSize <= 0 {
+	if out.QueueSize == 0 {
 		out.QueueSize = 1024
 	}
-	if out.Timeout <= 0 {
+	if out.Timeout == 0 {
 		out.Timeout = 100 * time.Millisecond
 	}
-	if out.DrainTimeout <= 0 {
+	if out.DrainTimeout == 0 {
 		out.DrainTimeout = time.Second
 	}
-	if out.UsedTolerance < 0 {
-		out.UsedTolerance = 0
-	}
-	if out.ResetAtTolerance <= 0 {
+	if out.ResetAtTolerance == 0 {
 		out.ResetAtTolerance = time.Millisecond
 	}
-	if out.KeepMismatches <= 0 {
+	if out.KeepMismatches == 0 {
 		out.KeepMismatches = 100
 	}
-	return out
+	return out, nil
 }
 
 // A worker that finds its queue empty naps this long, up to maxNaps times,
@@ -135,10 +155,17 @@ const (
 	wakeAt  = 4 // a quarter
 )
 
+// opFunc is backend.OpFunc under a name that is not exported, so that
+// embedding it gives Backend its Take, Peek and Refund without a field
+// anyone outside could reassign.
+type opFunc = backend.OpFunc
+
 // Backend is a throttler.Backend that answers from the control and mirrors
-// to the candidate. It is safe for concurrent use. Create it with New and
-// stop its workers with Close.
+// to the candidate: its Take, Peek and Refund return the control's answer
+// and queue the same call for the candidate. It is safe for concurrent use.
+// Create it with New and stop its workers with Close.
 type Backend struct {
+	opFunc             // b.do(): Take, Peek and Refund
 	control, candidate throttler.Backend
 	opts               Options
 	seed               maphash.Seed
@@ -153,21 +180,24 @@ type Backend struct {
 	closing   sync.Once
 	closed    atomic.Bool
 
+	// Panics in the hooks: rare, so shared counters.
+	publishPanics, ignorePanics atomic.Uint64
+
 	mismatches ring
 }
 
 var (
-	_ throttler.Backend   = (*Backend)(nil)
-	_ throttler.InProcess = (*Backend)(nil)
+	_ throttler.Backend = (*Backend)(nil)
+	_ backend.InProcess = (*Backend)(nil)
 )
 
 // InProcess reports whether the control's calls never block: the candidate
 // is called in the background, never on the caller's path.
-func (b *Backend) InProcess() bool { return b.control != nil && throttler.IsInProcess(b.control) }
+func (b *Backend) InProcess() bool { return backend.IsInProcess(b.control) }
 
 // call is one mirrored operation waiting for its worker, or a Flush barrier.
 type call struct {
-	op         Op
+	op         throttler.Op
 	key        string
 	p          throttler.Policy
 	cost       int64
@@ -203,10 +233,20 @@ type worker struct {
 }
 
 // New returns a Backend that serves from control and mirrors to candidate,
-// and starts its workers. A nil candidate mirrors nothing. Nil options mean
-// defaults. Call Close to stop the workers.
-func New(control, candidate throttler.Backend, opts *Options) *Backend {
-	o := opts.withDefaults()
+// and starts its workers. Both backends are required. Nil options mean
+// defaults; a negative number in them is an error. Call Close to stop the
+// workers.
+func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) {
+	if err := backend.Required("shadow: control backend", control); err != nil {
+		return nil, err
+	}
+	if err := backend.Required("shadow: candidate backend", candidate); err != nil {
+		return nil, err
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("shadow: Options.%w", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{
 		control: control, candidate: candidate, opts: o,
@@ -214,6 +254,7 @@ func New(control, candidate throttler.Backend, opts *Options) *Backend {
 		wakeLen: max(1, o.QueueSize/wakeAt),
 		ctx:     ctx, cancel: cancel,
 	}
+	b.opFunc = b.do()
 	b.mismatches.init(o.KeepMismatches)
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
@@ -226,54 +267,42 @@ func New(control, candidate throttler.Backend, opts *Options) *Backend {
 		b.wg.Add(1)
 		go b.run(w)
 	}
-	return b
+	return b, nil
 }
 
-// Take takes cost from the control and mirrors the Take to the candidate.
-func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
-		return throttler.Decision{}, err
+// do returns the function behind Take, Peek and Refund: it serves the call
+// from the control and mirrors it, unless the control rejected it as bad
+// input, which the candidate would reject too, leaving nothing to compare.
+// The shadow does not validate: the control does. It is a closure over b
+// rather than a method value, and it switches on op itself rather than
+// calling backend.Do: either would cost the caller's path one more frame.
+func (b *Backend) do() backend.OpFunc {
+	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+		var d throttler.Decision
+		var err error
+		switch op {
+		case throttler.OpTake:
+			d, err = b.control.Take(ctx, key, p, cost, now)
+		case throttler.OpPeek:
+			d, err = b.control.Peek(ctx, key, p, now)
+		case throttler.OpRefund:
+			d, err = b.control.Refund(ctx, key, p, cost, now)
+		default:
+			return backend.Do(ctx, b.control, op, key, p, cost, now) // ErrUnknownOp
+		}
+		if err != nil && throttler.IsInputError(err) {
+			return d, err
+		}
+		b.mirror(op, key, p, cost, now, &d, err)
+		return d, err
 	}
-	if b.control == nil {
-		return throttler.Decision{}, ErrNoControl
-	}
-	d, err := b.control.Take(ctx, key, p, cost, now)
-	b.mirror(OpTake, key, p, cost, now, &d, err)
-	return d, err
-}
-
-// Peek reads the control's window and mirrors the Peek to the candidate.
-func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, 1); err != nil {
-		return throttler.Decision{}, err
-	}
-	if b.control == nil {
-		return throttler.Decision{}, ErrNoControl
-	}
-	d, err := b.control.Peek(ctx, key, p, now)
-	b.mirror(OpPeek, key, p, 1, now, &d, err)
-	return d, err
-}
-
-// Refund gives cost back on the control and mirrors the Refund to the
-// candidate.
-func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(key, p, cost); err != nil {
-		return throttler.Decision{}, err
-	}
-	if b.control == nil {
-		return throttler.Decision{}, ErrNoControl
-	}
-	d, err := b.control.Refund(ctx, key, p, cost, now)
-	b.mirror(OpRefund, key, p, cost, now, &d, err)
-	return d, err
 }
 
 // mirror queues the call for the key's worker, or drops it. It is the whole
 // cost that shadowing adds to the control path: one hash, one uncontended
 // lock, one copy.
-func (b *Backend) mirror(op Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
-	if b.candidate == nil || (b.opts.Enabled != nil && !b.opts.Enabled()) {
+func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
+	if b.opts.Enabled != nil && !b.opts.Enabled() {
 		return
 	}
 	w := b.workers[0]
@@ -402,14 +431,7 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, err e
 			d, err = throttler.Decision{}, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
 		}
 	}()
-	switch c.op {
-	case OpTake:
-		d, err = b.candidate.Take(ctx, c.key, c.p, c.cost, c.now)
-	case OpPeek:
-		d, err = b.candidate.Peek(ctx, c.key, c.p, c.now)
-	case OpRefund:
-		d, err = b.candidate.Refund(ctx, c.key, c.p, c.cost, c.now)
-	}
+	d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.now)
 	if err == nil {
 		// A call that answered is compared, even if it answered late.
 		return d, nil
@@ -420,9 +442,9 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, err e
 		return throttler.Decision{}, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
 	case cerr != nil:
 		w.stale.Store(true)
-		return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q cancelled by Close: %w", c.op, c.key, err)
+		return throttler.Decision{}, fmt.Errorf("candidate %s %q cancelled by Close: %w", c.op, c.key, err)
 	}
-	return throttler.Decision{}, fmt.Errorf("shadow: candidate %s %q: %w", c.op, c.key, err)
+	return throttler.Decision{}, fmt.Errorf("candidate %s %q: %w", c.op, c.key, err)
 }
 
 // callContext returns a context whose deadline is Timeout after it was
@@ -443,10 +465,12 @@ func (w *worker) callContext(parent context.Context, timeout time.Duration) cont
 	return w.ctx
 }
 
-// ignore asks Options.Ignore, treating a panic as "not ignored".
+// ignore asks Options.Ignore, counting a panic and taking it as "not
+// ignored".
 func (b *Backend) ignore(r Result) (ok bool) {
 	defer func() {
 		if recover() != nil {
+			b.ignorePanics.Add(1)
 			ok = false
 		}
 	}()
@@ -463,9 +487,14 @@ func (b *Backend) record(w *worker, r *Result) {
 	}
 }
 
-// publish hands r to Options.Publish, recovering a panic.
+// publish hands r to Options.Publish, recovering and counting a panic: a
+// broken hook must not take down a worker or, for drops, the caller.
 func (b *Backend) publish(r *Result) {
-	defer func() { _ = recover() }()
+	defer func() {
+		if recover() != nil {
+			b.publishPanics.Add(1)
+		}
+	}()
 	b.opts.Publish(*r)
 }
 
@@ -566,5 +595,6 @@ func (b *Backend) Stats() Stats {
 		s.ByKind[Dropped] += dropped
 	}
 	s.LastMismatches = b.mismatches.appendTo(nil)
+	s.PublishPanics, s.IgnorePanics = b.publishPanics.Load(), b.ignorePanics.Load()
 	return s
 }

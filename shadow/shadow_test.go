@@ -12,6 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -28,13 +29,13 @@ var (
 // fail or panic. It records every call it receives, in order.
 type hooked struct {
 	throttler.Backend
-	before func(ctx context.Context, op Op, key string) error
+	before func(ctx context.Context, op throttler.Op, key string) error
 
 	mu    sync.Mutex
-	calls []Result // Op, Key, Policy, Cost, Now of each call received
+	calls []Result // throttler.Op, Key, Policy, Cost, Now of each call received
 }
 
-func (h *hooked) enter(ctx context.Context, op Op, key string, p throttler.Policy, cost int64, now time.Time) error {
+func (h *hooked) enter(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) error {
 	h.mu.Lock()
 	h.calls = append(h.calls, Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now})
 	h.mu.Unlock()
@@ -45,21 +46,21 @@ func (h *hooked) enter(ctx context.Context, op Op, key string, p throttler.Polic
 }
 
 func (h *hooked) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := h.enter(ctx, OpTake, key, p, cost, now); err != nil {
+	if err := h.enter(ctx, throttler.OpTake, key, p, cost, now); err != nil {
 		return throttler.Decision{}, err
 	}
 	return h.Backend.Take(ctx, key, p, cost, now)
 }
 
 func (h *hooked) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := h.enter(ctx, OpPeek, key, p, 1, now); err != nil {
+	if err := h.enter(ctx, throttler.OpPeek, key, p, 1, now); err != nil {
 		return throttler.Decision{}, err
 	}
 	return h.Backend.Peek(ctx, key, p, now)
 }
 
 func (h *hooked) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := h.enter(ctx, OpRefund, key, p, cost, now); err != nil {
+	if err := h.enter(ctx, throttler.OpRefund, key, p, cost, now); err != nil {
 		return throttler.Decision{}, err
 	}
 	return h.Backend.Refund(ctx, key, p, cost, now)
@@ -71,11 +72,65 @@ func (h *hooked) received() []Result {
 	return append([]Result(nil), h.calls...)
 }
 
+// mem returns a default memory backend.
+func mem(t testing.TB) *memory.Backend {
+	t.Helper()
+	b, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// newShadow is New for arguments the test knows are valid, closed when the
+// test ends.
 func newShadow(t *testing.T, control, candidate throttler.Backend, o *Options) *Backend {
 	t.Helper()
-	s := New(control, candidate, o)
+	s, err := New(control, candidate, o)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+func TestNewErrors(t *testing.T) {
+	var nilMem *memory.Backend
+	tests := []struct {
+		name               string
+		control, candidate throttler.Backend
+		opts               *Options
+		want               string
+	}{
+		{"nil control", nil, mem(t), nil, "shadow: control backend is nil"},
+		{"nil candidate", mem(t), nil, nil, "shadow: candidate backend is nil"},
+		{"typed nil control", nilMem, mem(t), nil, "shadow: control backend is a nil *memory.Backend"},
+		{"typed nil candidate", mem(t), nilMem, nil, "shadow: candidate backend is a nil *memory.Backend"},
+		{"negative Workers", mem(t), mem(t), &Options{Workers: -1}, "shadow: Options.Workers is -1; want 0 (default 8) or more"},
+		{"negative QueueSize", mem(t), mem(t), &Options{QueueSize: -5}, "shadow: Options.QueueSize is -5; want 0 (default 1024) or more"},
+		{"negative Timeout", mem(t), mem(t), &Options{Timeout: -time.Millisecond}, "shadow: Options.Timeout is -1ms; want 0 (default 100ms) or more"},
+		{"negative DrainTimeout", mem(t), mem(t), &Options{DrainTimeout: -time.Second}, "shadow: Options.DrainTimeout is -1s; want 0 (default 1s) or more"},
+		{"negative UsedTolerance", mem(t), mem(t), &Options{UsedTolerance: -1}, "shadow: Options.UsedTolerance is -1; want 0 (default 0, exact) or more"},
+		{"negative ResetAtTolerance", mem(t), mem(t), &Options{ResetAtTolerance: -time.Microsecond}, "shadow: Options.ResetAtTolerance is -1µs; want 0 (default 1ms) or more"},
+		{"negative KeepMismatches", mem(t), mem(t), &Options{KeepMismatches: -100}, "shadow: Options.KeepMismatches is -100; want 0 (default 100) or more"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(tt.control, tt.candidate, tt.opts)
+			if s != nil || err == nil || err.Error() != tt.want {
+				if s != nil {
+					s.Close()
+				}
+				t.Fatalf("New = %v, %v; want error %q", s, err, tt.want)
+			}
+		})
+	}
+	s := newShadow(t, mem(t), mem(t), &Options{})
+	o := s.opts
+	if o.Workers != 8 || o.QueueSize != 1024 || o.Timeout != 100*time.Millisecond || o.DrainTimeout != time.Second ||
+		o.UsedTolerance != 0 || o.ResetAtTolerance != time.Millisecond || o.KeepMismatches != 100 {
+		t.Errorf("zero Options became %+v, want the defaults", o)
+	}
 }
 
 func flush(t *testing.T, s *Backend) {
@@ -93,19 +148,19 @@ func TestReturnsControlAnswer(t *testing.T) {
 	errStore := errors.New("store down")
 	cases := []struct {
 		name   string
-		before func(ctx context.Context, op Op, key string) error
+		before func(ctx context.Context, op throttler.Op, key string) error
 	}{
 		{"candidate agrees", nil},
-		{"candidate fails", func(context.Context, Op, string) error { return errStore }},
-		{"candidate panics", func(context.Context, Op, string) error { panic("boom") }},
-		{"candidate hangs until its deadline", func(ctx context.Context, _ Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
+		{"candidate fails", func(context.Context, throttler.Op, string) error { return errStore }},
+		{"candidate panics", func(context.Context, throttler.Op, string) error { panic("boom") }},
+		{"candidate hangs until its deadline", func(ctx context.Context, _ throttler.Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			alone := memory.New(nil)
-			candidate := &hooked{Backend: memory.New(nil), before: tc.before}
-			s := newShadow(t, memory.New(nil), candidate, &Options{Timeout: 20 * time.Millisecond})
+			alone := mem(t)
+			candidate := &hooked{Backend: mem(t), before: tc.before}
+			s := newShadow(t, mem(t), candidate, &Options{Timeout: 20 * time.Millisecond})
 			for i := range 6 {
 				now := t0.Add(time.Duration(i) * 10 * time.Second)
 				type op func(throttler.Backend) (throttler.Decision, error)
@@ -132,8 +187,8 @@ func TestReturnsControlAnswer(t *testing.T) {
 // The candidate gets the very call the control got.
 func TestMirrorsTheSameCall(t *testing.T) {
 	ctx := context.Background()
-	control := &hooked{Backend: memory.New(nil)}
-	candidate := &hooked{Backend: memory.New(nil)}
+	control := &hooked{Backend: mem(t)}
+	candidate := &hooked{Backend: mem(t)}
 	// One worker, so that calls for different keys keep their order too.
 	s := newShadow(t, control, candidate, &Options{Workers: 1})
 	p2 := throttler.Policy{Name: "other", Limit: 10, Window: time.Second}
@@ -147,10 +202,12 @@ func TestMirrorsTheSameCall(t *testing.T) {
 	}
 }
 
-func TestBadInputReachesNeither(t *testing.T) {
+// Bad input is the control's to reject (the shadow does not validate), and
+// is never mirrored: there is nothing to compare.
+func TestBadInputIsNotMirrored(t *testing.T) {
 	ctx := context.Background()
-	control := &hooked{Backend: memory.New(nil)}
-	candidate := &hooked{Backend: memory.New(nil)}
+	control := &hooked{Backend: mem(t)}
+	candidate := &hooked{Backend: mem(t)}
 	s := newShadow(t, control, candidate, nil)
 	cases := []struct {
 		name string
@@ -161,6 +218,7 @@ func TestBadInputReachesNeither(t *testing.T) {
 		{"zero cost", func() error { _, err := s.Take(ctx, "k", pol, 0, t0); return err }, throttler.ErrInvalidCost},
 		{"negative refund", func() error { _, err := s.Refund(ctx, "k", pol, -1, t0); return err }, throttler.ErrInvalidCost},
 		{"zero limit", func() error { _, err := s.Peek(ctx, "k", throttler.Policy{Window: time.Second}, t0); return err }, throttler.ErrInvalidPolicy},
+		{"cost above limit", func() error { _, err := s.Take(ctx, "k", pol, pol.Limit+1, t0); return err }, throttler.ErrInvalidCost},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,18 +228,11 @@ func TestBadInputReachesNeither(t *testing.T) {
 		})
 	}
 	flush(t, s)
-	if n, m := len(control.received()), len(candidate.received()); n+m != 0 {
-		t.Errorf("control got %d calls, candidate %d; want none", n, m)
+	if n, m := len(control.received()), len(candidate.received()); n != len(cases) || m != 0 {
+		t.Errorf("control got %d calls, candidate %d; want %d and none", n, m, len(cases))
 	}
 	if st := s.Stats(); st.Results != 0 {
 		t.Errorf("Results = %d, want 0", st.Results)
-	}
-}
-
-func TestNoControl(t *testing.T) {
-	s := newShadow(t, nil, memory.New(nil), nil)
-	if _, err := s.Take(context.Background(), "k", pol, 1, t0); !errors.Is(err, ErrNoControl) {
-		t.Fatalf("got %v, want ErrNoControl", err)
 	}
 }
 
@@ -262,30 +313,32 @@ func TestResults(t *testing.T) {
 		compared  bool
 		mismatch  bool
 		ignored   bool
+		// ignorePanics is the Stats.IgnorePanics expected.
+		ignorePanics uint64
 	}{
-		{name: "match", control: memory.New(nil), candidate: memory.New(nil)},
-		{name: "candidate counts more", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+		{name: "match", control: mem(t), candidate: mem(t)},
+		{name: "candidate counts more", control: mem(t), candidate: skewed{mem(t), 1},
 			wantKinds: UsedDiffers, compared: true, mismatch: true},
-		{name: "candidate counts more, tolerated", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+		{name: "candidate counts more, tolerated", control: mem(t), candidate: skewed{mem(t), 1},
 			opts: Options{UsedTolerance: 1}},
-		{name: "candidate counts more, ignored", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+		{name: "candidate counts more, ignored", control: mem(t), candidate: skewed{mem(t), 1},
 			opts:      Options{Ignore: func(r Result) bool { return r.Kinds == UsedDiffers }},
 			wantKinds: UsedDiffers, compared: true, ignored: true},
-		{name: "ignore panics", control: memory.New(nil), candidate: skewed{memory.New(nil), 1},
+		{name: "ignore panics", control: mem(t), candidate: skewed{mem(t), 1},
 			opts:      Options{Ignore: func(Result) bool { panic("bad hook") }},
-			wantKinds: UsedDiffers, compared: true, mismatch: true},
-		{name: "candidate error", control: memory.New(nil),
-			candidate: &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { return errStore }},
+			wantKinds: UsedDiffers, compared: true, mismatch: true, ignorePanics: 1},
+		{name: "candidate error", control: mem(t),
+			candidate: &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error { return errStore }},
 			wantKinds: CandidateError, wantErr: errStore},
-		{name: "candidate panic", control: memory.New(nil),
-			candidate: &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { panic("boom") }},
+		{name: "candidate panic", control: mem(t),
+			candidate: &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error { panic("boom") }},
 			wantKinds: CandidateError, wantErr: ErrCandidatePanic},
-		{name: "candidate timeout", control: memory.New(nil),
-			candidate: &hooked{Backend: memory.New(nil), before: func(ctx context.Context, _ Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
+		{name: "candidate timeout", control: mem(t),
+			candidate: &hooked{Backend: mem(t), before: func(ctx context.Context, _ throttler.Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
 			opts:      Options{Timeout: 10 * time.Millisecond},
 			wantKinds: CandidateError, wantErr: ErrCandidateTimeout},
-		{name: "control error", candidate: memory.New(nil),
-			control:   &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error { return errStore }},
+		{name: "control error", candidate: mem(t),
+			control:   &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error { return errStore }},
 			wantKinds: ControlError},
 	}
 	for _, tc := range cases {
@@ -314,7 +367,7 @@ func TestResults(t *testing.T) {
 			if tc.wantErr != nil && !errors.Is(r.CandidateErr, tc.wantErr) {
 				t.Errorf("CandidateErr = %v, want %v", r.CandidateErr, tc.wantErr)
 			}
-			if r.Key != "k" || r.Op != OpTake || r.Cost != 1 || !r.Now.Equal(t0) || r.Policy != pol {
+			if r.Key != "k" || r.Op != throttler.OpTake || r.Cost != 1 || !r.Now.Equal(t0) || r.Policy != pol {
 				t.Errorf("result describes the wrong call: %+v", r)
 			}
 			st := s.Stats()
@@ -325,7 +378,8 @@ func TestResults(t *testing.T) {
 			if tc.ignored {
 				wantIgnored = 1
 			}
-			if st.Results != 1 || st.Mismatched != wantMismatched || st.Ignored != wantIgnored || len(st.LastMismatches) != int(wantMismatched) {
+			if st.Results != 1 || st.Mismatched != wantMismatched || st.Ignored != wantIgnored || len(st.LastMismatches) != int(wantMismatched) ||
+				st.IgnorePanics != tc.ignorePanics || st.PublishPanics != 0 {
 				t.Errorf("Stats = %+v", st)
 			}
 			for _, k := range kinds {
@@ -343,7 +397,7 @@ func TestResults(t *testing.T) {
 
 func TestStatsKeepsTheLatestMismatches(t *testing.T) {
 	ctx := context.Background()
-	s := newShadow(t, memory.New(nil), skewed{memory.New(nil), 1}, &Options{KeepMismatches: 3})
+	s := newShadow(t, mem(t), skewed{mem(t), 1}, &Options{KeepMismatches: 3})
 	big := throttler.Policy{Name: "big", Limit: 100, Window: time.Minute}
 	for i := range 5 {
 		_, _ = s.Take(ctx, fmt.Sprint("k", i), big, 1, t0)
@@ -392,8 +446,8 @@ func TestStatsRingOrder(t *testing.T) {
 // them, whichever worker the key hashes to.
 func TestPerKeyOrder(t *testing.T) {
 	ctx := context.Background()
-	candidate := &hooked{Backend: memory.New(nil)}
-	s := newShadow(t, memory.New(nil), candidate, &Options{Workers: 4, QueueSize: 10000})
+	candidate := &hooked{Backend: mem(t)}
+	s := newShadow(t, mem(t), candidate, &Options{Workers: 4, QueueSize: 10000})
 	big := throttler.Policy{Limit: 1 << 40, Window: time.Hour}
 	const keys, perKey = 16, 200
 	var wg sync.WaitGroup
@@ -428,7 +482,7 @@ type gate struct {
 
 func newGate() *gate { return &gate{arrived: make(chan string, 100), release: make(chan struct{})} }
 
-func (g *gate) before(ctx context.Context, _ Op, key string) error {
+func (g *gate) before(ctx context.Context, _ throttler.Op, key string) error {
 	g.arrived <- key
 	select {
 	case <-g.release:
@@ -444,7 +498,7 @@ func TestFullQueueDrops(t *testing.T) {
 	ctx := context.Background()
 	g := newGate()
 	var dropped atomic.Int64
-	s := newShadow(t, memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{
+	s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{
 		Workers: 1, QueueSize: 4, Timeout: time.Minute,
 		Publish: func(r Result) {
 			if r.Kinds == Dropped {
@@ -473,8 +527,8 @@ func TestFullQueueDrops(t *testing.T) {
 func TestEnabled(t *testing.T) {
 	ctx := context.Background()
 	var on atomic.Bool
-	candidate := &hooked{Backend: memory.New(nil)}
-	s := newShadow(t, memory.New(nil), candidate, &Options{Enabled: on.Load})
+	candidate := &hooked{Backend: mem(t)}
+	s := newShadow(t, mem(t), candidate, &Options{Enabled: on.Load})
 	_, _ = s.Take(ctx, "k", pol, 1, t0)
 	on.Store(true)
 	_, _ = s.Take(ctx, "k", pol, 1, t0)
@@ -491,18 +545,32 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-func TestPublishPanicIsRecovered(t *testing.T) {
-	s := newShadow(t, memory.New(nil), memory.New(nil), &Options{Publish: func(Result) { panic("bad hook") }})
-	_, _ = s.Take(context.Background(), "k", pol, 1, t0)
+// A panicking Publish is recovered and counted, on a worker (a comparison)
+// and on the caller's goroutine (a drop) alike.
+func TestPublishPanicIsCounted(t *testing.T) {
+	ctx := context.Background()
+	g := newGate()
+	s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{
+		Workers: 1, QueueSize: 1, Timeout: time.Minute,
+		Publish: func(Result) { panic("bad hook") },
+	})
+	_, _ = s.Take(ctx, "k", pol, 1, t0)
+	<-g.arrived                            // the worker holds the first call
+	_, _ = s.Take(ctx, "k", pol, 1, t0)    // queued
+	d, err := s.Take(ctx, "k", pol, 1, t0) // dropped: Publish panics on this goroutine
+	if err != nil || !d.Allowed {
+		t.Fatalf("Take with a panicking Publish = %+v, %v", d, err)
+	}
+	close(g.release)
 	flush(t, s)
-	if st := s.Stats(); st.Compared != 1 {
-		t.Errorf("Compared = %d, want 1", st.Compared)
+	if st := s.Stats(); st.Compared != 2 || st.Count(Dropped) != 1 || st.PublishPanics != 3 {
+		t.Errorf("Compared %d, dropped %d, PublishPanics %d; want 2, 1, 3", st.Compared, st.Count(Dropped), st.PublishPanics)
 	}
 }
 
 func TestFlushHonoursContext(t *testing.T) {
 	g := newGate()
-	s := newShadow(t, memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{Workers: 2, Timeout: time.Minute})
+	s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{Workers: 2, Timeout: time.Minute})
 	_, _ = s.Take(context.Background(), "k", pol, 1, t0)
 	<-g.arrived
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
@@ -519,7 +587,7 @@ func TestFlushHonoursContext(t *testing.T) {
 func TestCloseBoundsTheDrain(t *testing.T) {
 	ctx := context.Background()
 	g := newGate() // never released
-	s := New(memory.New(nil), &hooked{Backend: memory.New(nil), before: g.before}, &Options{
+	s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{
 		Workers: 1, QueueSize: 10, Timeout: time.Hour, DrainTimeout: 20 * time.Millisecond,
 	})
 	for i := range 5 {
@@ -553,8 +621,8 @@ func TestCloseBoundsTheDrain(t *testing.T) {
 
 func TestCloseDrainsQueuedCalls(t *testing.T) {
 	ctx := context.Background()
-	candidate := &hooked{Backend: memory.New(nil)}
-	s := New(memory.New(nil), candidate, nil)
+	candidate := &hooked{Backend: mem(t)}
+	s := newShadow(t, mem(t), candidate, nil)
 	for i := range 100 {
 		_, _ = s.Take(ctx, fmt.Sprint("k", i), pol, 1, t0)
 	}
@@ -573,8 +641,8 @@ func TestCloseDrainsQueuedCalls(t *testing.T) {
 // once the mirror has drained. Run with -race.
 func TestConcurrentAgreement(t *testing.T) {
 	ctx := context.Background()
-	candidate := memory.New(nil)
-	s := newShadow(t, memory.New(nil), candidate, &Options{QueueSize: 1 << 14})
+	candidate := mem(t)
+	s := newShadow(t, mem(t), candidate, &Options{QueueSize: 1 << 14})
 	p := throttler.Policy{Name: "c", Limit: 5, Window: time.Second}
 	var wg sync.WaitGroup
 	for g := range 32 {
@@ -608,7 +676,7 @@ func TestConcurrentAgreement(t *testing.T) {
 // Flush barrier was must still be a call.
 func TestSlotsReusedAfterFlush(t *testing.T) {
 	ctx := context.Background()
-	s := newShadow(t, memory.New(nil), memory.New(nil), &Options{Workers: 1})
+	s := newShadow(t, mem(t), mem(t), &Options{Workers: 1})
 	big := throttler.Policy{Limit: 1000, Window: time.Hour}
 	total := 0
 	for round := 1; round <= 6; round++ {
@@ -629,7 +697,7 @@ func TestCandidateDeadline(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	left := map[string]time.Duration{}
-	candidate := &hooked{Backend: memory.New(nil), before: func(ctx context.Context, _ Op, key string) error {
+	candidate := &hooked{Backend: mem(t), before: func(ctx context.Context, _ throttler.Op, key string) error {
 		d, ok := ctx.Deadline()
 		if !ok {
 			return errors.New("no deadline")
@@ -644,7 +712,7 @@ func TestCandidateDeadline(t *testing.T) {
 		return nil
 	}}
 	const timeout = 200 * time.Millisecond
-	s := newShadow(t, memory.New(nil), candidate, &Options{Workers: 1, Timeout: timeout})
+	s := newShadow(t, mem(t), candidate, &Options{Workers: 1, Timeout: timeout})
 	for _, key := range []string{"first", "slow", "after"} {
 		_, _ = s.Take(ctx, key, pol, 1, t0)
 		flush(t, s)
@@ -669,7 +737,7 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 	ctx := context.Background()
 	release := make(chan struct{})
 	entered := make(chan struct{}, 1)
-	stuck := &hooked{Backend: memory.New(nil), before: func(context.Context, Op, string) error {
+	stuck := &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error {
 		select {
 		case entered <- struct{}{}:
 		default:
@@ -677,7 +745,7 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 		<-release // ignores its context
 		return nil
 	}}
-	s := New(memory.New(nil), stuck, &Options{Workers: 1, QueueSize: 2, DrainTimeout: 20 * time.Millisecond})
+	s := newShadow(t, mem(t), stuck, &Options{Workers: 1, QueueSize: 2, DrainTimeout: 20 * time.Millisecond})
 	defer func() {
 		close(release) // let the stuck call end before goleak looks
 		s.wg.Wait()
@@ -705,14 +773,26 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 }
 
 func TestShadowInProcessFollowsTheControl(t *testing.T) {
-	s := New(memory.New(nil), struct{ throttler.Backend }{memory.New(nil)}, nil)
-	defer s.Close()
+	s := newShadow(t, mem(t), struct{ throttler.Backend }{mem(t)}, nil)
 	if !s.InProcess() {
 		t.Error("a memory control is in process: the candidate is never on the caller's path")
 	}
-	s2 := New(struct{ throttler.Backend }{memory.New(nil)}, memory.New(nil), nil)
-	defer s2.Close()
+	s2 := newShadow(t, struct{ throttler.Backend }{mem(t)}, mem(t), nil)
 	if s2.InProcess() {
 		t.Error("a control that may block is not in process")
+	}
+}
+
+// An Op that names no operation reaches neither backend.
+func TestUnknownOp(t *testing.T) {
+	control, candidate := &hooked{Backend: mem(t)}, &hooked{Backend: mem(t)}
+	s := newShadow(t, control, candidate, nil)
+	_, err := s.do()(context.Background(), throttler.Op(0), "k", pol, 1, t0)
+	if !errors.Is(err, backend.ErrUnknownOp) {
+		t.Fatalf("got %v, want backend.ErrUnknownOp", err)
+	}
+	flush(t, s)
+	if n, m := len(control.received()), len(candidate.received()); n+m != 0 || s.Stats().Results != 0 {
+		t.Errorf("control got %d calls, candidate %d, results %d; want none", n, m, s.Stats().Results)
 	}
 }

@@ -26,6 +26,12 @@ type Stats struct {
 	// Queued is how many calls were waiting for a worker when the snapshot
 	// was taken (the batches being worked through are not included).
 	Queued int
+	// PublishPanics counts the panics recovered from Options.Publish: each
+	// is a Result that the hook did not take in. Healthy: 0.
+	PublishPanics uint64
+	// IgnorePanics counts the panics recovered from Options.Ignore; each
+	// such difference was counted as a mismatch. Healthy: 0.
+	IgnorePanics uint64
 }
 
 // MismatchRate is Mismatched / Compared: the share of answered pairs that

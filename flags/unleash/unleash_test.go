@@ -1,23 +1,139 @@
-package flags
+package unleash
 
 import (
 	"net"
+	"strconv"
 	"testing"
 	"time"
 
-	unleash "github.com/Unleash/unleash-client-go/v4"
+	unleashsdk "github.com/Unleash/unleash-client-go/v4"
 	ucontext "github.com/Unleash/unleash-client-go/v4/context"
+
+	"github.com/throttlekit/throttlekit/flags"
 )
+
+func TestNewErrors(t *testing.T) {
+	f := newFakeUnleash(t)
+	c, _ := f.client(t, time.Hour)
+	tests := []struct {
+		name    string
+		c       *unleashsdk.Client
+		feature string
+		opts    *Options
+		want    string
+	}{
+		{"nil client", nil, "feat", nil, "unleash: client is nil"},
+		{"empty feature", c, "", nil, "unleash: feature name is empty"},
+		{"mirror is the feature", c, "feat", &Options{MirrorFeature: "feat"},
+			`unleash: Options.MirrorFeature is "feat", the rollout's own feature; name a separate on/off feature`},
+		{"negative recheck", c, "feat", &Options{Recheck: -time.Millisecond},
+			"unleash: Options.Recheck is -1ms; want 0 (default 100ms) or more"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := New(tt.c, tt.feature, tt.opts)
+			if s != nil || err == nil || err.Error() != tt.want {
+				t.Fatalf("New = %v, %v; want error %q", s, err, tt.want)
+			}
+		})
+	}
+	s := source(t, c, "feat", &Options{})
+	if s.recheck != int64(100*time.Millisecond) {
+		t.Errorf("zero Recheck became %v, want the default 100ms", time.Duration(s.recheck))
+	}
+}
+
+// TestBucketMatchesClient finds each key's bucket through the real Unleash
+// client's evaluation of flexibleRollout (a binary search over features
+// rolled out to 1..100%) and compares it with flags.Bucket.
+func TestBucketMatchesClient(t *testing.T) {
+	const group = "ratelimit-redis"
+	f := newFakeUnleash(t)
+	features := make([]map[string]any, 0, 101)
+	for p := 0; p <= 100; p++ {
+		features = append(features, flexible("p"+strconv.Itoa(p), group, p))
+	}
+	f.set(features...)
+	c, wait := f.client(t, time.Hour)
+	wait()
+	enabled := func(p int, key string) bool {
+		return c.IsEnabled("p"+strconv.Itoa(p), unleashsdk.WithContext(ucontext.Context{UserId: key}))
+	}
+	keys := testKeys(10000)
+	hist := make([]int, 101)
+	for _, key := range keys {
+		// The smallest p for which the client says yes is the bucket.
+		lo, hi := 1, 100
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if enabled(mid, key) {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		if got := flags.Bucket(group, key); got != lo {
+			t.Fatalf("Bucket(%q, %q) = %d, Unleash client puts it in %d", group, key, got, lo)
+		}
+		if enabled(0, key) {
+			t.Fatalf("client enables %q at 0%%", key)
+		}
+		hist[lo]++
+	}
+	// Every bucket is used: the search above is not trivially satisfied.
+	for b := 1; b <= 100; b++ {
+		if hist[b] == 0 {
+			t.Errorf("no key in bucket %d", b)
+		}
+	}
+}
+
+// TestPercentMatchesClient: flags.Percent routes as the client's
+// flexibleRollout of the same group and percentage.
+func TestPercentMatchesClient(t *testing.T) {
+	const group = "g1"
+	percents := []int{0, 1, 10, 25, 50, 75, 99, 100}
+	f := newFakeUnleash(t)
+	var features []map[string]any
+	for _, p := range percents {
+		features = append(features, flexible("p"+strconv.Itoa(p), group, p))
+	}
+	f.set(features...)
+	c, wait := f.client(t, time.Hour)
+	wait()
+	keys := testKeys(10000)
+	for _, p := range percents {
+		t.Run(strconv.Itoa(p), func(t *testing.T) {
+			s, err := flags.NewPercentFor(group, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, key := range keys {
+				want := c.IsEnabled("p"+strconv.Itoa(p), unleashsdk.WithContext(ucontext.Context{UserId: key}))
+				if got := s.UseNew(key); got != want {
+					t.Fatalf("UseNew(%q) at %d%% = %v, Unleash client says %v", key, p, got, want)
+				}
+				if want {
+					n++
+				}
+			}
+			if share := n * 100 / len(keys); share < p-2 || share > p+2 {
+				t.Errorf("%d%% rollout routes %d%% of keys", p, share)
+			}
+		})
+	}
+}
 
 // clientSays is the client's own answer for key; a panic (the client
 // asserts parameter types) counts as "old", as the source promises.
-func clientSays(c *unleash.Client, feature, key string) (on bool) {
+func clientSays(c *unleashsdk.Client, feature, key string) (on bool) {
 	defer func() {
 		if recover() != nil {
 			on = false
 		}
 	}()
-	return c.IsEnabled(feature, unleash.WithContext(ucontext.Context{UserId: key}))
+	return c.IsEnabled(feature, unleashsdk.WithContext(ucontext.Context{UserId: key}))
 }
 
 func strategy(name string, params map[string]any, extra map[string]any) map[string]any {
@@ -79,7 +195,7 @@ func TestUnleashMatchesClient(t *testing.T) {
 			}
 			c, wait := f.client(t, time.Hour)
 			wait()
-			u := NewUnleash(c, "feat", nil)
+			u := source(t, c, "feat", nil)
 			if got := u.current().byClient; got != tt.byClient {
 				t.Errorf("evaluated by client = %v, want %v", got, tt.byClient)
 			}
@@ -112,7 +228,7 @@ func TestUnleashFollowsChanges(t *testing.T) {
 	f.set(flexible("feat", "feat", 25), mirror)
 	c, wait := f.client(t, 5*time.Millisecond)
 	wait()
-	u := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror", Recheck: time.Nanosecond})
+	u := source(t, c, "feat", &Options{MirrorFeature: "mirror", Recheck: time.Nanosecond})
 	keys := testKeys(10000)
 	count := func() (n int, isNew []bool) {
 		isNew = make([]bool, len(keys))
@@ -162,20 +278,19 @@ func TestUnleashNeverAnswered(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
-	c, err := unleash.NewClient(
-		unleash.WithUrl("http://"+addr+"/api"),
-		unleash.WithAppName("flags-test"),
-		unleash.WithBackupPath(t.TempDir()),
-		unleash.WithListener(&readyListener{updated: make(chan struct{}, 1)}),
+	c, err := unleashsdk.NewClient(
+		unleashsdk.WithUrl("http://"+addr+"/api"),
+		unleashsdk.WithAppName("flags-unleash-test"),
+		unleashsdk.WithBackupPath(t.TempDir()),
+		unleashsdk.WithListener(&readyListener{updated: make(chan struct{}, 1)}),
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for _, u := range []*Unleash{
-		NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "m", Recheck: time.Nanosecond}),
-		NewUnleash(nil, "feat", nil),
-		NewUnleash(c, "", nil),
+	for _, u := range []*Source{
+		source(t, c, "feat", &Options{MirrorFeature: "m", Recheck: time.Nanosecond}),
+		source(t, c, "feat", nil),
 	} {
 		for _, k := range testKeys(1000) {
 			if u.UseNew(k) {
@@ -212,7 +327,7 @@ func TestUnleashMirroring(t *testing.T) {
 			f.set(flexible("feat", "feat", 10), tt.mirror)
 			c, wait := f.client(t, time.Hour)
 			wait()
-			if got := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror"}).Mirroring(); got != tt.want {
+			if got := source(t, c, "feat", &Options{MirrorFeature: "mirror"}).Mirroring(); got != tt.want {
 				t.Errorf("Mirroring() = %v, want %v", got, tt.want)
 			}
 		})
@@ -226,8 +341,8 @@ func TestUnleashFromBackup(t *testing.T) {
 	f := newFakeUnleash(t)
 	f.set(flexible("feat", "feat", 25))
 	l := &readyListener{updated: make(chan struct{}, 1)}
-	first, err := unleash.NewClient(unleash.WithUrl(f.srv.URL+"/api"), unleash.WithAppName("flags-backup"),
-		unleash.WithBackupPath(backup), unleash.WithDisableMetrics(true), unleash.WithListener(l))
+	first, err := unleashsdk.NewClient(unleashsdk.WithUrl(f.srv.URL+"/api"), unleashsdk.WithAppName("flags-backup"),
+		unleashsdk.WithBackupPath(backup), unleashsdk.WithDisableMetrics(true), unleashsdk.WithListener(l))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,13 +359,17 @@ func TestUnleashFromBackup(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	second, err := unleash.NewClient(unleash.WithUrl("http://"+addr+"/api"), unleash.WithAppName("flags-backup"),
-		unleash.WithBackupPath(backup), unleash.WithDisableMetrics(true), unleash.WithListener(&readyListener{updated: make(chan struct{}, 1)}))
+	second, err := unleashsdk.NewClient(unleashsdk.WithUrl("http://"+addr+"/api"), unleashsdk.WithAppName("flags-backup"),
+		unleashsdk.WithBackupPath(backup), unleashsdk.WithDisableMetrics(true), unleashsdk.WithListener(&readyListener{updated: make(chan struct{}, 1)}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer second.Close()
-	u, want := NewUnleash(second, "feat", nil), NewPercentFor("feat", 25)
+	u := source(t, second, "feat", nil)
+	want, err := flags.NewPercentFor("feat", 25)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n := 0
 	for _, k := range testKeys(10000) {
 		if u.UseNew(k) != want.UseNew(k) {
@@ -272,8 +391,8 @@ func TestUnleashClosedClient(t *testing.T) {
 	f.set(flexible("feat", "feat", 40), map[string]any{"name": "mirror", "enabled": true})
 	l := &readyListener{updated: make(chan struct{}, 1)}
 	// Metrics on: that is what makes IsEnabled block once the client is closed.
-	c, err := unleash.NewClient(unleash.WithUrl(f.srv.URL+"/api"), unleash.WithAppName("flags-closed"),
-		unleash.WithBackupPath(t.TempDir()), unleash.WithListener(l))
+	c, err := unleashsdk.NewClient(unleashsdk.WithUrl(f.srv.URL+"/api"), unleashsdk.WithAppName("flags-closed"),
+		unleashsdk.WithBackupPath(t.TempDir()), unleashsdk.WithListener(l))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +401,7 @@ func TestUnleashClosedClient(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no fetch within 10s")
 	}
-	u := NewUnleash(c, "feat", &UnleashOptions{MirrorFeature: "mirror", Recheck: time.Nanosecond})
+	u := source(t, c, "feat", &Options{MirrorFeature: "mirror", Recheck: time.Nanosecond})
 	c.Close()
 	done := make(chan bool)
 	go func() {

@@ -1,4 +1,4 @@
-package flags
+package unleash
 
 import (
 	"encoding/json"
@@ -9,8 +9,22 @@ import (
 	"testing"
 	"time"
 
-	unleash "github.com/Unleash/unleash-client-go/v4"
+	unleashsdk "github.com/Unleash/unleash-client-go/v4"
+
+	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
 )
+
+var testKeys = flagstest.Keys
+
+// source is New for arguments the test knows are valid.
+func source(t testing.TB, c *unleashsdk.Client, feature string, opts *Options) *Source {
+	t.Helper()
+	s, err := New(c, feature, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
 
 // fakeUnleash serves /api/client/features on loopback from an in-memory list
 // that tests change, so the real client evaluates offline.
@@ -81,16 +95,16 @@ func (l *readyListener) signal() {
 
 // client starts a real Unleash client against f; wait blocks until its
 // next fetch with changes (or fails the test after a bounded wait).
-func (f *fakeUnleash) client(t testing.TB, refresh time.Duration) (c *unleash.Client, wait func()) {
+func (f *fakeUnleash) client(t testing.TB, refresh time.Duration) (c *unleashsdk.Client, wait func()) {
 	t.Helper()
 	l := &readyListener{updated: make(chan struct{}, 1)}
-	c, err := unleash.NewClient(
-		unleash.WithUrl(f.srv.URL+"/api"),
-		unleash.WithAppName("flags-test"),
-		unleash.WithRefreshInterval(refresh),
-		unleash.WithDisableMetrics(false), unleash.WithMetricsInterval(time.Hour),
-		unleash.WithBackupPath(t.TempDir()),
-		unleash.WithListener(l),
+	c, err := unleashsdk.NewClient(
+		unleashsdk.WithUrl(f.srv.URL+"/api"),
+		unleashsdk.WithAppName("flags-unleash-test"),
+		unleashsdk.WithRefreshInterval(refresh),
+		unleashsdk.WithDisableMetrics(false), unleashsdk.WithMetricsInterval(time.Hour),
+		unleashsdk.WithBackupPath(t.TempDir()),
+		unleashsdk.WithListener(l),
 	)
 	if err != nil {
 		t.Fatalf("unleash client: %v", err)

@@ -1,32 +1,50 @@
-package flags
+// Package unleash is a flags.Rollout decided by an Unleash feature flag,
+// apart from package flags so that a program that ramps by a static
+// percentage or a file compiles in no Unleash client.
+//
+//	client, err := unleashsdk.NewClient(…) // github.com/Unleash/unleash-client-go/v4
+//	…
+//	rollout, err := unleash.New(client, "ratelimit-redis", nil)
+//	…
+//	router, err := flags.NewRouter(memcachedBackend, redisBackend, rollout, nil)
+//
+// Its keys land in the same buckets as flags.Percent's and flags.File's
+// with the feature's name as their group, so switching sources does not
+// move anyone.
+package unleash
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"sync/atomic"
 	"time"
 
-	unleash "github.com/Unleash/unleash-client-go/v4"
+	unleashsdk "github.com/Unleash/unleash-client-go/v4"
 	"github.com/Unleash/unleash-client-go/v4/api"
 	ucontext "github.com/Unleash/unleash-client-go/v4/context"
+
+	"github.com/throttlekit/throttlekit/flags"
 )
 
-// UnleashOptions configure an Unleash source. The zero value (or nil) means
-// defaults.
-type UnleashOptions struct {
+// Options configure a Source. The zero value (or nil) means defaults.
+type Options struct {
 	// MirrorFeature names a second Unleash feature, an on/off toggle, whose
-	// state is the mirror setting (see Unleash.Mirroring and Mirrorer).
+	// state is the mirror setting (see Source.Mirroring and
+	// flags.Mirrorer). It must not be the rollout's own feature.
 	// default: "" (never mirrors)
 	MirrorFeature string
 	// Recheck is how often the source re-reads the feature's definition
 	// from the client, so a change reaches the routing at most Recheck
-	// after the client fetched it. default: 100ms
+	// after the client fetched it; negative is an error. default: 100ms
 	Recheck time.Duration
 }
 
-// Unleash is a rollout decided by an Unleash feature flag: a key is new when
+// Source is a rollout decided by an Unleash feature flag: a key is new when
 // the feature is enabled for a context whose UserId is the key. Give the
 // feature a flexibleRollout strategy with stickiness userId; its percentage
-// is then the share of keys on the new backend, bucketed as Bucket does.
+// is then the share of keys on the new backend, bucketed as flags.Bucket
+// does.
 //
 // It never waits for the client: while the client has no definition of the
 // feature (it is unknown, or Unleash has never answered and no backup file
@@ -36,15 +54,15 @@ type UnleashOptions struct {
 // Asking the client per call costs microseconds (it counts every evaluation
 // for Unleash's metrics through a channel), so the source reads the
 // feature's definition from the client at most every Recheck and evaluates
-// flexibleRollout strategies itself, with the client's own bucketing. A
-// definition it does not fully understand (constraints, segments, variants,
-// dependencies, other strategies or stickiness) is evaluated by the client
-// on every call instead. Either way, the evaluations are not reported to
-// Unleash's metrics per key.
+// flexibleRollout strategies itself, with flags.Bucketer. A definition it
+// does not fully understand (constraints, segments, variants, dependencies,
+// other strategies or stickiness) is evaluated by the client on every call
+// instead. Either way, the evaluations are not reported to Unleash's
+// metrics per key.
 //
 // It is safe for concurrent use.
-type Unleash struct {
-	c       *unleash.Client
+type Source struct {
+	c       *unleashsdk.Client
 	feature string
 	mirror  string
 	recheck int64 // ns
@@ -56,9 +74,41 @@ type Unleash struct {
 }
 
 var (
-	_ Rollout  = (*Unleash)(nil)
-	_ Mirrorer = (*Unleash)(nil)
+	_ flags.Rollout  = (*Source)(nil)
+	_ flags.Mirrorer = (*Source)(nil)
 )
+
+// New returns a rollout over feature, evaluated with c's definitions. c
+// and feature are required. nil opts mean defaults. The caller owns c; New
+// does not wait for it to be ready. Stop using the source before closing
+// c: a definition evaluated by the client calls c.IsEnabled, which blocks
+// forever on a closed client with metrics on.
+//
+// Give c an http.Client with a Timeout: with metrics on,
+// unleashsdk.NewClient registers with a synchronous request, which the
+// default client lets hang on a server that accepts connections and never
+// answers.
+func New(c *unleashsdk.Client, feature string, opts *Options) (*Source, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case c == nil:
+		return nil, errors.New("unleash: client is nil")
+	case feature == "":
+		return nil, errors.New("unleash: feature name is empty")
+	case o.MirrorFeature == feature:
+		return nil, fmt.Errorf("unleash: Options.MirrorFeature is %q, the rollout's own feature; name a separate on/off feature", feature)
+	case o.Recheck < 0:
+		return nil, fmt.Errorf("unleash: Options.Recheck is %v; want 0 (default 100ms) or more", o.Recheck)
+	case o.Recheck == 0:
+		o.Recheck = 100 * time.Millisecond
+	}
+	u := &Source{c: c, feature: feature, mirror: o.MirrorFeature, recheck: int64(o.Recheck), epoch: time.Now()}
+	u.refresh(0)
+	return u, nil
+}
 
 // plan is one reading of the feature's definition.
 type plan struct {
@@ -72,33 +122,12 @@ type plan struct {
 }
 
 type rolloutRule struct {
-	b       bucketer
+	b       flags.Bucketer
 	percent float64
 }
 
-// NewUnleash returns a rollout over feature, evaluated with c's definitions.
-// A nil c routes every key to the old backend. nil opts mean defaults. The
-// caller owns c; NewUnleash does not wait for it to be ready. Stop using
-// the source before closing c: a definition evaluated by the client calls
-// c.IsEnabled, which blocks forever on a closed client with metrics on.
-//
-// Give c an http.Client with a Timeout: with metrics on, unleash.NewClient
-// registers with a synchronous request, which the default client lets hang
-// on a server that accepts connections and never answers.
-func NewUnleash(c *unleash.Client, feature string, opts *UnleashOptions) *Unleash {
-	u := &Unleash{c: c, feature: feature, recheck: int64(100 * time.Millisecond), epoch: time.Now()}
-	if opts != nil {
-		u.mirror = opts.MirrorFeature
-		if opts.Recheck > 0 {
-			u.recheck = int64(opts.Recheck)
-		}
-	}
-	u.refresh(0)
-	return u
-}
-
 // current returns the plan, re-reading it when it is due.
-func (u *Unleash) current() *plan {
+func (u *Source) current() *plan {
 	now := int64(time.Since(u.epoch))
 	if next := u.next.Load(); now >= next && u.next.CompareAndSwap(next, now+u.recheck) {
 		return u.refresh(now)
@@ -106,7 +135,7 @@ func (u *Unleash) current() *plan {
 	return u.plan.Load()
 }
 
-func (u *Unleash) refresh(now int64) *plan {
+func (u *Source) refresh(now int64) *plan {
 	p := u.compile()
 	u.plan.Store(p)
 	u.next.Store(now + u.recheck)
@@ -114,10 +143,7 @@ func (u *Unleash) refresh(now int64) *plan {
 }
 
 // compile reads the features' definitions from the client.
-func (u *Unleash) compile() *plan {
-	if u.c == nil {
-		return &plan{}
-	}
+func (u *Source) compile() *plan {
 	features := u.c.ListFeatures()
 	p := readFeature(features, u.feature)
 	if u.mirror != "" {
@@ -188,7 +214,7 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 			return rolloutRule{}, false
 		}
 	}
-	r.b = newBucketer(group)
+	r.b = flags.NewBucketer(group)
 	switch v := s.Parameters["rollout"].(type) {
 	case float64:
 		r.percent = v
@@ -206,17 +232,17 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 
 // isEnabled asks the client, turning a panic on a malformed definition (the
 // client asserts parameter types) into "old".
-func (u *Unleash) isEnabled(feature, key string) (on bool) {
+func (u *Source) isEnabled(feature, key string) (on bool) {
 	defer func() {
 		if recover() != nil {
 			on = false
 		}
 	}()
-	return u.c.IsEnabled(feature, unleash.WithContext(ucontext.Context{UserId: key}), unleash.WithFallback(false))
+	return u.c.IsEnabled(feature, unleashsdk.WithContext(ucontext.Context{UserId: key}), unleashsdk.WithFallback(false))
 }
 
 // UseNew reports whether the feature is enabled for UserId key.
-func (u *Unleash) UseNew(key string) bool {
+func (u *Source) UseNew(key string) bool {
 	p := u.current()
 	switch {
 	case p.byClient:
@@ -231,8 +257,8 @@ func (u *Unleash) UseNew(key string) bool {
 	for i := range p.rules {
 		r := &p.rules[i]
 		// Strategies of one feature usually share its groupId: hash once.
-		if b == 0 || r.b.group != group {
-			b, group = r.b.bucket(key), r.b.group
+		if b == 0 || r.b.GroupID() != group {
+			b, group = r.b.Bucket(key), r.b.GroupID()
 		}
 		if float64(b) <= r.percent {
 			return true
@@ -245,4 +271,4 @@ func (u *Unleash) UseNew(key string) bool {
 // with no strategy, the "default" strategy, or a 100% flexibleRollout, none
 // with constraints. Anything else, no mirror feature, or an unknown one,
 // reads as off.
-func (u *Unleash) Mirroring() bool { return u.current().mirror }
+func (u *Source) Mirroring() bool { return u.current().mirror }

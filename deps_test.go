@@ -1,0 +1,113 @@
+package throttlekit_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/throttlekit/throttlekit"
+
+// wantDeps is, for each package a program may import, every third-party
+// module (not the standard library, not this module) whose code it
+// compiles in: exactly these, no more and no fewer. Modules rather than
+// packages, because the packages inside a module move with its versions;
+// a module is what reaches a user's go.sum and build.
+//
+// Everything imports throttler, so everything has httpsnoop (the
+// middleware's writer). Only flags/unleash has the Unleash client, and
+// with it what that client imports even outside its tests (testify's mock,
+// yaml, objx).
+var wantDeps = map[string][]string{
+	"throttler":         {"github.com/felixge/httpsnoop"},
+	"backend":           {"github.com/felixge/httpsnoop"},
+	"backend/memory":    {"github.com/felixge/httpsnoop"},
+	"backend/memcached": {"github.com/bradfitz/gomemcache", "github.com/felixge/httpsnoop"},
+	"backend/redis": {
+		"github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop", "github.com/redis/go-redis/v9",
+		"go.uber.org/atomic", "golang.org/x/sys",
+	},
+	"flags": {"github.com/felixge/httpsnoop"},
+	"flags/unleash": {
+		"github.com/Masterminds/semver/v3", "github.com/Unleash/unleash-client-go/v4", "github.com/felixge/httpsnoop",
+		"github.com/stretchr/objx", "github.com/stretchr/testify", "github.com/twmb/murmur3", "go.yaml.in/yaml/v3",
+	},
+	"shadow":    {"github.com/felixge/httpsnoop"},
+	"migration": {"github.com/felixge/httpsnoop"},
+}
+
+// listed is what `go list -json` says of one package.
+type listed struct {
+	ImportPath string
+	Standard   bool
+	Module     *struct{ Path string }
+	Deps       []string
+}
+
+// TestThirdPartyDeps asks `go list -deps` which modules each public
+// package compiles in (its tests' imports are not counted) and compares
+// them with wantDeps.
+func TestThirdPartyDeps(t *testing.T) {
+	var targets []string
+	for p := range wantDeps {
+		targets = append(targets, module+"/"+p)
+	}
+	slices.Sort(targets)
+	args := append([]string{"list", "-deps", "-json=ImportPath,Standard,Module,Deps"}, targets...)
+	cmd := exec.Command("go", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+	}
+	pkgs := map[string]listed{}
+	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
+		var p listed
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs[p.ImportPath] = p
+	}
+	for _, target := range targets {
+		p, ok := pkgs[target]
+		if !ok {
+			t.Errorf("go list did not list %s", target)
+			continue
+		}
+		var got []string
+		for _, d := range p.Deps {
+			dep, ok := pkgs[d]
+			if !ok {
+				t.Errorf("%s: dependency %s not listed", target, d)
+				continue
+			}
+			if dep.Standard || dep.Module == nil || dep.Module.Path == module {
+				continue
+			}
+			if !slices.Contains(got, dep.Module.Path) {
+				got = append(got, dep.Module.Path)
+			}
+		}
+		slices.Sort(got)
+		name := strings.TrimPrefix(target, module+"/")
+		want := wantDeps[name]
+		for _, m := range got {
+			if !slices.Contains(want, m) {
+				t.Errorf("%s compiles in %s, which is not allowed (allowed: %v); if that is intended, add it to wantDeps", name, m, want)
+			}
+		}
+		for _, m := range want {
+			if !slices.Contains(got, m) {
+				t.Errorf("%s no longer compiles in %s: remove it from wantDeps", name, m)
+			}
+		}
+	}
+}
