@@ -72,7 +72,10 @@ func BenchmarkMemcachedAlgorithmTake(b *testing.B) {
 				mc.MaxIdleConns = shape.goroutines
 				b.Cleanup(func() { _ = mc.Close() })
 				c := &lostCounter{Client: mc}
-				m := memcached.New(c, nil)
+				m, err := memcached.New(c, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
 				base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 				ctx := context.Background()
 				var id, clock atomic.Int64

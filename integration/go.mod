@@ -1,6 +1,6 @@
 module github.com/throttlekit/throttlekit/integration
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/throttlekit/throttlekit => ../
 
