@@ -301,11 +301,9 @@ func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64
 			next = &modelState{log: log}
 		}
 	}
-	allowed := used+want <= p.Limit
+	allowed := used+1 <= p.Limit // one more unit, for Peek and Refund
 	if op == throttler.OpTake {
 		allowed = next != nil
-	} else {
-		allowed = used+1 <= p.Limit
 	}
 	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(t + w)}
 	newest := int64(-1 << 62)

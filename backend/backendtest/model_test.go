@@ -14,11 +14,10 @@ import (
 
 // kitState runs the arithmetic of package backend on one key's state.
 type kitState struct {
-	fixedUsed, fixedReset int64
-	bucket                backend.BucketState
-	counter               backend.CounterState
-	log                   []backend.LogEntry
-	stored                bool
+	bucket  backend.BucketState
+	counter backend.CounterState
+	log     []backend.LogEntry
+	stored  bool
 }
 
 func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, t int64) throttler.Decision {
