@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -161,5 +163,241 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 				t.Fatalf("step %d: %v %d of %q under %+v at %d:\n got %+v\nwant %+v", i, op, cost, key, p, now, got, want)
 			}
 		}
+	}
+}
+
+// algFake answers every script with reply and every HMGET with fields.
+type algFake struct {
+	goredis.Scripter // unused methods: nil, so they panic
+	reply            any
+	fields           []any
+	calls            []string
+	args             []any
+}
+
+func (f *algFake) EvalSha(ctx context.Context, _ string, _ []string, args ...any) *goredis.Cmd {
+	f.calls, f.args = append(f.calls, "evalsha"), args
+	cmd := goredis.NewCmd(ctx)
+	cmd.SetVal(f.reply)
+	return cmd
+}
+
+func (f *algFake) Eval(ctx context.Context, s string, keys []string, args ...any) *goredis.Cmd {
+	return f.EvalSha(ctx, s, keys, args...)
+}
+
+func (f *algFake) HMGet(ctx context.Context, _ string, _ ...string) *goredis.SliceCmd {
+	f.calls = append(f.calls, "hmget")
+	cmd := goredis.NewSliceCmd(ctx)
+	cmd.SetVal(f.fields)
+	return cmd
+}
+
+func TestAlgorithmReplies(t *testing.T) {
+	at := backendtest.T0
+	ms := at.UnixMilli()
+	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
+	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
+	sl := throttler.PerSecond(10).With(throttler.SlidingLog).Named("sl")
+	k := ms / 1000
+	tests := []struct {
+		name  string
+		op    throttler.Op
+		p     throttler.Policy
+		reply any
+		want  throttler.Decision // zero: want ErrUnexpectedReply
+	}{
+		// A full bucket (no state): take 1 leaves 19 tokens of 1000 units.
+		{"bucket take fresh", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
+			throttler.Decision{Allowed: true, Limit: 20, Used: 1, Remaining: 19, ResetAt: at.Add(100 * time.Millisecond)}},
+		{"bucket take, script wrote but Go would not", throttler.OpRefund, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(20000), ms}, throttler.Decision{}},
+		{"bucket next state differs", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(18999), ms}, throttler.Decision{}},
+		{"bucket stored out of range", throttler.OpTake, tb, []any{int64(1), int64(2), int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"bucket not stored but state", throttler.OpTake, tb, []any{int64(1), int64(0), int64(5), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"bucket state above 2^53", throttler.OpTake, tb, []any{int64(1), int64(1), int64(1<<53 + 1), ms, int64(1000), int64(19000), ms}, throttler.Decision{}},
+		{"bucket short", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000)}, throttler.Decision{}},
+		{"bucket string", throttler.OpTake, tb, []any{int64(1), "0", int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"counter take fresh", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)},
+			throttler.Decision{Allowed: true, Limit: 10, Used: 1, Remaining: 9, ResetAt: time.UnixMilli((k + 1) * 1000)}},
+		{"counter next state differs", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k + 1, int64(1), int64(0)}, throttler.Decision{}},
+		{"counter wrote flag 2", throttler.OpTake, sw, []any{int64(2), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)}, throttler.Decision{}},
+		{"log denied", throttler.OpTake, sl, []any{int64(0), int64(10), ms + 900, int64(250)},
+			throttler.Decision{Limit: 10, Used: 10, ResetAt: at.Add(900 * time.Millisecond), RetryAfter: 250 * time.Millisecond}},
+		{"log used above limit", throttler.OpPeek, sl, []any{int64(0), int64(12), ms + 900, int64(250)},
+			throttler.Decision{Limit: 10, Used: 12, ResetAt: at.Add(900 * time.Millisecond), RetryAfter: 250 * time.Millisecond}},
+		{"log allowed with a wait", throttler.OpTake, sl, []any{int64(1), int64(1), ms + 1000, int64(5)}, throttler.Decision{}},
+		{"log negative used", throttler.OpTake, sl, []any{int64(1), int64(-1), ms + 1000, int64(0)}, throttler.Decision{}},
+		{"log nil value", throttler.OpTake, sl, []any{int64(1), nil, ms + 1000, int64(0)}, throttler.Decision{}},
+		{"log not an array", throttler.OpTake, sl, "OK", throttler.Decision{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := NewSharded([]Shard{{Primary: &algFake{reply: tt.reply}}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at)
+			if tt.want == (throttler.Decision{}) {
+				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: "+tt.op.String()+" ") {
+					t.Fatalf("got %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameDecision(d, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", d, tt.want)
+			}
+		})
+	}
+}
+
+// TestAlgorithmScriptArgs pins what the scripts are sent: the op, now and
+// the window in ms, the policy's numbers, cost and the expiry margin (a
+// duration, never an absolute time).
+func TestAlgorithmScriptArgs(t *testing.T) {
+	at := backendtest.T0
+	ms := at.UnixMilli()
+	tests := []struct {
+		p     throttler.Policy
+		op    throttler.Op
+		reply any
+		want  []any
+	}{
+		{throttler.PerSecond(10).WithBurst(20), throttler.OpTake,
+			[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
+			[]any{1, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000)}},
+		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
+			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), ms / 1000, int64(0), int64(0)},
+			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000)}},
+		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
+			[]any{int64(1), int64(0), ms + 1000, int64(0)},
+			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000)}},
+	}
+	for _, tt := range tests {
+		f := &algFake{reply: tt.reply}
+		b, err := NewSharded([]Shard{{Primary: f}}, &Options{ExpiryMargin: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at.Add(700*time.Microsecond)); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := fmt.Sprint(f.args), fmt.Sprint(tt.want); got != want {
+			t.Errorf("%v %v: args %s, want %s", tt.p.Algorithm, tt.op, got, want)
+		}
+	}
+}
+
+// TestAlgorithmPeekFields: a Peek of a bucket or counter is one HMGET
+// computed in Go; fields that are not integers of magnitude <= 2^53 (as
+// the scripts read them) make the state read as none.
+func TestAlgorithmPeekFields(t *testing.T) {
+	at := backendtest.T0
+	ms := at.UnixMilli()
+	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
+	fresh := throttler.Decision{Allowed: true, Limit: 20, Remaining: 20, ResetAt: at}
+	tests := []struct {
+		name   string
+		fields []any
+		want   throttler.Decision
+	}{
+		{"stored", []any{"5000", fmt.Sprint(ms), "1000"},
+			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
+		{"empty bucket", []any{"0", fmt.Sprint(ms), "1000"},
+			throttler.Decision{Limit: 20, Used: 20, ResetAt: at.Add(2 * time.Second), RetryAfter: 100 * time.Millisecond}},
+		{"another window", []any{"0", fmt.Sprint(ms), "999"}, fresh},
+		{"absent", []any{nil, nil, nil}, fresh},
+		{"not a number", []any{"x", fmt.Sprint(ms), "1000"}, fresh},
+		{"plus sign", []any{"+0", fmt.Sprint(ms), "1000"}, fresh},
+		{"exponent", []any{"0e0", fmt.Sprint(ms), "1000"}, fresh},
+		{"above 2^53", []any{"9007199254740993", fmt.Sprint(ms), "1000"}, fresh},
+		{"17 digits", []any{"00000000000000000", fmt.Sprint(ms), "1000"}, fresh},
+		{"2^53 clamps to full", []any{"9007199254740992", fmt.Sprint(ms), "1000"}, fresh},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &algFake{fields: tt.fields}
+			b, err := NewSharded([]Shard{{Primary: f}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := b.Peek(context.Background(), "k", tb, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameDecision(d, tt.want) {
+				t.Errorf("got  %+v\nwant %+v", d, tt.want)
+			}
+		})
+	}
+	b, _ := NewSharded([]Shard{{Primary: &algFake{fields: []any{"1"}}}}, nil)
+	if _, err := b.Peek(context.Background(), "k", tb, at); !errors.Is(err, ErrUnexpectedReply) {
+		t.Errorf("short HMGET: %v, want ErrUnexpectedReply", err)
+	}
+}
+
+// sameDecision compares Decisions with ResetAt as an instant.
+func sameDecision(a, b throttler.Decision) bool {
+	a.ResetAt, b.ResetAt = time.UnixMilli(a.ResetAt.UnixMilli()), time.UnixMilli(b.ResetAt.UnixMilli())
+	return a == b
+}
+
+// TestAlgorithmPeekOnReplica: a Peek of each algorithm runs on a read-only
+// replica (the log's script there too: it writes nothing) and answers as
+// the primary does once the replica has caught up.
+func TestAlgorithmPeekOnReplica(t *testing.T) {
+	primary, port := startRedis(t, "--repl-diskless-sync-delay", "0")
+	replica, _ := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(port), "--replica-read-only", "yes")
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		info, err := replica.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			break
+		} else if i == 300 {
+			t.Fatalf("replica never synced: %v %s", err, info)
+		}
+		time.Sleep(10 * time.Millisecond) // the replica connecting, not the clock
+	}
+	onPrimary, err := NewSharded([]Shard{{Primary: primary}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := &algFake{}
+	onReplica, err := NewSharded([]Shard{{Primary: unused, Replicas: []Client{replica}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := backendtest.T0
+	for _, p := range []throttler.Policy{
+		throttler.PerSecond(10).WithBurst(20),
+		throttler.PerSecond(10).With(throttler.SlidingWindow),
+		throttler.PerSecond(10).With(throttler.SlidingLog),
+	} {
+		for i := range 4 {
+			if _, err := onPrimary.Take(ctx, "k", p, 3, at.Add(time.Duration(i)*time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := primary.Do(ctx, "WAIT", 1, 5000).Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, now := range []time.Time{at.Add(5 * time.Millisecond), at.Add(999 * time.Millisecond), at.Add(3 * time.Second)} {
+			want, err := onPrimary.Peek(ctx, "k", p, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := onReplica.Peek(ctx, "k", p, now)
+			if err != nil {
+				t.Fatalf("%v: Peek on the replica: %v", p.Algorithm, err)
+			}
+			if !sameDecision(got, want) {
+				t.Errorf("%v at %v: replica %+v, primary %+v", p.Algorithm, now, got, want)
+			}
+		}
+	}
+	if len(unused.calls) != 0 {
+		t.Errorf("the replica's primary was called: %v", unused.calls)
 	}
 }
