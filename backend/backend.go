@@ -14,9 +14,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"time"
 
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -93,14 +93,5 @@ func IsInProcess(b throttler.Backend) bool {
 // pointer held in the interface: constructors of wrappers call it so that a
 // missing backend fails when the wrapper is built, not on every call.
 func Required(what string, b throttler.Backend) error {
-	if b == nil {
-		return fmt.Errorf("%s is nil", what)
-	}
-	switch v := reflect.ValueOf(b); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
-		if v.IsNil() {
-			return fmt.Errorf("%s is a nil %T", what, b)
-		}
-	}
-	return nil
+	return nilness.Check(what, b)
 }

@@ -3,11 +3,11 @@ package flags
 import (
 	"context"
 	"fmt"
-	"reflect"
 	"sync/atomic"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -86,13 +86,7 @@ func requiredRollout(what string, r Rollout) error {
 	if r == nil {
 		return fmt.Errorf("%s is nil; pass flags.NewPercent(0) to keep every key on old", what)
 	}
-	switch v := reflect.ValueOf(r); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
-		if v.IsNil() {
-			return fmt.Errorf("%s is a nil %T", what, r)
-		}
-	}
-	return nil
+	return nilness.Check(what, r)
 }
 
 // InProcess reports whether the calls of both backends never block.

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"sync/atomic"
 	"time"
+
+	"github.com/throttlekit/throttlekit/internal/nilness"
 )
 
 // FailureMode says what a Throttler answers when its backend fails or times
@@ -109,7 +110,7 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("throttler: Options.BreakerCooldown must be >= 0, got %v", out.BreakerCooldown)
 	case out.MaxDetached < 0:
 		return out, fmt.Errorf("throttler: Options.MaxDetached must be >= 0, got %d", out.MaxDetached)
-	case out.Fallback != nil && isNil(out.Fallback):
+	case out.Fallback != nil && nilness.IsNil(out.Fallback):
 		return out, fmt.Errorf("throttler: Options.Fallback is a nil %T", out.Fallback)
 	}
 	if out.Clock == nil {
@@ -128,19 +129,6 @@ func (o *Options) withDefaults() (Options, error) {
 		out.MaxDetached = 1024
 	}
 	return out, nil
-}
-
-// isNil reports whether b is nil, or a nil pointer (or other nil value) in
-// an interface, which would make every call fail.
-func isNil(b Backend) bool {
-	if b == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(b); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Interface, reflect.Chan:
-		return v.IsNil()
-	}
-	return false
 }
 
 // Throttler applies policies to keys over a Backend. It owns the clock, the
@@ -167,7 +155,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	if b == nil {
 		return nil, errors.New("throttler: New needs a backend, got nil")
 	}
-	if isNil(b) {
+	if nilness.IsNil(b) {
 		return nil, fmt.Errorf("throttler: New needs a backend, got a nil %T", b)
 	}
 	o, err := opts.withDefaults()

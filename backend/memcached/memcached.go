@@ -106,13 +106,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strconv"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -229,11 +229,8 @@ type Backend struct {
 // bounds each call. Nil options mean defaults. A nil c, or an option that
 // cannot work, is an error naming it.
 func New(c Client, opts *Options) (*Backend, error) {
-	if c == nil {
-		return nil, errors.New("memcached: the Client is nil")
-	}
-	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
-		return nil, fmt.Errorf("memcached: the Client is a nil %T", c)
+	if err := nilness.Check("memcached: the Client", c); err != nil {
+		return nil, err
 	}
 	o, err := opts.withDefaults()
 	if err != nil {

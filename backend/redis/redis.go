@@ -36,7 +36,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -45,6 +44,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -187,13 +187,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 // (a *goredis.Client variable never assigned), which would otherwise fail,
 // or panic, on the first call rather than here.
 func required(what string, c Client) error {
-	if c == nil {
-		return fmt.Errorf("redis: %s is nil", what)
-	}
-	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
-		return fmt.Errorf("redis: %s is a nil %T", what, c)
-	}
-	return nil
+	return nilness.Check("redis: "+what, c)
 }
 
 // Take counts cost against the key's window if it fits: one script, one
