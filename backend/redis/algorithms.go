@@ -29,12 +29,15 @@ import (
 // writes nothing, which replicas run).
 
 var (
+	// numbersSource is the prelude the bucket and counter scripts share.
+	//go:embed scripts/numbers.lua
+	numbersSource string
 	//go:embed scripts/bucket.lua
 	bucketSource string
-	bucketScript = goredis.NewScript(bucketSource)
+	bucketScript = goredis.NewScript(numbersSource + bucketSource)
 	//go:embed scripts/counter.lua
 	counterSource string
-	counterScript = goredis.NewScript(counterSource)
+	counterScript = goredis.NewScript(numbersSource + counterSource)
 	//go:embed scripts/log.lua
 	logSource string
 	logScript = goredis.NewScript(logSource)

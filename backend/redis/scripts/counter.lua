@@ -23,27 +23,7 @@
 -- by 2^53, divisions are exact (a - fmod(a, b)) / b, and stored numbers are
 -- written with %.0f. Expiry is a duration, for cleanup only: until both
 -- counted windows are older than the previous one, (k+2)*w, plus the margin.
-local function int(v)
-  if type(v) ~= 'string' then
-    return nil
-  end
-  local digits = string.match(v, '^%-?(%d+)$')
-  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
-    return nil -- not a decimal integer of magnitude <= 2^53
-  end
-  return tonumber(v)
-end
-
-local function ceildiv(a, b)
-  if a <= 0 then
-    return 0
-  end
-  local r = math.fmod(a, b)
-  if r > 0 then
-    return (a - r) / b + 1
-  end
-  return a / b
-end
+-- int and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
