@@ -41,7 +41,7 @@ type BucketState struct {
 // and moves At to t; a call at t <= At (a clock behind the one that wrote
 // the state) refills nothing and leaves At, and its RetryAfter counts from
 // At. Take admits c when the bucket holds c tokens; Refund adds tokens back
-// (clamped to the capacity) to a stored bucket only.
+// (clamped to the capacity) to a stored bucket that is not full only.
 func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, cost, t int64) (d throttler.Decision, next BucketState, write bool) {
 	w, limit, capacity := p.Window.Milliseconds(), p.Limit, p.Capacity()
 	full := capacity * w
@@ -67,7 +67,10 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 		}
 		d.Allowed = write
 	case throttler.OpRefund:
-		if stored {
+		// A full bucket takes no refund and stores nothing, as a key
+		// with no state does: a backend that dropped a full bucket must
+		// answer every later call alike, clocks behind included.
+		if stored && s < full {
 			s = min(full, s+min(cost, capacity)*w)
 			write = true
 		}

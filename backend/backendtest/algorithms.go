@@ -58,7 +58,8 @@ func testTokenBucket(t *testing.T, b throttler.Backend, key func(string) string)
 		{take, 400 * ms, 1, false, 4, 0, 2500 * ms, 600 * ms, "a clock 100 ms behind refills nothing and waits from t0"},
 		{refund, 400 * ms, 1, true, 3, 1, 2000 * ms, 0, "a refund from behind adds a token, t0 stays"},
 		{peek, 10 * time.Second, 1, true, 0, 4, 10 * time.Second, 0, "long after: full, reset is now"},
-		{refund, 10 * time.Second, 1, true, 0, 4, 10 * time.Second, 0, "a refund never overfills"},
+		{refund, 10 * time.Second, 1, true, 0, 4, 10 * time.Second, 0, "a refund to a full bucket stores nothing"},
+		{take, 9900 * ms, 1, true, 1, 3, 10400 * ms, 0, "so a clock behind it refills from its own t, as with no state"},
 	})
 	runRows(t, b, key("fresh"), p, []row{
 		{refund, 0, 2, true, 0, 4, 0, 0, "a refund to a key with no state stores nothing"},

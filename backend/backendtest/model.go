@@ -219,7 +219,7 @@ func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, t in
 			next = &modelState{tokens: s, at: t0}
 		}
 	case throttler.OpRefund:
-		if st != nil {
+		if st != nil && s < full { // a full bucket is no state
 			s = min(full, s+min(cost, capacity)*w)
 			next = &modelState{tokens: s, at: t0}
 		}

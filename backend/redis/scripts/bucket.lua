@@ -57,7 +57,9 @@ if op == 1 then
     s = s - need
     wrote = 1
   end
-elseif op == 3 and live then
+elseif op == 3 and live and s < full then
+  -- A full bucket takes no refund and stores nothing, as a key with no
+  -- state: so dropping a full bucket can never change a later answer.
   s = math.min(full, s + math.min(cost, cap) * w)
   wrote = 1
 end
