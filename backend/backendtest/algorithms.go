@@ -211,18 +211,11 @@ func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) 
 		now := T0.UnixMilli() + int64(seed)*1_000_000 // traces apart in time
 		latest := now
 		for i := 0; i < steps; i++ {
-			switch r := rng.IntN(20); {
-			case r < 12:
-				now += int64(rng.IntN(12))
-			case r < 16:
-				now -= int64(rng.IntN(40)) // a caller whose clock is behind
-			default:
-				now += int64(rng.IntN(250))
-			}
-			latest = max(latest, now)
 			k, p := keys[rng.IntN(len(keys))], policies[rng.IntN(len(policies))]
-			op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
-			cost := 1 + int64(rng.IntN(int(p.Capacity())))
+			var op throttler.Op
+			var cost int64
+			now, op, cost = randomCall(rng, now, p)
+			latest = max(latest, now)
 			at := time.UnixMilli(now)
 			got, err := backend.Do(context.Background(), b, op, k, p, cost, at)
 			require.NoError(t, err)
@@ -238,4 +231,20 @@ func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) 
 			commit()
 		}
 	}
+}
+
+// randomCall moves a trace's clock (mostly a little forward, sometimes
+// back as a caller whose clock is behind, sometimes far ahead) and picks an
+// operation, Takes three times in five, and a cost up to p's capacity.
+func randomCall(rng *rand.Rand, now int64, p throttler.Policy) (int64, throttler.Op, int64) {
+	switch r := rng.IntN(20); {
+	case r < 12:
+		now += int64(rng.IntN(12))
+	case r < 16:
+		now -= int64(rng.IntN(40))
+	default:
+		now += int64(rng.IntN(250))
+	}
+	op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
+	return now, op, 1 + int64(rng.IntN(int(p.Capacity())))
 }

@@ -67,16 +67,9 @@ func TestKitMatchesModel(t *testing.T) {
 			var k kitState
 			t0 := T0.UnixMilli()
 			for i := 0; i < 400; i++ {
-				switch r := rng.IntN(20); {
-				case r < 12:
-					t0 += int64(rng.IntN(15))
-				case r < 16:
-					t0 -= int64(rng.IntN(40)) // a clock behind
-				default:
-					t0 += int64(rng.IntN(300))
-				}
-				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
-				cost := 1 + int64(rng.IntN(int(p.Capacity())))
+				var op throttler.Op
+				var cost int64
+				t0, op, cost = randomCall(rng, t0, p)
 				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(t0))
 				require.NoError(t, err)
 				got := k.do(p, op, cost, t0)
