@@ -148,9 +148,11 @@ const expiryMargin = 2 * time.Second
 
 // Errors returned by the backend. Match them with errors.Is.
 var (
-	// ErrContention reports that a Take could not open a window within
-	// MaxAttempts rounds because other processes kept opening one first.
-	ErrContention = errors.New("memcached: too much contention opening a window")
+	// ErrContention reports that a call lost MaxAttempts rounds to other
+	// processes writing the same key: opening a fixed window, or the
+	// compare-and-swap of a token bucket, sliding log or sliding-window
+	// counter. Nothing was counted.
+	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
 	// the prefix).
