@@ -25,25 +25,49 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
-	limit := flag.Int64("limit", 5, "requests per window for each client")
+	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint")
 	window := flag.Duration("window", time.Minute, "window length")
+	burst := flag.Int64("burst", 0, "capacity of /search's token bucket (default: twice -limit)")
 	flag.Parse()
-	if err := run(*addr, throttler.Policy{Name: "core", Limit: *limit, Window: *window}, os.Stdout); err != nil {
+	if err := run(*addr, endpoints(*limit, *window, *burst), os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(addr string, p throttler.Policy, out io.Writer) error {
-	h, err := newHandler(p, log.Default())
+// endpoint is one limited path of the demo API and its policy.
+type endpoint struct {
+	path string
+	p    throttler.Policy
+	what string // for the usage: what the algorithm is for
+}
+
+// endpoints are the demo's limits, one algorithm each, limit per window for
+// every client: GitHub's fixed window on /repos, Stripe's token bucket on
+// /search (a burst of burst, 0 meaning twice limit, refilled at limit per
+// window), and a sliding log on /deliveries, as Circles limits its calls to
+// partners. A value no policy can take is refused by newHandler.
+func endpoints(limit int64, window time.Duration, burst int64) []endpoint {
+	if burst == 0 {
+		burst = 2 * limit
+	}
+	return []endpoint{
+		{"/repos", throttler.Policy{Name: "core", Limit: limit, Window: window}, "a window that resets at a stored instant (GitHub)"},
+		{"/search", throttler.Policy{Name: "search", Limit: limit, Window: window}.WithBurst(burst), "a steady rate with bursts (Stripe)"},
+		{"/deliveries", throttler.Policy{Name: "deliveries", Limit: limit, Window: window}.With(throttler.SlidingLog), "at most the limit in any window (Circles' outbound calls)"},
+	}
+}
+
+func run(addr string, eps []endpoint, out io.Writer) error {
+	h, err := newHandler(eps, log.Default())
 	if err != nil {
-		return err // before listening: a bad -limit or -window stops here
+		return err // before listening: a bad -limit, -window or -burst stops here
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	printUsage(out, "http://"+ln.Addr().String(), p)
+	printUsage(out, "http://"+ln.Addr().String(), eps)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -65,10 +89,14 @@ func run(addr string, p throttler.Policy, out io.Writer) error {
 	}
 }
 
-// newHandler is the demo API: /repos is limited by p and answers 304 to a
-// matching If-None-Match (refunded), /rate_limit reports the window without
-// counting, as GitHub's does. A policy that cannot work is an error here.
-func newHandler(p throttler.Policy, logger *log.Logger) (http.Handler, error) {
+// newHandler is the demo API: each endpoint is limited by its policy;
+// /repos answers 304 to a matching If-None-Match (refunded), and
+// /rate_limit reports every limit without counting, as GitHub's does. A
+// policy that cannot work is an error here.
+func newHandler(eps []endpoint, logger *log.Logger) (http.Handler, error) {
+	if len(eps) == 0 {
+		return nil, errors.New("demo: no endpoints")
+	}
 	store, err := memory.New(&memory.Options{MaxKeys: 1_000_000})
 	if err != nil {
 		return nil, err
@@ -85,43 +113,65 @@ func newHandler(p throttler.Policy, logger *log.Logger) (http.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	limited, err := th.Middleware(p, clientKey, &throttler.MiddlewareOptions{IETFHeaders: true})
-	if err != nil {
-		return nil, err
-	}
 	const etag = `"repos-v1"`
-	repos := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("ETag", etag)
-		if r.Header.Get("If-None-Match") == etag {
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode([]map[string]string{{"name": "throttlekit"}, {"name": "hello-world"}})
-	})
+	bodies := map[string]http.HandlerFunc{
+		"/repos": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("ETag", etag)
+			if r.Header.Get("If-None-Match") == etag {
+				w.WriteHeader(http.StatusNotModified)
+				return
+			}
+			writeJSON(w, []map[string]string{{"name": "throttlekit"}, {"name": "hello-world"}})
+		},
+		"/search": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, map[string]any{"total_count": 1, "items": []map[string]string{{"name": "throttlekit"}}})
+		},
+		"/deliveries": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, map[string]any{"delivered": true})
+		},
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /repos", limited(repos))
+	for _, e := range eps {
+		body, ok := bodies[e.path]
+		if !ok {
+			return nil, fmt.Errorf("demo: no handler for %s", e.path)
+		}
+		limited, err := th.Middleware(e.p, clientKey, &throttler.MiddlewareOptions{IETFHeaders: true})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.path, err)
+		}
+		mux.Handle("GET "+e.path, limited(body))
+	}
 	mux.HandleFunc("GET /rate_limit", func(w http.ResponseWriter, r *http.Request) {
 		k, err := clientKey(r)
 		if err != nil {
 			http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
 			return
 		}
-		d, err := th.Peek(r.Context(), k, p)
-		switch {
-		case throttler.IsInputError(err): // a key the store refuses: the client's to fix
-			http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
-			return
-		case err != nil:
-			http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
-			return
+		resources := map[string]any{}
+		for _, e := range eps {
+			d, err := th.Peek(r.Context(), k, e.p)
+			switch {
+			case throttler.IsInputError(err): // a key the store refuses: the client's to fix
+				http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
+				return
+			case err != nil:
+				http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
+				return
+			}
+			resources[e.p.Name] = map[string]any{
+				"limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": d.ResetUnix(),
+			}
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{
-			"resource": p.Name, "limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": d.ResetUnix(),
-		})
+		// GitHub's shape: every resource, and "rate" for core.
+		writeJSON(w, map[string]any{"resources": resources, "rate": resources[eps[0].p.Name]})
 	})
 	return mux, nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // clientKey names the client by its token ("Authorization: token X"), or by
@@ -140,28 +190,52 @@ func clientKey(r *http.Request) (string, error) {
 }
 
 // tryStep is one command the demo prints: a request (repeated times times)
-// and the status its last response gets when the commands run in order.
+// and the status its last response gets when the commands run in order,
+// with the Retry-After it carries within [retryMin, retryMax] seconds when
+// retryMax is set.
 type tryStep struct {
-	note   string
-	header string // "Name: value", or ""
-	path   string
-	times  int64
-	want   int
+	note               string
+	header             string // "Name: value", or ""
+	path               string
+	times              int64
+	want               int
+	retryMin, retryMax int64
 }
 
 // trySteps are the commands to try, in an order in which each does what its
 // note says for any limit: the 304 comes before a request that could spend
-// a limit of 1, and the loop that spends a window comes last, on a client
-// of its own.
-func trySteps(p throttler.Policy) []tryStep {
-	return []tryStep{
-		{fmt.Sprintf("304: the unit is refunded, X-RateLimit-Remaining stays %d", p.Limit), `If-None-Match: "repos-v1"`, "/repos", 1, http.StatusNotModified},
-		{fmt.Sprintf("200: X-RateLimit-Remaining falls to %d", p.Limit-1), "", "/repos", 1, http.StatusOK},
-		{"the window, not counted", "", "/rate_limit", 1, http.StatusOK},
-		{"400: a malformed key is the client's error", "Authorization: Basic xyz", "/repos", 1, http.StatusBadRequest},
-		{fmt.Sprintf("another client, its own window: %d x 200, then 429 with Retry-After", p.Limit), "Authorization: token alice", "/repos", p.Limit + 1, http.StatusTooManyRequests},
+// a limit of 1, and the loops that spend a limit come last, on a client of
+// their own, each followed by the 429 that shows its Retry-After. eps are
+// endpoints' (core, search, deliveries).
+func trySteps(eps []endpoint) []tryStep {
+	core, search, deliveries := eps[0].p, eps[1].p, eps[2].p
+	token := search.Window / time.Duration(search.Limit) // a token bucket's refill of one
+	const alice = "Authorization: token alice"
+	spend := func(path, what string, n int64, until string, retryMax time.Duration, more string) []tryStep {
+		return []tryStep{
+			{note: fmt.Sprintf("%s: %d x 200", what, n), header: alice, path: path, times: n, want: http.StatusOK},
+			{note: fmt.Sprintf("429 until %s (Retry-After at most %d)%s", until, ceilSeconds(retryMax), more),
+				header: alice, path: path, times: 1, want: http.StatusTooManyRequests, retryMin: 1, retryMax: ceilSeconds(retryMax)},
+		}
 	}
+	steps := []tryStep{
+		{note: fmt.Sprintf("304: the unit is refunded, X-RateLimit-Remaining stays %d", core.Limit), header: `If-None-Match: "repos-v1"`, path: "/repos", times: 1, want: http.StatusNotModified},
+		{note: fmt.Sprintf("200: X-RateLimit-Remaining falls to %d", core.Limit-1), path: "/repos", times: 1, want: http.StatusOK},
+		{note: "every limit, not counted", path: "/rate_limit", times: 1, want: http.StatusOK},
+		{note: "400: a malformed key is the client's error", header: "Authorization: Basic xyz", path: "/repos", times: 1, want: http.StatusBadRequest},
+	}
+	steps = append(steps, spend("/repos", "another client, its own window", core.Limit,
+		"the window ends", core.Window, "")...)
+	steps = append(steps, spend("/search", "search, a token bucket: its whole burst", search.Capacity(),
+		fmt.Sprintf("a token refills, one every %v", token), token,
+		"; X-RateLimit-Limit is the burst, X-RateLimit-Reset when the bucket is full again")...)
+	steps = append(steps, spend("/deliveries", "deliveries, a sliding log", deliveries.Limit,
+		fmt.Sprintf("the first of them is %v old", deliveries.Window), deliveries.Window, "")...)
+	return steps
 }
+
+// ceilSeconds is d in whole seconds, rounded up, as Retry-After says it.
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 // command renders s as a shell command against base.
 func (s tryStep) command(base string) string {
@@ -175,9 +249,13 @@ func (s tryStep) command(base string) string {
 	return fmt.Sprintf("curl -i %s%s%s", h, base, s.path)
 }
 
-func printUsage(w io.Writer, base string, p throttler.Policy) {
-	fmt.Fprintf(w, "throttlekit demo listening on %s (policy %v, memory backend)\n\nTry it, in this order:\n", base, p)
-	for _, s := range trySteps(p) {
+func printUsage(w io.Writer, base string, eps []endpoint) {
+	fmt.Fprintf(w, "throttlekit demo listening on %s (memory backend)\n\nLimits, per client:\n", base)
+	for _, e := range eps {
+		fmt.Fprintf(w, "  GET %-12s %v\n  %16s %s\n", e.path, e.p, "", e.what)
+	}
+	fmt.Fprintf(w, "\nTry it, in this order:\n")
+	for _, s := range trySteps(eps) {
 		fmt.Fprintf(w, "  # %s\n  %s\n", s.note, s.command(base))
 	}
 	fmt.Fprintln(w, "\nCtrl-C stops it.")

@@ -7,6 +7,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +18,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-func newServer(t *testing.T, p throttler.Policy) *httptest.Server {
+func newServer(t *testing.T, eps []endpoint) *httptest.Server {
 	t.Helper()
-	h, err := newHandler(p, log.New(io.Discard, "", 0))
+	h, err := newHandler(eps, log.New(io.Discard, "", 0))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
@@ -41,8 +42,22 @@ func get(t *testing.T, url string, header ...string) (*http.Response, string) {
 	return resp, string(body)
 }
 
+// rateLimit is GET /rate_limit's answer for the client of header.
+func rateLimit(t *testing.T, url string, header ...string) map[string]map[string]float64 {
+	t.Helper()
+	r, body := get(t, url+"/rate_limit", header...)
+	require.Equal(t, 200, r.StatusCode)
+	var v struct {
+		Resources map[string]map[string]float64
+		Rate      map[string]float64
+	}
+	require.NoError(t, json.Unmarshal([]byte(body), &v))
+	require.Equal(t, v.Resources["core"], v.Rate, "rate is core's, as on GitHub")
+	return v.Resources
+}
+
 func TestDemoAPI(t *testing.T) {
-	srv := newServer(t, throttler.Policy{Name: "core", Limit: 2, Window: time.Hour})
+	srv := newServer(t, endpoints(2, time.Hour, 0))
 	r, _ := get(t, srv.URL+"/repos")
 	assert.Equal(t, 200, r.StatusCode)
 	assert.Equal(t, "1", r.Header.Get("X-RateLimit-Remaining"))
@@ -62,23 +77,59 @@ func TestDemoAPI(t *testing.T) {
 	r, _ = get(t, srv.URL+"/repos", "Authorization", "token alice")
 	assert.Equal(t, 200, r.StatusCode, "another client has its own window")
 
-	r, body := get(t, srv.URL+"/rate_limit")
-	require.Equal(t, 200, r.StatusCode)
-	var window map[string]any
-	require.NoError(t, json.Unmarshal([]byte(body), &window))
-	assert.Equal(t, float64(2), window["used"], "rate_limit does not count")
-	r, body = get(t, srv.URL+"/rate_limit")
-	require.Equal(t, 200, r.StatusCode)
-	require.NoError(t, json.Unmarshal([]byte(body), &window))
-	assert.Equal(t, float64(2), window["used"])
+	assert.Equal(t, float64(2), rateLimit(t, srv.URL)["core"]["used"], "rate_limit does not count")
+	assert.Equal(t, float64(2), rateLimit(t, srv.URL)["core"]["used"])
+}
+
+// The token bucket and the sliding log, side by side with the fixed window
+// at the same limit: the bucket admits its burst and then asks for one
+// token's wait, the log the wait until its first entry ages out; the
+// headers and /rate_limit say what each counts.
+func TestDemoAlgorithms(t *testing.T) {
+	srv := newServer(t, endpoints(2, time.Hour, 5)) // a bucket of 5, a token every 30 minutes
+	bob := []string{"Authorization", "token bob"}
+	spend := func(path string, n int) *http.Response {
+		t.Helper()
+		for i := range n {
+			r, _ := get(t, srv.URL+path, bob...)
+			require.Equal(t, 200, r.StatusCode, "%s, request %d", path, i)
+		}
+		r, _ := get(t, srv.URL+path, bob...)
+		require.Equal(t, 429, r.StatusCode, path)
+		return r
+	}
+	retryAfter := func(r *http.Response) int64 {
+		t.Helper()
+		n, err := strconv.ParseInt(r.Header.Get("Retry-After"), 10, 64)
+		require.NoError(t, err)
+		return n
+	}
+
+	r := spend("/search", 5)
+	assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"), "a bucket's limit is its capacity")
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, "search", r.Header.Get("X-RateLimit-Resource"))
+	assert.InDelta(t, 30*60, retryAfter(r), 2, "one token's wait, not the rest of an hour")
+	reset, err := strconv.ParseInt(r.Header.Get("X-RateLimit-Reset"), 10, 64)
+	require.NoError(t, err)
+	assert.InDelta(t, time.Now().Add(5*30*time.Minute).Unix(), reset, 3, "full again after 5 tokens' refill")
+
+	r = spend("/deliveries", 2)
+	assert.Equal(t, "2", r.Header.Get("X-RateLimit-Limit"))
+	assert.InDelta(t, 3600, retryAfter(r), 2, "until the first entry is an hour old")
+
+	res := rateLimit(t, srv.URL, bob...)
+	assert.Equal(t, map[string]float64{"limit": 5, "used": 5, "remaining": 0, "reset": float64(reset)}, res["search"])
+	assert.Equal(t, float64(2), res["deliveries"]["used"])
+	assert.Equal(t, float64(0), res["core"]["used"], "each policy counts apart")
 }
 
 // Input errors are the client's: 400 on both endpoints, never a 503, and
 // the answer never repeats the key (often a secret token).
 func TestDemoInputErrorsAnswer400(t *testing.T) {
-	srv := newServer(t, throttler.PerMinute(5).Named("core"))
+	srv := newServer(t, endpoints(5, time.Minute, 0))
 	secret := "s3cr3t-" + strings.Repeat("x", throttler.MaxKeyLen) // too long for any store
-	for _, path := range []string{"/repos", "/rate_limit"} {
+	for _, path := range []string{"/repos", "/search", "/deliveries", "/rate_limit"} {
 		for _, auth := range []string{"Basic xyz", "token ", "token " + secret} {
 			r, body := get(t, srv.URL+path, "Authorization", auth)
 			assert.Equal(t, http.StatusBadRequest, r.StatusCode, "%s with Authorization %.20q", path, auth)
@@ -93,11 +144,11 @@ func TestDemoInputErrorsAnswer400(t *testing.T) {
 // the limit was spent, and got a 429).
 func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 	for _, limit := range []int64{1, 2, 5} {
-		p := throttler.PerHour(limit).Named("core")
-		srv := newServer(t, p)
+		eps := endpoints(limit, time.Hour, 0)
+		srv := newServer(t, eps)
 		var usage bytes.Buffer
-		printUsage(&usage, srv.URL, p)
-		for i, s := range trySteps(p) {
+		printUsage(&usage, srv.URL, eps)
+		for i, s := range trySteps(eps) {
 			require.Contains(t, usage.String(), "  "+s.command(srv.URL)+"\n")
 			var header []string
 			if s.header != "" {
@@ -106,11 +157,18 @@ func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 				header = []string{name, value}
 			}
 			var statuses []int
+			var last *http.Response
 			for range s.times {
-				r, _ := get(t, srv.URL+s.path, header...)
-				statuses = append(statuses, r.StatusCode)
+				last, _ = get(t, srv.URL+s.path, header...)
+				statuses = append(statuses, last.StatusCode)
 			}
 			assert.Equal(t, s.want, statuses[len(statuses)-1], "limit %d, step %d: %s", limit, i, s.note)
+			if s.retryMax > 0 {
+				retry, err := strconv.ParseInt(last.Header.Get("Retry-After"), 10, 64)
+				assert.NoError(t, err)
+				assert.True(t, s.retryMin <= retry && retry <= s.retryMax, "limit %d, step %d: Retry-After %d, want %d..%d: %s",
+					limit, i, retry, s.retryMin, s.retryMax, s.note)
+			}
 			if s.times > 1 {
 				for j, code := range statuses[:len(statuses)-1] {
 					assert.Equal(t, http.StatusOK, code, "limit %d, step %d, request %d", limit, i, j)
@@ -122,31 +180,64 @@ func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	var b bytes.Buffer
-	printUsage(&b, "http://127.0.0.1:1234", throttler.PerMinute(5).Named("core"))
-	want := `throttlekit demo listening on http://127.0.0.1:1234 (policy core: 5 per 1m0s, memory backend)
+	printUsage(&b, "http://127.0.0.1:1234", endpoints(5, time.Minute, 0))
+	want := `throttlekit demo listening on http://127.0.0.1:1234 (memory backend)
+
+Limits, per client:
+  GET /repos       core: 5 per 1m0s
+                   a window that resets at a stored instant (GitHub)
+  GET /search      search: 5 per 1m0s (token-bucket, burst 10)
+                   a steady rate with bursts (Stripe)
+  GET /deliveries  deliveries: 5 per 1m0s (sliding-log)
+                   at most the limit in any window (Circles' outbound calls)
 
 Try it, in this order:
   # 304: the unit is refunded, X-RateLimit-Remaining stays 5
   curl -i -H 'If-None-Match: "repos-v1"' http://127.0.0.1:1234/repos
   # 200: X-RateLimit-Remaining falls to 4
   curl -i http://127.0.0.1:1234/repos
-  # the window, not counted
+  # every limit, not counted
   curl -i http://127.0.0.1:1234/rate_limit
   # 400: a malformed key is the client's error
   curl -i -H 'Authorization: Basic xyz' http://127.0.0.1:1234/repos
-  # another client, its own window: 5 x 200, then 429 with Retry-After
-  for i in $(seq 6); do curl -s -o /dev/null -w '%{http_code}\n' -H 'Authorization: token alice' http://127.0.0.1:1234/repos; done
+  # another client, its own window: 5 x 200
+  for i in $(seq 5); do curl -s -o /dev/null -w '%{http_code}\n' -H 'Authorization: token alice' http://127.0.0.1:1234/repos; done
+  # 429 until the window ends (Retry-After at most 60)
+  curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/repos
+  # search, a token bucket: its whole burst: 10 x 200
+  for i in $(seq 10); do curl -s -o /dev/null -w '%{http_code}\n' -H 'Authorization: token alice' http://127.0.0.1:1234/search; done
+  # 429 until a token refills, one every 12s (Retry-After at most 12); X-RateLimit-Limit is the burst, X-RateLimit-Reset when the bucket is full again
+  curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/search
+  # deliveries, a sliding log: 5 x 200
+  for i in $(seq 5); do curl -s -o /dev/null -w '%{http_code}\n' -H 'Authorization: token alice' http://127.0.0.1:1234/deliveries; done
+  # 429 until the first of them is 1m0s old (Retry-After at most 60)
+  curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/deliveries
 
 Ctrl-C stops it.
 `
 	assert.Equal(t, want, b.String())
 }
 
+// A flag value that one of the policies cannot take stops the demo before
+// it listens, with an error naming the endpoint.
 func TestBadPolicyFailsBeforeListening(t *testing.T) {
-	for _, p := range []throttler.Policy{{Name: "core", Limit: 0, Window: time.Minute}, {Name: "core", Limit: 5}, {}} {
-		_, err := newHandler(p, log.New(io.Discard, "", 0))
-		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%v", p)
-		err = run("256.0.0.1:0", p, io.Discard) // an address that cannot be listened on: never reached
-		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%v", p)
+	for _, tc := range []struct {
+		limit  int64
+		window time.Duration
+		burst  int64
+		path   string
+	}{
+		{0, time.Minute, 0, "/repos"},
+		{5, 0, 0, "/repos"},
+		{-1, time.Minute, 0, "/repos"},
+		{5, time.Minute, -1, "/search"},
+		{throttler.MaxLogLimit + 1, time.Minute, 1, "/deliveries"},
+	} {
+		eps := endpoints(tc.limit, tc.window, tc.burst)
+		_, err := newHandler(eps, log.New(io.Discard, "", 0))
+		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", tc)
+		assert.ErrorContains(t, err, tc.path+": ", "%+v", tc)
+		err = run("256.0.0.1:0", eps, io.Discard) // an address that cannot be listened on: never reached
+		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", tc)
 	}
 }
