@@ -140,7 +140,7 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 			t.setHeaders(w.Header(), p, d, o.IETFHeaders)
 			if !d.Allowed {
 				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
-				http.Error(w, fmt.Sprintf("rate limit exceeded: %d per %v; retry in %ds", d.Limit, p.Window, ceilSeconds(d.RetryAfter)), o.DeniedStatus)
+				http.Error(w, fmt.Sprintf("rate limit exceeded: %s; retry in %ds", rate(p), ceilSeconds(d.RetryAfter)), o.DeniedStatus)
 				return
 			}
 			next.ServeHTTP(refundOnce(w, func(status int) {
@@ -180,9 +180,21 @@ func (t *Throttler) setHeaders(h http.Header, p Policy, d Decision, ietf bool) {
 		if name == "" {
 			name = "default"
 		}
-		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, d.Limit, ceilSeconds(p.Window)))
+		// q and w are the policy's rate, for a token bucket too: its
+		// burst is no quota per window (r may then exceed q, up to Burst).
+		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, p.Limit, ceilSeconds(p.Window)))
 		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, ceilSeconds(d.ResetAt.Sub(t.opts.Clock()))))
 	}
+}
+
+// rate describes p for a person: "2 per 1h0m0s", and a token bucket's
+// burst when it differs from Limit ("2 per 1h0m0s, burst 5"), so that a
+// capacity is never presented as a quota per window.
+func rate(p Policy) string {
+	if p.Algorithm == TokenBucket && p.Capacity() != p.Limit {
+		return fmt.Sprintf("%d per %v, burst %d", p.Limit, p.Window, p.Capacity())
+	}
+	return fmt.Sprintf("%d per %v", p.Limit, p.Window)
 }
 
 func ceilSeconds(d time.Duration) int64 {

@@ -131,6 +131,13 @@ func TestMiddlewareIETFHeaders(t *testing.T) {
 	assert.Equal(t, `"core";q=5000;w=3600`, w.Header().Get("RateLimit-Policy"))
 	assert.Equal(t, `"core";r=4999;t=3600`, w.Header().Get("RateLimit"))
 
+	// A bucket's policy is its rate; its burst shows as what remains.
+	h = newMiddleware(t, th, throttler.PerHour(2).WithBurst(5).Named("search"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+	w = serve(h)
+	assert.Equal(t, `"search";q=2;w=3600`, w.Header().Get("RateLimit-Policy"))
+	assert.Equal(t, `"search";r=4;t=1800`, w.Header().Get("RateLimit"), "full again once the taken token refilled: half an hour")
+	assert.Equal(t, "5", w.Header().Get("X-RateLimit-Limit"), "the capacity")
+
 	h = newMiddleware(t, th, throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
 	w = serve(h)
 	assert.Empty(t, w.Header().Get("RateLimit-Policy"), "opt-in")
@@ -453,5 +460,28 @@ func TestMiddlewareRefundsBeforeTheHeaders(t *testing.T) {
 		assert.Equal(t, "5", resp.Header.Get("X-RateLimit-Remaining"), "%s: the header shows the refund", tc.name)
 		assert.Equal(t, "0", resp.Header.Get("X-RateLimit-Used"), tc.name)
 		assert.Equal(t, int64(0), d.Used, "%s: refunded once", tc.name)
+	}
+}
+
+// A denied answer's body states the policy's rate; a token bucket's
+// capacity shows as its burst, never as a quota per window.
+func TestMiddlewareDeniedBodyStatesTheRate(t *testing.T) {
+	for _, tc := range []struct {
+		p    throttler.Policy
+		want string
+	}{
+		{throttler.PerHour(2), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
+		{throttler.PerHour(2).With(throttler.TokenBucket), "rate limit exceeded: 2 per 1h0m0s; retry in 1800s\n"},
+		{throttler.PerHour(2).WithBurst(5), "rate limit exceeded: 2 per 1h0m0s, burst 5; retry in 1800s\n"},
+		{throttler.PerHour(2).With(throttler.SlidingLog), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
+	} {
+		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+		h := newMiddleware(t, th, tc.p, throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+		var w *httptest.ResponseRecorder
+		for range tc.p.Capacity() + 1 {
+			w = serve(h)
+		}
+		assert.Equal(t, http.StatusTooManyRequests, w.Code, "%+v", tc.p)
+		assert.Equal(t, tc.want, w.Body.String(), "%+v", tc.p)
 	}
 }
