@@ -472,6 +472,23 @@ func BenchmarkBreaker(b *testing.B) {
 	}
 }
 
+// BenchmarkBreakerParallel is the healthy path from every core at once: a
+// success must not write a cache line the other cores read.
+func BenchmarkBreakerParallel(b *testing.B) {
+	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	th := newThrottler(b, newMemory(b), nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := th.Allow(ctx, "a:client", p); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
 // namedMemory is the memory backend naming a store per key prefix, as a
 // sharded backend would.
 type namedMemory struct{ *memory.Backend }
