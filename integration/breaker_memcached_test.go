@@ -186,16 +186,5 @@ func TestBreakerMemcachedCorruptItem(t *testing.T) {
 	assert.ErrorIs(t, errs[0], memcached.ErrBadItem, "the corrupt head")
 	assert.Contains(t, errs[1].Error(), "non-numeric", "the counter Memcached refuses to increment")
 
-	for i := range 5 {
-		admitted := 0
-		for range 15 {
-			d, err := th.Allow(ctx, fmt.Sprint(run, "-", i), p)
-			require.NoError(t, err)
-			require.False(t, d.Degraded, "other keys are served by Memcached")
-			if d.Allowed {
-				admitted++
-			}
-		}
-		assert.Equal(t, int(p.Limit), admitted, "key %d is limited exactly", i)
-	}
+	assertOthersLimited(t, th, run, p)
 }
