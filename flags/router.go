@@ -59,6 +59,7 @@ type Router struct {
 var (
 	_ throttler.Backend = (*Router)(nil)
 	_ backend.InProcess = (*Router)(nil)
+	_ backend.Stores    = (*Router)(nil)
 )
 
 // NewRouter returns a Router over old and new, ramped by r. Both backends
@@ -92,6 +93,21 @@ func requiredRollout(what string, r Rollout) error {
 // InProcess reports whether the calls of both backends never block.
 func (r *Router) InProcess() bool {
 	return backend.IsInProcess(r.old) && backend.IsInProcess(r.new)
+}
+
+// Store names the store the call for key under p reaches now (see
+// backend.Stores): the one the backend the key is routed to names, or, for
+// a backend that names none, that backend (RouterOptions.OldName or
+// NewName), so that a Throttler keeps the two backends' breakers apart.
+func (r *Router) Store(key string, p throttler.Policy) string {
+	b, name := r.old, r.oldName
+	if r.rollout.UseNew(key) {
+		b, name = r.new, r.newName
+	}
+	if s := backend.StoreOf(b, key, p); s != "" {
+		return s
+	}
+	return name
 }
 
 // Stats counts the calls a Router has sent to each backend.

@@ -60,9 +60,13 @@ type router = flags.Router
 
 // Migration is a throttler.Backend: Router(Shadow(old→new), Shadow(new→old)).
 // Its Take, Peek and Refund go to the store that serves the key now (the
-// router's); UseNew reports which that is, and InProcess whether both
-// stores' calls never block. It is safe for concurrent use. Create it with
-// New; Close stops the shadows' workers.
+// router's); UseNew reports which that is, InProcess whether both stores'
+// calls never block, and Store (backend.Stores) the store a call reaches:
+// the serving store's own name for it (a shard, a server), or "old" or
+// "new" (Options.Router's names) for a store that names none, so that a
+// Throttler's breaker for one store never stops calls to the other. It is
+// safe for concurrent use. Create it with New; Close stops the shadows'
+// workers.
 type Migration struct {
 	*router
 	forward, reverse *shadow.Backend
@@ -71,6 +75,7 @@ type Migration struct {
 var (
 	_ throttler.Backend = (*Migration)(nil)
 	_ backend.InProcess = (*Migration)(nil)
+	_ backend.Stores    = (*Migration)(nil)
 )
 
 // New returns a Migration from old to new, ramped by r. The stores and r

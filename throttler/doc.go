@@ -63,6 +63,17 @@
 // says, and reports it to Options.Observe, so that failing open is always
 // visible.
 //
+// Breakers keep an outage from costing every request a timeout, and are
+// scoped to what failed. There is one per store (a Redis shard, a Memcached
+// server: backends name them through package backend's Stores), and only
+// failures of the store itself count toward it: this Throttler's Timeout,
+// a network error, or an error a backend marked as its store's (matching
+// ErrUnavailable). One key's bad data (backend.ErrKeyState), a full
+// in-process table and the like still get the failure mode for that call,
+// never for other keys. A cooldown runs on the monotonic clock, never on
+// Options.Clock, and when it ends exactly one call probes the store (see
+// Options.BreakerThreshold and BreakerCooldown).
+//
 // Errors may contain the client's key: log them, never send them to a
 // client. The middleware's default answers (400, 503) hold only the status
 // text. Keys that are secrets (API tokens) are best hashed by the KeyFunc

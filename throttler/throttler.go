@@ -52,6 +52,10 @@ type Observation struct {
 	Err error
 	// Source is which part of the Throttler made the decision.
 	Source Source
+	// Store is the store the call went to, or would have gone to had its
+	// breaker been closed, as the backend names it (see package backend's
+	// Stores); "" for a backend that is one store.
+	Store string
 	// Latency is the wall time the call took, fallback included.
 	Latency time.Duration
 }
@@ -69,12 +73,34 @@ type Options struct {
 	// backend, so that limits keep holding per process during an outage.
 	// default: none
 	Fallback Backend
-	// BreakerThreshold is how many consecutive primary failures make the
-	// Throttler skip the primary for BreakerCooldown, so that an outage
-	// does not cost every request a timeout. default: 5
+	// BreakerThreshold is how many consecutive store failures of one store
+	// make the Throttler skip that store for BreakerCooldown (its calls get
+	// the fallback or the failure mode at once), so that an outage does not
+	// cost every request a timeout. There is a breaker per store the
+	// backend names (package backend's Stores: a Redis shard, a Memcached
+	// server), so one failing store never switches limiting off for keys on
+	// the others; a backend that names none is one store.
+	//
+	// A store failure is an error or a timeout of the store itself:
+	//   - this Throttler's Timeout expiring on the call (not the caller's
+	//     context: a caller that gives up says nothing about the store);
+	//   - a network error: a net.Error, io.EOF or io.ErrUnexpectedEOF, a
+	//     refused, reset or broken connection;
+	//   - an error matching ErrUnavailable, which is how backends mark the
+	//     failures they know to be their store's (backend.StoreFailure: a
+	//     server loading, read-only, out of memory).
+	// Nothing else counts: not bad input, not one key's bad state (an
+	// error matching backend.ErrKeyState, such as a corrupt item, never
+	// counts whatever it wraps), not a full in-process table
+	// (memory.ErrFull), not contention on one key, not MaxDetached being
+	// reached. Such a call still gets the fallback or the failure mode,
+	// and Observe sees its error, but it never trips a breaker. default: 5
 	BreakerThreshold int
-	// BreakerCooldown is how long the primary is skipped once the breaker
-	// opens; then calls try it again. default: 1s
+	// BreakerCooldown is how long a store is skipped once its breaker
+	// opens, on the monotonic clock of the process (never on Clock, which
+	// may step). When it ends, exactly one call (the probe) tries the
+	// store; the others keep skipping it until the probe succeeds (the
+	// breaker closes) or fails (another cooldown). default: 1s
 	BreakerCooldown time.Duration
 	// Detach runs each primary backend call on a goroutine of its own and stops
 	// waiting for it at Timeout, so that a client that ignores its context
@@ -139,13 +165,14 @@ func (o *Options) withDefaults() (Options, error) {
 type Throttler struct {
 	backend Backend
 	opts    Options
+	// stores names the store of each call; nil: the backend is one store.
+	stores storeNamer
 	// Whether the primary and the fallback are InProcess: called without a
 	// timeout context.
 	primaryLocal, fallbackLocal bool
 
-	failures  atomic.Int64 // consecutive primary failures
-	openUntil atomic.Int64 // Unix nanoseconds until which the primary is skipped; 0: closed
-	detached  atomic.Int64 // detached calls still running
+	breakersState
+	detached atomic.Int64 // detached calls still running
 }
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
@@ -163,6 +190,9 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 		return nil, err
 	}
 	t := &Throttler{backend: b, opts: o}
+	t.stores, _ = b.(storeNamer)
+	epoch := time.Now()
+	t.mono = func() time.Duration { return time.Since(epoch) }
 	t.primaryLocal = inProcess(b)
 	t.fallbackLocal = o.Fallback != nil && inProcess(o.Fallback)
 	return t, nil
@@ -207,12 +237,16 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	if t.opts.Observe != nil {
 		started = time.Now()
 	}
-	d, src, primaryErr, err := t.decide(ctx, op, key, p, n)
+	var store string
+	if t.stores != nil {
+		store = t.stores.Store(key, p)
+	}
+	d, src, primaryErr, err := t.decide(ctx, op, key, p, n, store)
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
 		}
-		t.opts.Observe(Observation{Op: op, Key: key, Policy: p, Cost: n, Decision: d, Err: primaryErr, Source: src, Latency: time.Since(started)})
+		t.opts.Observe(Observation{Op: op, Key: key, Policy: p, Cost: n, Decision: d, Err: primaryErr, Source: src, Store: store, Latency: time.Since(started)})
 	}
 	return d, err
 }
@@ -224,33 +258,37 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 // call, however many wrappers it passes through); the Throttler validates
 // only when the primary does not answer, so that bad input never reaches the
 // fallback or the failure mode, which would allow it.
-func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, Source, error, error) {
+//
+// The call goes to the primary unless the breaker of its store is open; only
+// a failure of the store itself counts toward that breaker (see
+// Options.BreakerThreshold), and a failure the backend blames on another of
+// its stores counts toward that one's.
+func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n int64, store string) (Decision, Source, error, error) {
 	now := t.opts.Clock()
+	br := t.breakerFor(store)
 	var primaryErr error
-	if t.primaryClosed(now) {
-		d, err := t.call(ctx, t.backend, t.primaryLocal, t.opts.Detach, op, key, p, n, now)
+	if ok, probe := br.admit(t.mono); ok {
+		d, timedOut, err := t.call(ctx, t.backend, t.primaryLocal, t.opts.Detach, op, key, p, n, now)
 		if err == nil {
-			t.failures.Store(0)
-			t.openUntil.Store(0)
+			br.succeeded(probe)
 			return d, SourcePrimary, nil, nil
 		}
 		if IsInputError(err) || ctx.Err() != nil {
 			// Neither is the store's fault: a backend refusing the key
 			// (e.g. too long for it), or a caller that gave up.
+			br.inconclusive(probe)
 			return Decision{}, SourceNone, nil, err
 		}
-		if t.failures.Add(1) >= int64(t.opts.BreakerThreshold) {
-			t.openUntil.Store(now.Add(t.opts.BreakerCooldown).UnixNano())
-		}
+		t.record(br, probe, store, err, timedOut)
 		primaryErr = err
 	} else {
-		primaryErr = fmt.Errorf("%w: primary skipped for %v after %d consecutive failures", ErrUnavailable, t.opts.BreakerCooldown, t.failures.Load())
+		primaryErr = t.skipped(store)
 	}
 	if err := validateCall(op, key, p, n); err != nil {
 		return Decision{}, SourceNone, nil, err
 	}
 	if t.opts.Fallback != nil {
-		d, err := t.call(ctx, t.opts.Fallback, t.fallbackLocal, false, op, key, p, n, now)
+		d, _, err := t.call(ctx, t.opts.Fallback, t.fallbackLocal, false, op, key, p, n, now)
 		if err == nil {
 			d.Degraded = true
 			return d, SourceFallback, primaryErr, nil
@@ -267,23 +305,47 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 	return d, SourceFailureMode, primaryErr, primaryErr
 }
 
-func (t *Throttler) primaryClosed(now time.Time) bool {
-	until := t.openUntil.Load()
-	return until == 0 || now.UnixNano() >= until
+// record counts a failed primary call toward the breaker it concerns: br,
+// the call's store's, or the breaker of the store the backend blamed.
+//
+//go:noinline
+func (t *Throttler) record(br *breaker, probe bool, store string, err error, timedOut bool) {
+	if !isStoreFailure(err, timedOut) {
+		br.inconclusive(probe)
+		return
+	}
+	if name := failedStore(err); name != "" && name != store {
+		br.inconclusive(probe) // the call's own store did not fail
+		br, probe = t.breakerFor(name), false
+	}
+	br.failed(probe, t.mono, int64(t.opts.BreakerThreshold), t.opts.BreakerCooldown)
 }
 
-func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
+// skipped is the primary's error for a call whose store's breaker is open.
+func (t *Throttler) skipped(store string) error {
+	if store == "" {
+		store = "the backend"
+	}
+	return fmt.Errorf("%w: %s skipped: its breaker opened after %d consecutive store failures (cooldown %v)",
+		ErrUnavailable, store, t.opts.BreakerThreshold, t.opts.BreakerCooldown)
+}
+
+// call runs the operation on b, under the Timeout unless b is in process;
+// timedOut says that this Throttler's own deadline expired.
+func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op Op, key string, p Policy, n int64, now time.Time) (d Decision, timedOut bool, err error) {
 	if local {
-		return dispatch(ctx, b, op, key, p, n, now)
+		d, err = dispatch(ctx, b, op, key, p, n, now)
+		return d, false, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	if !detach {
-		return dispatch(ctx, b, op, key, p, n, now)
+		d, err = dispatch(ctx, b, op, key, p, n, now)
+		return d, err != nil && ctx.Err() == context.DeadlineExceeded, err
 	}
 	if t.detached.Add(1) > int64(t.opts.MaxDetached) {
 		t.detached.Add(-1)
-		return Decision{}, fmt.Errorf("%w: %d calls still waiting on the backend", ErrUnavailable, t.opts.MaxDetached)
+		return Decision{}, false, fmt.Errorf("%w (%d)", errTooManyDetached, t.opts.MaxDetached)
 	}
 	type result struct {
 		d   Decision
@@ -297,9 +359,9 @@ func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op 
 	}()
 	select {
 	case r := <-done:
-		return r.d, r.err
+		return r.d, r.err != nil && ctx.Err() == context.DeadlineExceeded, r.err
 	case <-ctx.Done():
-		return Decision{}, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
+		return Decision{}, ctx.Err() == context.DeadlineExceeded, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
 	}
 }
 

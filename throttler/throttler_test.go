@@ -2,11 +2,12 @@ package throttler_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -75,7 +76,8 @@ func (s *stubBackend) set(err error) { s.mu.Lock(); s.err = err; s.mu.Unlock() }
 
 func (s *stubBackend) count() int { s.mu.Lock(); defer s.mu.Unlock(); return s.calls }
 
-var errDown = errors.New("connection refused")
+// errDown is a store failure: what a client returns when the server is gone.
+var errDown error = &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 
 func newMemory(t testing.TB) *memory.Backend {
 	t.Helper()
@@ -342,13 +344,14 @@ func TestCallerCancellationIsNotAnOutage(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 }
 
-// After BreakerThreshold failures the primary is skipped for
-// BreakerCooldown (on the Throttler's clock), then tried again.
+// After BreakerThreshold store failures the primary is skipped for
+// BreakerCooldown (on the monotonic clock), then tried again.
 func TestBreaker(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := &monoClock{}
 	primary := &stubBackend{err: errDown, next: newMemory(t)}
 	fallback := newMemory(t)
-	th := newThrottler(t, primary, &throttler.Options{Clock: clock.Now, Fallback: fallback, BreakerThreshold: 3, BreakerCooldown: 2 * time.Second})
+	th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, Fallback: fallback, BreakerThreshold: 3, BreakerCooldown: 2 * time.Second})
+	throttler.SetMonotonic(th, clock.Now)
 	p := throttler.PerMinute(100)
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {

@@ -94,6 +94,19 @@
 // pair may live on different servers, and each server's failure or eviction
 // affects the pair.
 //
+// # Failures and stores
+//
+// A failure of a server itself (a refused or reset connection, a timeout,
+// a SERVER_ERROR, a broken reply) matches throttler.ErrUnavailable
+// (backend.StoreFailure); an item this backend cannot read, or one
+// Memcached refuses to count (CLIENT_ERROR on incr of a value that is not a
+// number), matches ErrBadItem and backend.ErrKeyState, and never trips a
+// Throttler's breaker. Given the client's ServerSelector
+// (Options.Selector), the backend names the server of each call
+// (backend.Stores) and blames a failure on the server it came from, so a
+// Throttler keeps a breaker per server: one stalled server switches
+// limiting off only for the keys whose items it holds.
+//
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
 // call, so set it below the Throttler's Timeout. A Take usually makes one to
@@ -105,8 +118,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/bradfitz/gomemcache/memcache"
@@ -155,8 +172,8 @@ var (
 	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
-	// the prefix).
-	ErrBadItem = errors.New("memcached: unexpected item value")
+	// the prefix). It is one key's failure: it matches backend.ErrKeyState.
+	ErrBadItem = backend.KeyFailure(errors.New("memcached: unexpected item value"))
 )
 
 // Options configures a Backend. A nil *Options, or a zero field, means the
@@ -184,6 +201,13 @@ type Options struct {
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
 	NoCache bool
+	// Selector is the ServerSelector the client picks servers with: build
+	// the client with memcache.NewFromSelector(sel) and pass sel here
+	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
+	// of them). With it, the backend names the server of each call
+	// (backend.Stores) and of each failure, so that a Throttler's breaker
+	// covers one server. default: none: all servers are one store
+	Selector memcache.ServerSelector
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -206,6 +230,11 @@ func (o *Options) withDefaults() (Options, error) {
 	if r.CacheFor < 0 {
 		return r, fmt.Errorf("memcached: Options.CacheFor must be >= 0 (0: the default, 1s), got %v", r.CacheFor)
 	}
+	if r.Selector != nil {
+		if err := nilness.Check("memcached: Options.Selector", r.Selector); err != nil {
+			return r, err
+		}
+	}
 	if r.CacheSize < 0 {
 		return r, fmt.Errorf("memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got %d", r.CacheSize)
 	}
@@ -225,6 +254,7 @@ type Backend struct {
 	opts  Options
 	cache *headCache // with NoCache, a hint of the counter key only
 	locks stateLocks // one caller per state item at a time (algorithms.go)
+	names sync.Map   // server address → store name, so Store does not allocate
 }
 
 // New returns a Backend over c, usually a *memcache.Client whose Timeout
@@ -385,6 +415,14 @@ func exptime(resetAtMs int64, now time.Time) int32 {
 
 // Peek reports the state of key's window without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	d, err := b.peek(ctx, key, p, now)
+	if err != nil {
+		return d, b.classify(key, p, err)
+	}
+	return d, nil
+}
+
+func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
@@ -410,6 +448,14 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // Refund gives cost units back to key's open window, never below zero; it
 // does nothing when no window is open.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	d, err := b.refund(ctx, key, p, cost, now)
+	if err != nil {
+		return d, b.classify(key, p, err)
+	}
+	return d, nil
+}
+
+func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
@@ -446,6 +492,14 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // when none is open. A denied Take counts nothing; see the package comment
 // for the sequence of calls and what it can and cannot promise.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	d, err := b.take(ctx, key, p, cost, now)
+	if err != nil {
+		return d, b.classify(key, p, err)
+	}
+	return d, nil
+}
+
+func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
@@ -577,4 +631,131 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		return throttler.Decision{}, fmt.Errorf("%w: counter of %q kept vanishing after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
 	}
 	return backend.WindowState(p, d, resetAt, now, false), nil
+}
+
+var _ backend.Stores = (*Backend)(nil)
+
+// Store names the server that holds key's items under p, as the client's
+// Options.Selector picks it ("memcached 10.0.0.2:11211"; see
+// backend.Stores), or "" without a Selector. For a fixed window that is
+// the head's server: a window's counter may live on another, and a failure
+// there is blamed on that server (see classify).
+func (b *Backend) Store(key string, p throttler.Policy) string {
+	if b.opts.Selector == nil {
+		return ""
+	}
+	return b.serverOf(b.homeItem(key, p))
+}
+
+// homeItem is the item every call on (p, key) reads first.
+func (b *Backend) homeItem(key string, p throttler.Policy) string {
+	k := newItemKeys(b.opts.Prefix, p, key)
+	if p.Algorithm == throttler.FixedWindow {
+		return k.head()
+	}
+	return k.state()
+}
+
+// serverOf names the server of an item, or "" if the selector has none.
+func (b *Backend) serverOf(item string) string {
+	addr, err := b.opts.Selector.PickServer(item)
+	if err != nil {
+		return ""
+	}
+	return b.serverName(addr.String())
+}
+
+func (b *Backend) serverName(addr string) string {
+	if n, ok := b.names.Load(addr); ok {
+		return n.(string)
+	}
+	n, _ := b.names.LoadOrStore(addr, "memcached "+addr)
+	return n.(string)
+}
+
+// classify marks err, from a call on (p, key), as a server's failure
+// (backend.StoreFailure, naming the server it came from) or as the key's
+// (backend.ErrKeyState) when it is known to be either; anything else, a
+// context's end included, is left as it is for the caller to judge.
+func (b *Backend) classify(key string, p throttler.Policy, err error) error {
+	switch {
+	case throttler.IsInputError(err), errors.Is(err, backend.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
+		return err
+	case clientError(err):
+		return backend.KeyFailure(err)
+	case serverFailure(err):
+		return backend.StoreFailure(b.failedServer(key, p, err), err)
+	}
+	return err
+}
+
+// failedServer names the server a failure came from: the address in a
+// network error when it is one of the selector's servers (a call may reach
+// two: a head and a counter), else the server of the call's first item.
+func (b *Backend) failedServer(key string, p throttler.Policy, err error) string {
+	if b.opts.Selector == nil {
+		return ""
+	}
+	var addr net.Addr
+	var opErr *net.OpError
+	var dialErr *memcache.ConnectTimeoutError
+	switch {
+	case errors.As(err, &opErr):
+		addr = opErr.Addr
+	case errors.As(err, &dialErr):
+		addr = dialErr.Addr
+	}
+	if addr != nil {
+		known := false
+		_ = b.opts.Selector.Each(func(a net.Addr) error {
+			known = known || a.String() == addr.String()
+			return nil
+		})
+		if known {
+			return b.serverName(addr.String())
+		}
+	}
+	return b.serverOf(b.homeItem(key, p))
+}
+
+// gomemcache reports what a server answered in the text of its errors; the
+// innermost error of a chain is gomemcache's own, while the backend's
+// wrappers around it name the key, which must never decide anything.
+func innermost(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}
+
+// clientError reports a CLIENT_ERROR reply: Memcached refused the command
+// on this item (incr of a value that is not a number), not the connection.
+func clientError(err error) bool {
+	return strings.HasPrefix(innermost(err).Error(), "memcache: client error: ")
+}
+
+// serverFailure reports a failure of the server or of the way to it: a
+// network error, a timeout, a SERVER_ERROR, a reply out of step with the
+// protocol (the connection is then closed).
+func serverFailure(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false // whose deadline it was is the caller's to say
+	}
+	var ne net.Error
+	var dialErr *memcache.ConnectTimeoutError
+	if errors.As(err, &ne) || errors.As(err, &dialErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, memcache.ErrServerError) {
+		return true
+	}
+	// incr and decr read a SERVER_ERROR line as a number.
+	var numErr *strconv.NumError
+	if errors.As(err, &numErr) && strings.HasPrefix(numErr.Num, "SERVER_ERROR") {
+		return true
+	}
+	msg := innermost(err).Error()
+	return strings.Contains(msg, "SERVER_ERROR") ||
+		strings.HasPrefix(msg, "memcache: unexpected ") || strings.HasPrefix(msg, "memcache: corrupt get result")
 }

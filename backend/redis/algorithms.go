@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"time"
 
@@ -150,7 +149,7 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 // Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
-	run := func(c Client) error {
+	run := func(ctx context.Context, c Client) error {
 		return parseInts(logScript.Run(ctx, c, []string{sk},
 			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
 	}
@@ -158,7 +157,7 @@ func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op,
 	if op == throttler.OpPeek {
 		err = b.read(ctx, s, run)
 	} else {
-		err = run(s.primary)
+		err = run(ctx, s.primary)
 	}
 	if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
 		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
@@ -200,7 +199,7 @@ func disagree(reply []int64, write bool, next any) error {
 // read it (see maxStored); otherwise the state reads as none.
 func (b *Backend) readFields(ctx context.Context, s *shard, sk string, fields []string, out []int64) (bool, error) {
 	ok := false
-	err := b.read(ctx, s, func(c Client) error {
+	err := b.read(ctx, s, func(ctx context.Context, c Client) error {
 		vals, err := c.HMGet(ctx, sk, fields...).Result()
 		if err != nil {
 			return err
@@ -218,21 +217,6 @@ func (b *Backend) readFields(ctx context.Context, s *shard, sk string, fields []
 		return nil
 	})
 	return ok, err
-}
-
-// read runs f on one of the shard's replicas, round robin, and on the
-// primary when that fails for a reason other than its reply; on the primary
-// when the shard has no replica.
-func (b *Backend) read(ctx context.Context, s *shard, f func(Client) error) error {
-	n := len(s.replicas)
-	if n == 0 {
-		return f(s.primary)
-	}
-	err := f(s.replicas[(s.next.Add(1)-1)%uint32(n)])
-	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnexpectedReply) {
-		err = f(s.primary)
-	}
-	return err
 }
 
 // parseStored reads a stored field as the scripts do: an optional '-' and

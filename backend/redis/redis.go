@@ -13,6 +13,16 @@
 // application clock that disagrees with Redis's cannot make a live window
 // vanish. See docs/backends-redis.md for the key layout.
 //
+// Failures: a failure of Redis itself (a network error, a pool timeout, a
+// server that is LOADING, READONLY, BUSY, out of memory, or a cluster that
+// is down) matches throttler.ErrUnavailable (backend.StoreFailure), so that
+// a Throttler's breaker counts it against the call's shard; a key another
+// program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
+// and never does. Each shard is a store of its own (backend.Stores): one
+// shard's outage switches limiting off for its keys only. A replica that
+// fails a Peek in any way, its share of the time running out included, is
+// never reported: the primary answers instead.
+//
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
 // ContextTimeoutEnabled: true. Set it (goredis is the import
@@ -36,6 +46,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -130,6 +142,7 @@ type shard struct {
 	primary  Client
 	replicas []Client
 	next     atomic.Uint32 // round robin over replicas
+	name     string        // the store, for a Throttler's breakers
 }
 
 // Backend stores fixed windows in Redis. It is safe for concurrent use and
@@ -178,9 +191,36 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 				return nil, err
 			}
 		}
-		b.shards[i] = &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...)}
+		b.shards[i] = &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...), name: storeName(i, len(shards), s.Primary)}
 	}
 	return b, nil
+}
+
+// storeName names shard i of n for a Throttler's breakers and its
+// observations: "redis shard 1 (10.0.0.1:6379)", or "redis (…)" for a
+// single client; the address when the client tells it (a *goredis.Client).
+func storeName(i, n int, c Client) string {
+	name := "redis"
+	if n > 1 {
+		name = "redis shard " + strconv.Itoa(i)
+	}
+	if o, ok := c.(interface{ Options() *goredis.Options }); ok && o.Options() != nil && o.Options().Addr != "" {
+		name += " (" + o.Options().Addr + ")"
+	}
+	return name
+}
+
+var _ backend.Stores = (*Backend)(nil)
+
+// Store names the shard that holds key under p (see backend.Stores): each
+// shard fails on its own, replicas included, so each gets its own breaker.
+// A Cluster or a Ring is one store: the client routes inside it.
+func (b *Backend) Store(key string, p throttler.Policy) string {
+	if len(b.shards) == 1 {
+		return b.shards[0].name
+	}
+	_, h := b.storageKey(p, key)
+	return b.shardFor(h).name
 }
 
 // required reports a nil client, including a nil pointer in the interface
@@ -236,8 +276,8 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 // Peek reports the key's window without counting. It reads a replica when
-// the shard has one, and the primary when that read fails; a window that
-// ended by now reads as absent wherever it is still stored.
+// the shard has one, and the primary when that read fails (see read); a
+// window that ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
@@ -246,25 +286,44 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 		return b.apply(ctx, throttler.OpPeek, key, p, 0, now)
 	}
 	sk, h := b.storageKey(p, key)
-	s := b.shardFor(h)
 	var (
 		used    int64
 		resetAt time.Time
-		err     error
 	)
-	if n := len(s.replicas); n > 0 {
-		r := s.replicas[(s.next.Add(1)-1)%uint32(n)]
-		used, resetAt, err = readWindow(ctx, r, sk)
-		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrUnexpectedReply) {
-			used, resetAt, err = readWindow(ctx, s.primary, sk)
-		}
-	} else {
-		used, resetAt, err = readWindow(ctx, s.primary, sk)
-	}
+	err := b.read(ctx, b.shardFor(h), func(ctx context.Context, c Client) (err error) {
+		used, resetAt, err = readWindow(ctx, c, sk)
+		return err
+	})
 	if err != nil {
 		return throttler.Decision{}, opError("peek", key, p, err)
 	}
 	return backend.PeekState(p, used, resetAt, now), nil
+}
+
+// read runs f on one of the shard's replicas, round robin, and on the
+// primary when the replica fails in any way, a deadline or an odd reply
+// included; on the primary alone when the shard has no replica. A replica
+// only gets half of the call's remaining time, so that a paused one leaves
+// the primary the other half: it costs a Peek some latency, never its
+// answer, and its failure is never the primary's (a Throttler never hears
+// of it). Only the caller's own context ending stops the fallback.
+func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, Client) error) error {
+	n := len(s.replicas)
+	if n == 0 {
+		return f(ctx, s.primary)
+	}
+	r := s.replicas[(s.next.Add(1)-1)%uint32(n)]
+	rctx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(deadline)/2))
+		defer cancel()
+	}
+	err := f(rctx, r)
+	if err != nil && ctx.Err() == nil {
+		err = f(ctx, s.primary)
+	}
+	return err
 }
 
 // readWindow reads a window's hash; a zero resetAt means none is stored.
@@ -329,12 +388,65 @@ func (b *Backend) shardFor(h uint64) *shard {
 	return b.shards[jumpHash(h, len(b.shards))]
 }
 
-// opError wraps a store failure with the operation and the window's
-// identity. Long keys are cut: the error is for logs (a Throttler never
-// writes it into a response).
+// opError wraps a failure with the operation and the window's identity,
+// and marks it as the shard's (backend.StoreFailure) or the key's
+// (backend.ErrKeyState) when it is known to be either. Long keys are cut:
+// the error is for logs (a Throttler never writes it into a response).
 func opError(op, key string, p throttler.Policy, err error) error {
 	if len(key) > 64 {
 		key = key[:64] + "..."
 	}
-	return fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
+	wrapped := fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
+	switch {
+	case keyFailure(err):
+		return backend.KeyFailure(wrapped)
+	case storeFailure(err):
+		return backend.StoreFailure("", wrapped)
+	}
+	return wrapped
+}
+
+// storeErrorPrefixes begin the replies of a Redis that cannot serve any key
+// now: loading its data set, a replica without its primary or one that
+// refuses writes, a cluster without a quorum or in the middle of a
+// resharding, a script or a command hogging the server, memory or disk
+// full, too few replicas for a write.
+var storeErrorPrefixes = []string{
+	"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "BUSY", "OOM",
+	"MISCONF", "NOREPLICAS", "ERR max number of clients reached",
+}
+
+// storeFailure reports whether err, from go-redis, is a failure of the
+// server or of the way to it, rather than of one key or of the call.
+// Context errors are left to the caller, who knows whose deadline it was.
+func storeFailure(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	if errors.Is(err, goredis.ErrPoolTimeout) || errors.Is(err, goredis.ErrPoolExhausted) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, prefix := range storeErrorPrefixes {
+		if strings.HasPrefix(re.Error(), prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyFailure reports whether err is about the key alone: it holds a value
+// of another type (another program's key under the prefix). A script's
+// error carries the command's reply in its text, hence Contains.
+func keyFailure(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re) && strings.Contains(re.Error(), "WRONGTYPE")
 }

@@ -1,0 +1,215 @@
+package memcached
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// twoServers is the selector of a client over two servers; nothing dials
+// them.
+func twoServers(t *testing.T) *memcache.ServerList {
+	t.Helper()
+	sel := new(memcache.ServerList)
+	if err := sel.SetServers("127.0.0.1:1", "127.0.0.1:2"); err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+// pick is the address the selector gives an item.
+func pick(t *testing.T, sel memcache.ServerSelector, item string) net.Addr {
+	t.Helper()
+	addr, err := sel.PickServer(item)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// Store names the server of the item every call on the key reads first:
+// the head of a fixed window, the state item of the other algorithms.
+func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
+	sel := twoServers(t)
+	b := mustNew(t, newFakeClient(), &Options{Selector: sel})
+	seen := map[string]bool{}
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket} {
+		p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute, Algorithm: alg}
+		for i := range 50 {
+			key := fmt.Sprint("user-", i)
+			k := newItemKeys(b.opts.Prefix, p, key)
+			item := k.head()
+			if alg != throttler.FixedWindow {
+				item = k.state()
+			}
+			want := "memcached " + pick(t, sel, item).String()
+			if got := b.Store(key, p); got != want {
+				t.Fatalf("%v %q: Store %q, want %q", alg, key, got, want)
+			}
+			seen[want] = true
+		}
+	}
+	if len(seen) != 2 {
+		t.Errorf("servers named %v, want both", seen)
+	}
+	if got := mustNew(t, newFakeClient(), nil).Store("k", throttler.PerMinute(1)); got != "" {
+		t.Errorf("without a Selector: Store %q, want one store", got)
+	}
+}
+
+func TestSelectorMustNotBeANilPointer(t *testing.T) {
+	var sel *memcache.ServerList
+	_, err := New(newFakeClient(), &Options{Selector: sel})
+	if err == nil || err.Error() != "memcached: Options.Selector is a nil *memcache.ServerList" {
+		t.Errorf("err %v", err)
+	}
+}
+
+// Issue 11, case 2: a corrupt item or a key Memcached refuses to count was
+// an error like any other, which opened the Throttler's one breaker for
+// every key. Now each failure says whose it is: a server's
+// (throttler.ErrUnavailable, naming the server), the key's
+// (backend.ErrKeyState), or neither.
+func TestFailuresAreClassified(t *testing.T) {
+	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
+	ctx := context.Background()
+	const store, key, neither = "store", "key", ""
+	timeout := func(addr string) error {
+		a, _ := net.ResolveTCPAddr("tcp", addr)
+		return &net.OpError{Op: "read", Net: "tcp", Addr: a, Err: &timeoutErr{}}
+	}
+	tests := []struct {
+		name string
+		err  error // returned by the client's first get
+		want string
+	}{
+		{"read timeout", timeout("127.0.0.1:1"), store},
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, store},
+		{"connect timeout", &memcache.ConnectTimeoutError{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 2}}, store},
+		{"server error", memcache.ErrServerError, store},
+		{"SERVER_ERROR reply", fmt.Errorf("memcache: unexpected response line from %q: %q", "add", "SERVER_ERROR out of memory storing object\r\n"), store},
+		{"SERVER_ERROR read as a number", &strconv.NumError{Func: "ParseUint", Num: "SERVER_ERROR out of memory", Err: strconv.ErrSyntax}, store},
+		{"broken reply", errors.New("memcache: corrupt get result read"), store},
+		{"CLIENT_ERROR", errors.New("memcache: client error: cannot increment or decrement non-numeric value"), key},
+		{"malformed key", memcache.ErrMalformedKey, neither},
+		{"deadline", context.DeadlineExceeded, neither},
+		{"something else", errors.New("boom"), neither},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, sel := range []memcache.ServerSelector{nil, twoServers(t)} {
+				f := newFakeClient()
+				b := mustNew(t, f, &Options{Selector: sel, NoCache: true})
+				f.setBefore(func(op, _ string) error { return tt.err })
+				_, err := b.Take(ctx, "k", p, 1, t0)
+				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "memcached: ") {
+					t.Fatalf("err %v, want memcached: … %v", err, tt.err)
+				}
+				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
+					t.Errorf("store failure %v, want %v (%v)", got, tt.want == store, err)
+				}
+				if got := errors.Is(err, backend.ErrKeyState); got != (tt.want == key) {
+					t.Errorf("key failure %v, want %v (%v)", got, tt.want == key, err)
+				}
+				if tt.want != store {
+					continue
+				}
+				var named interface{ FailedStore() string }
+				if !errors.As(err, &named) {
+					t.Fatalf("%v names no store", err)
+				}
+				want := ""
+				if sel != nil {
+					want = b.Store("k", p)
+					if tt.name == "read timeout" {
+						want = "memcached 127.0.0.1:1" // the address in the error
+					}
+					if tt.name == "connect timeout" {
+						want = "memcached 127.0.0.1:2"
+					}
+				}
+				if named.FailedStore() != want {
+					t.Errorf("blamed %q, want %q", named.FailedStore(), want)
+				}
+			}
+		})
+	}
+}
+
+type timeoutErr struct{}
+
+func (*timeoutErr) Error() string   { return "i/o timeout" }
+func (*timeoutErr) Timeout() bool   { return true }
+func (*timeoutErr) Temporary() bool { return true }
+
+// A corrupt item is the key's failure, whatever its key spells: text the
+// key puts in an error never makes it a server's.
+func TestCorruptItemsAreTheKeysFailures(t *testing.T) {
+	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
+	ctx := context.Background()
+	resetMs := t0.Add(time.Minute).UnixMilli()
+	for _, name := range []string{"k", "SERVER_ERROR", "memcache:_unexpected"} {
+		b, f := newTestBackend(t)
+		k := newItemKeys(b.opts.Prefix, p, name)
+		for _, corrupt := range []struct{ head, counter string }{{"soon", ""}, {strconv.FormatInt(resetMs, 10), "many"}} {
+			f.set(k.head(), corrupt.head)
+			f.evict(k.counter(resetMs))
+			if corrupt.counter != "" {
+				f.set(k.counter(resetMs), corrupt.counter)
+			}
+			for op, call := range map[string]func() error{
+				"take":   func() error { _, err := b.Take(ctx, name, p, 1, t0); return err },
+				"peek":   func() error { _, err := b.Peek(ctx, name, p, t0); return err },
+				"refund": func() error { _, err := b.Refund(ctx, name, p, 1, t0); return err },
+			} {
+				err := call()
+				if !errors.Is(err, backend.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) {
+					t.Errorf("%q, %+v, %s: %v, want only a key failure", name, corrupt, op, err)
+				}
+			}
+		}
+	}
+}
+
+// A window's counter may live on another server than its head: a failure
+// there is blamed on the counter's server, which the error's address names.
+func TestCounterFailureBlamesTheCountersServer(t *testing.T) {
+	sel := twoServers(t)
+	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
+	resetMs := t0.Add(time.Minute).UnixMilli()
+	var key string
+	for i := 0; key == ""; i++ {
+		k := newItemKeys("throttlekit:", p, fmt.Sprint("user-", i))
+		if pick(t, sel, k.head()).String() != pick(t, sel, k.counter(resetMs)).String() {
+			key = fmt.Sprint("user-", i)
+		}
+	}
+	f := newFakeClient()
+	b := mustNew(t, f, &Options{Selector: sel})
+	counter := newItemKeys(b.opts.Prefix, p, key).counter(resetMs)
+	f.setBefore(func(op, item string) error {
+		if item == counter {
+			return &net.OpError{Op: "read", Net: "tcp", Addr: pick(t, sel, counter), Err: &timeoutErr{}}
+		}
+		return nil
+	})
+	_, err := b.Take(context.Background(), key, p, 1, t0)
+	var named interface{ FailedStore() string }
+	if !errors.As(err, &named) {
+		t.Fatalf("err %v names no store", err)
+	}
+	if want := "memcached " + pick(t, sel, counter).String(); named.FailedStore() != want || b.Store(key, p) == want {
+		t.Errorf("blamed %q, want the counter's server %q, not the head's %q", named.FailedStore(), want, b.Store(key, p))
+	}
+}

@@ -1,0 +1,211 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// pausedReplica is a replica whose reads hang until their context ends, as
+// a paused server's do with ContextTimeoutEnabled. It records the deadline
+// it was given.
+type pausedReplica struct {
+	fakeClient
+	deadline time.Time
+}
+
+func (r *pausedReplica) HMGet(ctx context.Context, key string, fields ...string) *goredis.SliceCmd {
+	r.deadline, _ = ctx.Deadline()
+	<-ctx.Done()
+	cmd := goredis.NewSliceCmd(ctx)
+	cmd.SetErr(ctx.Err())
+	return cmd
+}
+
+// Issue 11, case 2: a Peek on a paused replica timed out with the whole
+// call's time, never reached the primary, and the Throttler counted the
+// timeout against the primary's store. The replica gets half the time now,
+// and the primary answers in the other half, for every algorithm.
+func TestPeekOnAPausedReplicaFallsBackToThePrimaryInTime(t *testing.T) {
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := policy
+			p.Algorithm = alg
+			primary := &fakeClient{hmgetVal: []any{"1", fmt.Sprint(reset)}}
+			if alg != throttler.FixedWindow {
+				primary.hmgetVal = make([]any, map[throttler.Algorithm]int{throttler.TokenBucket: 3, throttler.SlidingWindow: 4}[alg])
+			}
+			replica := &pausedReplica{}
+			b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+			defer cancel()
+			callDeadline, _ := ctx.Deadline()
+			d, err := b.Peek(ctx, "k", p, t0)
+			if err != nil {
+				t.Fatalf("Peek: %v; want the primary's answer", err)
+			}
+			if ctx.Err() != nil {
+				t.Error("the primary answered after the call's deadline")
+			}
+			if len(primary.calls) != 1 {
+				t.Errorf("primary calls %v, want one hmget", primary.calls)
+			}
+			if alg == throttler.FixedWindow && d.Used != 1 {
+				t.Errorf("Used %d, want the primary's 1", d.Used)
+			}
+			if left := time.Until(callDeadline); !replica.deadline.Before(callDeadline) || callDeadline.Sub(replica.deadline) < left {
+				t.Errorf("replica deadline %v before the call's: the primary needs time left", callDeadline.Sub(replica.deadline))
+			}
+		})
+	}
+}
+
+// Any failure of the replica sends the Peek to the primary, an odd reply
+// included; only the caller's context ending stops it.
+func TestPeekFallsBackOnAnyReplicaFailure(t *testing.T) {
+	for _, replicaErr := range []error{ErrUnexpectedReply, replyErr("LOADING Redis is loading"), context.DeadlineExceeded, io.EOF} {
+		primary := &fakeClient{hmgetVal: []any{"2", fmt.Sprint(reset)}}
+		replica := &fakeClient{hmgetErr: replicaErr}
+		b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := b.Peek(context.Background(), "k", policy, t0)
+		if err != nil || d.Used != 2 {
+			t.Errorf("replica failing with %v: Peek = %+v, %v; want the primary's Used 2", replicaErr, d, err)
+		}
+	}
+	wrongCount := &fakeClient{hmgetVal: []any{"4"}}
+	primary := &fakeClient{hmgetVal: []any{"2", fmt.Sprint(reset)}}
+	b, _ := NewSharded([]Shard{{Primary: primary, Replicas: []Client{wrongCount}}}, nil)
+	if d, err := b.Peek(context.Background(), "k", policy, t0); err != nil || d.Used != 2 {
+		t.Errorf("replica with an odd reply: Peek = %+v, %v; want the primary's", d, err)
+	}
+}
+
+// replyErr is a Redis error reply, as go-redis returns one.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+// Failures of the server are the shard's (throttler.ErrUnavailable); a key
+// holding another type is the key's (backend.ErrKeyState); the rest is
+// neither, and a context's end is left to the caller.
+func TestFailuresAreClassified(t *testing.T) {
+	const store, key, neither = "store", "key", ""
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{replyErr("LOADING Redis is loading the dataset in memory"), store},
+		{replyErr("READONLY You can't write against a read only replica."), store},
+		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), store},
+		{replyErr("CLUSTERDOWN The cluster is down"), store},
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), store},
+		{replyErr("BUSY Redis is busy running a script."), store},
+		{replyErr("OOM command not allowed when used memory > 'maxmemory'."), store},
+		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), store},
+		{replyErr("NOREPLICAS Not enough good replicas to write."), store},
+		{replyErr("ERR max number of clients reached"), store},
+		{&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, store},
+		{fmt.Errorf("read: %w", io.EOF), store},
+		{goredis.ErrPoolTimeout, store},
+		{replyErr("WRONGTYPE Operation against a key holding the wrong kind of value"), key},
+		{replyErr("ERR Error running script (call to f_1): @user_script:3: WRONGTYPE Operation against a key holding the wrong kind of value"), key},
+		{replyErr("ERR unknown command 'EVALSHA'"), neither},
+		{context.DeadlineExceeded, neither},
+		{context.Canceled, neither},
+		{errors.New("LOADING but not a reply from Redis"), neither},
+	}
+	for _, tt := range tests {
+		t.Run(tt.err.Error(), func(t *testing.T) {
+			for _, op := range []string{"take", "refund"} {
+				f := &fakeClient{evalErr: tt.err}
+				b := newBackend(t, f, nil)
+				var err error
+				if op == "take" {
+					_, err = b.Take(context.Background(), "k", policy, 1, t0)
+				} else {
+					_, err = b.Refund(context.Background(), "k", policy, 1, t0)
+				}
+				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "redis: "+op+" ") {
+					t.Errorf("%s: %v, want %v wrapped once", op, err, tt.err)
+				}
+				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
+					t.Errorf("%s: store failure %v, want %v", op, got, tt.want == store)
+				}
+				if got := errors.Is(err, backend.ErrKeyState); got != (tt.want == key) {
+					t.Errorf("%s: key failure %v, want %v", op, got, tt.want == key)
+				}
+			}
+		})
+	}
+}
+
+// Each shard is a store of its own, named with its address when the client
+// tells it; the name is the shard every operation on the key goes to.
+func TestStoreNamesTheKeysShard(t *testing.T) {
+	shards := make([]Shard, 3)
+	fakes := make([]*fakeClient, 3)
+	for i := range shards {
+		fakes[i] = &fakeClient{evalVal: []any{int64(1), int64(1), reset}}
+		shards[i] = Shard{Primary: fakes[i]}
+	}
+	b, err := NewSharded(shards, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for i := range 100 {
+		key := fmt.Sprint("user-", i)
+		for _, f := range fakes {
+			f.calls = nil
+		}
+		if _, err := b.Take(context.Background(), key, policy, 1, t0); err != nil {
+			t.Fatal(err)
+		}
+		name := b.Store(key, policy)
+		seen[name] = true
+		for j, f := range fakes {
+			if (len(f.calls) > 0) != (name == fmt.Sprint("redis shard ", j)) {
+				t.Fatalf("%q: Store says %q, the Take went to shard %d: %v", key, name, j, f.calls)
+			}
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("stores seen %v, want all 3 shards", seen)
+	}
+
+	c := goredis.NewClient(&goredis.Options{Addr: "10.0.0.1:6379"})
+	defer c.Close()
+	single := newBackend(t, c, nil)
+	if got := single.Store("k", policy); got != "redis (10.0.0.1:6379)" {
+		t.Errorf("single client: Store %q", got)
+	}
+	two, err := NewSharded([]Shard{{Primary: c}, {Primary: fakes[0]}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for i := range 50 {
+		names[two.Store(fmt.Sprint(i), policy)] = true
+	}
+	if !names["redis shard 0 (10.0.0.1:6379)"] || !names["redis shard 1"] || len(names) != 2 {
+		t.Errorf("two shards: names %v", names)
+	}
+}

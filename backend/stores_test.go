@@ -1,0 +1,65 @@
+package backend_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// The marks add a sentinel without changing the message (one package
+// prefix), and keep the cause.
+func TestFailureMarks(t *testing.T) {
+	cause := errors.New("redis: take \"k\": LOADING Redis is loading the dataset in memory")
+	store := backend.StoreFailure("redis shard 1", cause)
+	assert.EqualError(t, store, cause.Error())
+	assert.ErrorIs(t, store, cause)
+	assert.ErrorIs(t, store, throttler.ErrUnavailable)
+	assert.NotErrorIs(t, store, backend.ErrKeyState)
+	var named interface{ FailedStore() string }
+	if assert.ErrorAs(t, fmt.Errorf("router: %w", store), &named) {
+		assert.Equal(t, "redis shard 1", named.FailedStore())
+	}
+
+	key := backend.KeyFailure(cause)
+	assert.EqualError(t, key, cause.Error())
+	assert.ErrorIs(t, key, cause)
+	assert.ErrorIs(t, key, backend.ErrKeyState)
+	assert.NotErrorIs(t, key, throttler.ErrUnavailable)
+	var scoped interface{ KeyScoped() bool }
+	assert.ErrorAs(t, fmt.Errorf("x: %w", key), &scoped, "a Throttler finds it by its method")
+	assert.ErrorAs(t, fmt.Errorf("x: %w", backend.ErrKeyState), &scoped, "wrapped directly too")
+
+	assert.NoError(t, backend.StoreFailure("s", nil))
+	assert.NoError(t, backend.KeyFailure(nil))
+}
+
+type namedStores struct{ acceptAll }
+
+func (namedStores) Store(key string, _ throttler.Policy) string { return "store of " + key }
+
+type acceptAll struct{}
+
+func (acceptAll) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
+}
+
+func (acceptAll) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
+}
+
+func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, nil
+}
+
+func TestStoreOf(t *testing.T) {
+	p := throttler.PerMinute(1)
+	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, "k", p))
+	assert.Equal(t, "", backend.StoreOf(acceptAll{}, "k", p), "a backend that names none is one store")
+}

@@ -1,0 +1,109 @@
+package flags
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// namedStore is a backend that names one store, and fails every call as
+// that store when err is set.
+type namedStore struct {
+	throttler.Backend
+	name string
+	err  error
+}
+
+func (s namedStore) Store(string, throttler.Policy) string { return s.name }
+
+func (s namedStore) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if s.err != nil {
+		return throttler.Decision{}, s.err
+	}
+	return s.Backend.Take(ctx, key, p, cost, now)
+}
+
+// The router names the store of the backend each key is routed to now: its
+// own name for it, or the backend's name in the router for one that names
+// none.
+func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
+	pct, err := NewPercent(50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := router(t, namedStore{Backend: mem(t), name: "redis shard 0"}, mem(t), pct, &RouterOptions{NewName: "memory"})
+	p := throttler.PerMinute(1)
+	seen := map[string]int{}
+	for i := range 200 {
+		key := fmt.Sprint("user-", i)
+		want := "redis shard 0"
+		if rt.UseNew(key) {
+			want = "memory"
+		}
+		if got := rt.Store(key, p); got != want {
+			t.Fatalf("%q: Store %q, want %q", key, got, want)
+		}
+		seen[want]++
+	}
+	if len(seen) != 2 {
+		t.Errorf("stores %v, want both at 50%%", seen)
+	}
+	if err := pct.Set(100); err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.Store("user-0", p); got != "memory" {
+		t.Errorf("at 100%%: Store %q, want the new backend's", got)
+	}
+	var _ backend.Stores = rt
+}
+
+// Issue 11, case 2, through a router: the old store failing opened the
+// Throttler's only breaker, and keys already on the new store failed open
+// with it. Each backend has its own breaker now.
+func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
+	pct, err := NewPercent(50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := namedStore{Backend: mem(t), err: backend.StoreFailure("", fmt.Errorf("old store: connection refused"))}
+	rt := router(t, down, mem(t), pct, nil)
+	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.PerMinute(3).Named("api")
+	ctx := context.Background()
+	for i := range 50 { // half the keys, on old: its breaker opens
+		if _, err := th.Allow(ctx, fmt.Sprint("user-", i), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checked := 0
+	for i := range 50 {
+		key := fmt.Sprint("user-", i)
+		if !rt.UseNew(key) {
+			continue
+		}
+		checked++
+		admitted := 0
+		for range 5 {
+			d, err := th.Allow(ctx, key, p)
+			if err != nil || d.Degraded {
+				t.Fatalf("%q on the healthy store: %+v, %v", key, d, err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 2 { // one was taken above
+			t.Errorf("%q: %d more admitted, want 2", key, admitted)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no key on the new store")
+	}
+}

@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/redis"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// sourceCounts counts a Throttler's decisions by operation and source.
+type sourceCounts struct {
+	takes, peeks [4]atomic.Int64 // by throttler.Source
+}
+
+func (c *sourceCounts) observe(o throttler.Observation) {
+	if o.Op == throttler.OpPeek {
+		c.peeks[o.Source].Add(1)
+	} else {
+		c.takes[o.Source].Add(1)
+	}
+}
+
+// Issue 11, case 2: a paused replica, which serves only Peek, made 94% of
+// Takes fail open while the primary was healthy: a Peek spent the whole
+// timeout on the replica, never fell back, and its timeout opened the one
+// breaker. Now the replica gets half the time, the primary answers, and no
+// replica failure reaches a breaker: every Take and every Peek is answered
+// by the primary, and every key is limited exactly.
+func TestBreakerRedisPausedReplica(t *testing.T) {
+	primary, replicas := redisReplicaSet(t, 1)
+	b, err := redis.NewSharded([]redis.Shard{{
+		Primary:  redisClient(t, primary.Addr),
+		Replicas: []redis.Client{redisClient(t, replicas[0].Addr)},
+	}}, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	var counts sourceCounts
+	th, err := throttler.New(b, &throttler.Options{Timeout: 100 * time.Millisecond, Clock: func() time.Time { return now }, Observe: counts.observe})
+	require.NoError(t, err)
+
+	redisPause(t, replicas[0])
+
+	p := throttler.Policy{Name: "replica-paused", Limit: 10, Window: time.Hour}
+	run := fmt.Sprint(now.UnixNano())
+	const workers, rounds = 8, 15
+	var admitted [workers]atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprint(run, "-", w)
+			for range rounds {
+				if _, err := th.Peek(ctx, key, p); err != nil {
+					t.Errorf("Peek: %v", err)
+				}
+				d, err := th.Allow(ctx, key, p)
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+				}
+				if d.Allowed {
+					admitted[w].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+
+	t.Logf("takes: %d from the primary, %d failed open; peeks: %d from the primary, %d failed open",
+		counts.takes[throttler.SourcePrimary].Load(), counts.takes[throttler.SourceFailureMode].Load(),
+		counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
+	assert.Zero(t, counts.takes[throttler.SourceFailureMode].Load(), "no Take fails open")
+	assert.Equal(t, int64(workers*rounds), counts.takes[throttler.SourcePrimary].Load())
+	assert.Equal(t, int64(workers*rounds), counts.peeks[throttler.SourcePrimary].Load(), "every Peek falls back to the primary in time")
+	for w := range workers {
+		assert.Equal(t, p.Limit, admitted[w].Load(), "worker %d's key is limited exactly", w)
+	}
+}
+
+// Issue 11, case 2: one key that always errors opened the breaker for every
+// key after 5 calls. A key another program wrote with another type
+// (WRONGTYPE) is that key's failure alone.
+func TestBreakerRedisPoisonedKey(t *testing.T) {
+	rc := redisStart(t)
+	c := redisClient(t, rc.Addr)
+	now := time.Now()
+	var counts sourceCounts
+	var mu sync.Mutex
+	var keyErrs int
+	th, err := throttler.New(redisNew(t, c, nil), &throttler.Options{Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
+		counts.observe(o)
+		if o.Err != nil && assert.ErrorIs(t, o.Err, backend.ErrKeyState) {
+			mu.Lock()
+			keyErrs++
+			mu.Unlock()
+		}
+	}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	p := throttler.Policy{Name: "poisoned", Limit: 10, Window: time.Hour}
+	run := fmt.Sprint(now.UnixNano())
+
+	poisoned := run + "-poisoned"
+	_, err = th.Allow(ctx, poisoned, p)
+	require.NoError(t, err)
+	stored, err := c.Keys(ctx, "throttlekit:*"+poisoned).Result()
+	require.NoError(t, err)
+	require.Len(t, stored, 1)
+	require.NoError(t, c.Set(ctx, stored[0], "not a hash", 0).Err())
+
+	for range 20 {
+		d, err := th.Allow(ctx, poisoned, p)
+		require.NoError(t, err)
+		require.True(t, d.Degraded, "the poisoned key fails open")
+	}
+	assertOthersLimited(t, th, run, p)
+	assert.Equal(t, 20, keyErrs, "each of the poisoned key's calls reported its own failure")
+}
+
+// assertOthersLimited checks that five fresh keys under p are each served
+// by the store and limited exactly, whatever failed before.
+func assertOthersLimited(t *testing.T, th *throttler.Throttler, run string, p throttler.Policy) {
+	t.Helper()
+	for i := range 5 {
+		admitted := int64(0)
+		for range p.Limit + 5 {
+			d, err := th.Allow(context.Background(), fmt.Sprint(run, "-", i), p)
+			require.NoError(t, err)
+			require.False(t, d.Degraded, "other keys are served by the store")
+			if d.Allowed {
+				admitted++
+			}
+		}
+		assert.Equal(t, p.Limit, admitted, "key %d is limited exactly", i)
+	}
+}

@@ -1,0 +1,15 @@
+package throttler
+
+import "time"
+
+// SetMonotonic replaces the monotonic clock that t's breaker cooldowns run
+// on, so that tests move it without sleeping.
+func SetMonotonic(t *Throttler, now func() time.Duration) { t.mono = now }
+
+// Breakers is how many named stores t keeps a breaker for.
+func Breakers(t *Throttler) int {
+	if m := t.breakers.Load(); m != nil {
+		return len(*m)
+	}
+	return 0
+}
