@@ -10,8 +10,11 @@ var (
 	ErrInvalidCost   = errors.New("throttler: invalid cost")
 )
 
-// ErrUnavailable wraps a store failure (an error or a timeout) when the
-// Throttler fails closed and has no working fallback.
+// ErrUnavailable marks a store failure (an error or a timeout of the store
+// itself, not of one key's data): backends wrap their store failures with it
+// (package backend's StoreFailure), the Throttler's breakers count only
+// errors that match it or a network error, and a Throttler that fails
+// closed with no working fallback returns an error matching it.
 var ErrUnavailable = errors.New("throttler: backend unavailable")
 
 // IsInputError reports whether err is one of the bad-input errors, which no
