@@ -89,6 +89,23 @@ func IsInProcess(b throttler.Backend) bool {
 	return ok && l.InProcess()
 }
 
+// ContextBlind is implemented by backends whose calls may outlive their
+// context's deadline, because the client under them takes no context
+// (gomemcache) or does not honour it (go-redis's AutoPipeliner), and by
+// wrappers that say what they wrap. A Throttler runs such a backend's calls
+// detached (see throttler.Options.Detach), so that its Timeout still bounds
+// every call.
+type ContextBlind interface {
+	IgnoresContext() bool
+}
+
+// IgnoresContext reports whether b says its calls may outlive their
+// context's deadline.
+func IgnoresContext(b throttler.Backend) bool {
+	c, ok := b.(ContextBlind)
+	return ok && c.IgnoresContext()
+}
+
 // Required returns an error naming what for a nil b, including a nil
 // pointer held in the interface: constructors of wrappers call it so that a
 // missing backend fails when the wrapper is built, not on every call.

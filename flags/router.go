@@ -95,6 +95,12 @@ func (r *Router) InProcess() bool {
 	return backend.IsInProcess(r.old) && backend.IsInProcess(r.new)
 }
 
+// IgnoresContext reports whether either backend's calls may outlive their
+// context (see backend.ContextBlind), so that a Throttler detaches them.
+func (r *Router) IgnoresContext() bool {
+	return backend.IgnoresContext(r.old) || backend.IgnoresContext(r.new)
+}
+
 // Store names the store the call for key under p reaches now (see
 // backend.Stores): the one the backend the key is routed to names, or, for
 // a backend that names none, that backend (RouterOptions.OldName or

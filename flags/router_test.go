@@ -290,3 +290,23 @@ func TestRouterUnknownOp(t *testing.T) {
 		t.Fatalf("got %v, want backend.ErrUnknownOp", err)
 	}
 }
+
+// A router ignores its context when either backend does, so that a
+// Throttler detaches calls that may reach it.
+func TestRouterIgnoresContextWhenEitherBackendDoes(t *testing.T) {
+	m := mem(t)
+	if router(t, m, mem(t), percent(t, 50), nil).IgnoresContext() {
+		t.Error("two memory backends honour their context")
+	}
+	if !router(t, m, blind{m}, percent(t, 50), nil).IgnoresContext() {
+		t.Error("the new backend ignores its context: so does the router")
+	}
+	if !router(t, blind{m}, m, percent(t, 0), nil).IgnoresContext() {
+		t.Error("the old backend ignores its context: so does the router, whatever the percentage")
+	}
+}
+
+// blind says its calls may outlive their context, like the Memcached backend.
+type blind struct{ throttler.Backend }
+
+func (blind) IgnoresContext() bool { return true }

@@ -13,3 +13,7 @@ var _ backend.Stores = (*Backend)(nil)
 func (b *Backend) Store(key string, p throttler.Policy) string {
 	return backend.StoreOf(b.control, key, p)
 }
+
+// IgnoresContext reports whether the control's calls, the ones made on the
+// caller's path, may outlive their context (see backend.ContextBlind).
+func (b *Backend) IgnoresContext() bool { return backend.IgnoresContext(b.control) }

@@ -108,7 +108,12 @@ type Options struct {
 	// An abandoned call finishes in the background, bounded by the client's
 	// own timeouts; at most MaxDetached run at once, beyond which calls fail
 	// at once. It costs a goroutine and a channel per call. The fallback,
-	// meant to be in-process, is always called inline. default: false
+	// meant to be in-process, is always called inline. A primary that says
+	// its calls may outlive their context (package backend's ContextBlind:
+	// the Memcached backend, the Redis backend over an AutoPipeliner, and
+	// wrappers of either) is always detached: without it, a killed or
+	// stalled store holds requests for as long as the client's own timeouts
+	// and retries add up to. default: false
 	Detach bool
 	// MaxDetached bounds the abandoned calls still running. default: 1024
 	MaxDetached int
@@ -170,6 +175,9 @@ type Throttler struct {
 	// Whether the primary and the fallback are InProcess: called without a
 	// timeout context.
 	primaryLocal, fallbackLocal bool
+	// detach: the primary's calls run detached (Options.Detach, or a
+	// primary that ignores its context).
+	detach bool
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
@@ -194,6 +202,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
 	t.primaryLocal = inProcess(b)
+	t.detach = o.Detach || ignoresContext(b)
 	t.fallbackLocal = o.Fallback != nil && inProcess(o.Fallback)
 	return t, nil
 }
@@ -206,6 +215,13 @@ var errNotBuilt = errors.New("throttler: Throttler has no backend; build one wit
 func inProcess(b Backend) bool {
 	l, ok := b.(interface{ InProcess() bool })
 	return ok && l.InProcess()
+}
+
+// ignoresContext reports whether b says its calls may outlive their
+// context's deadline (package backend's ContextBlind, matched by its method).
+func ignoresContext(b Backend) bool {
+	c, ok := b.(interface{ IgnoresContext() bool })
+	return ok && c.IgnoresContext()
 }
 
 // Allow takes one unit from key's window under p.
@@ -268,7 +284,7 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 	br := t.breakerFor(store)
 	var primaryErr error
 	if ok, probe := br.admit(t.mono); ok {
-		d, timedOut, err := t.call(ctx, t.backend, t.primaryLocal, t.opts.Detach, op, key, p, n, now)
+		d, timedOut, err := t.call(ctx, t.backend, t.primaryLocal, t.detach, op, key, p, n, now)
 		if err == nil {
 			br.succeeded(probe)
 			return d, SourcePrimary, nil, nil

@@ -420,6 +420,25 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 	assert.ErrorIs(t, obs[2].Err, throttler.ErrUnavailable, "a third call finds MaxDetached calls still running")
 }
 
+// blindBackend is a deafBackend that says so (package backend's
+// ContextBlind), as the Memcached backend and the Redis backend over an
+// AutoPipeliner do.
+type blindBackend struct{ deafBackend }
+
+func (*blindBackend) IgnoresContext() bool { return true }
+
+// A backend that says it ignores its context is detached without
+// Options.Detach: the Throttler's Timeout bounds its calls all the same.
+func TestDetachIsAutomaticForABackendThatSaysItIgnoresItsContext(t *testing.T) {
+	blind := &blindBackend{deafBackend{release: make(chan struct{})}}
+	defer close(blind.release)
+	th := newThrottler(t, blind, &throttler.Options{Timeout: 10 * time.Millisecond, Fallback: newMemory(t)})
+	d, err := th.Allow(context.Background(), "k", throttler.PerMinute(10))
+	require.NoError(t, err, "returns although the backend has not answered: the release comes only when the test ends")
+	assert.True(t, d.Degraded)
+	assert.Equal(t, int64(1), d.Used, "the fallback counts")
+}
+
 func TestDetachReturnsTheBackendsAnswer(t *testing.T) {
 	th := newThrottler(t, newMemory(t), &throttler.Options{Detach: true, Clock: func() time.Time { return t0 }})
 	for i := int64(1); i <= 3; i++ {

@@ -147,7 +147,16 @@ type Client interface {
 
 var _ Client = (*memcache.Client)(nil)
 
-var _ throttler.Backend = (*Backend)(nil)
+var (
+	_ throttler.Backend    = (*Backend)(nil)
+	_ backend.ContextBlind = (*Backend)(nil)
+)
+
+// IgnoresContext reports true: gomemcache takes no context, so a call is
+// bounded only by the client's Timeout per round trip, and a Take makes
+// several. A Throttler therefore detaches every call, so that its own
+// Timeout bounds each one (see throttler.Options.Detach).
+func (b *Backend) IgnoresContext() bool { return true }
 
 // MaxLimit is the largest Policy.Limit this backend accepts:
 // throttler.MaxLimit (2^48), which backend.ValidateCall enforces. Memcached

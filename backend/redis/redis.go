@@ -154,7 +154,28 @@ type Backend struct {
 	marginMS int64
 }
 
-var _ throttler.Backend = (*Backend)(nil)
+var (
+	_ throttler.Backend    = (*Backend)(nil)
+	_ backend.ContextBlind = (*Backend)(nil)
+)
+
+// IgnoresContext reports whether a client of any shard is go-redis's
+// AutoPipeliner, whose blocking calls wait for their batch whatever the
+// context says (go-redis v9.23): a Throttler then detaches every call, so
+// that its Timeout bounds them (see throttler.Options.Detach).
+func (b *Backend) IgnoresContext() bool {
+	for _, s := range b.shards {
+		if _, ok := s.primary.(*goredis.AutoPipeliner); ok {
+			return true
+		}
+		for _, r := range s.replicas {
+			if _, ok := r.(*goredis.AutoPipeliner); ok {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // New returns a Backend on one client: a single Redis, or a Cluster or Ring
 // client, which route each key themselves. Nil options mean defaults. A nil

@@ -495,3 +495,33 @@ func FuzzReplies(f *testing.F) {
 		check("peek", d, err)
 	})
 }
+
+// Only an AutoPipeliner, on any shard, makes the backend say it ignores
+// its context: its blocking calls wait for their batch whatever the context
+// says, so a Throttler must detach them.
+func TestIgnoresContextOnlyOverAnAutoPipeliner(t *testing.T) {
+	plain := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = plain.Close() })
+	ap, err := plain.AutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		shards []Shard
+		want   bool
+	}{
+		{"plain client", []Shard{{Primary: plain}}, false},
+		{"fake clients", []Shard{{Primary: &fakeClient{}, Replicas: []Client{&fakeClient{}}}}, false},
+		{"autopipeliner", []Shard{{Primary: ap}}, true},
+		{"autopipeliner replica of a second shard", []Shard{{Primary: plain}, {Primary: plain, Replicas: []Client{ap}}}, true},
+	} {
+		b, err := NewSharded(tc.shards, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := b.IgnoresContext(); got != tc.want {
+			t.Errorf("%s: IgnoresContext() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
