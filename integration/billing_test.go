@@ -309,9 +309,8 @@ type billingCounts struct {
 	deadline atomic.Int64 // waits that would have outlasted the run
 	// unavailable counts the calls refused because a store call failed or
 	// timed out (the Throttlers fail closed); the worker tries again.
-	unavailable      atomic.Int64
-	firstUnavailable string
-	errs             sync.Map // unexpected error text -> count
+	unavailable atomic.Int64
+	errs        sync.Map // unexpected error text -> count
 }
 
 func (c *billingCounts) unexpected() []string {
@@ -355,8 +354,13 @@ func billingPush(ctx context.Context, clients []billingProcess, url string, work
 					case ctx.Err() != nil:
 						return
 					case errors.Is(err, throttler.ErrUnavailable):
-						if c.unavailable.Add(1) == 1 {
-							c.firstUnavailable = err.Error()
+						c.unavailable.Add(1)
+						// As a real worker would, try again a little later:
+						// while the Throttler's breaker is open, the call
+						// fails at once.
+						select {
+						case <-ctx.Done():
+						case <-time.After(50 * time.Millisecond):
 						}
 					default:
 						n, _ := c.errs.LoadOrStore(err.Error(), new(atomic.Int64))

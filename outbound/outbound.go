@@ -358,13 +358,13 @@ func (t *Transport) refund(ctx context.Context, r Route) {
 }
 
 // waitPause sleeps until a pause that has left to run is over, plus a
-// jitter of up to a tenth of it (1ms to 1s) so that the fleet does not
-// wake at once, or returns why it will not.
+// jitter of up to a tenth of it (1ms to 100ms, as Wait's) so that the fleet
+// does not wake at once, or returns why it will not.
 func (t *Transport) waitPause(ctx context.Context, left time.Duration) error {
 	if t.opts.FailFast {
 		return &LimitedError{RetryAfter: left, Paused: true}
 	}
-	extra := t.jitter(min(max(left/10, time.Millisecond), time.Second))
+	extra := t.jitter(min(max(left/10, time.Millisecond), 100*time.Millisecond))
 	if deadline, ok := ctx.Deadline(); ok {
 		until := deadline.Sub(t.now())
 		if left >= until {

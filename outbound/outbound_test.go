@@ -795,3 +795,41 @@ func TestWaitingForCapacity(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestPauseJitter: the fleet wakes from a pause spread over up to a tenth
+// of it (at most 100ms), never earlier, and never past half the time left
+// before the request's deadline.
+func TestPauseJitter(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // after t0; 0: none
+		want     time.Duration
+	}{
+		{"no deadline", 0, 30*time.Second + 100*time.Millisecond},
+		{"near deadline", 30*time.Second + 100*time.Millisecond, 30*time.Second + 50*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t, 1, outbound.Options{Policy: perMinute}, nil)
+			outbound.SetWorld(f.trs[0], nil, nil, func(bound time.Duration) time.Duration { return bound })
+			f.remote.answer = func(n int, _ *http.Request) *http.Response {
+				if n == 0 {
+					return respond(http.StatusTooManyRequests, "Retry-After", "30")
+				}
+				return respond(http.StatusOK)
+			}
+			f.mustGet(t, 0)
+			ctx := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, t0.Add(tc.deadline))
+				defer cancel()
+			}
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://gateway.example/pay", nil)
+			require.NoError(t, err)
+			resp, err := f.trs[0].RoundTrip(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, []time.Duration{tc.want}, f.w.Sleeps())
+		})
+	}
+}

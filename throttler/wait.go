@@ -20,9 +20,11 @@ var ErrWouldExceedDeadline = errors.New("throttler: wait would exceed the contex
 const (
 	// A sleep is stretched by a random extra of up to a tenth of it, within
 	// these bounds, so that waiters denied until the same instant reach the
-	// store spread out rather than all at once.
+	// store spread out rather than all at once. Only one waiter per process
+	// and key sleeps (see WaitN), so 100ms spreads even a large fleet,
+	// and a long wait does not lose seconds to it.
 	minJitter = time.Millisecond
-	maxJitter = time.Second
+	maxJitter = 100 * time.Millisecond
 	// A denial that does not say when to retry (RetryAfter 0, which no
 	// backend of this module returns) is retried after firstBackoff,
 	// doubling up to maxBackoff: Wait never spins.
@@ -50,9 +52,9 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 //     one with a Fallback waits on the fallback's decisions (Degraded).
 //
 // A denied caller sleeps the denial's RetryAfter plus a random extra of up to
-// a tenth of it (at least 1ms, at most 1s, and never past half the time left
-// before ctx's deadline), so that waiters denied until the same instant reach
-// the store spread out. It never retries earlier than RetryAfter, which would
+// a tenth of it (at least 1ms, at most 100ms, and never past half the time
+// left before ctx's deadline), so that waiters denied until the same instant
+// reach the store spread out. It never retries earlier than RetryAfter, which would
 // only cost a denied round trip. A denial without a RetryAfter is retried
 // after 50ms, doubling up to 1s.
 //

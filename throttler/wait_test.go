@@ -176,7 +176,7 @@ func TestWaitAdmitsAtOnceWhenThereIsRoom(t *testing.T) {
 	assert.Equal(t, int64(1), store.takes.Load())
 }
 
-// TestWaitJitter: the extra is drawn up to a tenth of the wait (1ms to 1s),
+// TestWaitJitter: the extra is drawn up to a tenth of the wait (1ms to 100ms),
 // is never negative, so a retry is never early, and never takes the retry
 // past half the time left before the deadline.
 func TestWaitJitter(t *testing.T) {
@@ -184,8 +184,8 @@ func TestWaitJitter(t *testing.T) {
 		{500 * time.Microsecond, time.Millisecond},
 		{5 * time.Millisecond, time.Millisecond},
 		{100 * time.Millisecond, 10 * time.Millisecond},
-		{time.Minute, time.Second},
-		{time.Hour, time.Second},
+		{time.Second, 100 * time.Millisecond},
+		{time.Minute, 100 * time.Millisecond},
 	} {
 		assert.Equal(t, tc.bound, throttler.WaitJitterBound(tc.wait), "bound of %v", tc.wait)
 	}
@@ -203,10 +203,10 @@ func TestWaitJitter(t *testing.T) {
 		deadline time.Duration // after waitT0; 0: none
 		want     time.Duration
 	}{
-		{"no deadline", 0, time.Minute + time.Second},
-		{"far deadline", time.Hour, time.Minute + time.Second},
-		// 1s left after the earliest admission: half of it.
-		{"near deadline", time.Minute + time.Second, time.Minute + 500*time.Millisecond},
+		{"no deadline", 0, time.Minute + 100*time.Millisecond},
+		{"far deadline", time.Hour, time.Minute + 100*time.Millisecond},
+		// 100ms left after the earliest admission: half of it.
+		{"near deadline", time.Minute + 100*time.Millisecond, time.Minute + 50*time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWaitFakeWorld(t, full)
