@@ -1,0 +1,271 @@
+package throttler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// ErrWouldExceedDeadline is returned by Wait, at once, when the context's
+// deadline comes before the earliest instant the units could be admitted:
+// waiting would only hold the caller and end in the context's error (as
+// golang.org/x/time/rate's Wait does). The Decision returned with it is the
+// denial, whose RetryAfter says how long admission would have taken.
+var ErrWouldExceedDeadline = errors.New("throttler: wait would exceed the context's deadline")
+
+// The retries of a waiting caller.
+const (
+	// A sleep is stretched by a random extra of up to a tenth of it, within
+	// these bounds, so that waiters denied until the same instant reach the
+	// store spread out rather than all at once. Only one waiter per process
+	// and key sleeps (see WaitN), so 100ms spreads even a large fleet,
+	// and a long wait does not lose seconds to it.
+	minJitter = time.Millisecond
+	maxJitter = 100 * time.Millisecond
+	// A denial that does not say when to retry (RetryAfter 0, which no
+	// backend of this module returns) is retried after firstBackoff,
+	// doubling up to maxBackoff: Wait never spins.
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = time.Second
+)
+
+// Wait takes one unit from key's window under p, blocking until it is
+// admitted: WaitN(ctx, key, p, 1).
+func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, error) {
+	return t.WaitN(ctx, key, p, 1)
+}
+
+// WaitN takes n units from key's window under p, blocking until they are
+// admitted, ctx is done, or ctx's deadline is sure to come first. It returns
+// the admitting Decision, or with an error the last Decision it saw:
+//   - ctx's error, wrapped (errors.Is matches context.Canceled or
+//     context.DeadlineExceeded, and the context's cause), when ctx ends first;
+//   - ErrWouldExceedDeadline, at once, when a denial's RetryAfter reaches
+//     ctx's deadline;
+//   - an input error at once, such as ErrInvalidCost for an n above p's
+//     capacity, which no wait could admit;
+//   - when the store is down: ErrUnavailable at once from a Throttler that
+//     fails closed; a Throttler that fails open admits at once (Degraded);
+//     one with a Fallback waits on the fallback's decisions (Degraded).
+//
+// A denied caller sleeps the denial's RetryAfter plus a random extra of up to
+// a tenth of it (at least 1ms, at most 100ms, and never past half the time
+// left before ctx's deadline), so that waiters denied until the same instant
+// reach the store spread out. It never retries earlier than RetryAfter, which would
+// only cost a denied round trip. A denial without a RetryAfter is retried
+// after 50ms, doubling up to 1s.
+//
+// The waiters of one key and policy on one Throttler queue in the process,
+// first come first served: only the first asks the store and sleeps, the
+// others wait for their turn (until their own context ends), so a busy key
+// costs the store one call per RetryAfter per process however many
+// goroutines wait on it. A call that finds no one waiting asks the store at
+// once, in parallel with others.
+//
+// Deadlines are compared with the wall clock (time.Now), on which contexts
+// set them; RetryAfter, a duration, comes from the Throttler's Clock.
+func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
+	if ctx.Err() != nil {
+		return Decision{}, waitEnded(ctx)
+	}
+	k := laneKey{t: t, key: key, p: p}
+	var d Decision
+	denied := false // d is a denial fresh from the store, to sleep on
+	if !lanes.busy(k) {
+		var err error
+		if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
+			return d, waitFailed(ctx, err)
+		}
+		denied = true
+	} else if err := validTake(key, p, n); err != nil {
+		// Bad input is said at once, not after a turn in the queue.
+		return Decision{}, err
+	}
+	l, head := lanes.join(k)
+	defer lanes.leave(k, l)
+	if !head {
+		if err := l.await(ctx); err != nil {
+			return d, waitEnded(ctx)
+		}
+		denied = false // stale: others were admitted while this one queued
+	}
+	defer l.pass()
+	var backoff time.Duration
+	for {
+		if !denied {
+			if ctx.Err() != nil {
+				return d, waitEnded(ctx)
+			}
+			var err error
+			if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
+				return d, waitFailed(ctx, err)
+			}
+		}
+		if err := sleepUntilRetry(ctx, d, &backoff, n); err != nil {
+			return d, err
+		}
+		denied = false
+	}
+}
+
+// sleepUntilRetry sleeps until the denial d may be retried, or returns at
+// once why it will not: ctx's deadline comes first.
+func sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n int64) error {
+	wait := d.RetryAfter
+	if wait > 0 {
+		*backoff = 0
+	} else {
+		*backoff = min(max(2**backoff, firstBackoff), maxBackoff)
+		wait = *backoff
+	}
+	extra := waitWorld.jitter(jitterBound(wait))
+	if deadline, ok := ctx.Deadline(); ok {
+		left := deadline.Sub(waitWorld.now())
+		if wait >= left {
+			return fmt.Errorf("%w: a cost of %d could be admitted in %v at the earliest; the deadline is in %v", ErrWouldExceedDeadline, n, wait, left)
+		}
+		extra = min(extra, (left-wait)/2)
+	}
+	if err := waitWorld.sleep(ctx, wait+extra); err != nil {
+		return waitEnded(ctx)
+	}
+	return nil
+}
+
+// jitterBound is the largest extra added to a sleep of d.
+func jitterBound(d time.Duration) time.Duration {
+	return min(max(d/10, minJitter), maxJitter)
+}
+
+// waitFailed is the error for a call that ended the wait: nil when it
+// admitted, ctx's when the caller gave up (the store's error is then only a
+// consequence), else the call's own (bad input, ErrUnavailable).
+func waitFailed(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return waitEnded(ctx)
+	}
+	return err
+}
+
+// waitEnded wraps the error of a context that ended the wait, and its cause
+// when the context was given one.
+func waitEnded(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause != nil && cause != err {
+		return fmt.Errorf("throttler: wait ended before admission: %w: %w", err, cause)
+	}
+	return fmt.Errorf("throttler: wait ended before admission: %w", err)
+}
+
+// validTake reports why a Take of n units of key under p cannot be made.
+func validTake(key string, p Policy, n int64) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return p.ValidateCost(OpTake, n)
+}
+
+// waitEnv is what Wait takes from the world besides the store: the wall
+// clock on which contexts set their deadlines, a sleep that a context
+// interrupts, and randomness for the jitter. Tests replace it
+// (wait_export_test.go) to run Wait at fixed instants, with a sleep that
+// moves the fake clock their Throttler reads.
+type waitEnv struct {
+	now    func() time.Time
+	sleep  func(ctx context.Context, d time.Duration) error
+	jitter func(bound time.Duration) time.Duration // in [0, bound]
+}
+
+var waitWorld = waitEnv{now: time.Now, sleep: sleepContext, jitter: randomUpTo}
+
+// sleepContext sleeps for d, or until ctx is done, then returns its error.
+func sleepContext(ctx context.Context, d time.Duration) error {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func randomUpTo(bound time.Duration) time.Duration {
+	return time.Duration(rand.Int64N(int64(bound) + 1))
+}
+
+// laneKey names the waiters that queue together: one key and policy on one
+// Throttler.
+type laneKey struct {
+	t   *Throttler
+	key string
+	p   Policy
+}
+
+// lane queues the waiters of one laneKey in this process. Holding its turn
+// is being the one waiter that asks the store and sleeps; the runtime
+// serves goroutines blocked on a channel in order, so turns go first come,
+// first served.
+type lane struct {
+	turn    chan struct{} // capacity 1: full while someone holds the turn
+	waiters int           // holding or awaiting the turn; guarded by lanes.mu
+}
+
+// lanes holds a lane for each laneKey with waiters, and only while it has
+// some, so it never outgrows the goroutines waiting.
+var lanes = laneSet{m: map[laneKey]*lane{}}
+
+type laneSet struct {
+	mu sync.Mutex
+	m  map[laneKey]*lane
+}
+
+// busy reports whether someone waits on k.
+func (s *laneSet) busy(k laneKey) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[k] != nil
+}
+
+// join enters k's lane. head reports that the lane was empty: the caller
+// holds the turn already.
+func (s *laneSet) join(k laneKey) (l *lane, head bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l = s.m[k]; l == nil {
+		l = &lane{turn: make(chan struct{}, 1)}
+		l.turn <- struct{}{}
+		s.m[k] = l
+		head = true
+	}
+	l.waiters++
+	return l, head
+}
+
+// leave exits k's lane, after the turn was passed on if it was held.
+func (s *laneSet) leave(k laneKey, l *lane) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l.waiters--; l.waiters == 0 {
+		delete(s.m, k)
+	}
+}
+
+// await blocks until the caller holds the turn, or ctx is done.
+func (l *lane) await(ctx context.Context) error {
+	select {
+	case l.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// pass gives up the turn held, to the next waiter.
+func (l *lane) pass() { <-l.turn }

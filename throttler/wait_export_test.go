@@ -1,0 +1,53 @@
+package throttler
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// SetWaitWorld makes Wait, until tb ends, compare deadlines with now, sleep
+// through sleep and draw its jitter from jitter (nil keeps the real one), so
+// that tests run it at fixed instants: their sleep moves the fake clock that
+// the Throttler's Options.Clock reads. Tests that call it must not run in
+// parallel.
+func SetWaitWorld(tb testing.TB, now func() time.Time, sleep func(context.Context, time.Duration) error, jitter func(time.Duration) time.Duration) {
+	tb.Helper()
+	old := waitWorld
+	w := old
+	if now != nil {
+		w.now = now
+	}
+	if sleep != nil {
+		w.sleep = sleep
+	}
+	if jitter != nil {
+		w.jitter = jitter
+	}
+	waitWorld = w
+	tb.Cleanup(func() { waitWorld = old })
+}
+
+// WaitJitterBound is the largest extra Wait adds to a sleep of d.
+func WaitJitterBound(d time.Duration) time.Duration { return jitterBound(d) }
+
+// WaitRandomJitter is the jitter Wait draws in production.
+func WaitRandomJitter(bound time.Duration) time.Duration { return randomUpTo(bound) }
+
+// WaitLaneWaiters is how many goroutines queue in the lane of key and p on
+// t: 0 when there is no lane.
+func WaitLaneWaiters(t *Throttler, key string, p Policy) int {
+	lanes.mu.Lock()
+	defer lanes.mu.Unlock()
+	if l := lanes.m[laneKey{t: t, key: key, p: p}]; l != nil {
+		return l.waiters
+	}
+	return 0
+}
+
+// WaitLanes is how many lanes exist, on every Throttler.
+func WaitLanes() int {
+	lanes.mu.Lock()
+	defer lanes.mu.Unlock()
+	return len(lanes.m)
+}

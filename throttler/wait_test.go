@@ -1,0 +1,546 @@
+package throttler_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// waitT0 is far from today, so that a context deadline set on the fake
+// clock never passes in real time.
+var waitT0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
+
+// waitFakeWorld is one fake clock for a Throttler and for Wait: a sleep moves
+// it, so a Wait runs at fixed instants without sleeping.
+type waitFakeWorld struct {
+	mu     sync.Mutex
+	now    time.Time
+	sleeps []time.Duration
+}
+
+func (w *waitFakeWorld) Now() time.Time { w.mu.Lock(); defer w.mu.Unlock(); return w.now }
+
+func (w *waitFakeWorld) Add(d time.Duration) { w.mu.Lock(); w.now = w.now.Add(d); w.mu.Unlock() }
+
+func (w *waitFakeWorld) Sleep(ctx context.Context, d time.Duration) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sleeps = append(w.sleeps, d)
+	w.now = w.now.Add(d)
+	return ctx.Err()
+}
+
+func (w *waitFakeWorld) Sleeps() []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.sleeps)
+}
+
+// newWaitFakeWorld installs a fake world at waitT0 for the test, with the given
+// jitter (nil: none).
+func newWaitFakeWorld(t *testing.T, jitter func(time.Duration) time.Duration) *waitFakeWorld {
+	w := &waitFakeWorld{now: waitT0}
+	if jitter == nil {
+		jitter = func(time.Duration) time.Duration { return 0 }
+	}
+	throttler.SetWaitWorld(t, w.Now, w.Sleep, jitter)
+	return w
+}
+
+// waitTakeCounter counts the Takes that reach a backend.
+type waitTakeCounter struct {
+	throttler.Backend
+	takes atomic.Int64
+}
+
+func (c *waitTakeCounter) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	c.takes.Add(1)
+	return c.Backend.Take(ctx, key, p, cost, now)
+}
+
+func waitMemory(t *testing.T) *memory.Backend {
+	t.Helper()
+	m, err := memory.New(nil)
+	require.NoError(t, err)
+	return m
+}
+
+func waitThrottler(t *testing.T, b throttler.Backend, o *throttler.Options) *throttler.Throttler {
+	t.Helper()
+	th, err := throttler.New(b, o)
+	require.NoError(t, err)
+	return th
+}
+
+// waitBackends are the stores Wait is proven on: a memory backend, and the
+// same behind a router and behind a shadow, which only forward.
+var waitBackends = []struct {
+	name string
+	new  func(t *testing.T) throttler.Backend
+}{
+	{"memory", func(t *testing.T) throttler.Backend { return waitMemory(t) }},
+	{"router", func(t *testing.T) throttler.Backend {
+		all, err := flags.NewPercent(100)
+		require.NoError(t, err)
+		r, err := flags.NewRouter(waitMemory(t), waitMemory(t), all, nil)
+		require.NoError(t, err)
+		return r
+	}},
+	{"shadow", func(t *testing.T) throttler.Backend {
+		s, err := shadow.New(waitMemory(t), waitMemory(t), nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}},
+}
+
+// TestWaitSleepsExactlyRetryAfter: on every algorithm, through every
+// wrapper, a Wait on a spent key sleeps the denial's RetryAfter once and is
+// admitted by the next call: two Takes, no wasted round trip. The waits are
+// the algorithms' arithmetic (docs/algorithms.md).
+func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
+	type step struct {
+		at   time.Duration // after waitT0
+		cost int64
+	}
+	tests := []struct {
+		name  string
+		p     throttler.Policy
+		spend []step
+		n     int64
+		want  time.Duration
+	}{
+		{"fixed window", throttler.PerMinute(2), []step{{0, 2}}, 1, time.Minute},
+		{"fixed window, later", throttler.PerMinute(2), []step{{0, 1}, {15 * time.Second, 1}}, 1, 45 * time.Second},
+		{"token bucket", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 1, 100 * time.Millisecond},
+		{"token bucket, n=3", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 3, 300 * time.Millisecond},
+		{"token bucket, burst", throttler.PerSecond(10).WithBurst(20), []step{{0, 15}}, 8, 300 * time.Millisecond},
+		{"sliding log", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 1, 40 * time.Second},
+		{"sliding log, n=2", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 2, 50 * time.Second},
+		// waitT0 is 7s into an epoch-aligned minute: the next window starts
+		// in 53s, where the previous 10 still weigh ceil(10*54/60) = 9 at
+		// 6s into it, so 1 fits 59s after waitT0.
+		{"sliding window", throttler.PerMinute(10).With(throttler.SlidingWindow), []step{{0, 10}}, 1, 59 * time.Second},
+	}
+	for _, b := range waitBackends {
+		for _, tc := range tests {
+			t.Run(b.name+"/"+tc.name, func(t *testing.T) {
+				w := newWaitFakeWorld(t, nil)
+				store := &waitTakeCounter{Backend: b.new(t)}
+				th := waitThrottler(t, store, &throttler.Options{Clock: w.Now})
+				ctx := context.Background()
+				for _, s := range tc.spend {
+					w.Add(waitT0.Add(s.at).Sub(w.Now()))
+					d, err := th.AllowN(ctx, "k", tc.p, s.cost)
+					require.NoError(t, err)
+					require.True(t, d.Allowed, "spending %d at %v", s.cost, s.at)
+				}
+				start, before := w.Now(), store.takes.Load()
+
+				d, err := th.WaitN(ctx, "k", tc.p, tc.n)
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
+				assert.Equal(t, []time.Duration{tc.want}, w.Sleeps())
+				assert.Equal(t, start.Add(tc.want), w.Now())
+				assert.Equal(t, int64(2), store.takes.Load()-before, "one denial, one admission")
+			})
+		}
+	}
+	assert.Zero(t, throttler.WaitLanes(), "a lane outlived its waiters")
+}
+
+func TestWaitAdmitsAtOnceWhenThereIsRoom(t *testing.T) {
+	w := newWaitFakeWorld(t, nil)
+	store := &waitTakeCounter{Backend: waitMemory(t)}
+	th := waitThrottler(t, store, &throttler.Options{Clock: w.Now})
+	d, err := th.Wait(context.Background(), "k", throttler.PerMinute(2))
+	require.NoError(t, err)
+	assert.True(t, d.ResetAt.Equal(waitT0.Add(time.Minute)), "ResetAt %v", d.ResetAt)
+	d.ResetAt = time.Time{}
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1}, d)
+	assert.Empty(t, w.Sleeps())
+	assert.Equal(t, int64(1), store.takes.Load())
+}
+
+// TestWaitJitter: the extra is drawn up to a tenth of the wait (1ms to 100ms),
+// is never negative, so a retry is never early, and never takes the retry
+// past half the time left before the deadline.
+func TestWaitJitter(t *testing.T) {
+	for _, tc := range []struct{ wait, bound time.Duration }{
+		{500 * time.Microsecond, time.Millisecond},
+		{5 * time.Millisecond, time.Millisecond},
+		{100 * time.Millisecond, 10 * time.Millisecond},
+		{time.Second, 100 * time.Millisecond},
+		{time.Minute, 100 * time.Millisecond},
+	} {
+		assert.Equal(t, tc.bound, throttler.WaitJitterBound(tc.wait), "bound of %v", tc.wait)
+	}
+	seen := map[time.Duration]bool{}
+	for range 1000 {
+		j := throttler.WaitRandomJitter(10 * time.Millisecond)
+		require.True(t, j >= 0 && j <= 10*time.Millisecond, "jitter %v", j)
+		seen[j] = true
+	}
+	assert.Greater(t, len(seen), 100, "the jitter hardly varies")
+
+	full := func(bound time.Duration) time.Duration { return bound }
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // after waitT0; 0: none
+		want     time.Duration
+	}{
+		{"no deadline", 0, time.Minute + 100*time.Millisecond},
+		{"far deadline", time.Hour, time.Minute + 100*time.Millisecond},
+		// 100ms left after the earliest admission: half of it.
+		{"near deadline", time.Minute + 100*time.Millisecond, time.Minute + 50*time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWaitFakeWorld(t, full)
+			th := waitThrottler(t, waitMemory(t), &throttler.Options{Clock: w.Now})
+			ctx := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, waitT0.Add(tc.deadline))
+				defer cancel()
+			}
+			_, err := th.Allow(ctx, "k", throttler.PerMinute(1))
+			require.NoError(t, err)
+			d, err := th.Wait(ctx, "k", throttler.PerMinute(1))
+			require.NoError(t, err)
+			assert.True(t, d.Allowed)
+			assert.Equal(t, []time.Duration{tc.want}, w.Sleeps())
+		})
+	}
+}
+
+// TestWaitReturnsAtOnceWhenTheDeadlineComesFirst: like x/time/rate, a
+// deadline before the earliest admission is an error at once, with the
+// denial that says when that would have been.
+func TestWaitReturnsAtOnceWhenTheDeadlineComesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // after waitT0
+		ok       bool
+	}{
+		{"deadline well before", 30 * time.Second, false},
+		{"deadline at the earliest admission", time.Minute, false},
+		{"deadline just after", time.Minute + time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWaitFakeWorld(t, nil)
+			store := &waitTakeCounter{Backend: waitMemory(t)}
+			th := waitThrottler(t, store, &throttler.Options{Clock: w.Now})
+			p := throttler.PerMinute(1)
+			_, err := th.Allow(context.Background(), "k", p)
+			require.NoError(t, err)
+			ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(tc.deadline))
+			defer cancel()
+
+			d, err := th.Wait(ctx, "k", p)
+			if tc.ok {
+				require.NoError(t, err)
+				assert.True(t, d.Allowed)
+				assert.Equal(t, []time.Duration{time.Minute}, w.Sleeps())
+				return
+			}
+			require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline)
+			assert.NotErrorIs(t, err, context.DeadlineExceeded, "the context has not ended")
+			assert.False(t, d.Allowed)
+			assert.Equal(t, time.Minute, d.RetryAfter, "the denial says when admission would have come")
+			assert.Empty(t, w.Sleeps())
+			assert.Equal(t, int64(2), store.takes.Load(), "one Take to spend, one to learn the wait")
+		})
+	}
+}
+
+// waitScripted answers Takes from a list of decisions, then admits.
+type waitScripted struct {
+	mu      sync.Mutex
+	answers []throttler.Decision
+}
+
+func (s *waitScripted) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.answers) == 0 {
+		return throttler.Decision{Allowed: true, Limit: 1}, nil
+	}
+	d := s.answers[0]
+	s.answers = s.answers[1:]
+	return d, nil
+}
+
+func (s *waitScripted) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, errors.New("not used")
+}
+
+func (s *waitScripted) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return throttler.Decision{}, errors.New("not used")
+}
+
+// TestWaitNeverSpins: a denial without a RetryAfter backs off from 50ms,
+// doubling to 1s; a denial that says when resets the back-off.
+func TestWaitNeverSpins(t *testing.T) {
+	w := newWaitFakeWorld(t, nil)
+	denied := throttler.Decision{Limit: 1}
+	answers := slices.Repeat([]throttler.Decision{denied}, 7)
+	answers = append(answers, throttler.Decision{Limit: 1, RetryAfter: 3 * time.Second}, denied)
+	th := waitThrottler(t, &waitScripted{answers: answers}, &throttler.Options{Clock: w.Now})
+
+	d, err := th.Wait(context.Background(), "k", throttler.PerSecond(1))
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{50 * ms, 100 * ms, 200 * ms, 400 * ms, 800 * ms, time.Second, time.Second, 3 * time.Second, 50 * ms}, w.Sleeps())
+}
+
+type waitDown struct{ calls atomic.Int64 }
+
+func (d *waitDown) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	d.calls.Add(1)
+	return throttler.Decision{}, errors.New("connection refused")
+}
+
+func (d *waitDown) Peek(ctx context.Context, k string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return d.Take(ctx, k, p, 1, now)
+}
+
+func (d *waitDown) Refund(ctx context.Context, k string, p throttler.Policy, n int64, now time.Time) (throttler.Decision, error) {
+	return d.Take(ctx, k, p, n, now)
+}
+
+// TestWaitWhileTheStoreIsDown: failing closed is an error at once, failing
+// open an admission at once, and a fallback is waited on like the store.
+func TestWaitWhileTheStoreIsDown(t *testing.T) {
+	p := throttler.PerMinute(2)
+	t.Run("fail closed", func(t *testing.T) {
+		w := newWaitFakeWorld(t, nil)
+		down := &waitDown{}
+		th := waitThrottler(t, down, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed})
+		d, err := th.Wait(context.Background(), "k", p)
+		require.ErrorIs(t, err, throttler.ErrUnavailable)
+		assert.False(t, d.Allowed)
+		assert.Empty(t, w.Sleeps())
+		assert.Equal(t, int64(1), down.calls.Load())
+	})
+	t.Run("fail open", func(t *testing.T) {
+		w := newWaitFakeWorld(t, nil)
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailOpen})
+		d, err := th.Wait(context.Background(), "k", p)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed)
+		assert.True(t, d.Degraded)
+		assert.Empty(t, w.Sleeps())
+	})
+	t.Run("fallback", func(t *testing.T) {
+		w := newWaitFakeWorld(t, nil)
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed, Fallback: waitMemory(t)})
+		_, err := th.AllowN(context.Background(), "k", p, 2)
+		require.NoError(t, err)
+		d, err := th.Wait(context.Background(), "k", p)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed)
+		assert.True(t, d.Degraded)
+		assert.Equal(t, []time.Duration{time.Minute}, w.Sleeps())
+	})
+}
+
+// TestWaitRefusesBadInputAtOnce: a cost above the capacity could never be
+// admitted, so it is an error, never a wait.
+func TestWaitRefusesBadInputAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  string
+		p    throttler.Policy
+		n    int64
+		want error
+	}{
+		{"zero cost", "k", throttler.PerMinute(3), 0, throttler.ErrInvalidCost},
+		{"negative cost", "k", throttler.PerMinute(3), -1, throttler.ErrInvalidCost},
+		{"fixed window above limit", "k", throttler.PerMinute(3), 4, throttler.ErrInvalidCost},
+		{"token bucket above burst", "k", throttler.PerSecond(10).WithBurst(5), 6, throttler.ErrInvalidCost},
+		{"sliding log above limit", "k", throttler.PerMinute(3).With(throttler.SlidingLog), 4, throttler.ErrInvalidCost},
+		{"sliding window above limit", "k", throttler.PerMinute(3).With(throttler.SlidingWindow), 4, throttler.ErrInvalidCost},
+		{"empty key", "", throttler.PerMinute(3), 1, throttler.ErrInvalidKey},
+		{"invalid policy", "k", throttler.PerMinute(0), 1, throttler.ErrInvalidPolicy},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWaitFakeWorld(t, nil)
+			th := waitThrottler(t, waitMemory(t), &throttler.Options{Clock: w.Now})
+			_, err := th.WaitN(context.Background(), tc.key, tc.p, tc.n)
+			require.ErrorIs(t, err, tc.want)
+			assert.Empty(t, w.Sleeps())
+		})
+	}
+}
+
+func TestWaitOnANilThrottlerIsAnError(t *testing.T) {
+	var nilTh *throttler.Throttler
+	_, err := nilTh.Wait(context.Background(), "k", throttler.PerMinute(1))
+	assert.Error(t, err)
+	_, err = (&throttler.Throttler{}).Wait(context.Background(), "k", throttler.PerMinute(1))
+	assert.Error(t, err)
+}
+
+// waitGated is a fake clock whose sleeps block until the test wakes them,
+// one at a time: the test sees who sleeps, and when.
+type waitGated struct {
+	waitFakeWorld
+	asleep         chan time.Duration
+	wake           chan struct{}
+	sleeping, most atomic.Int32
+}
+
+func (g *waitGated) Sleep(ctx context.Context, d time.Duration) error {
+	n := g.sleeping.Add(1)
+	for m := g.most.Load(); n > m && !g.most.CompareAndSwap(m, n); m = g.most.Load() {
+	}
+	defer g.sleeping.Add(-1)
+	g.asleep <- d
+	select {
+	case <-g.wake:
+		return g.waitFakeWorld.Sleep(ctx, d)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitUntil spins until cond holds (goroutines reaching a state), failing
+// after a generous real-time bound; it moves no clock.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// TestWaitersOfAKeyQueue: many goroutines waiting on one spent key in one
+// process: one at a time asks the store and sleeps, the others queue, and
+// each is admitted in its own window, in turn.
+func TestWaitersOfAKeyQueue(t *testing.T) {
+	const waiters = 8
+	g := &waitGated{waitFakeWorld: waitFakeWorld{now: waitT0}, asleep: make(chan time.Duration), wake: make(chan struct{})}
+	throttler.SetWaitWorld(t, g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 })
+	store := &waitTakeCounter{Backend: waitMemory(t)}
+	th := waitThrottler(t, store, &throttler.Options{Clock: g.Now})
+	p := throttler.PerMinute(1)
+	_, err := th.Allow(context.Background(), "k", p)
+	require.NoError(t, err)
+
+	results := make(chan throttler.Decision, waiters)
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Go(func() {
+			d, err := th.Wait(context.Background(), "k", p)
+			assert.NoError(t, err)
+			results <- d
+		})
+	}
+	first := <-g.asleep
+	assert.Equal(t, time.Minute, first)
+	waitUntil(t, "every waiter queues", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == waiters })
+
+	// A bad cost is refused at once, not after a turn behind the queue.
+	_, err = th.WaitN(context.Background(), "k", p, 2)
+	require.ErrorIs(t, err, throttler.ErrInvalidCost)
+
+	for i := range waiters {
+		if i > 0 {
+			assert.Equal(t, time.Minute, <-g.asleep, "waiter %d sleeps a window", i)
+		}
+		g.wake <- struct{}{}
+	}
+	wg.Wait()
+	close(results)
+
+	var resets []time.Time
+	for d := range results {
+		assert.True(t, d.Allowed)
+		resets = append(resets, d.ResetAt)
+	}
+	slices.SortFunc(resets, time.Time.Compare)
+	for i, r := range resets {
+		assert.True(t, waitT0.Add(time.Duration(i+2)*time.Minute).Equal(r), "admission %d ends at %v, not in its own window", i, r)
+	}
+	assert.Equal(t, int32(1), g.most.Load(), "more than one waiter slept at once")
+	// Each waiter: at most one Take on arrival, one as the head (the first
+	// slept on its arrival's denial), one after its sleep.
+	assert.LessOrEqual(t, store.takes.Load()-1, int64(3*waiters-1))
+	assert.Zero(t, throttler.WaitLanes())
+}
+
+// TestWaitEndsWithItsContext runs on the real clock: a Wait whose context
+// ends returns its error within a small bound, and leaves no goroutine and
+// no lane behind.
+func TestWaitEndsWithItsContext(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine; typically well under 1ms
+	th := waitThrottler(t, waitMemory(t), nil)
+	p := throttler.PerMinute(1)
+	_, err := th.Allow(context.Background(), "k", p)
+	require.NoError(t, err)
+
+	t.Run("already done", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := th.Wait(ctx, "fresh", p)
+		require.ErrorIs(t, err, context.Canceled)
+		d, err := th.Peek(context.Background(), "fresh", p)
+		require.NoError(t, err)
+		assert.Zero(t, d.Used, "a done context still took a unit")
+	})
+
+	t.Run("canceled while sleeping", func(t *testing.T) {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cause := errors.New("worker stopping")
+		done := make(chan error, 1)
+		go func() { _, err := th.Wait(ctx, "k", p); done <- err }()
+		waitUntil(t, "the waiter sleeps", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 1 })
+		canceled := time.Now()
+		cancel(cause)
+		err := <-done
+		took := time.Since(canceled)
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorIs(t, err, cause)
+		assert.Less(t, took, bound)
+		t.Logf("returned %v after the cancellation", took)
+	})
+
+	t.Run("deadline while queued", func(t *testing.T) {
+		head, stopHead := context.WithCancel(context.Background())
+		defer stopHead()
+		headDone := make(chan error, 1)
+		go func() { _, err := th.Wait(head, "k", p); headDone <- err }()
+		waitUntil(t, "the head sleeps", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 1 })
+
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		deadline, _ := ctx.Deadline()
+		_, err := th.Wait(ctx, "k", p)
+		late := time.Since(deadline)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.GreaterOrEqual(t, late, time.Duration(0))
+		assert.Less(t, late, bound)
+		t.Logf("returned %v after the deadline", late)
+
+		stopHead()
+		require.ErrorIs(t, <-headDone, context.Canceled)
+	})
+	assert.Zero(t, throttler.WaitLanes())
+}
