@@ -74,6 +74,15 @@
 // Options.Clock, and when it ends exactly one call probes the store (see
 // Options.BreakerThreshold and BreakerCooldown).
 //
+// # Waiting
+//
+// Allow answers at once. Wait and WaitN block instead until the units are
+// admitted, sleeping each denial's RetryAfter (plus a little jitter, never
+// less), and return ErrWouldExceedDeadline at once when the context's
+// deadline comes before the earliest admission, as golang.org/x/time/rate
+// does. They are for callers that can afford to delay work (outbound calls;
+// see package outbound), not for answering clients.
+//
 // Errors may contain the client's key: log them, never send them to a
 // client. The middleware's default answers (400, 503) hold only the status
 // text. Keys that are secrets (API tokens) are best hashed by the KeyFunc
