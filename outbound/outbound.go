@@ -46,13 +46,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/throttlekit/throttlekit/internal/nilness"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -207,7 +207,7 @@ func New(th *throttler.Throttler, opts *Options) (*Transport, error) {
 		return nil, err
 	}
 	return &Transport{th: th, opts: o, pauses: pauseCache{until: map[string]time.Time{}},
-		now: time.Now, sleep: sleepContext, jitter: randomUpTo}, nil
+		now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}, nil
 }
 
 // RoundTrip sends req once its key has capacity and no pause, and learns
@@ -478,19 +478,3 @@ type renamed struct {
 
 func (e *renamed) Error() string { return e.msg }
 func (e *renamed) Unwrap() error { return e.err }
-
-// sleepContext sleeps for d, or until ctx is done, then returns its error.
-func sleepContext(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func randomUpTo(bound time.Duration) time.Duration {
-	return time.Duration(rand.Int64N(int64(bound) + 1))
-}

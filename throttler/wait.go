@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/throttlekit/throttlekit/internal/sleep"
 )
 
 // ErrWouldExceedDeadline is returned by Wait, at once, when the context's
@@ -182,23 +183,7 @@ type waitEnv struct {
 	jitter func(bound time.Duration) time.Duration // in [0, bound]
 }
 
-var waitWorld = waitEnv{now: time.Now, sleep: sleepContext, jitter: randomUpTo}
-
-// sleepContext sleeps for d, or until ctx is done, then returns its error.
-func sleepContext(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func randomUpTo(bound time.Duration) time.Duration {
-	return time.Duration(rand.Int64N(int64(bound) + 1))
-}
+var waitWorld = waitEnv{now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}
 
 // laneKey names the waiters that queue together: one key and policy on one
 // Throttler.

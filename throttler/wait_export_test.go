@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/throttlekit/throttlekit/internal/sleep"
 )
 
 // SetWaitWorld makes Wait, until tb ends, compare deadlines with now, sleep
@@ -32,7 +34,7 @@ func SetWaitWorld(tb testing.TB, now func() time.Time, sleep func(context.Contex
 func WaitJitterBound(d time.Duration) time.Duration { return jitterBound(d) }
 
 // WaitRandomJitter is the jitter Wait draws in production.
-func WaitRandomJitter(bound time.Duration) time.Duration { return randomUpTo(bound) }
+func WaitRandomJitter(bound time.Duration) time.Duration { return sleep.UpTo(bound) }
 
 // WaitLaneWaiters is how many goroutines queue in the lane of key and p on
 // t: 0 when there is no lane.
