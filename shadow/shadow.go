@@ -346,13 +346,7 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 			if n := len(w.outbox); w.outboxClosed || n >= b.opts.QueueSize {
 				w.pubDropped++
 			} else {
-				// In place, as for the queue below.
-				if n < cap(w.outbox) {
-					w.outbox = w.outbox[:n+1]
-				} else {
-					w.outbox = append(w.outbox, call{})
-				}
-				c := &w.outbox[n]
+				c := grow(&w.outbox)
 				c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
 				wake, force = b.pub.wakeFor(n, n+1, b.wakeLen)
 			}
@@ -363,14 +357,7 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 		}
 		return
 	}
-	// Fill the slot in place: the call is large, and copying it twice
-	// would be a visible share of the control path's cost.
-	if n < cap(w.queue) {
-		w.queue = w.queue[:n+1]
-	} else {
-		w.queue = append(w.queue, call{})
-	}
-	c := &w.queue[n]
+	c := grow(&w.queue)
 	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
 	signal := w.sleeping || len(w.queue) == b.wakeLen
 	w.sleeping = false
@@ -381,6 +368,19 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 		default:
 		}
 	}
+}
+
+// grow extends *s by one call and returns it, for the caller to fill in
+// place: the call is large, and copying it twice would be a visible share
+// of the control path's cost.
+func grow(s *[]call) *call {
+	n := len(*s)
+	if n < cap(*s) {
+		*s = (*s)[:n+1]
+	} else {
+		*s = append(*s, call{})
+	}
+	return &(*s)[n]
 }
 
 // run is a worker: it takes its whole queue at once and calls the candidate
