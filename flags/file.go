@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -31,8 +33,10 @@ var ErrSettings = errors.New("flags: invalid rollout settings")
 
 // ParseSettings parses a rollout file's content: one JSON object with a
 // required "percent" (an integer from 0 to 100) and an optional "mirror"
-// (a boolean). Unknown fields are errors, so a misspelt setting is caught
-// instead of ignored. Every error matches ErrSettings.
+// (a boolean). It is stricter than encoding/json: an unknown field, a field
+// given twice and a field spelt in another case ("PERCENT") are errors, so
+// that a misspelt or contradictory setting is caught instead of ignored or
+// decided by whichever came last. Every error matches ErrSettings.
 func ParseSettings(data []byte) (Settings, error) {
 	s, err := parseSettings(data)
 	if err != nil {
@@ -42,51 +46,123 @@ func ParseSettings(data []byte) (Settings, error) {
 }
 
 // parseSettings is ParseSettings with errors that say what is wrong and
-// nothing else, for the caller to prefix.
+// nothing else, for the caller to prefix. It walks the object's tokens
+// itself: encoding/json matches names case-insensitively and lets a
+// repeated name overwrite the first.
 func parseSettings(data []byte) (Settings, error) {
 	if len(data) > MaxFileSize {
 		return Settings{}, fmt.Errorf("%d bytes, at most %d", len(data), MaxFileSize)
 	}
-	var raw struct {
-		Percent *int  `json:"percent"`
-		Mirror  *bool `json:"mirror"`
-	}
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
+	tok, err := dec.Token()
+	switch {
+	case err == io.EOF:
+		return Settings{}, errors.New("no JSON object: the content is empty")
+	case err != nil:
 		return Settings{}, err
+	case tok != json.Delim('{'):
+		return Settings{}, fmt.Errorf("want one JSON object, found %s", describeToken(tok))
+	}
+	var percent *int
+	var mirror *bool
+	var seenPercent, seenMirror bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return Settings{}, unexpectedEOF(err)
+		}
+		name, _ := tok.(string) // a name is all Token returns here
+		var seen *bool
+		var value any
+		switch name {
+		case "percent":
+			seen, value = &seenPercent, &percent
+		case "mirror":
+			seen, value = &seenMirror, &mirror
+		default:
+			for _, known := range []string{"percent", "mirror"} {
+				if strings.EqualFold(name, known) {
+					return Settings{}, fmt.Errorf("field %q: names are case-sensitive; want %q", name, known)
+				}
+			}
+			return Settings{}, fmt.Errorf("unknown field %q", name)
+		}
+		if *seen {
+			return Settings{}, fmt.Errorf("field %q appears twice", name)
+		}
+		*seen = true
+		if err := dec.Decode(value); err != nil {
+			return Settings{}, unexpectedEOF(err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return Settings{}, unexpectedEOF(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return Settings{}, errors.New("data after the JSON object")
 	}
-	if raw.Percent == nil {
+	if percent == nil { // absent or null
 		return Settings{}, errors.New(`"percent" is missing`)
 	}
-	if p := *raw.Percent; p < 0 || p > 100 {
+	if p := *percent; p < 0 || p > 100 {
 		return Settings{}, fmt.Errorf(`"percent" is %d; must be within [0, 100]`, p)
 	}
-	s := Settings{Percent: *raw.Percent}
-	if raw.Mirror != nil {
-		s.Mirror = *raw.Mirror
+	st := Settings{Percent: *percent}
+	if mirror != nil {
+		st.Mirror = *mirror
 	}
-	return s, nil
+	return st, nil
+}
+
+// unexpectedEOF turns the io.EOF that json.Decoder.Token returns for an
+// object cut short into the error it is.
+func unexpectedEOF(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// describeToken names what stands where the object should start.
+func describeToken(tok json.Token) string {
+	switch tok.(type) {
+	case json.Delim:
+		return "an array"
+	case string:
+		return "a string"
+	case float64, json.Number:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%v", tok)
 }
 
 // FileOptions configure a File source. The zero value (or nil) means
-// defaults.
+// defaults; a negative duration is an error.
 type FileOptions struct {
 	// GroupID is the bucketing group (see NewPercentFor).
 	// default: DefaultGroupID
 	GroupID string
-	// Interval is how often the file is checked for a change (its size,
-	// modification time or identity); negative is an error. default: 1s
+	// Interval is how often the file is read and compared, byte for
+	// byte, with the content last read: a change is seen whatever its
+	// size and modification time. default: 1s
 	Interval time.Duration
+	// Timeout bounds each read of the file (open, stat, read). A read
+	// that takes longer, as on a hung network mount, is an error that
+	// keeps the last good settings; the read is left to finish, and the
+	// next checks wait for that same read instead of starting another,
+	// so a hung file holds one goroutine at most. default: 1s
+	Timeout time.Duration
 	// OnChange is called, from the checking goroutine, with the new
 	// settings after a change was loaded. default: nil
 	OnChange func(Settings)
 	// OnError is called, from the checking goroutine, when the file cannot
 	// be read or parsed; the last good settings stay in force. It is called
-	// once per change of the file, not on every check. default: nil
+	// once per change of the file (or of the error), not on every check.
+	// default: nil
 	OnError func(error)
 }
 
@@ -95,18 +171,25 @@ type FileOptions struct {
 // A file that becomes unreadable or invalid leaves the last good settings
 // in force and is reported through OnError. Replace the file atomically
 // (write a temporary file, then rename it over the old one) so a check
-// never sees it half-written.
+// never sees it half-written. Only a regular file is read: a FIFO, device
+// or directory at the path is an error, never a read that blocks.
 //
 // It is safe for concurrent use. Close stops the checking.
 type File struct {
 	path     string
 	pct      *Percent
 	interval time.Duration
+	timeout  time.Duration
+	read     func(path string) ([]byte, error)
 	onChange func(Settings)
 	onError  func(error)
 
-	mu      sync.Mutex // serializes checks
-	sig     fileSig
+	mu       sync.Mutex      // serializes checks, and guards what follows
+	data     []byte          // the content last read, if haveData
+	haveData bool            // the last check read the file
+	pending  chan readResult // a read that outlived its check's Timeout
+
+	errMu   sync.Mutex // apart from mu, so that Err never waits on a read
 	lastErr error
 
 	stop      chan struct{}
@@ -114,28 +197,31 @@ type File struct {
 	closeOnce sync.Once
 }
 
+type readResult struct {
+	data []byte
+	err  error
+}
+
 var (
 	_ Rollout  = (*File)(nil)
 	_ Mirrorer = (*File)(nil)
 )
 
-// fileSig identifies a version of the file without reading it.
-type fileSig struct {
-	info os.FileInfo
-}
-
-func (s fileSig) same(o fileSig) bool {
-	if s.info == nil || o.info == nil {
-		return s.info == nil && o.info == nil
-	}
-	return os.SameFile(s.info, o.info) && s.info.Size() == o.info.Size() && s.info.ModTime().Equal(o.info.ModTime())
-}
+// errFileClosed is what a Reload after Close, or one that Close cut short,
+// returns.
+var errFileClosed = errors.New("flags: rollout file: closed")
 
 // NewFile reads the rollout file at path and starts checking it for
-// changes. It fails when the file cannot be read or parsed at start, so a
-// broken deploy is caught at once, and for a negative Interval. nil opts
-// mean defaults.
+// changes. It fails when the file cannot be read within Timeout or parsed
+// at start, so a broken deploy is caught at once, and for a negative
+// Interval or Timeout. nil opts mean defaults.
 func NewFile(path string, opts *FileOptions) (*File, error) {
+	return newFile(path, opts, readRegular)
+}
+
+// newFile is NewFile with the function that reads the file, which tests
+// replace to make a read hang.
+func newFile(path string, opts *FileOptions, read func(string) ([]byte, error)) (*File, error) {
 	var o FileOptions
 	if opts != nil {
 		o = *opts
@@ -145,45 +231,113 @@ func NewFile(path string, opts *FileOptions) (*File, error) {
 		return nil, errors.New("flags: rollout file: the path is empty")
 	case o.Interval < 0:
 		return nil, fmt.Errorf("flags: FileOptions.Interval is %v; want 0 (default 1s) or more", o.Interval)
-	case o.Interval == 0:
+	case o.Timeout < 0:
+		return nil, fmt.Errorf("flags: FileOptions.Timeout is %v; want 0 (default 1s) or more", o.Timeout)
+	}
+	if o.Interval == 0 {
 		o.Interval = time.Second
+	}
+	if o.Timeout == 0 {
+		o.Timeout = time.Second
 	}
 	f := &File{
 		path:     path,
 		pct:      newPercent(o.GroupID, 0),
 		interval: o.Interval,
+		timeout:  o.Timeout,
+		read:     read,
 		onChange: o.OnChange,
 		onError:  o.OnError,
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-	info, err := os.Stat(path)
+	data, err := f.readTimed()
 	if err != nil {
-		return nil, fmt.Errorf("flags: rollout file: %w", err)
+		return nil, err
 	}
-	st, err := readSettings(path)
+	st, err := parseFile(path, data)
 	if err != nil {
 		return nil, err
 	}
 	f.apply(st)
-	f.sig = fileSig{info}
+	f.data, f.haveData = data, true
 	go f.watch()
 	return f, nil
 }
 
-// readSettings reads and parses the file at path. Its errors carry their
-// one "flags:" prefix: ErrSettings for content that cannot be used, "flags:
-// rollout file:" for a file that cannot be read.
-func readSettings(path string) (Settings, error) {
-	fh, err := os.Open(path)
+// readRegular reads the file at path if it is a regular file. The open does
+// not block on a FIFO (O_NONBLOCK where there is one), and the type is
+// checked on the open file, so nothing at the path can make it wait for a
+// writer.
+func readRegular(path string) ([]byte, error) {
+	fh, err := os.OpenFile(path, os.O_RDONLY|openNonblock, 0)
 	if err != nil {
-		return Settings{}, fmt.Errorf("flags: rollout file: %w", err)
+		return nil, err
 	}
 	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+	info, err := fh.Stat()
 	if err != nil {
-		return Settings{}, fmt.Errorf("flags: rollout file: %w", err)
+		return nil, err
 	}
+	if !info.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is %s, not a regular file", path, describeMode(info.Mode()))
+	}
+	return io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
+}
+
+func describeMode(m fs.FileMode) string {
+	switch t := m.Type(); {
+	case t&fs.ModeDir != 0:
+		return "a directory"
+	case t&fs.ModeNamedPipe != 0:
+		return "a named pipe (FIFO)"
+	case t&fs.ModeSocket != 0:
+		return "a socket"
+	case t&fs.ModeDevice != 0:
+		return "a device"
+	default:
+		return fmt.Sprintf("of type %v", t)
+	}
+}
+
+// readTimed reads the file, giving up after Timeout or when Close is
+// called. A read that outlives it stays pending, and the next call waits
+// for it rather than start another. Its errors carry their one "flags:"
+// prefix. It is called with f.mu held, or before the File is shared.
+func (f *File) readTimed() ([]byte, error) {
+	select {
+	case <-f.stop:
+		return nil, errFileClosed
+	default:
+	}
+	if f.pending == nil {
+		ch := make(chan readResult, 1) // the reader never waits to deliver
+		go func() {
+			data, err := f.read(f.path)
+			ch <- readResult{data, err}
+		}()
+		f.pending = ch
+	}
+	timer := time.NewTimer(f.timeout)
+	defer timer.Stop()
+	select {
+	case r := <-f.pending:
+		f.pending = nil
+		if r.err != nil {
+			return nil, fmt.Errorf("flags: rollout file: %w", r.err)
+		}
+		return r.data, nil
+	case <-timer.C:
+		// The same words for every check that finds the read still
+		// running, so that OnError hears of it once.
+		return nil, fmt.Errorf("flags: rollout file: reading %s did not finish within %v: %w", f.path, f.timeout, os.ErrDeadlineExceeded)
+	case <-f.stop:
+		return nil, errFileClosed
+	}
+}
+
+// parseFile parses data read from path, for an error that names the file.
+func parseFile(path string, data []byte) (Settings, error) {
 	s, err := parseSettings(data)
 	if err != nil {
 		return Settings{}, fmt.Errorf("%w: %s: %w", ErrSettings, path, err)
@@ -204,22 +358,18 @@ func (f *File) watch() {
 		case <-f.stop:
 			return
 		case <-t.C:
-			f.check(false)
+			f.check()
 		}
 	}
 }
 
 // Reload checks the file now, as the periodic check does, and returns the
-// error that leaves the last good settings in force, or nil.
-func (f *File) Reload() error { return f.check(true) }
+// error that leaves the last good settings in force, or nil. After Close
+// it reads nothing and returns an error.
+func (f *File) Reload() error { return f.check() }
 
-// recent is how long after a modification the file is re-read even when
-// its size and time look unchanged: a second write within the file
-// system's timestamp granularity would otherwise go unseen.
-const recent = 2 * time.Second
-
-func (f *File) check(force bool) error {
-	report, changed, err := f.load(force)
+func (f *File) check() error {
+	report, changed, err := f.load()
 	// The hooks run after the lock is released, so they may call Err.
 	if report != nil && f.onError != nil {
 		f.onError(report)
@@ -230,43 +380,47 @@ func (f *File) check(force bool) error {
 	return err
 }
 
-// load re-reads the file if it changed (or force), and returns an error
-// to report (first seen), the new settings if they changed, and the error
-// in force.
-func (f *File) load(force bool) (report error, changed *Settings, err error) {
+// load reads the file and, if its content changed, parses it. It returns
+// an error to report (a new one, or the file changed), the new settings if
+// they changed, and the error in force.
+func (f *File) load() (report error, changed *Settings, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	info, err := os.Stat(f.path)
-	if err != nil {
-		info = nil
+	data, err := f.readTimed()
+	if err == errFileClosed {
+		return nil, nil, err
 	}
-	sig := fileSig{info}
-	moved := !sig.same(f.sig)
-	fresh := info != nil && time.Since(info.ModTime()) < recent
-	if !force && !moved && !fresh {
-		return nil, nil, f.lastErr
-	}
-	f.sig = sig
-	var s Settings
-	if err != nil {
-		err = fmt.Errorf("flags: rollout file: %w", err)
+	prev := f.Err()
+	if err == nil {
+		if f.haveData && bytes.Equal(data, f.data) {
+			return nil, nil, prev // unchanged: its outcome stands
+		}
+		f.data, f.haveData = data, true
+		var s Settings
+		if s, err = parseFile(f.path, data); err == nil {
+			f.setErr(nil)
+			if s != f.Settings() {
+				f.apply(s)
+				changed = &s
+			}
+			return nil, changed, nil
+		}
+		report = err // new content, so a new error
 	} else {
-		s, err = readSettings(f.path)
-	}
-	if err != nil {
 		// Report a failure once, not on every check while it lasts.
-		if moved || f.lastErr == nil || f.lastErr.Error() != err.Error() {
+		if f.haveData || prev == nil || prev.Error() != err.Error() {
 			report = err
 		}
-		f.lastErr = err
-		return report, nil, err
+		f.haveData = false
 	}
-	f.lastErr = nil
-	if s != f.Settings() {
-		f.apply(s)
-		changed = &s
-	}
-	return nil, changed, nil
+	f.setErr(err)
+	return report, nil, err
+}
+
+func (f *File) setErr(err error) {
+	f.errMu.Lock()
+	f.lastErr = err
+	f.errMu.Unlock()
 }
 
 // Settings returns the settings in force.
@@ -275,10 +429,10 @@ func (f *File) Settings() Settings {
 }
 
 // Err returns the error of the last check, or nil if the file in force is
-// the file on disk.
+// the file on disk. It never waits for a read.
 func (f *File) Err() error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	f.errMu.Lock()
+	defer f.errMu.Unlock()
 	return f.lastErr
 }
 
@@ -288,8 +442,9 @@ func (f *File) UseNew(key string) bool { return f.pct.UseNew(key) }
 // Mirroring reports the file's mirror setting.
 func (f *File) Mirroring() bool { return f.pct.Mirroring() }
 
-// Close stops checking the file; the settings in force stay. It is safe to
-// call more than once.
+// Close stops checking the file; the settings in force stay. It never waits
+// for a read of the file: one still running is left to finish. It is safe
+// to call more than once.
 func (f *File) Close() error {
 	f.closeOnce.Do(func() { close(f.stop) })
 	<-f.done

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,9 +32,27 @@ func TestParseSettings(t *testing.T) {
 		{`{"percnt": 25}`, Settings{}, "unknown field"},
 		{`{"percent": 25}{"percent": 50}`, Settings{}, "data after"},
 		{`{"percent": 25} x`, Settings{}, "data after"},
-		{`[25]`, Settings{}, "cannot unmarshal"},
-		{``, Settings{}, "EOF"},
+		{`[25]`, Settings{}, "want one JSON object, found an array"},
+		{`null`, Settings{}, "want one JSON object, found null"},
+		{`25`, Settings{}, "want one JSON object, found a number"},
+		{`"percent"`, Settings{}, "want one JSON object, found a string"},
+		{``, Settings{}, "the content is empty"},
+		{" \n", Settings{}, "the content is empty"},
 		{`{"percent": 25`, Settings{}, "unexpected EOF"},
+		{`{"percent": 25,`, Settings{}, "unexpected EOF"},
+		{`{"percent": `, Settings{}, "unexpected EOF"},
+		{`{"percent" 25}`, Settings{}, "colon"},
+		// Names are matched exactly, once each: encoding/json would take
+		// all of these, the last value winning.
+		{`{"PERCENT": 50}`, Settings{}, `field "PERCENT": names are case-sensitive; want "percent"`},
+		{`{"Percent": 50}`, Settings{}, `want "percent"`},
+		{`{"percent": 5, "Mirror": true}`, Settings{}, `field "Mirror": names are case-sensitive; want "mirror"`},
+		{`{"percent": 5, "percent": 50}`, Settings{}, `field "percent" appears twice`},
+		{`{"percent": 5, "percent": null}`, Settings{}, `field "percent" appears twice`},
+		{`{"percent": 5, "mirror": true, "mirror": false}`, Settings{}, `field "mirror" appears twice`},
+		{`{"perc\u0065nt": 5}`, Settings{Percent: 5}, ""}, // the name, unescaped, is exact
+		{`{"percent": null}`, Settings{}, `"percent" is missing`},
+		{`{"percent": 7, "mirror": null}`, Settings{Percent: 7}, ""},
 		{`{"percent": 25, "mirror": 1}`, Settings{}, "cannot unmarshal"},
 		{strings.Repeat(" ", MaxFileSize) + `{"percent": 1}`, Settings{}, "at most"},
 	}
@@ -124,9 +144,13 @@ func TestFileReload(t *testing.T) {
 		{"ramp", `{"percent": 25, "mirror": true}`, Settings{25, true}, false, 0},
 		{"unchanged", `{"percent": 25, "mirror": true}`, Settings{25, true}, false, 0},
 		{"bad json keeps last good", `{"percent": 2`, Settings{25, true}, true, 1},
+		{"the same bad file is reported once", `{"percent": 2`, Settings{25, true}, true, 1},
 		{"out of range keeps last good", `{"percent": 200}`, Settings{25, true}, true, 2},
-		{"missing keeps last good", "", Settings{25, true}, true, 3},
-		{"rollback", `{"percent": 0}`, Settings{0, false}, false, 3},
+		{"wrong case keeps last good", `{"PERCENT": 50}`, Settings{25, true}, true, 3},
+		{"duplicate keeps last good", `{"percent": 50, "percent": 60}`, Settings{25, true}, true, 4},
+		{"missing keeps last good", "", Settings{25, true}, true, 5},
+		{"still missing is reported once", "", Settings{25, true}, true, 5},
+		{"rollback", `{"percent": 0}`, Settings{0, false}, false, 5},
 	}
 	for _, s := range steps {
 		if s.content == "" {
@@ -191,10 +215,11 @@ func TestNewFileErrors(t *testing.T) {
 		want string // the error's start
 	}{
 		{"empty path", "", nil, "flags: rollout file: the path is empty"},
-		{"missing", filepath.Join(dir, "missing.json"), nil, "flags: rollout file: stat "},
+		{"missing", filepath.Join(dir, "missing.json"), nil, "flags: rollout file: open "},
 		{"invalid", bad, nil, "flags: invalid rollout settings: " + bad + ": json: "},
-		{"a directory", dir, nil, "flags: rollout file: "},
+		{"a directory", dir, nil, "flags: rollout file: " + dir + " is a directory, not a regular file"},
 		{"negative interval", good, &FileOptions{Interval: -time.Second}, "flags: FileOptions.Interval is -1s; want 0 (default 1s) or more"},
+		{"negative timeout", good, &FileOptions{Timeout: -time.Millisecond}, "flags: FileOptions.Timeout is -1ms; want 0 (default 1s) or more"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -246,5 +271,144 @@ func TestFileWatches(t *testing.T) {
 	defer mu.Unlock()
 	if len(errs) != 0 {
 		t.Errorf("errors reported for good files: %v", errs)
+	}
+}
+
+// An edit in place that keeps the size and the modification time (a second
+// write within the file system's timestamp granularity, or a tool that
+// restores the time) is still seen: the source compares content.
+func TestFileSeesAnEditWithTheSameSizeAndTime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rollout.json")
+	stamp := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC) // long past: nothing counts as just modified
+	write := func(content string) os.FileInfo {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil { // in place: same inode
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+		info, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info
+	}
+	before := write(`{"percent": 10}`)
+	changed := make(chan Settings, 1)
+	f, err := NewFile(path, &FileOptions{Interval: time.Millisecond, OnChange: func(s Settings) { changed <- s }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	after := write(`{"percent": 20}`)
+	if !os.SameFile(before, after) || before.Size() != after.Size() || !before.ModTime().Equal(after.ModTime()) {
+		t.Fatalf("the edit changed the file's identity, size or time: the test proves nothing")
+	}
+	// The periodic check, not Reload, which could always re-read.
+	select {
+	case s := <-changed:
+		if s.Percent != 20 || f.Settings().Percent != 20 {
+			t.Errorf("OnChange(%+v), Settings() = %+v; want percent 20", s, f.Settings())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the edit was not seen within 10s; Settings() = %+v", f.Settings())
+	}
+}
+
+// hungRead is a read function that blocks until released, as a read on a
+// hung network mount does, and counts the reads started.
+type hungRead struct {
+	release chan struct{}
+	started atomic.Int32
+	content string
+}
+
+func (h *hungRead) read(string) ([]byte, error) {
+	if h.started.Add(1) > 1 {
+		<-h.release
+	}
+	return []byte(h.content), nil
+}
+
+// A read that hangs is an error after Timeout that keeps the last good
+// settings, is reported once, and never doubles up with a second read;
+// once it returns, its content is used.
+func TestFileReadTimesOut(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	path := filepath.Join(t.TempDir(), "rollout.json") // never read: the reads are hung's
+	hung := &hungRead{release: make(chan struct{}), content: `{"percent": 30}`}
+	var reported []error
+	f, err := newFile(path, &FileOptions{
+		Interval: time.Hour, Timeout: 10 * time.Millisecond,
+		OnError: func(err error) { reported = append(reported, err) },
+	}, hung.read) // the first read, NewFile's, answers at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	hung.content = `{"percent": 40}`
+	for i := range 3 {
+		err := f.Reload()
+		if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.HasPrefix(err.Error(), "flags: rollout file: reading "+path+" did not finish within 10ms") {
+			t.Fatalf("Reload %d = %v, want a timeout", i, err)
+		}
+		if f.Settings().Percent != 30 || !errors.Is(f.Err(), os.ErrDeadlineExceeded) {
+			t.Fatalf("Reload %d: Settings() = %+v, Err() = %v; want the last good 30 and the timeout", i, f.Settings(), f.Err())
+		}
+	}
+	if n := hung.started.Load(); n != 2 || len(reported) != 1 {
+		t.Errorf("%d reads started, %d errors reported; want 2 (NewFile's and one hung) and 1", n, len(reported))
+	}
+	close(hung.release)
+	if err := f.Reload(); err != nil || f.Settings().Percent != 40 || f.Err() != nil {
+		t.Errorf("Reload once the read returned = %v; Settings() = %+v, Err() = %v; want nil, 40, nil", err, f.Settings(), f.Err())
+	}
+}
+
+// Close never waits for a read in progress, in the checking goroutine or in
+// a Reload; a Reload after Close reads nothing.
+func TestFileCloseDoesNotWaitForARead(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	hung := &hungRead{release: make(chan struct{}), content: `{"percent": 30}`}
+	f, err := newFile("rollout.json", &FileOptions{Interval: time.Millisecond, Timeout: time.Hour}, hung.read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The checking goroutine starts the second read, which hangs, and a
+	// Reload waits for the same read.
+	for hung.started.Load() < 2 {
+		runtime.Gosched()
+	}
+	reloaded := make(chan error, 1)
+	go func() { reloaded <- f.Reload() }()
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	for _, ch := range []chan error{closed, reloaded} {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close or Reload waited for the hung read")
+		}
+	}
+	if err := f.Reload(); !errors.Is(err, errFileClosed) || f.Settings().Percent != 30 {
+		t.Errorf("Reload after Close = %v, Settings() = %+v; want %v and 30", err, f.Settings(), errFileClosed)
+	}
+	if n := hung.started.Load(); n != 2 {
+		t.Errorf("%d reads started, want 2", n)
+	}
+	close(hung.release) // the reader goroutine ends; goleak checks it
+}
+
+// NewFile gives up on a file it cannot read within Timeout.
+func TestNewFileReadTimesOut(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	f, err := newFile("rollout.json", &FileOptions{Timeout: 10 * time.Millisecond}, func(string) ([]byte, error) {
+		<-release
+		return nil, nil
+	})
+	if f != nil || !errors.Is(err, os.ErrDeadlineExceeded) || strings.Count(err.Error(), "flags:") != 1 {
+		t.Fatalf("newFile = %v, %v; want a timeout with one package prefix", f, err)
 	}
 }

@@ -28,8 +28,8 @@ func Example() {
 	}
 	_, _ = old.Take(ctx, "alice", p, 2, t0) // only the old store saw these
 
-	// Publish runs on the shadow's workers; hand results over to the
-	// metrics or, here, to the printing below.
+	// Publish runs on the shadow's own goroutine; hand results over to
+	// the metrics or, here, to the printing below.
 	results := make(chan shadow.Result, 16)
 	s, err := shadow.New(old, candidate, &shadow.Options{Publish: func(r shadow.Result) { results <- r }})
 	if err != nil {

@@ -6,8 +6,10 @@
 // (same key, policy, cost and now) waits in a bounded queue for a worker; a
 // slow, failing or dead candidate fills the queue and further calls are
 // dropped and counted, so it never slows or fails the control path. Every
-// comparison becomes a Result, passed to Options.Publish and summed in
-// Stats; Flush waits until everything mirrored so far has been compared.
+// comparison becomes a Result, summed in Stats and passed to
+// Options.Publish on the shadow's own goroutines, never on a caller's;
+// Flush waits until everything mirrored so far has been compared and
+// published.
 //
 // Calls for one key reach the candidate in the order the control answered
 // them, as far as that order is known: each call is queued after its
@@ -51,7 +53,8 @@ type Options struct {
 	// QueueSize is how many mirrored calls may wait for each worker; when
 	// its queue is full a call is dropped (a Result of kind Dropped). A
 	// worker also holds the batch it is working through, so at most
-	// 2*Workers*QueueSize calls are held in all. default: 1024
+	// 2*Workers*QueueSize calls are held in all, and with Publish as many
+	// drops again may wait for it (see Publish). default: 1024
 	QueueSize int
 	// Timeout bounds each candidate call, through its context's deadline:
 	// a worker's calls share a context while at least about 7/8 of
@@ -81,10 +84,14 @@ type Options struct {
 	// default: nil, nothing ignored
 	Ignore func(Result) bool
 	// Publish, if set, receives every Result: matches, differences,
-	// candidate errors and drops. It runs on a worker goroutine, except
-	// for drops, which it receives on the caller's goroutine; it must be
-	// quick and safe for concurrent use. A panic in it is recovered and
-	// counted in Stats.PublishPanics. default: nil
+	// candidate errors and drops. It runs on the shadow's own goroutines,
+	// never on a caller's, so it must be safe for concurrent use: the
+	// workers pass it their comparisons, and one publishing goroutine the
+	// drops, which wait for it in a queue of QueueSize per worker; a drop
+	// that finds that queue full is counted in Stats.PublishDropped
+	// instead. A slow Publish slows the workers, whose queues then fill
+	// and drop calls (Dropped), so it should still be quick. A panic in
+	// it is recovered and counted in Stats.PublishPanics. default: nil
 	Publish func(Result)
 	// Enabled, if set, is asked on every call whether to mirror it; false
 	// serves from the control alone and records nothing. It runs on the
@@ -171,6 +178,7 @@ type Backend struct {
 	seed               maphash.Seed
 	workers            []*worker
 	wakeLen            int
+	pub                *publisher // nil without Options.Publish
 
 	ctx       context.Context // cancelled when Close gives up draining
 	cancel    context.CancelFunc
@@ -195,7 +203,7 @@ var (
 // is called in the background, never on the caller's path.
 func (b *Backend) InProcess() bool { return backend.IsInProcess(b.control) }
 
-// call is one mirrored operation waiting for its worker, or a Flush barrier.
+// call is one mirrored operation waiting for its worker.
 type call struct {
 	op         throttler.Op
 	key        string
@@ -204,7 +212,6 @@ type call struct {
 	now        time.Time
 	control    throttler.Decision
 	controlErr error
-	barrier    chan struct{}
 }
 
 type worker struct {
@@ -214,7 +221,18 @@ type worker struct {
 	closed   bool
 	dropped  uint64        // calls refused by a full or closed queue
 	wake     chan struct{} // capacity 1
-	_        [64]byte      // keep workers' locks on separate cache lines
+	// Flush waits for done to reach taken plus what is queued: counters,
+	// not items in the queue, so that a Flush that gives up leaves
+	// nothing behind and every Flush waiting on the worker shares one
+	// channel, closed when a batch ends.
+	taken, done uint64 // calls taken from the queue, and finished with
+	flushed     chan struct{}
+	// Drops waiting for the publisher (see publish.go); nil without
+	// Options.Publish.
+	outbox       []call
+	outboxClosed bool     // Close is done publishing: count, do not queue
+	pubDropped   uint64   // drops refused by a full or closed outbox
+	_            [64]byte // keep workers' locks on separate cache lines
 
 	// Owned by the worker goroutine.
 	spare  []call
@@ -256,6 +274,9 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	}
 	b.opFunc = b.do()
 	b.mismatches.init(o.KeepMismatches)
+	if o.Publish != nil {
+		b.pub = newPublisher(o.Workers)
+	}
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
 		stale := new(atomic.Bool)
@@ -266,6 +287,9 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 		b.workers[i] = w
 		b.wg.Add(1)
 		go b.run(w)
+	}
+	if b.pub != nil {
+		go b.publishLoop()
 	}
 	return b, nil
 }
@@ -314,22 +338,27 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 	if w.closed || n >= b.opts.QueueSize {
 		// Counted under the lock already held: a dead candidate makes
 		// every call drop, and a shared atomic would then be contended.
+		// For the same reason the drop waits for the publisher in this
+		// worker's outbox, under this lock.
 		w.dropped++
+		wake, force := false, false
+		if b.pub != nil {
+			if n := len(w.outbox); w.outboxClosed || n >= b.opts.QueueSize {
+				w.pubDropped++
+			} else {
+				c := grow(&w.outbox)
+				c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+				wake, force = b.pub.wakeFor(n, n+1, b.wakeLen)
+			}
+		}
 		w.mu.Unlock()
-		if b.opts.Publish != nil {
-			b.publish(&Result{Op: op, Key: key, Policy: p, Cost: cost, Now: now, Control: *d, ControlErr: err, Kinds: Dropped})
+		if wake {
+			b.pub.signal(force)
 		}
 		return
 	}
-	// Fill the slot in place: the call is large, and copying it twice
-	// would be a visible share of the control path's cost.
-	if n < cap(w.queue) {
-		w.queue = w.queue[:n+1]
-	} else {
-		w.queue = append(w.queue, call{})
-	}
-	c := &w.queue[n]
-	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr, c.barrier = op, key, p, cost, now, *d, err, nil
+	c := grow(&w.queue)
+	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
 	signal := w.sleeping || len(w.queue) == b.wakeLen
 	w.sleeping = false
 	w.mu.Unlock()
@@ -339,6 +368,19 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 		default:
 		}
 	}
+}
+
+// grow extends *s by one call and returns it, for the caller to fill in
+// place: the call is large, and copying it twice would be a visible share
+// of the control path's cost.
+func grow(s *[]call) *call {
+	n := len(*s)
+	if n < cap(*s) {
+		*s = (*s)[:n+1]
+	} else {
+		*s = append(*s, call{})
+	}
+	return &(*s)[n]
 }
 
 // run is a worker: it takes its whole queue at once and calls the candidate
@@ -354,10 +396,15 @@ func (b *Backend) run(w *worker) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	naps := 0
+	var batch []call // the batch just worked through
 	for {
 		w.mu.Lock()
-		batch := w.queue
-		if len(batch) == 0 {
+		if batch != nil {
+			b.finishBatch(w, batch)
+			batch = nil
+		}
+		next := w.queue
+		if len(next) == 0 {
 			if w.closed {
 				w.mu.Unlock()
 				return
@@ -379,26 +426,33 @@ func (b *Backend) run(w *worker) {
 			continue
 		}
 		w.queue = w.spare[:0]
+		w.taken += uint64(len(next))
 		w.mu.Unlock()
 		naps = 0
 		// The slots are not zeroed after use: the next caller overwrites
 		// every field, and a worker writing them would make each caller's
 		// write a cache miss. They keep at most QueueSize keys alive.
-		for i := range batch {
-			b.process(w, &batch[i])
+		for i := range next {
+			b.process(w, &next[i])
 		}
-		w.counts.absorb(&w.tally)
-		w.spare = batch
+		w.counts.absorb(&w.tally) // in Stats before Flush hears of it
+		batch = next
 	}
+}
+
+// finishBatch, under w.mu, tells the Flushes waiting that the batch is
+// done, and keeps its slots for the next queue.
+func (b *Backend) finishBatch(w *worker, batch []call) {
+	w.done += uint64(len(batch))
+	if w.flushed != nil {
+		close(w.flushed)
+		w.flushed = nil
+	}
+	w.spare = batch
 }
 
 // process calls the candidate for c and records the comparison.
 func (b *Backend) process(w *worker, c *call) {
-	if c.barrier != nil {
-		w.counts.absorb(&w.tally) // what Flush waited for is in Stats
-		close(c.barrier)
-		return
-	}
 	r := Result{Op: c.op, Key: c.key, Policy: c.p, Cost: c.cost, Now: c.now, Control: c.control, ControlErr: c.controlErr}
 	if b.discard.Load() {
 		b.discarded.Add(1)
@@ -482,66 +536,69 @@ func (b *Backend) record(w *worker, r *Result) {
 	if w.tally.add(r) {
 		b.mismatches.add(*r)
 	}
-	if b.opts.Publish != nil {
+	if b.pub != nil {
 		b.publish(r)
 	}
 }
 
-// publish hands r to Options.Publish, recovering and counting a panic: a
-// broken hook must not take down a worker or, for drops, the caller.
-func (b *Backend) publish(r *Result) {
-	defer func() {
-		if recover() != nil {
-			b.publishPanics.Add(1)
-		}
-	}()
-	b.opts.Publish(*r)
-}
-
 // Flush waits until every call mirrored before it was called has been
-// compared (or dropped), or until ctx is done. Operators use it before
-// reading Stats at a stage boundary, and tests to compare deterministically.
+// compared (or dropped) and its Result published, or until ctx is done.
+// Operators use it before reading Stats at a stage boundary, and tests to
+// compare deterministically. A Flush that gives up leaves nothing behind.
 func (b *Backend) Flush(ctx context.Context) error {
 	if b.closed.Load() {
 		return ErrClosed
 	}
-	done := make([]chan struct{}, 0, len(b.workers))
 	for _, w := range b.workers {
-		ch := make(chan struct{})
-		w.mu.Lock()
-		if w.closed {
-			w.mu.Unlock()
-			return ErrClosed
+		if err := w.flush(ctx); err != nil {
+			return err
 		}
-		// A barrier is not a call: it may exceed QueueSize by one.
-		w.queue = append(w.queue, call{barrier: ch})
+	}
+	if b.pub != nil {
+		return b.pub.flush(ctx)
+	}
+	return nil
+}
+
+// flush waits until the worker has finished every call queued or in hand
+// when it was called.
+func (w *worker) flush(ctx context.Context) error {
+	w.mu.Lock()
+	target := w.taken + uint64(len(w.queue))
+	for w.done < target {
+		ch := w.flushed
+		if ch == nil {
+			ch = make(chan struct{})
+			w.flushed = ch
+		}
 		w.sleeping = false
 		w.mu.Unlock()
-		select {
+		select { // a napping worker would find its queue anyway, later
 		case w.wake <- struct{}{}:
 		default:
 		}
-		done = append(done, ch)
-	}
-	for _, ch := range done {
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			return fmt.Errorf("shadow: flush: %w", ctx.Err())
 		}
+		w.mu.Lock()
 	}
+	w.mu.Unlock()
 	return nil
 }
 
-// Close stops mirroring and stops the workers. It lets them finish the
-// queued calls for up to Options.DrainTimeout, then cancels the candidate
-// calls in flight and drops what is left, returning an error that says how
-// many calls it dropped. A candidate call that ignores the cancellation
-// for another DrainTimeout is left to finish on its own, and Close returns
-// an error saying so: shutdown is bounded even then. Calls made after
-// Close are still served by the control, and counted as dropped. Close
-// never closes the control or the candidate; it is safe to call more than
-// once.
+// Close stops mirroring and stops the workers and the publisher. It lets
+// them finish the queued calls and drops for up to Options.DrainTimeout,
+// then cancels the candidate calls in flight and drops what is left,
+// counted (as Dropped calls and PublishDropped drops), returning an error
+// that says how many calls it dropped. A worker or publisher still busy
+// another DrainTimeout later (a candidate that ignores the cancellation,
+// a Publish that does not return) is left to finish on its own, and Close
+// returns an error saying so: shutdown is bounded even then. Calls made
+// after Close are still served by the control, and counted as dropped.
+// Close never closes the control or the candidate; it is safe to call
+// more than once.
 func (b *Backend) Close() error {
 	var err error
 	b.closing.Do(func() {
@@ -555,23 +612,50 @@ func (b *Backend) Close() error {
 			default:
 			}
 		}
-		done := make(chan struct{})
-		go func() { b.wg.Wait(); close(done) }()
+		b.stopPublishing()
+		stopped := make(chan struct{})
+		go func() { b.wg.Wait(); close(stopped) }()
+		// Each is set to nil once it has closed.
+		workers, published := (<-chan struct{})(stopped), (<-chan struct{})(nil)
+		if b.pub != nil {
+			published = b.pub.done
+		}
 		timer := time.NewTimer(b.opts.DrainTimeout)
 		defer timer.Stop()
-		select {
-		case <-done:
-		case <-timer.C:
+		expired := false
+		for workers != nil || published != nil {
+			select {
+			case <-workers:
+				workers = nil
+				continue
+			case <-published:
+				published = nil
+				continue
+			case <-timer.C:
+			}
+			if expired {
+				if workers != nil {
+					err = fmt.Errorf("shadow: close: workers still busy %v after their candidate calls were cancelled (a candidate that ignores its context, or a Publish that does not return); left to finish: %w", b.opts.DrainTimeout, context.DeadlineExceeded)
+				}
+				if published != nil {
+					err = errors.Join(err, fmt.Errorf("shadow: close: Publish still running %v after draining ended; left to finish: %w", b.opts.DrainTimeout, context.DeadlineExceeded))
+				}
+				break
+			}
+			expired = true
 			b.discard.Store(true)
+			if b.pub != nil {
+				b.pub.discard.Store(true)
+			}
 			b.cancel()
 			timer.Reset(b.opts.DrainTimeout)
-			select {
-			case <-done:
-			case <-timer.C:
-				err = fmt.Errorf("shadow: close: candidate calls still running %v after they were cancelled; left to finish: %w", b.opts.DrainTimeout, context.DeadlineExceeded)
-			}
-			if n := b.discarded.Load(); n > 0 {
-				err = errors.Join(fmt.Errorf("shadow: close: %d queued calls dropped after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded), err)
+		}
+		if n := b.discarded.Load(); n > 0 {
+			err = errors.Join(fmt.Errorf("shadow: close: %d queued calls dropped after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded), err)
+		}
+		if b.pub != nil {
+			if n := b.pub.discarded.Load(); n > 0 {
+				err = errors.Join(err, fmt.Errorf("shadow: close: %d drops not published after draining for %v: %w", n, b.opts.DrainTimeout, context.DeadlineExceeded))
 			}
 		}
 		b.cancel()
@@ -588,6 +672,7 @@ func (b *Backend) Stats() Stats {
 		w.mu.Lock()
 		s.Queued += len(w.queue)
 		dropped += w.dropped
+		s.PublishDropped += w.pubDropped
 		w.mu.Unlock()
 	}
 	if dropped > 0 {
@@ -596,5 +681,8 @@ func (b *Backend) Stats() Stats {
 	}
 	s.LastMismatches = b.mismatches.appendTo(nil)
 	s.PublishPanics, s.IgnorePanics = b.publishPanics.Load(), b.ignorePanics.Load()
+	if b.pub != nil {
+		s.PublishDropped += b.pub.discarded.Load()
+	}
 	return s
 }

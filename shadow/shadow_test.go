@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -493,7 +494,9 @@ func (g *gate) before(ctx context.Context, _ throttler.Op, key string) error {
 }
 
 // With the worker stuck, exactly QueueSize calls wait and the rest drop, on
-// the caller's goroutine, without waiting.
+// the caller's goroutine, without waiting; the drops are published all the
+// same (as many as QueueSize wait for Publish; see
+// TestBlockedPublishNeverHoldsCallers for more).
 func TestFullQueueDrops(t *testing.T) {
 	ctx := context.Background()
 	g := newGate()
@@ -509,18 +512,21 @@ func TestFullQueueDrops(t *testing.T) {
 	big := throttler.Policy{Limit: 1000, Window: time.Hour}
 	_, _ = s.Take(ctx, "first", big, 1, t0)
 	<-g.arrived // the worker now holds "first"
-	for i := range 10 {
+	for i := range 8 {
 		if _, err := s.Take(ctx, fmt.Sprint("k", i), big, 1, t0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if st := s.Stats(); st.Count(Dropped) != 6 || dropped.Load() != 6 || st.Queued != 4 {
-		t.Fatalf("dropped %d (published %d), queued %d; want 6, 6, 4", st.Count(Dropped), dropped.Load(), st.Queued)
+	if st := s.Stats(); st.Count(Dropped) != 4 || st.Queued != 4 {
+		t.Fatalf("dropped %d, queued %d; want 4 and 4", st.Count(Dropped), st.Queued)
 	}
+	// The publisher does not wait for the stuck worker.
+	waitFor(t, "the drops' Publish", func() bool { return dropped.Load() == 4 })
 	close(g.release)
 	flush(t, s)
-	if st := s.Stats(); st.Compared != 5 || st.Results != 11 {
-		t.Errorf("Compared %d Results %d, want 5 and 11", st.Compared, st.Results)
+	if st := s.Stats(); st.Compared != 5 || st.Results != 9 || dropped.Load() != 4 || st.PublishDropped != 0 {
+		t.Errorf("Compared %d Results %d, published drops %d, PublishDropped %d; want 5, 9, 4, 0",
+			st.Compared, st.Results, dropped.Load(), st.PublishDropped)
 	}
 }
 
@@ -545,8 +551,8 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-// A panicking Publish is recovered and counted, on a worker (a comparison)
-// and on the caller's goroutine (a drop) alike.
+// A panicking Publish is recovered and counted, for a comparison and a drop
+// alike, and the publisher carries on.
 func TestPublishPanicIsCounted(t *testing.T) {
 	ctx := context.Background()
 	g := newGate()
@@ -557,10 +563,13 @@ func TestPublishPanicIsCounted(t *testing.T) {
 	_, _ = s.Take(ctx, "k", pol, 1, t0)
 	<-g.arrived                            // the worker holds the first call
 	_, _ = s.Take(ctx, "k", pol, 1, t0)    // queued
-	d, err := s.Take(ctx, "k", pol, 1, t0) // dropped: Publish panics on this goroutine
+	d, err := s.Take(ctx, "k", pol, 1, t0) // dropped
 	if err != nil || !d.Allowed {
 		t.Fatalf("Take with a panicking Publish = %+v, %v", d, err)
 	}
+	// The drop's Publish comes first, so that the outbox, two Results
+	// here, has room for both comparisons whenever the publisher runs.
+	waitFor(t, "the drop's Publish", func() bool { return s.Stats().PublishPanics == 1 })
 	close(g.release)
 	flush(t, s)
 	if st := s.Stats(); st.Compared != 2 || st.Count(Dropped) != 1 || st.PublishPanics != 3 {
@@ -672,8 +681,8 @@ func TestConcurrentAgreement(t *testing.T) {
 	}
 }
 
-// Queue slots are reused without being cleared: a call written where a
-// Flush barrier was must still be a call.
+// Queue slots are reused without being cleared, and Flush follows the
+// worker's counts across batches of every size.
 func TestSlotsReusedAfterFlush(t *testing.T) {
 	ctx := context.Background()
 	s := newShadow(t, mem(t), mem(t), &Options{Workers: 1})
@@ -795,4 +804,275 @@ func TestUnknownOp(t *testing.T) {
 	if n, m := len(control.received()), len(candidate.received()); n+m != 0 || s.Stats().Results != 0 {
 		t.Errorf("control got %d calls, candidate %d, results %d; want none", n, m, s.Stats().Results)
 	}
+}
+
+// waitFor polls cond until it holds, failing the test after a generous
+// deadline: for what another goroutine does without telling the test.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not happen within 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// returns runs f on its own goroutine and fails the test if it has not
+// returned after a generous deadline: the proof that f does not wait on
+// something the test holds.
+func returns(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not return", what)
+	}
+}
+
+// A Flush that gives up on a stuck candidate leaves nothing behind: a
+// hundred thousand of them leave the queues empty, Stats unchanged and the
+// heap as it was, and the Flush after the candidate recovers still works.
+func TestFlushesThatGiveUpLeaveNothing(t *testing.T) {
+	ctx := context.Background()
+	g := newGate()
+	s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{Workers: 2, Timeout: time.Hour})
+	_, _ = s.Take(ctx, "k", pol, 1, t0)
+	<-g.arrived // a worker holds the call until release
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	const flushes = 100_000
+	for range flushes {
+		if err := s.Flush(cancelled); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Flush = %v, want Canceled", err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// Today's queue entries were about 300 bytes each: 100,000 left behind
+	// would be 30 MB. Nothing left behind is a few channels.
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 1<<20 {
+		t.Errorf("the heap grew %d bytes over %d Flushes that gave up", grew, flushes)
+	}
+	if st := s.Stats(); st.Queued != 0 || st.Results != 0 {
+		t.Errorf("Queued %d Results %d after %d Flushes; want 0 and 0", st.Queued, st.Results, flushes)
+	}
+	// Concurrent Flushes share what they wait on; those that give up do
+	// not disturb those that wait on.
+	var gaveUp, waited sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 64 {
+		wg := &waited
+		fctx := ctx
+		if i%2 == 0 {
+			wg = &gaveUp
+			var cancel context.CancelFunc
+			fctx, cancel = context.WithTimeout(ctx, time.Millisecond)
+			defer cancel()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := s.Flush(fctx)
+			if i%2 == 0 && !errors.Is(err, context.DeadlineExceeded) || i%2 == 1 && err != nil {
+				errs <- fmt.Errorf("Flush %d = %v", i, err)
+			}
+		}()
+	}
+	gaveUp.Wait()
+	close(g.release)
+	waited.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	flush(t, s)
+	if st := s.Stats(); st.Results != 1 || st.Compared != 1 || st.Queued != 0 {
+		t.Errorf("Results %d Compared %d Queued %d; want 1, 1, 0: a Flush is not a call", st.Results, st.Compared, st.Queued)
+	}
+}
+
+// blockingPublish is a Publish that blocks until release is closed, and
+// counts the Results it took in.
+type blockingPublish struct {
+	entered   chan struct{} // one value, at the first call
+	release   chan struct{}
+	once      sync.Once
+	published atomic.Uint64
+}
+
+func newBlockingPublish() *blockingPublish {
+	return &blockingPublish{entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (p *blockingPublish) publish(Result) {
+	p.once.Do(func() { close(p.entered) })
+	<-p.release
+	p.published.Add(1)
+}
+
+// A Publish that never returns holds up no caller, whether the candidate
+// is stuck or healthy; the drops it cannot take are counted, and once it
+// returns every Result is published or counted, none lost.
+func TestBlockedPublishNeverHoldsCallers(t *testing.T) {
+	ctx := context.Background()
+	big := throttler.Policy{Name: "big", Limit: 1 << 20, Window: time.Hour}
+	const calls = 500
+	t.Run("stuck candidate", func(t *testing.T) {
+		g := newGate()
+		pub := newBlockingPublish()
+		s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{
+			Workers: 1, QueueSize: 4, Timeout: time.Hour, Publish: pub.publish,
+		})
+		_, _ = s.Take(ctx, "k", big, 1, t0)
+		<-g.arrived // the worker holds call 1; 2 to 5 will wait in its queue
+		returns(t, "callers with the candidate stuck", func() {
+			for range 5 {
+				_, _ = s.Take(ctx, "k", big, 1, t0)
+			}
+		})
+		<-pub.entered // the publisher holds the drop of call 6 in Publish
+		returns(t, "callers with Publish blocked", func() {
+			for range calls - 6 {
+				if _, err := s.Take(ctx, "k", big, 1, t0); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		// 495 drops: one in Publish, QueueSize waiting for it, the rest
+		// counted.
+		st := s.Stats()
+		if st.Count(Dropped) != calls-5 || st.Queued != 4 || st.PublishDropped != calls-5-1-4 {
+			t.Errorf("Dropped %d Queued %d PublishDropped %d; want %d, 4, %d", st.Count(Dropped), st.Queued, st.PublishDropped, calls-5, calls-5-1-4)
+		}
+		close(pub.release)
+		close(g.release)
+		flush(t, s)
+		st = s.Stats()
+		if st.Results != calls || st.Compared != 5 || pub.published.Load()+st.PublishDropped != calls {
+			t.Errorf("Results %d Compared %d, published %d + PublishDropped %d; want %d, 5, and %d in all",
+				st.Results, st.Compared, pub.published.Load(), st.PublishDropped, calls, calls)
+		}
+	})
+	t.Run("healthy candidate", func(t *testing.T) {
+		// The worker is held by Publish as by a stuck candidate: its queue
+		// fills, and the callers drop and go on.
+		pub := newBlockingPublish()
+		s := newShadow(t, mem(t), mem(t), &Options{Workers: 1, QueueSize: 4, Publish: pub.publish})
+		returns(t, "callers with Publish blocked", func() {
+			for range calls {
+				if _, err := s.Take(ctx, "k", big, 1, t0); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		<-pub.entered
+		if st := s.Stats(); st.PublishDropped == 0 {
+			t.Errorf("PublishDropped 0 with Publish blocked; want the drops beyond its queue counted")
+		}
+		close(pub.release)
+		flush(t, s)
+		st := s.Stats()
+		if st.Results != calls || pub.published.Load()+st.PublishDropped != calls {
+			t.Errorf("Results %d, published %d + PublishDropped %d; want %d, and %d in all",
+				st.Results, pub.published.Load(), st.PublishDropped, calls, calls)
+		}
+	})
+}
+
+// Under concurrent load with drops, every Result is published or counted
+// in PublishDropped, and Flush waits for the publishing. Run with -race.
+func TestEveryResultPublishedOrCounted(t *testing.T) {
+	ctx := context.Background()
+	var published atomic.Uint64
+	s := newShadow(t, mem(t), mem(t), &Options{
+		Workers: 2, QueueSize: 8,
+		Publish: func(Result) { published.Add(1) },
+	})
+	big := throttler.Policy{Name: "big", Limit: 1 << 20, Window: time.Hour}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 500 {
+				_, _ = s.Take(ctx, fmt.Sprint("k", g, i%7), big, 1, t0)
+			}
+		}()
+	}
+	wg.Wait()
+	flush(t, s)
+	st := s.Stats()
+	if st.Results != 8*500 || st.Compared+st.Count(Dropped) != st.Results || published.Load()+st.PublishDropped != st.Results {
+		t.Errorf("Results %d = Compared %d + Dropped %d = published %d + PublishDropped %d; want all %d",
+			st.Results, st.Compared, st.Count(Dropped), published.Load(), st.PublishDropped, 8*500)
+	}
+}
+
+// A Publish that never returns cannot hold Close, on a worker or on the
+// publisher: Close returns after twice DrainTimeout, saying so, and what it
+// could not publish is counted.
+func TestCloseIsBoundedByAStuckPublish(t *testing.T) {
+	ctx := context.Background()
+	big := throttler.Policy{Name: "big", Limit: 1 << 20, Window: time.Hour}
+	t.Run("on a worker", func(t *testing.T) {
+		pub := newBlockingPublish()
+		s := newShadow(t, mem(t), mem(t), &Options{Workers: 1, DrainTimeout: 20 * time.Millisecond, Publish: pub.publish})
+		for range 3 {
+			_, _ = s.Take(ctx, "k", big, 1, t0)
+		}
+		<-pub.entered
+		err := s.Close()
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "workers still busy") {
+			t.Fatalf("Close = %v, want the worker left to finish", err)
+		}
+		close(pub.release)
+		s.wg.Wait() // before goleak looks
+		if st := s.Stats(); st.Results != 3 || pub.published.Load() != 3 || st.PublishDropped != 0 {
+			t.Errorf("Results %d, published %d, PublishDropped %d; want 3, 3, 0", st.Results, pub.published.Load(), st.PublishDropped)
+		}
+	})
+	t.Run("on the publisher", func(t *testing.T) {
+		g := newGate() // honours its context: Close's cancel ends call 1
+		pub := newBlockingPublish()
+		s := newShadow(t, mem(t), &hooked{Backend: mem(t), before: g.before}, &Options{
+			Workers: 1, QueueSize: 2, Timeout: time.Hour, DrainTimeout: 20 * time.Millisecond, Publish: pub.publish,
+		})
+		_, _ = s.Take(ctx, "k", big, 1, t0)
+		<-g.arrived
+		for range 3 { // 2 and 3 queued, 4 dropped
+			_, _ = s.Take(ctx, "k", big, 1, t0)
+		}
+		<-pub.entered // the publisher holds drop 4
+		for range 3 { // 5 and 6 wait for the publisher, 7 is counted
+			_, _ = s.Take(ctx, "k", big, 1, t0)
+		}
+		err := s.Close()
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "Publish still running") {
+			t.Fatalf("Close = %v, want Publish left to finish", err)
+		}
+		close(pub.release)
+		s.wg.Wait()
+		<-s.pub.done
+		// Published: drop 4, and from the worker call 1 (cancelled) and
+		// calls 2 and 3 (dropped by Close). Counted: 7, then 5 and 6,
+		// which the publisher found once Close had given up.
+		st := s.Stats()
+		if st.Results != 7 || pub.published.Load() != 4 || st.PublishDropped != 3 {
+			t.Errorf("Results %d, published %d, PublishDropped %d; want 7, 4, 3", st.Results, pub.published.Load(), st.PublishDropped)
+		}
+		// A call after Close is served, dropped, and counted as unpublished.
+		if d, err := s.Take(ctx, "k", big, 1, t0); err != nil || !d.Allowed {
+			t.Errorf("Take after Close = %+v, %v", d, err)
+		}
+		if st := s.Stats(); st.Results != 8 || st.PublishDropped != 4 {
+			t.Errorf("after Close: Results %d PublishDropped %d; want 8 and 4", st.Results, st.PublishDropped)
+		}
+	})
 }

@@ -24,11 +24,17 @@ type Stats struct {
 	// Options.KeepMismatches.
 	LastMismatches []Result
 	// Queued is how many calls were waiting for a worker when the snapshot
-	// was taken (the batches being worked through are not included).
+	// was taken (the batches being worked through are not included). It
+	// never exceeds Workers*QueueSize.
 	Queued int
 	// PublishPanics counts the panics recovered from Options.Publish: each
 	// is a Result that the hook did not take in. Healthy: 0.
 	PublishPanics uint64
+	// PublishDropped counts the drops never passed to Options.Publish:
+	// the queue where drops wait for it was full (Publish is slower than
+	// calls drop), or Close had stopped publishing. Every Result counted
+	// in Results is passed to Publish or counted here. Healthy: 0.
+	PublishDropped uint64
 	// IgnorePanics counts the panics recovered from Options.Ignore; each
 	// such difference was counted as a mismatch. Healthy: 0.
 	IgnorePanics uint64

@@ -1,0 +1,9 @@
+//go:build unix
+
+package flags
+
+import "syscall"
+
+// openNonblock keeps the open of a FIFO from waiting for a writer; the
+// file's type is checked right after.
+const openNonblock = syscall.O_NONBLOCK
