@@ -32,15 +32,20 @@ const (
 	// Dropped: the call was never mirrored, because the worker's queue was
 	// full or the Backend was closed. The candidate's counts now lag.
 	Dropped
+	// RetryAfterDiffers: both denied (or both allowed with a RetryAfter)
+	// but RetryAfter differs by more than Options.ResetAtTolerance: the two
+	// stores would send the client back at different times, which a token
+	// bucket's or a log's state can do while Allowed, Used and ResetAt agree.
+	RetryAfterDiffers
 
 	// Differs is every kind that means the two decisions disagree.
-	Differs = AllowedDiffers | UsedDiffers | ResetAtDiffers
+	Differs = AllowedDiffers | UsedDiffers | ResetAtDiffers | RetryAfterDiffers
 )
 
-var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped"}
+var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after"}
 
 // kinds lists every single-bit Kind, in bit order.
-var kinds = [...]Kind{AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped}
+var kinds = [...]Kind{AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped, RetryAfterDiffers}
 
 // Has reports whether k contains every kind in x.
 func (k Kind) Has(x Kind) bool { return k&x == x }
@@ -109,6 +114,11 @@ func compare(control, candidate throttler.Decision, usedTol int64, resetTol time
 	}
 	if abs(int64(control.ResetAt.Sub(candidate.ResetAt))) > int64(resetTol) {
 		k |= ResetAtDiffers
+	}
+	// A RetryAfter difference beside an Allowed one says nothing more: a
+	// decision that allows has no wait.
+	if control.Allowed == candidate.Allowed && abs(int64(control.RetryAfter-candidate.RetryAfter)) > int64(resetTol) {
+		k |= RetryAfterDiffers
 	}
 	return k
 }

@@ -72,9 +72,10 @@ type Options struct {
 	// UsedTolerance is how far Used and Remaining may differ before a
 	// pair counts as UsedDiffers. default: 0, exact
 	UsedTolerance int64
-	// ResetAtTolerance is how far ResetAt may differ before a pair counts
-	// as ResetAtDiffers. Stores keep milliseconds, so a finer tolerance
-	// would flag their rounding. default: 1ms
+	// ResetAtTolerance is how far ResetAt, or RetryAfter, may differ
+	// before a pair counts as ResetAtDiffers, or RetryAfterDiffers. Stores
+	// keep milliseconds, so a finer tolerance would flag their rounding.
+	// default: 1ms
 	ResetAtTolerance time.Duration
 	// Ignore, if set, is asked about every pair whose decisions differ;
 	// returning true marks a known, accepted difference: the Result is

@@ -260,7 +260,12 @@ func TestCompare(t *testing.T) {
 		{"reset within tolerance", dec(true, 3, r), dec(true, 3, r.Add(time.Millisecond)), 0, time.Millisecond, 0},
 		{"reset later than tolerance", dec(true, 3, r), dec(true, 3, r.Add(2*time.Millisecond)), 0, time.Millisecond, ResetAtDiffers},
 		{"reset earlier than tolerance", dec(true, 3, r), dec(true, 3, r.Add(-time.Second)), 0, 500 * time.Millisecond, ResetAtDiffers},
-		{"fresh window on the candidate", dec(false, 10, r), dec(true, 1, r.Add(30*time.Second)), 0, time.Millisecond, Differs},
+		{"fresh window on the candidate", dec(false, 10, r), dec(true, 1, r.Add(30*time.Second)), 0, time.Millisecond, AllowedDiffers | UsedDiffers | ResetAtDiffers},
+		// A token bucket: both deny with the same count and reset, but one
+		// would send the client back later.
+		{"both deny, retry-after differs", retry(dec(false, 10, r), time.Second), retry(dec(false, 10, r), 3*time.Second), 0, time.Millisecond, RetryAfterDiffers},
+		{"both deny, retry-after within tolerance", retry(dec(false, 10, r), time.Second), retry(dec(false, 10, r), time.Second+time.Millisecond), 0, time.Millisecond, 0},
+		{"allowed differs: its retry-after says nothing more", dec(true, 9, r), retry(dec(false, 9, r), time.Second), 0, time.Millisecond, AllowedDiffers},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -269,6 +274,12 @@ func TestCompare(t *testing.T) {
 			}
 		})
 	}
+}
+
+// retry returns d with RetryAfter set to after.
+func retry(d throttler.Decision, after time.Duration) throttler.Decision {
+	d.RetryAfter = after
+	return d
 }
 
 func TestKindString(t *testing.T) {
@@ -280,6 +291,7 @@ func TestKindString(t *testing.T) {
 		{AllowedDiffers, "allowed"},
 		{AllowedDiffers | ResetAtDiffers, "allowed|reset_at"},
 		{CandidateError | Dropped, "candidate_error|dropped"},
+		{UsedDiffers | RetryAfterDiffers, "used|retry_after"},
 		{Kind(1 << 7), "kind(128)"},
 	}
 	for _, tc := range cases {
