@@ -140,78 +140,158 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 	return s, h
 }
 
-// Take counts cost against the key's window if it fits.
+// Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
-	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpTake, key, p, cost, now)
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
 	s.observe(ms)
 	w := s.table.find(h, key, ident(p))
-	if w != nil && w.resetAt > ms && w.used+cost <= p.Limit {
-		// The common case, an open window with room: the Decision that
-		// throttler.WindowState builds, without its checks.
-		w.used += cost
-		used, resetAt := w.used, w.resetAt
-		s.mu.Unlock()
-		return throttler.Decision{Allowed: true, Limit: p.Limit, Used: used, Remaining: max(p.Limit-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
-	}
-	defer s.mu.Unlock()
-	if w == nil || w.resetAt <= ms {
-		if w == nil {
-			var err error
-			if w, err = b.insert(s, h, key, p); err != nil {
-				return throttler.Decision{}, err
+	if w != nil {
+		// The common case, stored state that admits the Take: each
+		// algorithm's arithmetic for it alone (fast.go), and the
+		// Decision that the general path would build for it.
+		var used, resetAt int64
+		ok := false
+		switch p.Algorithm {
+		case throttler.FixedWindow:
+			used, resetAt, ok = w.takeFixed(p.Limit, cost, ms)
+		case throttler.TokenBucket:
+			used, resetAt, ok = w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+		case throttler.SlidingWindow:
+			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
+		case throttler.SlidingLog:
+			if used, resetAt, ok = w.log.Take(p, cost, ms); ok {
+				w.end = resetAt // the log's End: its newest entry's
 			}
 		}
-		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
-		w.end = w.resetAt
-	} else if w.used+cost > p.Limit {
-		return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+		if ok {
+			s.mu.Unlock()
+			c := p.Capacity()
+			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
+		}
 	}
-	w.used += cost
-	return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, ms, now)
 }
 
-// Peek reports the key's window without counting.
+// Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpPeek, key, p, 1, now)
-	}
 	s, h := b.lock(key)
-	var used, resetAt int64
-	if w := s.table.find(h, key, ident(p)); w != nil {
-		used, resetAt = w.used, w.resetAt
-	}
-	s.mu.Unlock()
-	return state(p, used, resetAt, now), nil
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, now.UnixMilli(), now)
 }
 
-// Refund gives cost back to the key's open window, never below zero.
+// Refund gives cost back to the key's state, never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpRefund, key, p, cost, now)
-	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	defer s.mu.Unlock()
 	s.observe(ms)
-	var used, resetAt int64
-	if w := s.table.find(h, key, ident(p)); w != nil && w.resetAt > ms {
-		w.used = max(0, w.used-cost)
-		used, resetAt = w.used, w.resetAt
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, ms, now)
+}
+
+// apply runs op at ms (now in Unix ms) on the slot w of (key, p), nil when
+// none is stored, in the locked shard s, and unlocks it. It makes a slot
+// only when the call writes: a Peek and a denied Take store nothing.
+//
+// Each algorithm keeps its state in the slot's fields: a fixed window is
+// used and resetAt; a token bucket used = scaled tokens, resetAt = t0; a
+// sliding-window counter resetAt = K, used = curr, prev; both with their
+// window; a sliding log its own buffer. end is when the state answers like
+// none: a sweep may drop it then.
+func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (d throttler.Decision, err error) {
+	defer s.mu.Unlock()
+	write := false
+	switch p.Algorithm {
+	case throttler.FixedWindow:
+		return b.fixed(s, h, w, op, key, p, cost, ms, now)
+	case throttler.TokenBucket:
+		var st, next backend.BucketState
+		if w != nil {
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
+		}
+		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, ms); write {
+			if w, err = b.make(s, h, w, key, p); err == nil {
+				// The bucket is full again at its ResetAt: that is
+				// backend.BucketEnd, without computing it twice.
+				w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
+			}
+		}
+	case throttler.SlidingWindow:
+		var st, next backend.CounterState
+		if w != nil {
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
+		}
+		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, ms); write {
+			if w, err = b.make(s, h, w, key, p); err == nil {
+				w.resetAt, w.used, w.prev, w.window = next.K, next.Curr, next.Prev, next.Window
+				w.end = (next.K + 2) * next.Window // backend.CounterEnd
+			}
+		}
+	case throttler.SlidingLog:
+		if w != nil {
+			if d, write = w.log.Apply(*p, op, cost, ms); write {
+				w.end = w.log.End(*p)
+			}
+			break
+		}
+		// No log: answer from an empty one, kept only if the call wrote.
+		var l backend.LogBuffer
+		if d, write = l.Apply(*p, op, cost, ms); write {
+			if w, err = b.make(s, h, nil, key, p); err == nil {
+				w.log = new(backend.LogBuffer)
+				*w.log = l
+				w.end = l.End(*p)
+			}
+		}
 	}
-	return state(p, used, resetAt, now), nil
+	if err != nil {
+		return throttler.Decision{}, err
+	}
+	return d, nil
+}
+
+// fixed runs op on a fixed window (see apply).
+func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (throttler.Decision, error) {
+	open := w != nil && w.resetAt > ms
+	switch op {
+	case throttler.OpTake:
+		if !open {
+			var err error
+			if w, err = b.make(s, h, w, key, p); err != nil {
+				return throttler.Decision{}, err
+			}
+			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
+			w.end = w.resetAt
+		} else if w.used+cost > p.Limit {
+			return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+		}
+		w.used += cost
+		return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+	case throttler.OpRefund:
+		if open {
+			w.used = max(0, w.used-cost)
+		}
+	}
+	if !open {
+		return state(*p, 0, 0, now), nil
+	}
+	return state(*p, w.used, w.resetAt, now), nil
+}
+
+// make returns w, or when it is nil a new slot for (key, p) in the locked
+// shard s (see insert).
+func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy) (*slot, error) {
+	if w != nil {
+		return w, nil
+	}
+	return b.insert(s, h, key, *p)
 }
 
 // insert adds a slot for (key, p) to the locked shard s, first reclaiming
@@ -224,69 +304,10 @@ func (b *Backend) insert(s *shard, h uint64, key string, p throttler.Policy) (*s
 			return nil, fmt.Errorf("%w: %d keys held in the shard of key %q", ErrFull, s.table.live, key)
 		}
 	}
-	return s.table.insert(h, key, ident(p), s.latest), nil
-}
-
-// apply runs op under a token bucket, sliding log or sliding-window
-// counter, with the arithmetic of package backend on the slot's state. A
-// slot holds a bucket as used = scaled tokens, resetAt = t0; a counter as
-// resetAt = K, used = curr, prev; both with their window; a log in its own
-// buffer.
-func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	ms := now.UnixMilli()
-	s, h := b.lock(key)
-	if op != throttler.OpPeek {
-		s.observe(ms)
+	if s.table.crowded() {
+		s.makeRoom()
 	}
-	w := s.table.find(h, key, ident(p))
-	var (
-		d       throttler.Decision
-		write   bool
-		bucket  backend.BucketState
-		counter backend.CounterState
-		log     []backend.LogEntry
-	)
-	switch p.Algorithm {
-	case throttler.TokenBucket:
-		if w != nil {
-			bucket = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
-		}
-		d, bucket, write = backend.Bucket(p, bucket, w != nil, op, cost, ms)
-	case throttler.SlidingWindow:
-		if w != nil {
-			counter = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
-		}
-		d, counter, write = backend.Counter(p, counter, w != nil, op, cost, ms)
-	case throttler.SlidingLog:
-		if w != nil && w.log != nil {
-			log = w.log.entries
-		}
-		d, log, write = backend.Log(p, log, op, cost, ms)
-	}
-	if !write {
-		s.mu.Unlock()
-		return d, nil
-	}
-	if w == nil {
-		var err error
-		if w, err = b.insert(s, h, key, p); err != nil {
-			s.mu.Unlock()
-			return throttler.Decision{}, err
-		}
-	}
-	switch p.Algorithm {
-	case throttler.TokenBucket:
-		w.used, w.resetAt, w.window, w.end = bucket.Tokens, bucket.At, bucket.Window, backend.BucketEnd(p, bucket)
-	case throttler.SlidingWindow:
-		w.resetAt, w.used, w.prev, w.window, w.end = counter.K, counter.Curr, counter.Prev, counter.Window, backend.CounterEnd(p, counter)
-	case throttler.SlidingLog:
-		if w.log == nil {
-			w.log = new(logBuf)
-		}
-		w.log.entries, w.end = log, backend.LogEnd(p, log)
-	}
-	s.mu.Unlock()
-	return d, nil
+	return s.table.insert(h, key, ident(p)), nil
 }
 
 // ident is the storage identity of p in a slot, without an allocation: a
@@ -322,8 +343,24 @@ func (s *shard) observe(ms int64) {
 	}
 }
 
-// sweep drops the windows that ended by the latest now the shard has seen.
+// sweep drops the windows that ended by the latest now the shard has seen,
+// and shrinks the table when they were most of it.
 func (s *shard) sweep() {
 	s.sinceScan = 0
-	s.table.rebuild(s.latest, false)
+	s.table.sweep(s.latest)
+	if n := len(s.table.slots); n > minSlots && s.table.live*8 < n {
+		s.table.resize(sizeFor(s.table.live))
+	}
+}
+
+// makeRoom readies a crowded table for an insert: ended windows go first,
+// and the array doubles unless that freed a quarter of it, so that
+// crowding again takes as many inserts as the sweep cost.
+func (s *shard) makeRoom() {
+	s.table.sweep(s.latest)
+	if n := len(s.table.slots); n == 0 {
+		s.table.resize(minSlots)
+	} else if s.table.live*2 > n {
+		s.table.resize(2 * n)
+	}
 }
