@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -36,6 +37,22 @@ func newBackend(t testing.TB, o *memory.Options) *memory.Backend {
 	return b
 }
 
+// monoClock is a monotonic clock the test moves (memory.SetMonotonic):
+// cleanup advances no faster than it.
+type monoClock struct{ d atomic.Int64 }
+
+func (c *monoClock) read() time.Duration { return time.Duration(c.d.Load()) }
+func (c *monoClock) set(d time.Duration) { c.d.Store(int64(d)) }
+func (c *monoClock) add(d time.Duration) { c.d.Add(int64(d)) }
+
+func newWithClock(t testing.TB, o *memory.Options) (*memory.Backend, *monoClock) {
+	t.Helper()
+	b := newBackend(t, o)
+	c := &monoClock{}
+	memory.SetMonotonic(b, c.read)
+	return b, c
+}
+
 func TestNewRejectsBadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -45,6 +62,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"negative shards", memory.Options{Shards: -1}, "Options.Shards"},
 		{"too many shards", memory.Options{Shards: 1<<16 + 1}, "Options.Shards"},
 		{"negative MaxKeys", memory.Options{MaxKeys: -1}, "Options.MaxKeys"},
+		{"negative Lag", memory.Options{Lag: -time.Second}, "Options.Lag"},
+		{"negative ClockHold", memory.Options{ClockHold: -time.Second}, "Options.ClockHold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := memory.New(&tc.opts)
@@ -59,10 +78,11 @@ func TestNewRejectsBadOptions(t *testing.T) {
 }
 
 // Ended windows are reclaimed by the now values callers pass, with no
-// clock and no goroutine.
+// goroutine: once they ended Lag (1s) before every now a shard is given,
+// and real time has passed as far.
 func TestSweepFollowsCallersNow(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for i := 0; i < 500; i++ {
 		_, err := b.Take(ctx, fmt.Sprint("old", i), p, 1, t0)
@@ -70,16 +90,25 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 	}
 	require.Equal(t, 500, b.Len())
 	// Still inside the window: sweeping keeps everything.
+	clock.set(500 * time.Millisecond)
 	for i := 0; i < 2000; i++ {
 		_, err := b.Take(ctx, "hot", p, 1, t0.Add(500*time.Millisecond))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 501, b.Len(), "no window had ended")
-	// Once callers pass a now after the windows ended, they go.
-	for i := 0; i < 2000; i++ {
-		_, err := b.Peek(ctx, "hot", p, t0.Add(2*time.Second))
+	// Ended, but by less than Lag: kept for calls that lag.
+	clock.set(1900 * time.Millisecond)
+	for i := 0; i < 3000; i++ {
+		_, err := b.Peek(ctx, "hot", p, t0.Add(1900*time.Millisecond))
 		require.NoError(t, err)
-		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(2*time.Second))
+	}
+	assert.Equal(t, 501, b.Len(), "ended less than Lag ago")
+	// Once callers pass a now Lag after the windows ended, they go.
+	clock.set(3 * time.Second)
+	for i := 0; i < 2000; i++ {
+		_, err := b.Peek(ctx, "hot", p, t0.Add(3*time.Second))
+		require.NoError(t, err)
+		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(3*time.Second))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 0, b.Len(), "ended windows were reclaimed")
@@ -87,7 +116,7 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 
 func TestMaxKeys(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1, MaxKeys: 3})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1, MaxKeys: 3})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for _, k := range []string{"a", "b", "c"} {
 		d, err := b.Take(ctx, k, p, 1, t0)
@@ -103,8 +132,10 @@ func TestMaxKeys(t *testing.T) {
 	require.NoError(t, err, "Peek stores nothing, so it works when full")
 	assert.True(t, d.Allowed)
 
-	// After the windows end, a new key finds room.
-	d, err = b.Take(ctx, "d", p, 1, t0.Add(time.Second))
+	// Once the windows ended Lag before the clock, a new key finds room at
+	// once: the full table sweeps for it.
+	clock.set(3 * time.Second)
+	d, err = b.Take(ctx, "d", p, 1, t0.Add(3*time.Second))
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, 1, b.Len())
@@ -176,7 +207,7 @@ func BenchmarkTake(b *testing.B) {
 // long window survives the sweep that drops the short ones.
 func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
 	short1 := throttler.Policy{Name: "s1", Limit: 10, Window: time.Second}
 	short2 := throttler.Policy{Name: "s2", Limit: 10, Window: time.Second}
 	long := throttler.Policy{Name: "long", Limit: 10, Window: time.Hour}
@@ -188,6 +219,7 @@ func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 		}
 	}
 	require.Equal(t, 300, b.Len())
+	clock.set(time.Minute)
 	for i := 0; i < 2000; i++ {
 		_, err := b.Refund(ctx, "other", long, 1, t0.Add(time.Minute))
 		require.NoError(t, err)

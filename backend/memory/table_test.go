@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -136,4 +137,10 @@ func TestSizeFor(t *testing.T) {
 	for _, tc := range []struct{ live, want int }{{0, minSlots}, {2, minSlots}, {3, 16}, {100, 512}, {128, 512}, {129, 1024}} {
 		assert.Equal(t, tc.want, sizeFor(tc.live), "live %d", tc.live)
 	}
+}
+
+// Shards sit side by side in one array: each must fill whole cache lines,
+// or a busy shard's lock would slow its neighbours.
+func TestShardSize(t *testing.T) {
+	assert.Equal(t, uintptr(128), unsafe.Sizeof(shard{}))
 }
