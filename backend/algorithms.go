@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"math/bits"
 	"time"
 
 	"github.com/throttlekit/throttlekit/throttler"
@@ -50,10 +51,12 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 		s, t0 = min(max(st.Tokens, 0), full), st.At
 	}
 	if t > t0 {
-		if deficit := full - s; t-t0 >= ceilDiv(deficit, limit) {
+		// t−t0 >= ceil(deficit/Limit) is (t−t0)·Limit >= deficit: one
+		// multiplication, 128 bits wide, instead of a division.
+		if hi, lo := bits.Mul64(uint64(t-t0), uint64(limit)); hi != 0 || lo >= uint64(full-s) {
 			s = full
 		} else {
-			s += (t - t0) * limit // < deficit: no overflow
+			s += int64(lo) // < deficit: no overflow
 		}
 		t0 = t
 	}
@@ -133,11 +136,13 @@ func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, 
 			prev = min(max(st.Curr, 0), limit)
 		}
 	}
+	// Prev's weight does not change within the call: one division.
+	weighted := counterUsed(0, prev, e, w)
 	want := int64(1)
 	switch op {
 	case throttler.OpTake:
 		want = cost
-		if cost <= limit-counterUsed(curr, prev, e, w) {
+		if cost <= limit-curr-weighted {
 			curr += cost
 			write = true
 		}
@@ -147,7 +152,7 @@ func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, 
 			write = true
 		}
 	}
-	used := counterUsed(curr, prev, e, w)
+	used := curr + weighted
 	d.Limit, d.Used, d.Remaining = limit, used, max(0, limit-used)
 	d.ResetAt = time.UnixMilli((k + 1) * w)
 	if op == throttler.OpTake {
@@ -193,9 +198,9 @@ type LogEntry struct {
 }
 
 // Log applies op at t to a sliding log, entries sorted by At (oldest
-// first), empty when none is stored. It works in place: the returned slice
-// shares log's array (growing it when an entry must be added) and is the
-// state to write when write is true.
+// first) with Units >= 1, empty when none is stored. It works in place: the
+// returned slice shares log's array (growing it when an entry must be
+// added) and is the state to write when write is true.
 //
 // An entry is live at t while t < At+w, so after a clock goes back, entries
 // "from the future" count. Take admits c when the live units plus c fit in
@@ -203,46 +208,66 @@ type LogEntry struct {
 // removes units from the newest live entries first, never below zero.
 // ResetAt is when the newest live entry ends (t+w with none); a denied
 // Take's RetryAfter is when enough of the oldest live entries have ended.
+//
+// Log is LogBuffer.Apply on a buffer made from log for this one call.
 func Log(p throttler.Policy, log []LogEntry, op throttler.Op, cost, t int64) (d throttler.Decision, next []LogEntry, write bool) {
-	w, limit := p.Window.Milliseconds(), p.Limit
-	first := liveFrom(log, t, w)
-	used := int64(0)
-	for _, en := range log[first:] {
-		used += en.Units
+	sum := int64(0)
+	for i := range log {
+		sum += log[i].Units
+		log[i].Units = sum
 	}
+	l := LogBuffer{e: log}
+	d, write = l.Apply(p, op, cost, t)
+	next = l.e[l.head:]
+	prev := l.base
+	for i := range next {
+		prev, next[i].Units = next[i].Units, next[i].Units-prev
+	}
+	return d, next, write
+}
+
+// LogBuffer is a sliding log kept in memory from call to call, as the
+// memory backend keeps each key's. Apply answers exactly as Log does, but
+// it keeps running sums of the units rather than the units, so a call finds
+// the live units and a denied Take its RetryAfter by binary search instead
+// of a pass over the log, and a Take drops the entries that ended by moving
+// an index: a Take costs O(1) amortised, any call O(log n). The zero value
+// is an empty log.
+type LogBuffer struct {
+	// e[head:] is the log, oldest first. In it, Units is the running sum
+	// of the units up to and including the entry, from base.
+	e    []LogEntry
+	head int
+	base int64
+}
+
+// Apply applies op at t to the log, as Log does, and reports whether the
+// log changed.
+func (l *LogBuffer) Apply(p throttler.Policy, op throttler.Op, cost, t int64) (d throttler.Decision, write bool) {
+	w, limit := p.Window.Milliseconds(), p.Limit
+	first := l.liveFrom(t, w)
+	before := l.sumTo(first)
+	used := l.sumTo(len(l.e)) - before
 	want := int64(1)
 	switch op {
 	case throttler.OpTake:
-		want = cost
-		if used+cost <= limit {
-			live := log[first:] // drops what ended by t
-			if len(live) == cap(live) && first >= len(live) {
-				// The array is full and at least half of it ended:
-				// reuse it rather than let append grow it.
-				live = log[:copy(log, live)]
-			}
-			log = insertEntry(live, t, cost)
-			first, used, write = 0, used+cost, true
+		if used, resetAt, ok := l.take(w, limit, first, before, used, cost, t); ok {
+			return throttler.Decision{Allowed: true, Limit: limit, Used: used, Remaining: limit - used, ResetAt: time.UnixMilli(resetAt)}, true
 		}
+		want = cost
 	case throttler.OpRefund:
-		// The newest entries go first, so emptied ones are always last.
+		// The newest entries go first, so emptied ones are always last;
+		// left <= used, so only live entries are touched.
 		left := min(cost, used)
 		used -= left
 		write = left > 0
-		for left > 0 {
-			last := &log[len(log)-1]
-			n := min(left, last.Units)
-			last.Units -= n
-			left -= n
-			if last.Units == 0 {
-				log = log[:len(log)-1]
-			}
-		}
+		l.removeNewest(left)
 	}
 	d.Limit, d.Used, d.Remaining = limit, used, max(0, limit-used)
-	d.ResetAt = time.UnixMilli(t + w)
-	if first < len(log) {
-		d.ResetAt = time.UnixMilli(log[len(log)-1].At + w)
+	if first < len(l.e) {
+		d.ResetAt = time.UnixMilli(l.e[len(l.e)-1].At + w)
+	} else {
+		d.ResetAt = time.UnixMilli(t + w)
 	}
 	if op == throttler.OpTake {
 		d.Allowed = write
@@ -250,16 +275,147 @@ func Log(p throttler.Policy, log []LogEntry, op throttler.Op, cost, t int64) (d 
 		d.Allowed = used+1 <= limit
 	}
 	if !d.Allowed {
-		// The oldest live entries end first; wait for enough of them.
-		need := used + want - limit
-		for _, en := range log[first:] {
-			if need -= en.Units; need <= 0 {
-				d.RetryAfter = msDuration(en.At + w - t)
-				break
+		// The oldest live entries end first: wait for the first one by
+		// which the live units reach used+want−Limit (<= used, so found).
+		need := before + used + want - limit
+		lo, hi := first, len(l.e)-1
+		for lo < hi {
+			if m := int(uint(lo+hi) >> 1); l.e[m].Units >= need {
+				hi = m
+			} else {
+				lo = m + 1
 			}
 		}
+		d.RetryAfter = msDuration(l.e[lo].At + w - t)
 	}
-	return d, log, write
+	return d, write
+}
+
+// Take is Apply's Take of cost at t when it is admitted: it logs the
+// units and returns the Decision's Used and ResetAt (Unix ms, which is also
+// the log's End). When cost does not fit it changes nothing and reports
+// false; Apply answers that call. Hot paths call it first to skip building
+// the general Decision.
+func (l *LogBuffer) Take(p throttler.Policy, cost, t int64) (used, resetAt int64, ok bool) {
+	w := p.Window.Milliseconds()
+	first := l.liveFrom(t, w)
+	before := l.sumTo(first)
+	return l.take(w, p.Limit, first, before, l.sumTo(len(l.e))-before, cost, t)
+}
+
+// take admits cost at t if it fits with the used units live from first
+// (before: the running sum before first): it drops the entries that ended
+// by t and logs (t, cost).
+func (l *LogBuffer) take(w, limit int64, first int, before, used, cost, t int64) (int64, int64, bool) {
+	if used+cost > limit {
+		return 0, 0, false
+	}
+	l.head, l.base = first, before
+	l.insert(t, cost)
+	return used + cost, l.e[len(l.e)-1].At + w, true
+}
+
+// End is when the log stops mattering, as LogEnd: when its newest entry
+// ends, or at once (0) when it is empty.
+func (l *LogBuffer) End(p throttler.Policy) int64 {
+	if len(l.e) == l.head {
+		return 0
+	}
+	return l.e[len(l.e)-1].At + p.Window.Milliseconds()
+}
+
+// Len is the number of entries held.
+func (l *LogBuffer) Len() int { return len(l.e) - l.head }
+
+// liveFrom returns the index of the first entry live at t: entries are
+// sorted by At, so the live ones are a suffix. Before a Take's drop only
+// the entries that ended since the last Take precede it, usually one or
+// none, so it gallops from the front: O(1) then, O(log n) at worst.
+func (l *LogBuffer) liveFrom(t, w int64) int {
+	lo, n := l.head, len(l.e)
+	if lo == n || l.e[lo].At+w > t {
+		return lo
+	}
+	// e[lo] ended; find the first live one in (lo, hi].
+	hi := lo + 1
+	for step := 2; hi < n && l.e[hi].At+w <= t; step *= 2 {
+		lo, hi = hi, min(hi+step, n)
+	}
+	for lo+1 < hi {
+		if m := int(uint(lo+hi) >> 1); l.e[m].At+w > t {
+			hi = m
+		} else {
+			lo = m
+		}
+	}
+	return hi
+}
+
+// sumTo is the running sum before entry i (base before the first).
+func (l *LogBuffer) sumTo(i int) int64 {
+	if i == l.head {
+		return l.base
+	}
+	return l.e[i-1].Units
+}
+
+// insert adds c units at t, merging with an entry of the same ms; an entry
+// from a later ms (a clock gone back) keeps its place.
+func (l *LogBuffer) insert(t, c int64) {
+	n := len(l.e)
+	if l.head == n {
+		// Everything was dropped: start again at the array's front.
+		l.e, l.head, l.base, n = l.e[:0], 0, 0, 0
+	}
+	if n < cap(l.e) && (n == l.head || l.e[n-1].At < t) {
+		// The usual case: a new ms, appended in room the array has.
+		l.e = l.e[:n+1]
+		l.e[n] = LogEntry{At: t, Units: l.sumTo(n) + c}
+		return
+	}
+	i := n
+	for i > l.head && l.e[i-1].At > t {
+		i--
+	}
+	if i > l.head && l.e[i-1].At == t {
+		for j := i - 1; j < n; j++ {
+			l.e[j].Units += c
+		}
+		return
+	}
+	if n == cap(l.e) && l.head >= n-l.head {
+		// The array is full and at least half of it ended: reuse it
+		// rather than let append grow it, rebasing the sums.
+		for j := l.head; j < n; j++ {
+			l.e[j-l.head] = LogEntry{At: l.e[j].At, Units: l.e[j].Units - l.base}
+		}
+		i, n = i-l.head, n-l.head
+		l.e, l.head, l.base = l.e[:n], 0, 0
+	}
+	prev := l.sumTo(i)
+	l.e = append(l.e, LogEntry{})
+	copy(l.e[i+1:], l.e[i:n])
+	for j := i + 1; j <= n; j++ {
+		l.e[j].Units += c
+	}
+	l.e[i] = LogEntry{At: t, Units: prev + c}
+}
+
+// removeNewest takes left units from the newest entries, dropping each it
+// empties.
+func (l *LogBuffer) removeNewest(left int64) {
+	for left > 0 {
+		last := len(l.e) - 1
+		if u := l.e[last].Units - l.sumTo(last); u <= left {
+			l.e, left = l.e[:last], left-u
+		} else {
+			l.e[last].Units -= left
+			left = 0
+		}
+	}
+	if len(l.e) == l.head {
+		l.e, l.head, l.base = l.e[:0], 0, 0
+	}
 }
 
 // LogEnd is when a stored log stops mattering, in Unix ms: when its newest
@@ -269,33 +425,6 @@ func LogEnd(p throttler.Policy, log []LogEntry) int64 {
 		return 0
 	}
 	return log[len(log)-1].At + p.Window.Milliseconds()
-}
-
-// liveFrom returns the index of the first entry live at t: entries are
-// sorted by At, so the live ones are a suffix.
-func liveFrom(log []LogEntry, t, w int64) int {
-	i := 0
-	for i < len(log) && log[i].At+w <= t {
-		i++
-	}
-	return i
-}
-
-// insertEntry adds c units at t to log (sorted), merging with an entry of
-// the same ms; an entry from a later ms (a clock gone back) keeps its place.
-func insertEntry(log []LogEntry, t, c int64) []LogEntry {
-	i := len(log)
-	for i > 0 && log[i-1].At > t {
-		i--
-	}
-	if i > 0 && log[i-1].At == t {
-		log[i-1].Units += c
-		return log
-	}
-	log = append(log, LogEntry{})
-	copy(log[i+1:], log[i:])
-	log[i] = LogEntry{At: t, Units: c}
-	return log
 }
 
 func ceilDiv(a, b int64) int64 {

@@ -1,11 +1,37 @@
 // Package memory is the embedded, in-process throttler.Backend: the default
 // for a single process, and the fallback while a network store is down.
 //
-// Windows live in a fixed number of shards, each a hash table behind its own
+// State lives in a fixed number of shards, each a hash table behind its own
 // mutex, so goroutines working on different keys rarely contend and every
-// operation on one key is atomic. Ended windows are reclaimed by sweeps judged by the
-// latest now a shard has been given, never by the wall clock: the backend
-// starts no goroutines.
+// operation on one key is atomic. The backend starts no goroutines.
+//
+// # Cleanup
+//
+// State ends by the now values callers pass (a fixed window at its
+// ResetAt, a bucket when full again, a log when its newest entry ends, a
+// counter pair two windows on), and sweeps, made by the calls themselves,
+// drop it. Dropped state answers like none only for a now at or after its
+// end, so what matters is which nows the backend will still be asked
+// about. A sweep drops the state that ended Options.Lag before the callers'
+// clock as the backend trusts it, which is never ahead of
+//
+//   - the now of the call that sweeps, nor
+//   - the lowest clock a sweeping call showed in the last ClockHold to
+//     2·ClockHold of real time, moved on by the real time passed since: the
+//     monotonic clock, read once per sweep, never per call.
+//
+// So a call whose now trails the clock by up to Lag (a goroutine that read
+// the clock and called later, a shadow's mirrored call) finds its state,
+// and two backends given the same calls for a key answer alike whatever
+// other keys' calls do. One call with a now far in the future moves
+// cleanup nowhere, even as the first call of a new backend (then its now is
+// trusted only as far as its shard's recent calls vouch for it). A clock
+// that steps forward moves cleanup only as fast as real time passes, so if
+// it comes back within ClockHold no state was lost; one that stays stepped
+// for 2·ClockHold is trusted from then on. A clock that steps back makes
+// cleanup later, never earlier. Under a steady clock, state goes about Lag
+// after it ends, plus the time its shard takes to make a sweep's worth of
+// calls.
 package memory
 
 import (
@@ -13,18 +39,18 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// ErrFull is returned by Take when a new window would exceed Options.MaxKeys
-// after ended windows were reclaimed. The open windows of other keys are
-// never evicted to make room, since that would hand their clients a fresh
-// window; a Throttler treats ErrFull like any backend failure (fail open by
-// default, or the fallback).
+// ErrFull is returned by Take for a key the table has no room for: it
+// holds Options.MaxKeys (key, policy) states and none of them has ended.
+// The keys it holds keep being limited; their state is never evicted to
+// make room, since that would hand their clients a fresh window. A
+// Throttler applies its failure mode to the call.
 var ErrFull = errors.New("memory: full")
 
 // Options configure a Backend. The zero value (or nil) means defaults.
@@ -32,10 +58,21 @@ type Options struct {
 	// Shards is the number of independently locked maps, rounded up to a
 	// power of two, at most 65536. default: 256
 	Shards int
-	// MaxKeys bounds the number of open windows. When a shard is full,
-	// Take first reclaims its ended windows, then fails a new key with
+	// MaxKeys bounds the (key, policy) states the whole table holds. When
+	// it is full, a Take that needs a new state first has every shard drop
+	// what has ended (at most a twentieth of the time: a flood of new keys
+	// is refused without a sweep each); if that frees nothing it fails with
 	// ErrFull. default: 0, no bound
 	MaxKeys int
+	// Lag is how far behind the other calls a call's now may be and still
+	// find its state: cleanup keeps ended state this long (see Cleanup).
+	// Longer keeps more ended state. default: 1s
+	Lag time.Duration
+	// ClockHold is how long cleanup keeps to the clock it saw before a step
+	// forward, advancing only as fast as real time: a clock that steps
+	// forward and back within it costs no key its state. Longer keeps the
+	// state made after a lasting step longer. default: 10m
+	ClockHold time.Duration
 }
 
 // maxShards bounds Options.Shards: more locks than this buy nothing on any
@@ -53,8 +90,20 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.MaxKeys < 0 {
 		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: no bound), got %d", out.MaxKeys)
 	}
+	if out.Lag < 0 {
+		return out, fmt.Errorf("memory: Options.Lag must be >= 0 (0: the default, 1s), got %v", out.Lag)
+	}
+	if out.ClockHold < 0 {
+		return out, fmt.Errorf("memory: Options.ClockHold must be >= 0 (0: the default, 10m), got %v", out.ClockHold)
+	}
 	if out.Shards == 0 {
 		out.Shards = 256
+	}
+	if out.Lag == 0 {
+		out.Lag = time.Second
+	}
+	if out.ClockHold == 0 {
+		out.ClockHold = 10 * time.Minute
 	}
 	n := 1
 	for n < out.Shards {
@@ -70,7 +119,19 @@ type Backend struct {
 	seed       maphash.Seed
 	shards     []shard
 	shardShift uint // the top bits of a key's hash pick its shard; the low bits place it in the shard's table
-	shardKeys  int  // per-shard bound on windows; 0 means none
+
+	lag   int64      // Options.Lag in ms
+	guard clockGuard // how far cleanup may follow the callers' clock
+	// mono reads the monotonic clock: the time since New. Tests replace it
+	// (export_test.go).
+	mono func() time.Duration
+
+	maxKeys    int64        // Options.MaxKeys; 0: no bound
+	keys       atomic.Int64 // states held, counted when maxKeys > 0
+	errFull    error        // ErrFull, saying what the bound is
+	fullSweep  atomic.Bool  // a sweep of every shard for room is running
+	nextFull   atomic.Int64 // mono ns before which no other may start
+	fullSweeps atomic.Int64 // how many ran, for tests
 }
 
 var (
@@ -82,14 +143,6 @@ var (
 // Throttler needs no timeout context for them.
 func (b *Backend) InProcess() bool { return true }
 
-type shard struct {
-	mu        sync.Mutex
-	table     table
-	latest    int64 // the latest now seen, Unix milliseconds
-	sinceScan int   // operations since the last sweep
-	_         [24]byte
-}
-
 // New returns an empty Backend. Nil options mean defaults; a negative
 // number is an error naming the field.
 func New(opts *Options) (*Backend, error) {
@@ -97,30 +150,44 @@ func New(opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{seed: maphash.MakeSeed(), shards: make([]shard, o.Shards), shardShift: 64}
+	start := time.Now()
+	b := &Backend{
+		seed:       maphash.MakeSeed(),
+		shards:     make([]shard, o.Shards),
+		shardShift: 64,
+		lag:        o.Lag.Milliseconds(),
+		guard:      clockGuard{hold: o.ClockHold.Milliseconds()},
+		mono:       func() time.Duration { return time.Since(start) },
+		maxKeys:    int64(o.MaxKeys),
+		errFull: fmt.Errorf("%w: the table holds Options.MaxKeys (%d) states, none of them ended; "+
+			"a new key is refused until one ends, and the keys held are still limited", ErrFull, o.MaxKeys),
+	}
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
 	}
-	if o.MaxKeys > 0 {
-		b.shardKeys = (o.MaxKeys + o.Shards - 1) / o.Shards
+	for i := range b.shards {
+		b.shards[i].reset()
 	}
 	return b, nil
 }
 
-// Close releases the stored windows. The Backend starts no goroutines, so
+// Close releases the stored state. The Backend starts no goroutines, so
 // Close only exists to free memory early; it returns nil.
 func (b *Backend) Close() error {
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
+		if b.maxKeys > 0 {
+			b.keys.Add(-int64(s.table.live))
+		}
 		s.table = table{}
 		s.mu.Unlock()
 	}
 	return nil
 }
 
-// Len reports how many windows are stored, ended ones not yet reclaimed
-// included.
+// Len reports how many (key, policy) states are stored, ended ones not yet
+// reclaimed included.
 func (b *Backend) Len() int {
 	n := 0
 	for i := range b.shards {
@@ -140,153 +207,173 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 	return s, h
 }
 
-// Take counts cost against the key's window if it fits.
+// Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpTake, key, p, cost, now)
-	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	s.observe(ms)
-	w := s.table.find(h, key, ident(p))
-	if w != nil && w.resetAt > ms && w.used+cost <= p.Limit {
-		// The common case, an open window with room: the Decision that
-		// throttler.WindowState builds, without its checks.
-		w.used += cost
-		used, resetAt := w.used, w.resetAt
-		s.mu.Unlock()
-		return throttler.Decision{Allowed: true, Limit: p.Limit, Used: used, Remaining: max(p.Limit-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
+	if s.observe(ms) {
+		b.sweep(s, ms, true)
 	}
-	defer s.mu.Unlock()
-	if w == nil || w.resetAt <= ms {
-		if w == nil {
-			var err error
-			if w, err = b.insert(s, h, key, p); err != nil {
-				return throttler.Decision{}, err
+	w := s.table.find(h, key, ident(p))
+	if w != nil {
+		// The common case, stored state that admits the Take: each
+		// algorithm's arithmetic for it alone (fast.go), and the
+		// Decision that the general path would build for it.
+		var used, resetAt int64
+		ok := false
+		switch p.Algorithm {
+		case throttler.FixedWindow:
+			used, resetAt, ok = w.takeFixed(p.Limit, cost, ms)
+		case throttler.TokenBucket:
+			used, resetAt, ok = w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+		case throttler.SlidingWindow:
+			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
+		case throttler.SlidingLog:
+			if used, resetAt, ok = w.log.Take(p, cost, ms); ok {
+				w.end = resetAt // the log's End: its newest entry's
 			}
 		}
-		w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
-		w.end = w.resetAt
-	} else if w.used+cost > p.Limit {
-		return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+		if ok {
+			s.mu.Unlock()
+			c := p.Capacity()
+			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
+		}
 	}
-	w.used += cost
-	return backend.WindowState(p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, ms, now)
 }
 
-// Peek reports the key's window without counting.
+// Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpPeek, key, p, 1, now)
-	}
+	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	var used, resetAt int64
-	if w := s.table.find(h, key, ident(p)); w != nil {
-		used, resetAt = w.used, w.resetAt
+	if s.observe(ms) {
+		b.sweep(s, ms, true)
 	}
-	s.mu.Unlock()
-	return state(p, used, resetAt, now), nil
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, ms, now)
 }
 
-// Refund gives cost back to the key's open window, never below zero.
+// Refund gives cost back to the key's state, never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(throttler.OpRefund, key, p, cost, now)
-	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
+	if s.observe(ms) {
+		b.sweep(s, ms, true)
+	}
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, ms, now)
+}
+
+// apply runs op at ms (now in Unix ms) on the slot w of (key, p), nil when
+// none is stored, in the locked shard s, and unlocks it. It makes a slot
+// only when the call writes: a Peek and a denied Take store nothing.
+//
+// Each algorithm keeps its state in the slot's fields: a fixed window is
+// used and resetAt; a token bucket used = scaled tokens, resetAt = t0; a
+// sliding-window counter resetAt = K, used = curr, prev; both with their
+// window; a sliding log its own buffer. end is when the state answers like
+// none: a sweep may drop it then.
+func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (d throttler.Decision, err error) {
 	defer s.mu.Unlock()
-	s.observe(ms)
-	var used, resetAt int64
-	if w := s.table.find(h, key, ident(p)); w != nil && w.resetAt > ms {
-		w.used = max(0, w.used-cost)
-		used, resetAt = w.used, w.resetAt
-	}
-	return state(p, used, resetAt, now), nil
-}
-
-// insert adds a slot for (key, p) to the locked shard s, first reclaiming
-// ended state when the shard is at its bound, and fails with ErrFull when
-// that makes no room: live state is never evicted.
-func (b *Backend) insert(s *shard, h uint64, key string, p throttler.Policy) (*slot, error) {
-	if b.shardKeys > 0 && s.table.live >= b.shardKeys {
-		s.sweep()
-		if s.table.live >= b.shardKeys {
-			return nil, fmt.Errorf("%w: %d keys held in the shard of key %q", ErrFull, s.table.live, key)
-		}
-	}
-	return s.table.insert(h, key, ident(p), s.latest), nil
-}
-
-// apply runs op under a token bucket, sliding log or sliding-window
-// counter, with the arithmetic of package backend on the slot's state. A
-// slot holds a bucket as used = scaled tokens, resetAt = t0; a counter as
-// resetAt = K, used = curr, prev; both with their window; a log in its own
-// buffer.
-func (b *Backend) apply(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	ms := now.UnixMilli()
-	s, h := b.lock(key)
-	if op != throttler.OpPeek {
-		s.observe(ms)
-	}
-	w := s.table.find(h, key, ident(p))
-	var (
-		d       throttler.Decision
-		write   bool
-		bucket  backend.BucketState
-		counter backend.CounterState
-		log     []backend.LogEntry
-	)
+	write := false
 	switch p.Algorithm {
+	case throttler.FixedWindow:
+		return b.fixed(s, h, w, op, key, p, cost, ms, now)
 	case throttler.TokenBucket:
+		var st, next backend.BucketState
 		if w != nil {
-			bucket = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
 		}
-		d, bucket, write = backend.Bucket(p, bucket, w != nil, op, cost, ms)
+		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, ms); write {
+			if w, err = b.make(s, h, w, key, p, ms); err == nil {
+				// The bucket is full again at its ResetAt: that is
+				// backend.BucketEnd, without computing it twice.
+				w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
+			}
+		}
 	case throttler.SlidingWindow:
+		var st, next backend.CounterState
 		if w != nil {
-			counter = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
 		}
-		d, counter, write = backend.Counter(p, counter, w != nil, op, cost, ms)
+		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, ms); write {
+			if w, err = b.make(s, h, w, key, p, ms); err == nil {
+				w.resetAt, w.used, w.prev, w.window = next.K, next.Curr, next.Prev, next.Window
+				w.end = (next.K + 2) * next.Window // backend.CounterEnd
+			}
+		}
 	case throttler.SlidingLog:
-		if w != nil && w.log != nil {
-			log = w.log.entries
+		if w != nil {
+			if d, write = w.log.Apply(*p, op, cost, ms); write {
+				w.end = w.log.End(*p)
+			}
+			break
 		}
-		d, log, write = backend.Log(p, log, op, cost, ms)
-	}
-	if !write {
-		s.mu.Unlock()
-		return d, nil
-	}
-	if w == nil {
-		var err error
-		if w, err = b.insert(s, h, key, p); err != nil {
-			s.mu.Unlock()
-			return throttler.Decision{}, err
+		// No log: answer from an empty one, kept only if the call wrote.
+		var l backend.LogBuffer
+		if d, write = l.Apply(*p, op, cost, ms); write {
+			if w, err = b.make(s, h, nil, key, p, ms); err == nil {
+				w.log = new(backend.LogBuffer)
+				*w.log = l
+				w.end = l.End(*p)
+			}
 		}
 	}
-	switch p.Algorithm {
-	case throttler.TokenBucket:
-		w.used, w.resetAt, w.window, w.end = bucket.Tokens, bucket.At, bucket.Window, backend.BucketEnd(p, bucket)
-	case throttler.SlidingWindow:
-		w.resetAt, w.used, w.prev, w.window, w.end = counter.K, counter.Curr, counter.Prev, counter.Window, backend.CounterEnd(p, counter)
-	case throttler.SlidingLog:
-		if w.log == nil {
-			w.log = new(logBuf)
-		}
-		w.log.entries, w.end = log, backend.LogEnd(p, log)
+	if err != nil {
+		return throttler.Decision{}, err
 	}
-	s.mu.Unlock()
 	return d, nil
+}
+
+// fixed runs op on a fixed window (see apply).
+func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (throttler.Decision, error) {
+	open := w != nil && w.resetAt > ms
+	switch op {
+	case throttler.OpTake:
+		if !open {
+			var err error
+			if w, err = b.make(s, h, w, key, p, ms); err != nil {
+				return throttler.Decision{}, err
+			}
+			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
+			w.end = w.resetAt
+		} else if w.used+cost > p.Limit {
+			return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+		}
+		w.used += cost
+		return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+	case throttler.OpRefund:
+		if open {
+			w.used = max(0, w.used-cost)
+		}
+	}
+	if !open {
+		return state(*p, 0, 0, now), nil
+	}
+	return state(*p, w.used, w.resetAt, now), nil
+}
+
+// make returns w, or when it is nil a new slot for (key, p) in the locked
+// shard s, for a call at ms: ErrFull (b.errFull) when the table is full.
+func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, ms int64) (*slot, error) {
+	if w != nil {
+		return w, nil
+	}
+	if b.maxKeys > 0 && !b.reserve(s, ms) {
+		return nil, b.errFull
+	}
+	if s.table.crowded() {
+		b.makeRoom(s, ms)
+	}
+	s.peak = max(s.peak, s.table.live+1)
+	return s.table.insert(h, key, ident(*p)), nil
 }
 
 // ident is the storage identity of p in a slot, without an allocation: a
@@ -307,23 +394,4 @@ func state(p throttler.Policy, used, resetAt int64, now time.Time) throttler.Dec
 		at = time.UnixMilli(resetAt)
 	}
 	return backend.PeekState(p, used, at, now)
-}
-
-// observe records now and sweeps once enough operations have passed to pay
-// for it: at least as many as there are windows, so a sweep costs O(1) per
-// operation amortised.
-func (s *shard) observe(ms int64) {
-	if ms > s.latest {
-		s.latest = ms
-	}
-	s.sinceScan++
-	if s.sinceScan >= 1024 && s.sinceScan >= s.table.live {
-		s.sweep()
-	}
-}
-
-// sweep drops the windows that ended by the latest now the shard has seen.
-func (s *shard) sweep() {
-	s.sinceScan = 0
-	s.table.rebuild(s.latest, false)
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -33,6 +37,22 @@ func newBackend(t testing.TB, o *memory.Options) *memory.Backend {
 	return b
 }
 
+// monoClock is a monotonic clock the test moves (memory.SetMonotonic):
+// cleanup advances no faster than it.
+type monoClock struct{ d atomic.Int64 }
+
+func (c *monoClock) read() time.Duration { return time.Duration(c.d.Load()) }
+func (c *monoClock) set(d time.Duration) { c.d.Store(int64(d)) }
+func (c *monoClock) add(d time.Duration) { c.d.Add(int64(d)) }
+
+func newWithClock(t testing.TB, o *memory.Options) (*memory.Backend, *monoClock) {
+	t.Helper()
+	b := newBackend(t, o)
+	c := &monoClock{}
+	memory.SetMonotonic(b, c.read)
+	return b, c
+}
+
 func TestNewRejectsBadOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -42,6 +62,8 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"negative shards", memory.Options{Shards: -1}, "Options.Shards"},
 		{"too many shards", memory.Options{Shards: 1<<16 + 1}, "Options.Shards"},
 		{"negative MaxKeys", memory.Options{MaxKeys: -1}, "Options.MaxKeys"},
+		{"negative Lag", memory.Options{Lag: -time.Second}, "Options.Lag"},
+		{"negative ClockHold", memory.Options{ClockHold: -time.Second}, "Options.ClockHold"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := memory.New(&tc.opts)
@@ -56,10 +78,11 @@ func TestNewRejectsBadOptions(t *testing.T) {
 }
 
 // Ended windows are reclaimed by the now values callers pass, with no
-// clock and no goroutine.
+// goroutine: once they ended Lag (1s) before every now a shard is given,
+// and real time has passed as far.
 func TestSweepFollowsCallersNow(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for i := 0; i < 500; i++ {
 		_, err := b.Take(ctx, fmt.Sprint("old", i), p, 1, t0)
@@ -67,16 +90,25 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 	}
 	require.Equal(t, 500, b.Len())
 	// Still inside the window: sweeping keeps everything.
+	clock.set(500 * time.Millisecond)
 	for i := 0; i < 2000; i++ {
 		_, err := b.Take(ctx, "hot", p, 1, t0.Add(500*time.Millisecond))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 501, b.Len(), "no window had ended")
-	// Once callers pass a now after the windows ended, they go.
-	for i := 0; i < 2000; i++ {
-		_, err := b.Peek(ctx, "hot", p, t0.Add(2*time.Second))
+	// Ended, but by less than Lag: kept for calls that lag.
+	clock.set(1900 * time.Millisecond)
+	for i := 0; i < 3000; i++ {
+		_, err := b.Peek(ctx, "hot", p, t0.Add(1900*time.Millisecond))
 		require.NoError(t, err)
-		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(2*time.Second))
+	}
+	assert.Equal(t, 501, b.Len(), "ended less than Lag ago")
+	// Once callers pass a now Lag after the windows ended, they go.
+	clock.set(3 * time.Second)
+	for i := 0; i < 2000; i++ {
+		_, err := b.Peek(ctx, "hot", p, t0.Add(3*time.Second))
+		require.NoError(t, err)
+		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(3*time.Second))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 0, b.Len(), "ended windows were reclaimed")
@@ -84,7 +116,7 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 
 func TestMaxKeys(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1, MaxKeys: 3})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1, MaxKeys: 3})
 	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
 	for _, k := range []string{"a", "b", "c"} {
 		d, err := b.Take(ctx, k, p, 1, t0)
@@ -100,8 +132,10 @@ func TestMaxKeys(t *testing.T) {
 	require.NoError(t, err, "Peek stores nothing, so it works when full")
 	assert.True(t, d.Allowed)
 
-	// After the windows end, a new key finds room.
-	d, err = b.Take(ctx, "d", p, 1, t0.Add(time.Second))
+	// Once the windows ended Lag before the clock, a new key finds room at
+	// once: the full table sweeps for it.
+	clock.set(3 * time.Second)
+	d, err = b.Take(ctx, "d", p, 1, t0.Add(3*time.Second))
 	require.NoError(t, err)
 	assert.True(t, d.Allowed)
 	assert.Equal(t, 1, b.Len())
@@ -173,7 +207,7 @@ func BenchmarkTake(b *testing.B) {
 // long window survives the sweep that drops the short ones.
 func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 	ctx := context.Background()
-	b := newBackend(t, &memory.Options{Shards: 1})
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
 	short1 := throttler.Policy{Name: "s1", Limit: 10, Window: time.Second}
 	short2 := throttler.Policy{Name: "s2", Limit: 10, Window: time.Second}
 	long := throttler.Policy{Name: "long", Limit: 10, Window: time.Hour}
@@ -185,6 +219,7 @@ func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 		}
 	}
 	require.Equal(t, 300, b.Len())
+	clock.set(time.Minute)
 	for i := 0; i < 2000; i++ {
 		_, err := b.Refund(ctx, "other", long, 1, t0.Add(time.Minute))
 		require.NoError(t, err)
@@ -221,28 +256,118 @@ func TestKeysAreCopied(t *testing.T) {
 	assert.Equal(t, int64(0), d.Used)
 }
 
+// BenchmarkAlgorithms: each algorithm's Take of one unit on a hot key, the
+// clock moving a ms per call and every call admitted.
 func BenchmarkAlgorithms(b *testing.B) {
-	ctx := context.Background()
-	for _, p := range []throttler.Policy{
-		{Name: "fw", Limit: 1 << 40, Window: time.Hour},
-		{Name: "tb", Limit: 1 << 30, Window: time.Hour, Algorithm: throttler.TokenBucket},
-		{Name: "sl", Limit: throttler.MaxLogLimit, Window: time.Hour, Algorithm: throttler.SlidingLog},
-		{Name: "sw", Limit: 1 << 30, Window: time.Hour, Algorithm: throttler.SlidingWindow},
-	} {
-		b.Run(p.Algorithm.String(), func(b *testing.B) {
-			m := newBackend(b, nil)
+	for _, c := range algorithmCases() {
+		b.Run(c.name, func(b *testing.B) {
+			take := c.setup(b)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				// A hot key, the clock moving a ms per call; a log is
-				// refunded so that it never fills.
-				now := t0.Add(time.Duration(i) * time.Millisecond)
-				if _, err := m.Take(ctx, "hot", p, 1, now); err != nil {
-					b.Fatal(err)
-				}
-				if p.Algorithm == throttler.SlidingLog && i%2 == 1 {
-					_, _ = m.Refund(ctx, "hot", p, 2, now)
-				}
+				take(i)
 			}
 		})
 	}
+}
+
+type algorithmCase struct {
+	name  string
+	setup func(b *testing.B) func(i int) // returns the i-th call
+}
+
+// algorithmCases are the hot-key Takes the benchmarks time. Windows are
+// long enough that each call is admitted and short enough that state moves
+// on: a sliding-window counter changes windows every 1,000 calls (so the
+// previous count weighs in), a log of 100 ms drops an ended entry and adds
+// one on every call, and a log of 10 s holds 10,000 live entries, full
+// after each Take: its cost must not grow with them.
+func algorithmCases() []algorithmCase {
+	policies := []struct {
+		name string
+		p    throttler.Policy
+	}{
+		{"fixed-window", throttler.Policy{Name: "fw", Limit: 1 << 40, Window: time.Hour}},
+		{"token-bucket", throttler.Policy{Name: "tb", Limit: 1 << 30, Window: time.Hour, Algorithm: throttler.TokenBucket}},
+		{"sliding-window", throttler.Policy{Name: "sw", Limit: 1 << 30, Window: time.Second, Algorithm: throttler.SlidingWindow}},
+		{"sliding-log", throttler.Policy{Name: "sl", Limit: throttler.MaxLogLimit, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}},
+		{"sliding-log-10k-live", throttler.Policy{Name: "sl", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}},
+	}
+	cases := make([]algorithmCase, len(policies))
+	for i, pc := range policies {
+		p := pc.p
+		cases[i] = algorithmCase{pc.name, func(b *testing.B) func(int) {
+			m := newBackend(b, nil)
+			ctx := context.Background()
+			take := func(i int) {
+				d, err := m.Take(ctx, "hot", p, 1, t0.Add(time.Duration(i)*time.Millisecond))
+				if err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+			}
+			// Warm up: a full log, a window with a previous count.
+			for i := -20_000; i < 0; i++ {
+				take(i)
+			}
+			return take
+		}}
+	}
+	return cases
+}
+
+// BenchmarkAlgorithmsInterleaved runs the algorithms' hot-key Takes (the
+// calls of BenchmarkAlgorithms) in rounds, each algorithm a turn of 1,000
+// calls per round, and reports the median over rounds of each one's cost
+// per Take and of its ratio to the fixed window's in the same round: on a
+// shared machine only figures taken side by side compare, and the median
+// drops the rounds that other work disturbed. The cost is the thread's own
+// CPU time (the goroutine is locked to it), which other processes' load
+// inflates less than the wall clock.
+func BenchmarkAlgorithmsInterleaved(b *testing.B) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cases := algorithmCases()
+	takes := make([]func(i int), len(cases))
+	for a, c := range cases {
+		takes[a] = c.setup(b)
+	}
+	const turn = 1000
+	costs := make([][]float64, len(cases)) // per round, ns per Take
+	i := 0
+	for b.Loop() {
+		for a, take := range takes {
+			start := threadCPU(b)
+			for j := i; j < i+turn; j++ {
+				take(j)
+			}
+			costs[a] = append(costs[a], float64(threadCPU(b)-start)/turn)
+		}
+		i += turn
+	}
+	for a, c := range cases {
+		b.ReportMetric(median(costs[a]), c.name+"-cpu-ns/op")
+		if a > 0 {
+			ratios := make([]float64, len(costs[a]))
+			for r := range ratios {
+				ratios[r] = costs[a][r] / costs[0][r]
+			}
+			b.ReportMetric(median(ratios), c.name+"/fixed")
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+// threadCPU is the CPU time the calling thread has used, to the
+// nanosecond (CLOCK_THREAD_CPUTIME_ID; getrusage counts in scheduler ticks).
+func threadCPU(b *testing.B) time.Duration {
+	var ts syscall.Timespec
+	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3 /* CLOCK_THREAD_CPUTIME_ID */, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
+		b.Fatal(errno)
+	}
+	return time.Duration(ts.Nano())
 }

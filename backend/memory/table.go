@@ -15,9 +15,9 @@ import (
 // place. Not safe for concurrent use:
 // a shard's mutex guards it.
 //
-// Nothing is deleted in place: an ended window is reused by its own key, and
-// rebuild drops every ended window at once (when the table grows, and in the
-// sweeps), which keeps probing simple.
+// An ended window is reused by its own key, and sweeps drop every ended one
+// in place (see sweep); the array grows when three quarters full and shrinks
+// when an eighth.
 type table struct {
 	slots []slot
 	live  int // used slots
@@ -28,17 +28,11 @@ type slot struct {
 	key     slotKey
 	policy  policyID
 	used    int64
-	resetAt int64 // Unix milliseconds
-	prev    int64 // a sliding-window counter's previous count
-	window  int64 // a bucket's or counter's window (ms) when written
-	end     int64 // Unix ms from which the state answers like none: a sweep may drop it
-	log     *logBuf
-}
-
-// logBuf holds a sliding log's entries, apart from the slot so that other
-// algorithms' slots stay small.
-type logBuf struct {
-	entries []backend.LogEntry
+	resetAt int64              // Unix milliseconds
+	prev    int64              // a sliding-window counter's previous count
+	window  int64              // a bucket's or counter's window (ms) when written
+	end     int64              // Unix ms from which the state answers like none: a sweep may drop it
+	log     *backend.LogBuffer // a sliding log's entries, apart so that other algorithms' slots stay small
 }
 
 // policyID is a policy's storage identity: its name and algorithm, or for
@@ -100,13 +94,13 @@ func (t *table) find(h uint64, key string, policy policyID) *slot {
 	}
 }
 
-// insert adds an empty window for (key, policy), which must not be present,
-// growing the table when it is three quarters full. Growing also drops the
-// windows that ended by latest.
-func (t *table) insert(h uint64, key string, policy policyID, latest int64) *slot {
-	if (t.live+1)*4 > len(t.slots)*3 {
-		t.rebuild(latest, true)
-	}
+// crowded reports whether one more slot would fill the table past three
+// quarters, where probe runs grow long: time to sweep or grow.
+func (t *table) crowded() bool { return (t.live+1)*4 > len(t.slots)*3 }
+
+// insert adds an empty slot for (key, policy), which must not be present,
+// to a table that is not crowded.
+func (t *table) insert(h uint64, key string, policy policyID) *slot {
 	mask := uint64(len(t.slots) - 1)
 	i := h & mask
 	for !t.slots[i].key.empty() {
@@ -117,28 +111,61 @@ func (t *table) insert(h uint64, key string, policy policyID, latest int64) *slo
 	return &t.slots[i]
 }
 
-// rebuild drops the windows that ended by latest and rehashes the rest into
-// a table sized for them (twice as large if grow is set and they still fill
-// it past three quarters).
-func (t *table) rebuild(latest int64, grow bool) {
-	live := 0
-	for i := range t.slots {
-		if !t.slots[i].key.empty() && t.slots[i].end > latest {
-			live++
+// sweep drops every slot that ended by ref, in place, and returns how many
+// it dropped. Each removal moves the later slots of its probe run back
+// (backward-shift deletion), so every slot stays reachable without
+// tombstones and no new array is made.
+func (t *table) sweep(ref int64) int {
+	if t.live == 0 {
+		return 0
+	}
+	n := len(t.slots)
+	// Start after an empty slot (one exists: the table is at most three
+	// quarters full), so that each probe run is visited from its start
+	// and removals only move slots the scan has not reached yet.
+	start := 0
+	for !t.slots[start].key.empty() {
+		start++
+	}
+	mask := n - 1
+	dropped := 0
+	for k := 1; k <= n; k++ {
+		i := (start + k) & mask
+		for s := &t.slots[i]; !s.key.empty() && s.end <= ref; {
+			t.remove(i) // moves a later slot into i, if any: look again
+			dropped++
 		}
 	}
-	n := minSlots
-	for (live+1)*4 > n*3 || (grow && live*2 > n) {
-		n *= 2
+	t.live -= dropped
+	return dropped
+}
+
+// remove empties slot i, moving each later slot of its probe run back into
+// the hole unless its home slot lies between the hole and it.
+func (t *table) remove(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; !t.slots[j].key.empty(); j = (j + 1) & mask {
+		home := int(t.slots[j].hash) & mask
+		stays := i < home && home <= j // the run does not wrap between i and j
+		if j < i {
+			stays = i < home || home <= j
+		}
+		if !stays {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
 	}
-	if live == t.live && n == len(t.slots) {
-		return // nothing ended and the size is right: no new table
-	}
+	t.slots[i] = slot{}
+}
+
+// resize moves the slots into a new array of n slots, a power of two that
+// holds them without crowding.
+func (t *table) resize(n int) {
 	old := t.slots
-	t.slots, t.live = make([]slot, n), 0
+	t.slots = make([]slot, n)
 	mask := uint64(n - 1)
 	for _, s := range old {
-		if s.key.empty() || s.end <= latest {
+		if s.key.empty() {
 			continue
 		}
 		i := s.hash & mask
@@ -146,6 +173,15 @@ func (t *table) rebuild(latest int64, grow bool) {
 			i = (i + 1) & mask
 		}
 		t.slots[i] = s
-		t.live++
 	}
+}
+
+// sizeFor is the number of slots for live slots after a shrink: a quarter
+// full at most, so that it takes many inserts to grow again.
+func sizeFor(live int) int {
+	n := minSlots
+	for n < live*4 {
+		n *= 2
+	}
+	return n
 }

@@ -2,21 +2,36 @@ package memory
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
+// put inserts like a shard does: room first, then the slot.
+func (t *table) put(h uint64, key string, policy policyID) *slot {
+	if t.crowded() {
+		t.sweep(-1 << 63)
+		if n := len(t.slots); n == 0 {
+			t.resize(minSlots)
+		} else if t.live*2 > n {
+			t.resize(2 * n)
+		}
+	}
+	return t.insert(h, key, policy)
+}
+
 // Keys whose hashes collide, and one key under several policies, probe past
 // each other; growing and sweeping keep every live window findable.
-func TestTableCollisionsGrowthAndRebuild(t *testing.T) {
+func TestTableCollisionsGrowthAndSweep(t *testing.T) {
 	var tb table
 	const n = 300
 	for i := 0; i < n; i++ {
 		h := uint64(i % 3) // three hashes for 300 windows: long probe runs
-		s := tb.insert(h, fmt.Sprint("key", i/2), policyID{name: fmt.Sprint("policy", i%2)}, 0)
+		s := tb.put(h, fmt.Sprint("key", i/2), policyID{name: fmt.Sprint("policy", i%2)})
 		s.used, s.resetAt, s.end = int64(i), int64(1000+i), int64(1000+i)
 	}
 	require.Equal(t, n, tb.live)
@@ -31,7 +46,9 @@ func TestTableCollisionsGrowthAndRebuild(t *testing.T) {
 	assert.Nil(t, (&table{}).find(0, "k", policyID{name: "p"}), "an empty table")
 
 	// The windows ending by 1000+149 go; the rest stay findable.
-	tb.rebuild(1000+149, false)
+	before := &tb.slots[0]
+	assert.Equal(t, 150, tb.sweep(1000+149))
+	assert.Same(t, before, &tb.slots[0], "swept in place")
 	assert.Equal(t, n-150, tb.live)
 	for i := 0; i < n; i++ {
 		s := tb.find(uint64(i%3), fmt.Sprint("key", i/2), policyID{name: fmt.Sprint("policy", i%2)})
@@ -42,19 +59,57 @@ func TestTableCollisionsGrowthAndRebuild(t *testing.T) {
 			assert.Equal(t, int64(i), s.used)
 		}
 	}
-	// Everything ended: the table shrinks back.
-	tb.rebuild(1<<40, false)
+	assert.Equal(t, n-150, tb.sweep(1<<40))
 	assert.Equal(t, 0, tb.live)
-	assert.Equal(t, minSlots, len(tb.slots))
+	for i := range tb.slots {
+		assert.True(t, tb.slots[i].key.empty())
+	}
 }
 
-func TestTableRebuildWithNothingEndedKeepsTheSlots(t *testing.T) {
-	var tb table
-	s := tb.insert(7, "k", policyID{name: "p"}, 0)
-	s.resetAt, s.end = 100, 100
-	before := &tb.slots[0]
-	tb.rebuild(50, false)
-	assert.Same(t, before, &tb.slots[0], "no new table when nothing ended")
+// Random inserts and sweeps on a small table whose probe runs wrap past its
+// end: after each sweep exactly the live slots are findable, and every run
+// is unbroken (each slot is reachable from its home without an empty slot).
+func TestTableSweepKeepsRunsIntact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := 0; round < 200; round++ {
+		tb := table{slots: make([]slot, 16)}
+		want := map[string]int64{}
+		for i := 0; i < 12; i++ {
+			k := fmt.Sprint("k", i)
+			h := uint64(12 + rng.IntN(6)) // homes near the end: runs wrap
+			s := tb.insert(h, k, policyID{name: "p"})
+			s.end = int64(rng.IntN(10))
+			want[k] = s.end
+		}
+		ref := int64(rng.IntN(10))
+		dropped := tb.sweep(ref)
+		kept := 0
+		for i := range tb.slots {
+			s := &tb.slots[i]
+			if s.key.empty() {
+				continue
+			}
+			kept++
+			for j := int(s.hash) & 15; j != i; j = (j + 1) & 15 {
+				require.False(t, tb.slots[j].key.empty(), "round %d: a hole between slot %d and its home", round, i)
+			}
+		}
+		require.Equal(t, tb.live, kept)
+		for k, end := range want {
+			found := false
+			for i := range tb.slots {
+				if !tb.slots[i].key.empty() && tb.slots[i].key.equal(k) {
+					found = true
+					require.Same(t, &tb.slots[i], tb.find(tb.slots[i].hash, k, policyID{name: "p"}))
+				}
+			}
+			require.Equal(t, end > ref, found, "round %d: %s ends at %d, swept by %d", round, k, end, ref)
+			if end <= ref {
+				dropped--
+			}
+		}
+		require.Zero(t, dropped)
+	}
 }
 
 // Keys at the edge of the inline size, and long ones, are told apart even
@@ -66,7 +121,7 @@ func TestTableInlineAndLongKeys(t *testing.T) {
 		strings.Repeat("a", shortKey) + "b", strings.Repeat("a", 100), "a", "\x00",
 	}
 	for i, k := range keys {
-		s := tb.insert(42, k, policyID{name: "p"}, 0)
+		s := tb.put(42, k, policyID{name: "p"})
 		s.used, s.resetAt, s.end = int64(i), 1000, 1000
 	}
 	for i, k := range keys {
@@ -76,4 +131,16 @@ func TestTableInlineAndLongKeys(t *testing.T) {
 	}
 	assert.Nil(t, tb.find(42, strings.Repeat("a", shortKey-2), policyID{name: "p"}))
 	assert.Nil(t, tb.find(42, strings.Repeat("a", 99), policyID{name: "p"}))
+}
+
+func TestSizeFor(t *testing.T) {
+	for _, tc := range []struct{ live, want int }{{0, minSlots}, {2, minSlots}, {3, 16}, {100, 512}, {128, 512}, {129, 1024}} {
+		assert.Equal(t, tc.want, sizeFor(tc.live), "live %d", tc.live)
+	}
+}
+
+// Shards sit side by side in one array: each must fill whole cache lines,
+// or a busy shard's lock would slow its neighbours.
+func TestShardSize(t *testing.T) {
+	assert.Equal(t, uintptr(128), unsafe.Sizeof(shard{}))
 }

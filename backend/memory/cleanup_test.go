@@ -1,0 +1,356 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Issue 11: cleanup never deletes state that is live for a now the backend
+// will still be asked about. Each test drives one shard (Shards: 1) with
+// enough calls for many sweeps, and moves the monotonic clock as real time
+// would pass.
+
+var hourly = throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour}
+
+// exhaust spends every client's hour at t0.
+func exhaust(t *testing.T, b *memory.Backend, clients int) {
+	t.Helper()
+	for c := 0; c < clients; c++ {
+		d, err := b.Take(context.Background(), fmt.Sprint("client", c), hourly, hourly.Limit, t0)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+}
+
+// requireExhausted: every client is still denied at now, its hour intact.
+func requireExhausted(t *testing.T, b *memory.Backend, clients int, now time.Time) {
+	t.Helper()
+	admitted := 0
+	for c := 0; c < clients; c++ {
+		d, err := b.Take(context.Background(), fmt.Sprint("client", c), hourly, 1, now)
+		require.NoError(t, err)
+		if d.Allowed || d.Used != hourly.Limit || !d.ResetAt.Equal(t0.Add(time.Hour)) {
+			admitted++
+		}
+	}
+	assert.Zero(t, admitted, "exhausted clients that got a fresh window")
+}
+
+// traffic makes n calls on other keys at now, real time at mono.
+func traffic(t *testing.T, b *memory.Backend, clock *monoClock, n int, now time.Time, mono time.Duration) {
+	t.Helper()
+	clock.set(mono)
+	for i := 0; i < n; i++ {
+		_, err := b.Take(context.Background(), fmt.Sprint("other", i%50), hourly, 1, now)
+		require.NoError(t, err)
+	}
+}
+
+// Case 1: one call with a now a year ahead (a bad NTP sync) used to make
+// every later sweep delete the open windows.
+func TestFarFutureNowDeletesNothing(t *testing.T) {
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
+	exhaust(t, b, 200)
+	clock.set(time.Second)
+	_, err := b.Take(context.Background(), "stray", hourly, 1, t0.Add(365*24*time.Hour))
+	require.NoError(t, err)
+	traffic(t, b, clock, 5000, t0.Add(time.Minute), time.Minute)
+	requireExhausted(t, b, 200, t0.Add(2*time.Minute))
+}
+
+// Case 1: after the clock stepped forward a day and back, every exhausted
+// client used to be admitted again. Cleanup follows a stepped clock only
+// as fast as real time passes; once the step has lasted ClockHold, it
+// trusts the new clock.
+func TestClockSteppedForwardAndBack(t *testing.T) {
+	b, clock := newWithClock(t, &memory.Options{Shards: 1, ClockHold: 10 * time.Minute})
+	exhaust(t, b, 200)
+	traffic(t, b, clock, 2000, t0.Add(time.Second), time.Second) // the clock as it was
+	day := 24 * time.Hour
+	traffic(t, b, clock, 5000, t0.Add(day), 2*time.Second) // stepped forward
+	traffic(t, b, clock, 5000, t0.Add(day+time.Minute), time.Minute)
+	requireExhausted(t, b, 200, t0.Add(time.Minute)) // and back
+
+	// The step lasts: cleanup keeps to the old clock's pace for
+	// ClockHold, then follows the new one.
+	traffic(t, b, clock, 5000, t0.Add(day+2*time.Minute), 2*time.Minute)
+	assert.GreaterOrEqual(t, b.Len(), 200, "the old windows, live by the old clock, stay")
+	traffic(t, b, clock, 5000, t0.Add(day+25*time.Minute), 25*time.Minute)
+	traffic(t, b, clock, 5000, t0.Add(day+26*time.Minute), 26*time.Minute)
+	assert.Less(t, b.Len(), 200, "after 2·ClockHold the new clock is trusted")
+}
+
+// A clock stepped forward reclaims only as fast as real time passes.
+func TestForwardStepReclaimsAtRealTimePace(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
+	p := throttler.Policy{Name: "minute", Limit: 5, Window: time.Minute}
+	for i := 0; i < 100; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 3, t0)
+		require.NoError(t, err)
+	}
+	traffic(t, b, clock, 2000, t0.Add(time.Second), time.Second)
+	// An hour ahead of the clock, 30 s later in real time: the windows
+	// (ending at t0+1m) are still live for the old clock.
+	traffic(t, b, clock, 5000, t0.Add(time.Hour), 30*time.Second)
+	for i := 0; i < 100; i++ {
+		d, err := b.Peek(ctx, fmt.Sprint("k", i), p, t0.Add(40*time.Second))
+		require.NoError(t, err)
+		require.Equal(t, int64(3), d.Used, "k%d", i)
+	}
+	// Real time has passed their end (and Lag): they go.
+	traffic(t, b, clock, 5000, t0.Add(time.Hour+time.Minute), 90*time.Second)
+	d, err := b.Peek(ctx, "k7", p, t0.Add(40*time.Second))
+	require.NoError(t, err)
+	assert.Zero(t, d.Used, "reclaimed once real time passed the end")
+}
+
+// A clock stepped back makes cleanup later, never earlier.
+func TestBackStepNeverReclaimsEarly(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{Shards: 1})
+	traffic(t, b, clock, 2000, t0.Add(time.Hour), time.Second)
+	exhaustAt := t0.Add(time.Hour) // windows until t0+2h
+	for c := 0; c < 50; c++ {
+		_, err := b.Take(ctx, fmt.Sprint("late", c), hourly, hourly.Limit, exhaustAt)
+		require.NoError(t, err)
+	}
+	// Back to t0 for three hours of real time: a clock behind reclaims by
+	// its own time.
+	traffic(t, b, clock, 5000, t0, 2*time.Hour)
+	traffic(t, b, clock, 5000, t0.Add(time.Minute), 3*time.Hour)
+	for c := 0; c < 50; c++ {
+		d, err := b.Peek(ctx, fmt.Sprint("late", c), hourly, exhaustAt.Add(time.Minute))
+		require.NoError(t, err)
+		require.Equal(t, hourly.Limit, d.Used, "late%d", c)
+	}
+}
+
+// The boundary of Lag: a call whose now trails every other call's by less
+// than Lag finds its state; by Lag or more, it may not.
+func TestLagBoundary(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		ahead time.Duration // how far the other calls are past the window's end
+		kept  bool
+	}{
+		{"others 1ms short of end+Lag", 999 * time.Millisecond, true},
+		{"others at end+Lag", time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, clock := newWithClock(t, &memory.Options{Shards: 1, Lag: time.Second})
+			traffic(t, b, clock, 2000, t0, 0) // the backend learns the clock
+			p := throttler.Policy{Name: "s", Limit: 5, Window: time.Second}
+			_, err := b.Take(ctx, "k", p, 2, t0) // ends at t0+1s
+			require.NoError(t, err)
+			at := t0.Add(time.Second + tc.ahead)
+			traffic(t, b, clock, 3000, at, at.Sub(t0)) // two sweeps that saw only these
+			d, err := b.Peek(ctx, "k", p, t0.Add(999*time.Millisecond))
+			require.NoError(t, err)
+			if tc.kept {
+				assert.Equal(t, int64(2), d.Used)
+			} else {
+				assert.Zero(t, d.Used)
+			}
+		})
+	}
+}
+
+// Case 7: two stores given the same calls for a key answer alike, whatever
+// other keys' calls do. As in a shadow's candidate: the key's calls arrive
+// late (their nows up to half a Lag behind the clock) and seldom, between
+// many calls of other keys at the clock's time; in one run one of those is
+// from a year ahead.
+func TestStoresAgreeWhateverOtherKeysDo(t *testing.T) {
+	ctx := context.Background()
+	policies := []throttler.Policy{
+		{Name: "fw", Limit: 3, Window: time.Second},
+		{Name: "tb", Limit: 3, Window: time.Second, Algorithm: throttler.TokenBucket},
+		{Name: "sl", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog},
+		{Name: "sw", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingWindow},
+	}
+	for _, farFuture := range []bool{false, true} {
+		t.Run(fmt.Sprint("far future call: ", farFuture), func(t *testing.T) {
+			alone, clockA := newWithClock(t, &memory.Options{Shards: 1})
+			busy, clockB := newWithClock(t, &memory.Options{Shards: 1})
+			rng := rand.New(rand.NewPCG(7, 7))
+			clock := t0
+			for i := 0; i < 400; i++ {
+				clock = clock.Add(time.Duration(rng.IntN(80)) * time.Millisecond)
+				clockA.set(clock.Sub(t0))
+				clockB.set(clock.Sub(t0))
+				for j := 0; j < 1500; j++ {
+					at := clock
+					if farFuture && i == 100 && j == 0 {
+						at = clock.Add(365 * 24 * time.Hour)
+					}
+					_, err := busy.Take(ctx, fmt.Sprint("other", j%40), policies[j%4], 1, at)
+					require.NoError(t, err)
+				}
+				now := clock.Add(-time.Duration(rng.IntN(500)) * time.Millisecond)
+				p := policies[rng.IntN(4)]
+				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
+				want, err := backend.Do(ctx, alone, op, "k", p, 1, now)
+				require.NoError(t, err)
+				got, err := backend.Do(ctx, busy, op, "k", p, 1, now)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "step %d: %v of k under %v at %v", i, op, p.Name, now.Sub(t0))
+			}
+		})
+	}
+}
+
+// When the backend knows no clock yet (new, or idle for 2·ClockHold), the
+// call that makes the first sweep may be the one from a year ahead: its now
+// is trusted only as far as the shard's recent calls vouch for it. Here it
+// is the seventh key of a new shard, whose table must grow, which sweeps.
+func TestFarFutureNowMakesTheFirstSweep(t *testing.T) {
+	b, _ := newWithClock(t, &memory.Options{Shards: 1})
+	exhaust(t, b, 6)
+	_, err := b.Take(context.Background(), "stray", hourly, 1, t0.Add(365*24*time.Hour))
+	require.NoError(t, err)
+	requireExhausted(t, b, 6, t0.Add(time.Second))
+}
+
+// Case 9: MaxKeys bounds the whole table, not each shard.
+func TestMaxKeysBoundsTheWholeTable(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{MaxKeys: 1000}) // 256 shards
+	p := throttler.Policy{Name: "p", Limit: 2, Window: time.Second}
+	for i := 0; i < 1000; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+		require.NoError(t, err, "key %d of 1000", i)
+	}
+	require.Equal(t, 1000, b.Len())
+	_, err := b.Take(ctx, "one too many", p, 1, t0)
+	require.ErrorIs(t, err, memory.ErrFull)
+	assert.True(t, strings.HasPrefix(err.Error(), "memory: full: "), err.Error())
+	assert.Contains(t, err.Error(), "Options.MaxKeys (1000)")
+	assert.NotContains(t, err.Error(), "one too many", "the error holds no client key")
+	assert.Equal(t, 1000, b.Len())
+
+	// A full table keeps limiting every key it holds.
+	d, err := b.Take(ctx, "k7", p, 1, t0)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	d, err = b.Take(ctx, "k7", p, 1, t0)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "k7 spent its 2")
+	d, err = b.Refund(ctx, "k7", p, 1, t0)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Used)
+	_, err = b.Refund(ctx, "one too many", p, 1, t0)
+	require.NoError(t, err, "a refund to no state stores nothing")
+
+	// Once the windows ended (and Lag), new keys find room: ended state
+	// goes first.
+	clock.set(3 * time.Second)
+	for i := 0; i < 1000; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("new", i), p, 1, t0.Add(3*time.Second))
+		require.NoError(t, err, "new key %d", i)
+	}
+	assert.Equal(t, 1000, b.Len())
+}
+
+// MaxKeys is exact under concurrency: 64 goroutines racing to add keys to
+// a table of 1000 get exactly 1000 in.
+func TestMaxKeysConcurrent(t *testing.T) {
+	b := newBackend(t, &memory.Options{MaxKeys: 1000})
+	p := throttler.Policy{Name: "p", Limit: 1, Window: time.Hour}
+	var in, full atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 64; g++ {
+		wg.Go(func() {
+			for i := 0; i < 50; i++ {
+				_, err := b.Take(context.Background(), fmt.Sprint(g, "-", i), p, 1, t0)
+				switch {
+				case err == nil:
+					in.Add(1)
+				case errors.Is(err, memory.ErrFull):
+					full.Add(1)
+				default:
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(1000), in.Load())
+	assert.Equal(t, int64(64*50-1000), full.Load())
+	assert.Equal(t, 1000, b.Len())
+}
+
+// A flood of new keys at a full table sweeps every shard only now and then
+// (a twentieth of the time at most), not once per refused key.
+func TestFullTableSweepsAreBounded(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{MaxKeys: 100})
+	// Each read of the clock moves it a ms on: a sweep of every shard
+	// "takes" a ms.
+	memory.SetMonotonic(b, func() time.Duration { clock.add(time.Millisecond); return clock.read() })
+	p := throttler.Policy{Name: "p", Limit: 1, Window: time.Hour}
+	for i := 0; i < 100; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+		require.NoError(t, err)
+	}
+	for i := 0; i < 1000; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("flood", i), p, 1, t0)
+		require.ErrorIs(t, err, memory.ErrFull)
+	}
+	sweeps := memory.FullSweeps(b)
+	assert.GreaterOrEqual(t, sweeps, int64(1), "the first refusal swept")
+	assert.LessOrEqual(t, sweeps, int64(1000/10), "not every refusal sweeps")
+}
+
+// Case 9: Peek-only traffic drives reclaim too.
+func TestPeekDrivesReclaim(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{Shards: 4})
+	p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second}
+	for i := 0; i < 10_000; i++ {
+		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 10_000, b.Len())
+	clock.set(3 * time.Second)
+	for i := 0; i < 40_000; i++ {
+		_, err := b.Peek(ctx, fmt.Sprint("k", i%10_000), p, t0.Add(3*time.Second))
+		require.NoError(t, err)
+	}
+	assert.Zero(t, b.Len(), "ended windows reclaimed by Peeks alone")
+}
+
+// Under a normal clock, state is reclaimed as it ends: a stream of new
+// keys with windows of a second holds about (window + Lag + a sweep
+// period) of them, not all it has seen.
+func TestSteadyStateMemoryIsBounded(t *testing.T) {
+	ctx := context.Background()
+	b, clock := newWithClock(t, &memory.Options{Shards: 4})
+	p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second}
+	most := 0
+	for ms := 0; ms < 60_000; ms++ { // a minute, a new key every ms
+		clock.set(time.Duration(ms) * time.Millisecond)
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		_, err := b.Take(ctx, fmt.Sprint("k", ms), p, 1, now)
+		require.NoError(t, err)
+		_, err = b.Peek(ctx, fmt.Sprint("k", ms/2), p, now)
+		require.NoError(t, err)
+		most = max(most, b.Len())
+	}
+	assert.Less(t, most, 10_000, "at most the last few seconds' keys, of 60,000")
+}
