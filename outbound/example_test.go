@@ -52,7 +52,7 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // (backend/redis; the memory backend here), so the limit holds across the
 // fleet, and a pause that the gateway asks of one worker stops them all.
 func Example() {
-	gw := &gateway{limit: 5, window: 200 * time.Millisecond}
+	gw := &gateway{limit: 5, window: 100 * time.Millisecond}
 	srv := httptest.NewServer(gw)
 	defer srv.Close()
 
@@ -65,10 +65,11 @@ func Example() {
 		log.Fatal(err)
 	}
 	tr, err := outbound.New(th, &outbound.Options{
-		// A little under the gateway's limit: the 100ms more than its
-		// window cover the time a call takes to reach it, a new
-		// connection's included (docs/outbound.md, "The margin").
-		Policy: throttler.Policy{Name: "gateway", Limit: 5, Window: 300 * time.Millisecond, Algorithm: throttler.SlidingLog},
+		// Under the gateway's limit: the time added to its window covers
+		// the time a call takes to reach it, a new connection's included
+		// (docs/outbound.md, "The margin"); generous here, so that the
+		// example holds on a loaded machine.
+		Policy: throttler.Policy{Name: "gateway", Limit: 5, Window: 600 * time.Millisecond, Algorithm: throttler.SlidingLog},
 		// A payment refused with a pause is sent again after it: it
 		// carries an Idempotency-Key, so that is safe.
 		Retries: 1,
