@@ -135,11 +135,19 @@ var rampStages = []struct {
 // less than a window, so each client spends faster than it earns and
 // reaches every switch with its limit spent: a fresh bucket, log or window
 // after a switch breaks the bound by its whole capacity.
+//
+// The policies count in minutes, not seconds: the stores expire state after
+// a duration of real time (a cleanup that assumes the application's clock
+// runs at real speed), and between a client's last call of one stage and
+// its first of the next the test spends seconds of real time (the other
+// clients, the Flush) while its clock moves one step. With one-second
+// windows, a loaded -race run saw Redis expire live buckets there and
+// answer with fresh ones.
 const (
 	rampClients = 300
 	rampRounds  = 8
-	rampStep    = 100 // ms
-	rampJitter  = 97  // ms, < rampStep: a client's instants only move forward
+	rampStep    = 6000 // ms
+	rampJitter  = 5820 // ms, < rampStep: a client's instants only move forward
 )
 
 // rampInstant is client c's instant in stage s, round r, in ms since
@@ -260,11 +268,11 @@ var rampCases = []struct {
 	p     throttler.Policy
 	bound rampBound
 }{
-	// One token per 250 ms into a bucket of 6: a stage of 800 ms refills
+	// One token per 15 s into a bucket of 6: a stage of 48 s refills
 	// about 3 tokens, and clients ask for 12 units.
-	{"token bucket", throttler.Policy{Name: "ramp", Limit: 4, Window: time.Second}.WithBurst(6), rampBucketBound},
-	{"sliding log", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Second}.With(throttler.SlidingLog), rampLogBound},
-	{"sliding window", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Second}.With(throttler.SlidingWindow), rampWindowBound},
+	{"token bucket", throttler.Policy{Name: "ramp", Limit: 4, Window: time.Minute}.WithBurst(6), rampBucketBound},
+	{"sliding log", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.With(throttler.SlidingLog), rampLogBound},
+	{"sliding window", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.With(throttler.SlidingWindow), rampWindowBound},
 }
 
 // TestMigrationRampAlgorithms: for a token bucket, a sliding log and a
