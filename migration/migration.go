@@ -292,8 +292,11 @@ func (m *Migration) Flush(ctx context.Context) error {
 	return errors.Join(m.forward.Flush(ctx), m.reverse.Flush(ctx))
 }
 
-// Close stops both shadows' workers (see shadow.Backend.Close). It does not
-// close the stores.
+// Close stops both shadows' workers (see shadow.Backend.Close) and the
+// moving keys' clock. It does not close the stores.
 func (m *Migration) Close() error {
+	if m.moves != nil {
+		m.moves.close()
+	}
 	return errors.Join(m.forward.Close(), m.reverse.Close())
 }

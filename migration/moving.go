@@ -50,22 +50,86 @@ type history struct {
 }
 
 // mover tracks the changes of a rollout's percentage seen by this process.
+//
+// Once it has seen one, every call needs the monotonic time, and reading
+// the clock costs 20 to 100 ns; so from the first change on, a goroutine
+// keeps a copy every tick, which lags the clock by a tick at most: a key
+// is then moving up to a tick longer, never shorter.
 type mover struct {
 	pct     flags.Percenter
 	bucket  flags.Bucketer
 	settle  time.Duration
 	mono    func() time.Duration
 	hist    atomic.Pointer[history]
-	mu      sync.Mutex // serializes changes of hist
+	mu      sync.Mutex // serializes changes of hist, and start and stop of the ticker
 	changes atomic.Uint64
+
+	// The copy of mono kept by the ticker, valid while ticking.
+	coarse  atomic.Int64
+	ticking atomic.Bool
+	tick    time.Duration // 0: no ticker (an injected clock is read directly)
+	stop    chan struct{} // closed by close
+	done    chan struct{} // closed when the ticker has stopped
+	closed  bool
+}
+
+// clock returns the monotonic time, or the ticker's copy.
+func (mv *mover) clock() time.Duration {
+	if mv.ticking.Load() {
+		return time.Duration(mv.coarse.Load())
+	}
+	return mv.mono()
+}
+
+// startTicker starts the ticker unless it runs, was stopped, or the clock
+// is injected. mv.mu is held.
+func (mv *mover) startTicker() {
+	if mv.tick == 0 || mv.ticking.Load() || mv.closed {
+		return
+	}
+	mv.coarse.Store(int64(mv.mono()))
+	mv.ticking.Store(true)
+	mv.done = make(chan struct{})
+	go func() {
+		defer close(mv.done)
+		t := time.NewTicker(mv.tick)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				mv.coarse.Store(int64(mv.mono()))
+			case <-mv.stop:
+				return
+			}
+		}
+	}()
+}
+
+// close stops the ticker and waits for it; calls go on reading the clock.
+func (mv *mover) close() {
+	mv.mu.Lock()
+	if mv.closed {
+		mv.mu.Unlock()
+		return
+	}
+	mv.closed = true
+	mv.ticking.Store(false)
+	close(mv.stop)
+	done := mv.done
+	mv.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 }
 
 func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duration) *mover {
+	mv := &mover{pct: pc, bucket: flags.NewBucketer(pc.GroupID()), settle: settle, mono: mono, stop: make(chan struct{})}
 	if mono == nil {
 		epoch := time.Now()
-		mono = func() time.Duration { return time.Since(epoch) }
+		mv.mono = func() time.Duration { return time.Since(epoch) }
+		// A tick of a 32nd of Settle makes keys move at most 3% longer.
+		mv.tick = min(max(settle/32, time.Millisecond), time.Second)
 	}
-	mv := &mover{pct: pc, bucket: flags.NewBucketer(pc.GroupID()), settle: settle, mono: mono}
 	mv.hist.Store(&history{cur: min(max(pc.Percent(), 0), 100)})
 	return mv
 }
@@ -81,7 +145,7 @@ func (mv *mover) route(h *history, pct int, key string, p throttler.Policy) (toN
 	// either may be the current route.
 	lo, hi := min(pct, h.cur), max(pct, h.cur)
 	if n := len(h.marks); n > 0 {
-		now, span := mv.mono(), addSat(horizon(p), mv.settle)
+		now, span := mv.clock(), addSat(horizon(p), mv.settle)
 		for i := n - 1; i >= 0 && now-h.marks[i].until < span; i-- {
 			lo, hi = min(lo, h.marks[i].lo), max(hi, h.marks[i].hi)
 		}
@@ -111,6 +175,7 @@ func (mv *mover) observe(pct int) *history {
 	nh := &history{cur: pct, marks: marks}
 	mv.hist.Store(nh)
 	mv.changes.Add(1)
+	mv.startTicker()
 	return nh
 }
 
@@ -255,20 +320,34 @@ func (m *Migration) parallel(ctx context.Context, op throttler.Op, key string, p
 		sd, serr = backend.Do(ctx, s.b, op, key, p, cost, now)
 		return sd, serr, od, oerr
 	}
-	done := make(chan struct{})
+	aside := m.aside(ctx, op, key, p, cost, now, o)
+	sd, serr = backend.Do(ctx, s.b, op, key, p, cost, now)
+	a := <-aside
+	return sd, serr, a.d, a.err
+}
+
+// answer is one store's answer.
+type answer struct {
+	d   throttler.Decision
+	err error
+}
+
+// aside makes the call on o on a goroutine of its own. It is apart from
+// parallel so that the in-process path allocates nothing.
+func (m *Migration) aside(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, o store) <-chan answer {
+	ch := make(chan answer, 1)
 	go func() {
-		defer close(done)
+		var a answer
 		// A panic here would take the process down, not the request.
 		defer func() {
 			if r := recover(); r != nil {
-				oerr = fmt.Errorf("migration: %s backend panicked: %v", m.name(o.isNew), r)
+				a = answer{err: fmt.Errorf("migration: %s backend panicked: %v", m.name(o.isNew), r)}
 			}
+			ch <- a
 		}()
-		od, oerr = backend.Do(ctx, o.b, op, key, p, cost, now)
+		a.d, a.err = backend.Do(ctx, o.b, op, key, p, cost, now)
 	}()
-	sd, serr = backend.Do(ctx, s.b, op, key, p, cost, now)
-	<-done
-	return sd, serr, od, oerr
+	return ch
 }
 
 // phased is both for a fixed window's Take and Refund. A fixed window

@@ -21,7 +21,6 @@ type monoClock struct{ t atomic.Int64 }
 
 func (c *monoClock) now() time.Duration  { return time.Duration(c.t.Load()) }
 func (c *monoClock) set(d time.Duration) { c.t.Store(int64(d)) }
-func (c *monoClock) add(d time.Duration) { c.t.Add(int64(d)) }
 func (c *monoClock) opts(settle time.Duration) *Options {
 	return &Options{Settle: settle, monotonic: c.now}
 }
@@ -596,5 +595,24 @@ func TestMovingRace(t *testing.T) {
 				t.Errorf("the race exercised no moving key: %+v", st)
 			}
 		})
+	}
+}
+
+type panicking struct{ scripted }
+
+func (*panicking) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	panic("boom")
+}
+
+// A store that panics while called alongside the other is a failure of
+// that store, not of the process.
+func TestOtherStorePanics(t *testing.T) {
+	r := percent(t, 0)
+	m := newMigration(t, &panicking{}, &scripted{allow: true}, r, nil)
+	_ = r.Set(100)
+	p := throttler.Policy{Name: "b", Limit: 5, Window: time.Minute}.WithBurst(5)
+	d, err := m.Take(context.Background(), "k", p, 1, t0)
+	if err != nil || !d.Allowed || m.Stats().Moving.OneStore != 1 {
+		t.Fatalf("got %+v, %v, %+v; want the serving store's answer alone", d, err, m.Stats().Moving)
 	}
 }
