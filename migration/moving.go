@@ -233,7 +233,7 @@ type store struct {
 
 // movingCounters are the Migration's counts of moving keys' calls.
 type movingCounters struct {
-	calls, compensated, refundFailed, oneStore atomic.Uint64
+	calls, compensated, refundFailed, oneStore, leveled atomic.Uint64
 }
 
 // MovingStats counts the calls for moving keys (see Options.Settle).
@@ -250,12 +250,18 @@ type MovingStats struct {
 	// denied (or failed): the admitting store was refunded the cost.
 	Compensated uint64
 	// RefundFailed counts the compensating Refunds that failed: their
-	// store keeps units nobody was given (it is stricter, never laxer).
+	// store keeps units nobody was given (it is stricter, never laxer);
+	// and, for a fixed window, those that reached a window opened
+	// meanwhile and could not be taken back from it (that window is a
+	// unit laxer). Healthy: near 0.
 	RefundFailed uint64
 	// OneStore counts the moving keys' calls answered by the serving store
 	// alone because the other failed: each could admit what the failed
 	// store's count would have denied. Healthy: 0.
 	OneStore uint64
+	// Leveled counts the token buckets the serving store held fuller than
+	// the other, emptied down to it.
+	Leveled uint64
 }
 
 func (m *Migration) movingStats() MovingStats {
@@ -264,6 +270,7 @@ func (m *Migration) movingStats() MovingStats {
 		Compensated:  m.moving.compensated.Load(),
 		RefundFailed: m.moving.refundFailed.Load(),
 		OneStore:     m.moving.oneStore.Load(),
+		Leveled:      m.moving.leveled.Load(),
 	}
 	if m.moves != nil {
 		s.Tracked = true
@@ -308,8 +315,36 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 		}
 		m.compensate(ctx, o, key, p, cost, now)
 		return sd, nil
+	case op == throttler.OpTake && p.Algorithm == throttler.TokenBucket:
+		m.level(ctx, s, key, p, sd, od, now)
 	}
 	return stricter(sd, od), nil
+}
+
+// level empties the serving store's token bucket down to the other's,
+// when it is fuller. Unlike a window, a bucket never forgets: both stores
+// see the same calls once every process has seen the change, but a bucket
+// that the mirror left fuller stays fuller by as much for as long as
+// calls keep it from filling up, which under steady load is for ever. So
+// the store the key moves to is brought to the level of the store it
+// comes from, which saw every call before the change, by taking the
+// difference: each bucket is full again at its decision's ResetAt, the
+// fuller one sooner by the difference's refill time. It rounds up, so the
+// serving store ends at most a token stricter, never laxer.
+func (m *Migration) level(ctx context.Context, s store, key string, p throttler.Policy, sd, od throttler.Decision, now time.Time) {
+	ahead := od.ResetAt.Sub(sd.ResetAt).Milliseconds()
+	w := p.Window.Milliseconds()
+	if ahead <= 0 || w <= 0 || p.Limit <= 0 {
+		return
+	}
+	ahead = min(ahead, horizon(p).Milliseconds()) // bounds ahead·Limit by Capacity·w
+	tokens := min((ahead*p.Limit+w-1)/w, p.Capacity())
+	m.moving.leveled.Add(1)
+	if d, err := s.b.Take(ctx, key, p, tokens, now); err == nil && !d.Allowed && tokens > 1 {
+		// It holds the difference, but a fraction of a token less than
+		// rounded up.
+		_, _ = s.b.Take(ctx, key, p, tokens-1, now)
+	}
 }
 
 // parallel makes the call on both stores at once, the caller's context
@@ -382,14 +417,34 @@ func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p t
 	sd, serr := backend.Do(ctx, s.b, op, key, p, cost, at)
 	if serr != nil {
 		if op == throttler.OpTake {
-			m.compensate(ctx, o, key, p, cost, now)
+			m.compensateWindow(ctx, o, key, p, cost, now, od.ResetAt)
 		}
 		return throttler.Decision{}, m.wrap(serr, s.isNew)
 	}
 	if op == throttler.OpTake && !sd.Allowed {
-		m.compensate(ctx, o, key, p, cost, now)
+		m.compensateWindow(ctx, o, key, p, cost, now, od.ResetAt)
 	}
 	return inPhase(od, sd, now), nil
+}
+
+// compensateWindow is compensate for a fixed window that counted the units
+// in the window ending at resetAt. A Refund goes to the window open when it
+// arrives, so if another call opened the next window in between, the units
+// went there, where nobody took them: they are taken back from it, so that
+// the store is left as it was, not laxer. (The Take can find that window
+// full again only if calls took the units meanwhile; that is counted in
+// RefundFailed.)
+func (m *Migration) compensateWindow(ctx context.Context, st store, key string, p throttler.Policy, cost int64, now, resetAt time.Time) {
+	m.moving.compensated.Add(1)
+	rd, err := st.b.Refund(ctx, key, p, cost, now)
+	switch {
+	case err != nil:
+		m.moving.refundFailed.Add(1)
+	case !rd.ResetAt.Equal(resetAt):
+		if d, err := st.b.Take(ctx, key, p, cost, now); err != nil || !d.Allowed {
+			m.moving.refundFailed.Add(1)
+		}
+	}
 }
 
 // inPhase is o's decision made as strict as s's: the window (ResetAt) is

@@ -616,3 +616,95 @@ func TestOtherStorePanics(t *testing.T) {
 		t.Fatalf("got %+v, %v, %+v; want the serving store's answer alone", d, err, m.Stats().Moving)
 	}
 }
+
+// TestBucketLeveled: a token bucket the mirror left fuller in the store a
+// key moves to is emptied down to the other store's level on the first
+// call that both admit, so that once the move is over the new store admits
+// what the old one would have, though the key never stopped spending.
+func TestBucketLeveled(t *testing.T) {
+	ctx := context.Background()
+	p := throttler.Policy{Name: "tb", Limit: 1, Window: time.Second}.WithBurst(5) // horizon 5s
+	var clk monoClock
+	old, nw := mem(t), mem(t)
+	r := percent(t, 0)
+	m := newMigration(t, old, nw, r, clk.opts(time.Second))
+	// Old: 3 of 5 taken; new: the mirror delivered none of it.
+	if d, _ := old.Take(ctx, "k", p, 3, t0); !d.Allowed {
+		t.Fatal("setup")
+	}
+	_ = r.Set(100)
+	d, err := m.Take(ctx, "k", p, 1, t0)
+	if err != nil || !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("moving Take: %+v, %v; want admitted, 1 left", d, err)
+	}
+	pk, _ := nw.Peek(ctx, "k", p, t0)
+	if pk.Remaining != 1 || m.Stats().Moving.Leveled != 1 {
+		t.Fatalf("the new store has %d left (leveled %d); want the old store's 1", pk.Remaining, m.Stats().Moving.Leveled)
+	}
+	// The key keeps spending a token a second, as fast as it refills,
+	// past the move's end at 6s; the new store alone admits exactly what
+	// the old store's count allows.
+	admitted := 0
+	for at := time.Second; at <= 10*time.Second; at += 500 * time.Millisecond {
+		clk.set(at)
+		d, err := m.Take(ctx, "k", p, 1, t0.Add(at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	// 1 left at 0s, plus a token a second for 10 seconds.
+	if admitted != 11 {
+		t.Errorf("%d admitted after the first call, want 11", admitted)
+	}
+}
+
+// turnedOver is a store whose window turns over between a Take and the
+// Refund that compensates it: the Refund lands in the next window. It
+// admits its first Take, and the next ones as takeBack says.
+type turnedOver struct {
+	scripted
+	takeBack bool
+	takes    int
+}
+
+func (s *turnedOver) Take(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+	s.takes++
+	s.allow = s.takes == 1 || s.takeBack
+	return s.answer(throttler.OpTake, p, now)
+}
+
+func (s *turnedOver) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+	d, err := s.answer(throttler.OpRefund, p, now)
+	d.ResetAt = d.ResetAt.Add(p.Window)
+	return d, err
+}
+
+// A fixed window's compensating Refund that reached a window opened in
+// the meantime is taken back from it; when that window is full again, it
+// is counted.
+func TestCompensationWindowTurnedOver(t *testing.T) {
+	fixed := throttler.Policy{Name: "f", Limit: 5, Window: time.Minute}
+	for _, takeBack := range []bool{true, false} {
+		old := &turnedOver{takeBack: takeBack}
+		r := percent(t, 0)
+		m := newMigration(t, old, &scripted{allow: false}, r, nil)
+		_ = r.Set(100)
+		d, err := m.Take(context.Background(), "k", fixed, 1, t0.Add(time.Second))
+		if err != nil || d.Allowed {
+			t.Fatalf("got %+v, %v; want the serving store's denial", d, err)
+		}
+		if log := old.log(); log != "take@1000 refund@1000 take@1000" {
+			t.Errorf("the old store got %q; want its Refund taken back", log)
+		}
+		want := uint64(0)
+		if !takeBack {
+			want = 1
+		}
+		if st := m.Stats().Moving; st.Compensated != 1 || st.RefundFailed != want {
+			t.Errorf("take-back admitted %v: stats %+v, want %d failed", takeBack, st, want)
+		}
+	}
+}
