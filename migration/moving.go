@@ -410,9 +410,11 @@ func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p t
 	if op == throttler.OpTake && !od.Allowed {
 		return od, nil
 	}
+	// The start of o's window, even when it is after now: a process whose
+	// clock is ahead opened it, and s must open the same window.
 	at := now
-	if start := od.ResetAt.Add(-p.Window); !od.ResetAt.IsZero() && start.Before(now) {
-		at = start
+	if !od.ResetAt.IsZero() {
+		at = od.ResetAt.Add(-p.Window)
 	}
 	sd, serr := backend.Do(ctx, s.b, op, key, p, cost, at)
 	if serr != nil {

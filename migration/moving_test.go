@@ -708,3 +708,20 @@ func TestCompensationWindowTurnedOver(t *testing.T) {
 		}
 	}
 }
+
+// A caller whose clock is behind the process that opened the other store's
+// window still has the serving store count in that window: it is called at
+// the window's start, after the caller's now.
+func TestPhasedClockBehind(t *testing.T) {
+	nw, old := &scripted{allow: true}, &scripted{allow: true} // old's window starts at t0
+	r := percent(t, 0)
+	m := newMigration(t, old, nw, r, nil)
+	_ = r.Set(100)
+	fixed := throttler.Policy{Name: "f", Limit: 5, Window: time.Minute}
+	if _, err := m.Take(context.Background(), "k", fixed, 1, t0.Add(-30*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if got := nw.log(); got != "take@0" {
+		t.Errorf("the serving store got %q, want a Take at the old store's window start, take@0", got)
+	}
+}
