@@ -14,7 +14,11 @@
 // old store is mirrored to the new one (the forward shadow), and a key
 // served by the new store is mirrored back to the old one (the reverse
 // shadow), so whichever way the percentage moves, keys land on a store whose
-// counts are current. The stages are all settings of the rollout:
+// counts are current. The mirror may lag or drop calls, and processes see a
+// change at different moments, so a key a change moves is served by both
+// stores for a while (see Options.Settle and docs/migration.md, "Moving
+// keys"): nobody gets a fresh window, without a Flush at any change. The
+// stages are all settings of the rollout:
 //
 //	shadow:   0%, mirror on     old serves everyone, new is compared
 //	ramp:     10%, 50%, mirror on
@@ -53,12 +57,15 @@ type Options struct {
 	// setting (see flags.Mirrorer). Called on every call: keep it cheap.
 	// default: the rollout's setting; off for a rollout without one
 	Mirror func() bool
-	// Settle is how long after this process sees the rollout's percentage
-	// change that a key it moves is still served by both stores, on top of
-	// its policy's horizon (see "Moving keys" in docs/migration.md). It
-	// must cover how much later than this process the slowest other one
-	// sees the change, plus how long a call mirrored before the change
-	// can wait in a shadow's queue. Negative is an error. default: 30s
+	// Settle is how long, on top of its policy's horizon (two windows, a
+	// bucket's refill from empty), a key a change of percentage moves is
+	// served by both stores after this process sees the change (see
+	// "Moving keys" in docs/migration.md). It must cover how much later
+	// than the first process the last one sees a change, how long a call
+	// mirrored before it can wait in a shadow's queue, and the spread of
+	// the processes' clocks. Only a rollout that tells its percentage
+	// (flags.AsPercenter) has moving keys. Negative is an error.
+	// default: 30s
 	Settle time.Duration
 
 	// monotonic replaces the process's monotonic clock in tests.

@@ -28,6 +28,10 @@ import (
 // store sees every call until every process has switched; the store the
 // key moves to sees every call from then on, and horizon(p) later the
 // calls it missed can no longer change an answer, so it serves alone.
+// Two algorithms remember longer than their windows, and the store the key
+// moves to is brought in line while it moves: a fixed window's is made to
+// open its windows where the other store did (phased), a token bucket's is
+// emptied down to the other's level (level).
 
 // maxMarks bounds the history; beyond it the two oldest marks merge, which
 // only ever treats more keys as moving.
@@ -182,7 +186,9 @@ func (mv *mover) observe(pct int) *history {
 // horizon is how long a key's old state can still change an answer under
 // p: a sliding log forgets an entry after Window; a sliding-window counter
 // weighs the previous window, 2·Window; a token bucket refills from empty
-// in Capacity·Window/Limit. A fixed window needs 2·Window, not one: the
+// in Capacity·Window/Limit (and is leveled while it moves, see level, for
+// under steady load it never refills at all). A fixed window needs
+// 2·Window, not one: the
 // store a key moves to may have opened its windows at other instants than
 // the store it comes from (it missed the call that opened one), and only
 // once it counts in the same windows (see phased) may it serve alone.
