@@ -180,3 +180,36 @@ func (r *Router) wrap(err error, isNew bool) error {
 	}
 	return fmt.Errorf("%s backend: %w", name, err)
 }
+
+// Percenter is a Rollout that routes by a percentage of Bucket(GroupID(),
+// key), as Percent and File do: a key is new when its bucket is at most
+// Percent(). Knowing the percentage, a caller can tell where a key was
+// routed under an earlier setting; package migration uses it to find the
+// keys a change moves. GroupID must not change.
+type Percenter interface {
+	Rollout
+	// Percent returns the current percentage, 0 to 100.
+	Percent() int
+	// GroupID returns the bucketing group.
+	GroupID() string
+}
+
+var _ Percenter = (*Percent)(nil)
+
+// AsPercenter returns r as a Percenter: a *File's settings, or r itself when
+// it is one. ok is false for a rollout that cannot tell its percentage (an
+// unleash.Source, or a rollout of your own without the two methods).
+func AsPercenter(r Rollout) (p Percenter, ok bool) {
+	if f, isFile := r.(*File); isFile && f != nil {
+		return filePercent{f.pct}, true
+	}
+	p, ok = r.(Percenter)
+	return p, ok
+}
+
+// filePercent is a File's Percent seen through Percenter, without its Set.
+type filePercent struct{ p *Percent }
+
+func (f filePercent) UseNew(key string) bool { return f.p.UseNew(key) }
+func (f filePercent) Percent() int           { return f.p.Percent() }
+func (f filePercent) GroupID() string        { return f.p.GroupID() }

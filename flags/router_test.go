@@ -3,6 +3,8 @@ package flags
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -310,3 +313,44 @@ func TestRouterIgnoresContextWhenEitherBackendDoes(t *testing.T) {
 type blind struct{ throttler.Backend }
 
 func (blind) IgnoresContext() bool { return true }
+
+// hiddenPercent routes as its Percent does without telling the percentage.
+type hiddenPercent struct{ p *Percent }
+
+func (h hiddenPercent) UseNew(k string) bool { return h.p.UseNew(k) }
+
+// TestAsPercenter: a Percent is its own Percenter, a File lends its
+// settings (read-only: no Set), anything else has none.
+func TestAsPercenter(t *testing.T) {
+	p := percent(t, 30)
+	if got, ok := AsPercenter(p); !ok || got != Percenter(p) {
+		t.Errorf("AsPercenter(*Percent) = %v, %v", got, ok)
+	}
+	path := filepath.Join(t.TempDir(), "rollout.json")
+	if err := os.WriteFile(path, []byte(`{"percent": 40}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewFile(path, &FileOptions{GroupID: "g", Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fp, ok := AsPercenter(f)
+	if !ok || fp.Percent() != 40 || fp.GroupID() != "g" {
+		t.Fatalf("AsPercenter(*File) = %v, %v", fp, ok)
+	}
+	if _, settable := fp.(interface{ Set(int) error }); settable {
+		t.Error("a File's Percenter can change its percentage")
+	}
+	for _, k := range flagstest.Keys(200) {
+		if fp.UseNew(k) != f.UseNew(k) || fp.UseNew(k) != (Bucket("g", k) <= 40) {
+			t.Fatalf("%q: the Percenter routes apart from the file", k)
+		}
+	}
+	var nilFile *File
+	for _, r := range []Rollout{nilFile, hiddenPercent{p}} {
+		if got, ok := AsPercenter(r); ok {
+			t.Errorf("AsPercenter(%T) = %v, true", r, got)
+		}
+	}
+}

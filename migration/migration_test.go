@@ -71,6 +71,8 @@ func TestNewErrors(t *testing.T) {
 			"migration: Options.Forward.Workers is -1; want 0 (default 8) or more"},
 		{"bad reverse options", mem(t), mem(t), percent(t, 0), &Options{Reverse: &shadow.Options{Timeout: -time.Second}},
 			"migration: Options.Reverse.Timeout is -1s; want 0 (default 100ms) or more"},
+		{"negative Settle", mem(t), mem(t), percent(t, 0), &Options{Settle: -time.Nanosecond},
+			"migration: Options.Settle is -1ns; want 0 (default 30s) or more"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,27 +87,38 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
-// A population runs through the stages inside one window. With mirroring
-// on, no client is admitted more than its limit across any switch and both
-// shadows agree on every call; with mirroring off, the same ramp hands the
-// moved clients fresh windows, which proves the check can fail.
+// A population runs through the stages inside one window. No client is
+// admitted more than its limit across any switch: with mirroring on and a
+// Flush at every switch, the moved keys find their counts in the other
+// store; with mirroring off, the moved keys are served by both stores
+// (every change here is within the window, so every moved key is moving).
+// A rollout that hides its percentage turns the moving keys off: with the
+// mirror and the Flush that is still exact, and without the mirror the same
+// ramp hands the moved clients fresh windows, which proves the check can
+// fail.
 func TestStagesKeepCountsWarm(t *testing.T) {
 	stages := []int{0, 10, 50, 0, 100}
 	cases := []struct {
-		mirror        bool
+		mirror, hide  bool
 		wantOverLimit bool
 	}{
-		{mirror: true, wantOverLimit: false},
-		{mirror: false, wantOverLimit: true},
+		{mirror: true},
+		{mirror: false},
+		{mirror: true, hide: true},
+		{mirror: false, hide: true, wantOverLimit: true},
 	}
 	for _, tc := range cases {
-		t.Run(fmt.Sprint("mirror=", tc.mirror), func(t *testing.T) {
+		t.Run(fmt.Sprintf("mirror=%v,hidden=%v", tc.mirror, tc.hide), func(t *testing.T) {
 			ctx := context.Background()
 			p := throttler.Policy{Name: "api", Limit: 5, Window: time.Minute}
 			now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 			rollout := percent(t, 0)
 			rollout.SetMirror(tc.mirror)
-			m := newMigration(t, mem(t), mem(t), rollout, nil)
+			var r flags.Rollout = rollout
+			if tc.hide {
+				r = opaque{rollout}
+			}
+			m := newMigration(t, mem(t), mem(t), r, nil)
 
 			const clients = 300
 			admitted := make([]int64, clients)
@@ -141,9 +154,12 @@ func TestStagesKeepCountsWarm(t *testing.T) {
 				}
 			}
 			if tc.wantOverLimit && over == 0 {
-				t.Fatalf("without mirroring no client got a fresh window; the check cannot fail")
+				t.Fatalf("without mirroring or moving keys no client got a fresh window; the check cannot fail")
 			}
 			st := m.Stats()
+			if moved := st.Moving.Calls != 0; moved == tc.hide {
+				t.Errorf("hidden %v, yet %d moving keys' calls", tc.hide, st.Moving.Calls)
+			}
 			if !tc.mirror {
 				if st.Forward.Results+st.Reverse.Results != 0 {
 					t.Errorf("mirroring off, yet results were recorded: %+v", st)
@@ -151,9 +167,13 @@ func TestStagesKeepCountsWarm(t *testing.T) {
 				return
 			}
 			for name, s := range map[string]shadow.Stats{"forward": st.Forward, "reverse": st.Reverse} {
-				if s.Compared == 0 || s.Mismatched != 0 || s.Count(shadow.Dropped) != 0 {
+				if s.Mismatched != 0 || s.Count(shadow.Dropped) != 0 {
 					t.Errorf("%s: compared %d, mismatched %d, dropped %d", name, s.Compared, s.Mismatched, s.Count(shadow.Dropped))
 				}
+			}
+			// Every call was compared or, a moving key's, made on both stores.
+			if got := st.Forward.Compared + st.Reverse.Compared + st.Moving.Calls; got != uint64(len(stages)*clients*3) {
+				t.Errorf("%d calls compared or moving, want every one", got)
 			}
 			if st.Routed.New == 0 || st.Routed.Old == 0 {
 				t.Errorf("routing did not use both stores: %+v", st.Routed)
