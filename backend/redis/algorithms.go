@@ -26,10 +26,13 @@ import (
 // must also agree with the script on whether it wrote, or the call fails
 // with ErrUnexpectedReply. The log's entries are too many to return, so its
 // script computes the Decision itself, a Peek included (a script that
-// writes nothing, which replicas run).
+// writes nothing, which replicas run), from a running total kept in a
+// second key of the same slot (logTotalsKey), reading only the entries
+// that ended by now and the few it needs for ResetAt and RetryAfter: not
+// the whole log.
 
 var (
-	// numbersSource is the prelude the bucket and counter scripts share.
+	// numbersSource is the prelude the scripts share.
 	//go:embed scripts/numbers.lua
 	numbersSource string
 	//go:embed scripts/bucket.lua
@@ -40,7 +43,7 @@ var (
 	counterScript = goredis.NewScript(numbersSource + counterSource)
 	//go:embed scripts/log.lua
 	logSource string
-	logScript = goredis.NewScript(logSource)
+	logScript = goredis.NewScript(numbersSource + logSource)
 )
 
 // maxStored bounds a stored number's magnitude: 2^53, up to which the
@@ -150,8 +153,9 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 // Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
+	keys := []string{sk, b.logTotalsKey(sk)}
 	run := func(c Client) error {
-		return parseInts(logScript.Run(ctx, c, []string{sk},
+		return parseInts(logScript.Run(ctx, c, keys,
 			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
 	}
 	var err error

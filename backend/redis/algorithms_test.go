@@ -401,3 +401,147 @@ func TestAlgorithmPeekOnReplica(t *testing.T) {
 		t.Errorf("the replica's primary was called: %v", unused.calls)
 	}
 }
+
+// TestLogLongLogsMatchGo replays traces on sliding logs of thousands of
+// entries on a real Redis and on backend.Log, so that every path of
+// log.lua's bounded reading runs: many entries ended with no admitted Take
+// (Peeks and Takes too large to fit: the ended part, or the live part when
+// it is the smaller, read by rank), RetryAfter walked from either end over
+// many chunks, Refunds across chunks, merges behind a clock ahead, and the
+// totals key lost (a log of the previous layout), wrong, or beside members
+// that are not entries. Every Decision must be equal.
+func TestLogLongLogsMatchGo(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ms := time.Millisecond
+	policies := []throttler.Policy{
+		{Name: "big", Limit: throttler.MaxLogLimit, Window: 4000 * ms, Algorithm: throttler.SlidingLog},
+		{Name: "mid", Limit: 300, Window: 500 * ms, Algorithm: throttler.SlidingLog},
+	}
+	for _, p := range policies {
+		t.Run(p.Name, func(t *testing.T) {
+			w := p.Window.Milliseconds()
+			sk, _ := b.storageKey(p, "k")
+			totals := b.logTotalsKey(sk)
+			var log []backend.LogEntry
+			now := backendtest.T0.UnixMilli()
+			step := 0
+			call := func(op throttler.Op, cost int64) throttler.Decision {
+				t.Helper()
+				step++
+				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(now))
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				want, next, write := backend.Log(p, slices.Clone(log), op, cost, now)
+				if write {
+					log = next
+				}
+				if !sameDecision(got, want) {
+					t.Fatalf("step %d: %v %d at %d (%d entries):\n got %+v\nwant %+v", step, op, cost, now, len(log), got, want)
+				}
+				return got
+			}
+			// Fill: one unit per ms, up to the limit, with a clock that
+			// sometimes runs ahead and back (merges and entries "from
+			// the future").
+			rng := rand.New(rand.NewPCG(uint64(p.Limit), 1))
+			for i := int64(0); i < p.Limit; {
+				now++
+				if rng.IntN(20) == 0 {
+					now += 3
+					call(throttler.OpTake, 1)
+					now -= 3
+					i++
+				}
+				if rng.IntN(10) == 0 {
+					call(throttler.OpTake, 1) // the same ms again: merged
+					i++
+				}
+				call(throttler.OpTake, 1)
+				i++
+			}
+			// Peeks and Takes one unit too large, or needing a third or
+			// two thirds of the live units to end, as entries end one by
+			// one: the ended part grows with nothing admitted to drop it.
+			base := now
+			for _, frac := range []int64{0, 1, 5, 20, 33, 50, 51, 67, 90, 99, 100} {
+				now = base + (w*frac)/100
+				for range 2 {
+					d := call(throttler.OpPeek, 0)
+					for _, c := range []int64{d.Remaining + 1, d.Remaining + d.Used/3, d.Remaining + 2*d.Used/3, p.Limit} {
+						if c >= 1 && c <= p.Limit {
+							call(throttler.OpTake, c)
+						}
+					}
+					now -= w / 3 // a clock behind sees more live
+				}
+			}
+			// Random steps, with the stored state disturbed now and then.
+			now = base
+			for i := range 4000 {
+				switch r := rng.IntN(10); {
+				case r < 6:
+					now += int64(rng.IntN(3))
+				case r < 8:
+					now -= int64(rng.IntN(int(w)))
+				default:
+					now += int64(rng.IntN(int(w)))
+				}
+				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
+				cost := []int64{1, 1, 1 + rng.Int64N(p.Limit), p.Limit, 1 + rng.Int64N(40)}[rng.IntN(5)]
+				call(op, cost)
+				if i%500 == 250 {
+					var err error
+					switch i / 500 % 4 {
+					case 0:
+						err = rdb.Del(ctx, totals).Err() // the previous layout
+					case 1:
+						err = rdb.HSet(ctx, totals, "n", 1).Err()
+					case 2:
+						err = rdb.HSet(ctx, totals, "u", "x").Err()
+					case 3:
+						// Not an entry: skipped, wherever it sorts.
+						err = rdb.ZAdd(ctx, sk, goredis.Z{Score: float64(now - 1), Member: "not:an:entry"}).Err()
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// Refill after a pause, then Refunds that empty many entries.
+			now += 2 * w
+			for range 200 {
+				now++
+				call(throttler.OpTake, 1+rng.Int64N(3))
+			}
+			for _, c := range []int64{1, 17, 100, p.Limit} {
+				call(throttler.OpRefund, c)
+				call(throttler.OpPeek, 0)
+			}
+		})
+	}
+}
+
+// TestLogTotalsKey: the log's totals are in its slot (the same hash tag)
+// and under a key no (policy, key) is stored under.
+func TestLogTotalsKey(t *testing.T) {
+	b, err := NewSharded([]Shard{{Primary: &algFake{}}}, &Options{Prefix: "p:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.PerSecond(3).With(throttler.SlidingLog)
+	sk, _ := b.storageKey(p, "k{x}")
+	got := b.logTotalsKey(sk)
+	tag := sk[:len("p:")+tagLen]
+	if want := tag + "+" + sk[len(tag):]; got != want {
+		t.Fatalf("totals key %q, want %q", got, want)
+	}
+	if c := got[len(tag)]; c >= '0' && c <= '9' {
+		t.Errorf("totals key %q has a digit after its tag, as storage keys do", got)
+	}
+}

@@ -23,6 +23,13 @@ import (
 // later. The identity after the tag is length-prefixed, so distinct
 // (policy, key) pairs never share a storage key, hash collisions included;
 // Redis keys are binary safe, so the key's bytes are stored as they are.
+//
+// A sliding log keeps its totals in a second key of the same slot,
+//
+//	<prefix>{<16 hex digits>}+<len(identity)>:<identity>:<key>
+//
+// where every storage key has a digit after the tag: no (policy, key) can
+// ever be stored under it.
 
 // tagLen is the length of the hash tag, braces included.
 const tagLen = 2 + 16
@@ -61,6 +68,13 @@ func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
 	sb.WriteByte(':')
 	sb.WriteString(key)
 	return sb.String(), h
+}
+
+// logTotalsKey is the key of the totals of the sliding log stored at sk
+// (scripts/log.lua): sk with '+' after the hash tag.
+func (b *Backend) logTotalsKey(sk string) string {
+	i := len(b.prefix) + tagLen
+	return sk[:i] + "+" + sk[i:]
 }
 
 const (
