@@ -26,13 +26,11 @@ import (
 // must also agree with the script on whether it wrote, or the call fails
 // with ErrUnexpectedReply. The log's entries are too many to return, so its
 // script computes the Decision itself, a Peek included (a script that
-// writes nothing, which replicas run), from a running total kept in a
-// second key of the same slot (logTotalsKey), reading only the entries
-// that ended by now and the few it needs for ResetAt and RetryAfter: not
-// the whole log.
+// writes nothing, which replicas run), with a few O(log n) commands on a
+// sorted set of one member per unit: it never reads the whole log.
 
 var (
-	// numbersSource is the prelude the scripts share.
+	// numbersSource is the prelude the bucket and counter scripts share.
 	//go:embed scripts/numbers.lua
 	numbersSource string
 	//go:embed scripts/bucket.lua
@@ -43,7 +41,7 @@ var (
 	counterScript = goredis.NewScript(numbersSource + counterSource)
 	//go:embed scripts/log.lua
 	logSource string
-	logScript = goredis.NewScript(numbersSource + logSource)
+	logScript = goredis.NewScript(logSource)
 )
 
 // maxStored bounds a stored number's magnitude: 2^53, up to which the
@@ -79,8 +77,12 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 }
 
 // algorithmKey is the storage key of (p, key): the layout of keys.go, named
-// by backend.Identity, which holds the algorithm.
+// by backend.Identity, which holds the algorithm; a sliding log's is marked
+// (see keys.go).
 func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) {
+	if p.Algorithm == throttler.SlidingLog {
+		return b.markedKey(p, key, logMarker)
+	}
 	return b.storageKey(p, key)
 }
 
@@ -153,10 +155,10 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 // Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
-	keys := []string{sk, b.logTotalsKey(sk)}
 	run := func(c Client) error {
-		return parseInts(logScript.Run(ctx, c, keys,
-			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
+		w := p.Window.Milliseconds()
+		return parseInts(logScript.Run(ctx, c, []string{sk},
+			int(op), t, w, p.Limit, cost, b.marginMS, t-w), res[:])
 	}
 	var err error
 	if op == throttler.OpPeek {

@@ -273,7 +273,7 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
 			[]any{int64(1), int64(0), ms + 1000, int64(0)},
-			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000)}},
+			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000), ms - 1000}},
 	}
 	for _, tt := range tests {
 		f := &algFake{reply: tt.reply}
@@ -403,13 +403,12 @@ func TestAlgorithmPeekOnReplica(t *testing.T) {
 }
 
 // TestLogLongLogsMatchGo replays traces on sliding logs of thousands of
-// entries on a real Redis and on backend.Log, so that every path of
-// log.lua's bounded reading runs: many entries ended with no admitted Take
-// (Peeks and Takes too large to fit: the ended part, or the live part when
-// it is the smaller, read by rank), RetryAfter walked from either end over
-// many chunks, Refunds across chunks, merges behind a clock ahead, and the
-// totals key lost (a log of the previous layout), wrong, or beside members
-// that are not entries. Every Decision must be equal.
+// units on a real Redis and on backend.Log: logs filled by clocks running
+// ahead and back (units of one ms numbered after a later ms), Peeks and
+// Takes too large to fit while the units end one by one (RetryAfter found
+// by rank anywhere in the log), Takes of thousands of units, Refunds of
+// many, and a log of the previous layout (one member per ms) at the
+// unmarked key, which must be ignored. Every Decision must be equal.
 func TestLogLongLogsMatchGo(t *testing.T) {
 	rdb, _ := startRedis(t)
 	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: time.Hour})
@@ -425,10 +424,15 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 	for _, p := range policies {
 		t.Run(p.Name, func(t *testing.T) {
 			w := p.Window.Milliseconds()
-			sk, _ := b.storageKey(p, "k")
-			totals := b.logTotalsKey(sk)
-			var log []backend.LogEntry
 			now := backendtest.T0.UnixMilli()
+			old, _ := b.storageKey(p, "k")
+			sk, _ := b.algorithmKey(p, "k")
+			for i := range int64(50) {
+				if err := rdb.ZAdd(ctx, old, goredis.Z{Score: float64(now + i), Member: fmt.Sprintf("%d:%d", now+i, 7)}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var log []backend.LogEntry
 			step := 0
 			call := func(op throttler.Op, cost int64) throttler.Decision {
 				t.Helper()
@@ -444,30 +448,30 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 				if !sameDecision(got, want) {
 					t.Fatalf("step %d: %v %d at %d (%d entries):\n got %+v\nwant %+v", step, op, cost, now, len(log), got, want)
 				}
+				if write {
+					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake)
+				}
 				return got
 			}
-			// Fill: one unit per ms, up to the limit, with a clock that
-			// sometimes runs ahead and back (merges and entries "from
-			// the future").
+			// Fill about a window, one unit a ms, with a clock that
+			// sometimes runs ahead and comes back, and some ms taken
+			// twice.
 			rng := rand.New(rand.NewPCG(uint64(p.Limit), 1))
-			for i := int64(0); i < p.Limit; {
+			for range w {
 				now++
 				if rng.IntN(20) == 0 {
 					now += 3
 					call(throttler.OpTake, 1)
 					now -= 3
-					i++
 				}
 				if rng.IntN(10) == 0 {
-					call(throttler.OpTake, 1) // the same ms again: merged
-					i++
+					call(throttler.OpTake, 1+rng.Int64N(3))
 				}
 				call(throttler.OpTake, 1)
-				i++
 			}
 			// Peeks and Takes one unit too large, or needing a third or
-			// two thirds of the live units to end, as entries end one by
-			// one: the ended part grows with nothing admitted to drop it.
+			// two thirds of the live units to end, as the units end one
+			// by one, from this clock and one behind it.
 			base := now
 			for _, frac := range []int64{0, 1, 5, 20, 33, 50, 51, 67, 90, 99, 100} {
 				now = base + (w*frac)/100
@@ -478,12 +482,12 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 							call(throttler.OpTake, c)
 						}
 					}
-					now -= w / 3 // a clock behind sees more live
+					now -= w / 3
 				}
 			}
-			// Random steps, with the stored state disturbed now and then.
+			// Random steps: large costs, clocks back and ahead.
 			now = base
-			for i := range 4000 {
+			for range 3000 {
 				switch r := rng.IntN(10); {
 				case r < 6:
 					now += int64(rng.IntN(3))
@@ -495,53 +499,112 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
 				cost := []int64{1, 1, 1 + rng.Int64N(p.Limit), p.Limit, 1 + rng.Int64N(40)}[rng.IntN(5)]
 				call(op, cost)
-				if i%500 == 250 {
-					var err error
-					switch i / 500 % 4 {
-					case 0:
-						err = rdb.Del(ctx, totals).Err() // the previous layout
-					case 1:
-						err = rdb.HSet(ctx, totals, "n", 1).Err()
-					case 2:
-						err = rdb.HSet(ctx, totals, "u", "x").Err()
-					case 3:
-						// Not an entry: skipped, wherever it sorts.
-						err = rdb.ZAdd(ctx, sk, goredis.Z{Score: float64(now - 1), Member: "not:an:entry"}).Err()
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
-				}
 			}
-			// Refill after a pause, then Refunds that empty many entries.
+			// After a pause: a log taken whole at one ms, refunded in
+			// parts, then refilled unit by unit.
 			now += 2 * w
+			call(throttler.OpTake, p.Limit)
+			for _, c := range []int64{1, 17, p.Limit / 2, p.Limit} {
+				call(throttler.OpRefund, c)
+				call(throttler.OpTake, 2)
+			}
 			for range 200 {
 				now++
 				call(throttler.OpTake, 1+rng.Int64N(3))
 			}
-			for _, c := range []int64{1, 17, 100, p.Limit} {
-				call(throttler.OpRefund, c)
-				call(throttler.OpPeek, 0)
+			call(throttler.OpRefund, p.Limit)
+			call(throttler.OpPeek, 0)
+			if n, err := rdb.ZCard(ctx, old).Result(); err != nil || n != 50 {
+				t.Errorf("the log of the previous layout: %d members, %v; want it untouched", n, err)
 			}
 		})
 	}
 }
 
-// TestLogTotalsKey: the log's totals are in its slot (the same hash tag)
-// and under a key no (policy, key) is stored under.
-func TestLogTotalsKey(t *testing.T) {
+// checkLogState checks a log after a write at t: after a take, no unit
+// that ended by t is stored, and the key expires when the newest unit ends
+// plus the margin, a duration from t; after a refund, it still expires.
+func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool) {
+	t.Helper()
+	ctx := context.Background()
+	top, err := rdb.ZRevRangeWithScores(ctx, sk, 0, 0).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(top) == 0 {
+		return // a refund emptied the log: the key went with its last member
+	}
+	ttl := rdb.PTTL(ctx, sk).Val()
+	if ttl <= 0 {
+		t.Fatalf("PTTL %v: no expiry", ttl)
+	}
+	if !took {
+		return
+	}
+	if n := rdb.ZCount(ctx, sk, "-inf", strconv.FormatInt(now-w, 10)).Val(); n != 0 {
+		t.Errorf("%d units that ended by %d still stored after a take", n, now)
+	}
+	// The server's clock moves while the test runs: allow it 250 ms.
+	want := time.Duration(int64(top[0].Score)+w-now+margin) * time.Millisecond
+	if ttl > want || ttl < want-250*time.Millisecond {
+		t.Errorf("PTTL %v after a take at %d, want %v", ttl, now, want)
+	}
+}
+
+// TestLogExpiry pins the sliding log's expiry after a take: a duration from
+// the caller's now to the newest unit's end plus the margin, so a clock
+// behind sets a longer one.
+func TestLogExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}
+	sk, _ := b.algorithmKey(p, "k")
+	s, ms := time.Second, time.Millisecond
+	for _, step := range []struct {
+		at, want time.Duration // the take's now from T0, the PTTL after it
+	}{
+		{0, 6 * s},              // the newest unit ends at T0+4s
+		{1500 * ms, 6 * s},      // at T0+5.5s
+		{-2000 * ms, 9500 * ms}, // a clock behind: still T0+5.5s
+		{3000 * ms, 6 * s},      // T0+7s
+		{2999 * ms, 6*s + 1*ms}, // behind by 1 ms
+		{10000 * ms, 6 * s},     // all ended: only the new unit
+	} {
+		if _, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The server's clock moves while the test runs: allow it 250 ms.
+		if ttl > step.want || ttl < step.want-250*ms {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
+// TestLogKey: a sliding log's key is its storage key with '+' after the
+// tag (same slot and shard), which no other key has there.
+func TestLogKey(t *testing.T) {
 	b, err := NewSharded([]Shard{{Primary: &algFake{}}}, &Options{Prefix: "p:"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := throttler.PerSecond(3).With(throttler.SlidingLog)
-	sk, _ := b.storageKey(p, "k{x}")
-	got := b.logTotalsKey(sk)
-	tag := sk[:len("p:")+tagLen]
-	if want := tag + "+" + sk[len(tag):]; got != want {
-		t.Fatalf("totals key %q, want %q", got, want)
+	plain, h := b.storageKey(p, "k{x}")
+	got, gotH := b.algorithmKey(p, "k{x}")
+	tag := plain[:len("p:")+tagLen]
+	if want := tag + "+" + plain[len(tag):]; got != want || gotH != h {
+		t.Fatalf("log key %q (hash %x), want %q (hash %x)", got, gotH, want, h)
 	}
-	if c := got[len(tag)]; c >= '0' && c <= '9' {
-		t.Errorf("totals key %q has a digit after its tag, as storage keys do", got)
+	for _, q := range []throttler.Policy{throttler.PerSecond(3), p.With(throttler.TokenBucket), p.With(throttler.SlidingWindow)} {
+		if k, _ := b.algorithmKey(q, "k{x}"); k[len(tag)] < '0' || k[len(tag)] > '9' {
+			t.Errorf("%v: key %q has no digit after its tag", q.Algorithm, k)
+		}
 	}
 }

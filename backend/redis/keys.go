@@ -24,12 +24,14 @@ import (
 // (policy, key) pairs never share a storage key, hash collisions included;
 // Redis keys are binary safe, so the key's bytes are stored as they are.
 //
-// A sliding log keeps its totals in a second key of the same slot,
+// A sliding log (one member per unit, scripts/log.lua) is stored with '+'
+// after the tag,
 //
 //	<prefix>{<16 hex digits>}+<len(identity)>:<identity>:<key>
 //
-// where every storage key has a digit after the tag: no (policy, key) can
-// ever be stored under it.
+// because logs of the previous layout (one member per ms, never released)
+// sit at the plain key: the new script never reads them as units, they
+// expire. Every other key has a digit after the tag, so no two layouts meet.
 
 // tagLen is the length of the hash tag, braces included.
 const tagLen = 2 + 16
@@ -39,6 +41,15 @@ const tagLen = 2 + 16
 // stack and the hash is taken over the parts before the key is built
 // around it.
 func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
+	return b.markedKey(p, key, "")
+}
+
+// logMarker follows the tag in a sliding log's key.
+const logMarker = "+"
+
+// markedKey is storageKey with marker after the tag; the hash, and so the
+// shard and the Cluster slot, are storageKey's.
+func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen]byte
 	id := backend.AppendIdentity(idBuf[:0], p)
 	var lenBuf [20]byte
@@ -59,22 +70,16 @@ func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
 	}
 
 	var sb strings.Builder
-	sb.Grow(len(b.prefix) + tagLen + len(idLen) + 1 + len(id) + 1 + len(key))
+	sb.Grow(len(b.prefix) + tagLen + len(marker) + len(idLen) + 1 + len(id) + 1 + len(key))
 	sb.WriteString(b.prefix)
 	sb.Write(tag[:])
+	sb.WriteString(marker)
 	sb.Write(idLen)
 	sb.WriteByte(':')
 	sb.Write(id)
 	sb.WriteByte(':')
 	sb.WriteString(key)
 	return sb.String(), h
-}
-
-// logTotalsKey is the key of the totals of the sliding log stored at sk
-// (scripts/log.lua): sk with '+' after the hash tag.
-func (b *Backend) logTotalsKey(sk string) string {
-	i := len(b.prefix) + tagLen
-	return sk[:i] + "+" + sk[i:]
 }
 
 const (

@@ -1,6 +1,5 @@
--- numbers.lua is prepended to bucket.lua, counter.lua and log.lua
--- (backend/redis algorithms.go): the integer reading and exact division
--- they share.
+-- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
+-- algorithms.go): the integer reading and exact division they share.
 --
 -- int reads a stored field as a number only if it is a decimal integer of
 -- magnitude <= 2^53 (exact in a double); anything else reads as absent.
