@@ -217,6 +217,11 @@ func TestAlgorithmReplies(t *testing.T) {
 		{"bucket state above 2^53", throttler.OpTake, tb, []any{int64(1), int64(1), int64(1<<53 + 1), ms, int64(1000), int64(19000), ms}, throttler.Decision{}},
 		{"bucket short", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000)}, throttler.Decision{}},
 		{"bucket string", throttler.OpTake, tb, []any{int64(1), "0", int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"bucket peek", throttler.OpPeek, tb, []any{int64(0), int64(1), int64(5000), ms, int64(1000), int64(5000), ms},
+			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
+		{"bucket peek that wrote", throttler.OpPeek, tb, []any{int64(1), int64(1), int64(5000), ms, int64(1000), int64(5000), ms}, throttler.Decision{}},
+		{"counter peek", throttler.OpPeek, sw, []any{int64(0), int64(1), k, int64(4), int64(0), int64(1000), k, int64(4), int64(0)},
+			throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: time.UnixMilli((k + 1) * 1000)}},
 		{"counter take fresh", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)},
 			throttler.Decision{Allowed: true, Limit: 10, Used: 1, Remaining: 9, ResetAt: time.UnixMilli((k + 1) * 1000)}},
 		{"counter next state differs", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k + 1, int64(1), int64(0)}, throttler.Decision{}},
@@ -268,6 +273,9 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpTake,
 			[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
 			[]any{1, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000)}},
+		{throttler.PerSecond(10).WithBurst(20), throttler.OpPeek,
+			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(20000), ms},
+			[]any{2, ms, int64(1000), int64(10), int64(20), int64(0), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
 			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), ms / 1000, int64(0), int64(0)},
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000)}},
@@ -290,51 +298,76 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 	}
 }
 
-// TestAlgorithmPeekFields: a Peek of a bucket or counter is one HMGET
-// computed in Go; fields that are not integers of magnitude <= 2^53 (as
-// the scripts read them) make the state read as none.
-func TestAlgorithmPeekFields(t *testing.T) {
+// TestAlgorithmStoredValues: the bucket's and the counter's scripts read a
+// stored value as their state only if it is the decimal integers they
+// write, each of magnitude <= 2^53; anything else reads as no state, for a
+// Peek (which writes nothing) as for a Take.
+func TestAlgorithmStoredValues(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
 	at := backendtest.T0
-	ms := at.UnixMilli()
+	ms := fmt.Sprint(at.UnixMilli())
+	k := fmt.Sprint(at.UnixMilli() / 1000)
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
-	fresh := throttler.Decision{Allowed: true, Limit: 20, Remaining: 20, ResetAt: at}
+	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
 	tests := []struct {
-		name   string
-		fields []any
-		want   throttler.Decision
+		name  string
+		p     throttler.Policy
+		value string
+		state any // the state it reads as; nil: none
 	}{
-		{"stored", []any{"5000", fmt.Sprint(ms), "1000"},
-			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
-		{"empty bucket", []any{"0", fmt.Sprint(ms), "1000"},
-			throttler.Decision{Limit: 20, Used: 20, ResetAt: at.Add(2 * time.Second), RetryAfter: 100 * time.Millisecond}},
-		{"another window", []any{"0", fmt.Sprint(ms), "999"}, fresh},
-		{"absent", []any{nil, nil, nil}, fresh},
-		{"not a number", []any{"x", fmt.Sprint(ms), "1000"}, fresh},
-		{"plus sign", []any{"+0", fmt.Sprint(ms), "1000"}, fresh},
-		{"exponent", []any{"0e0", fmt.Sprint(ms), "1000"}, fresh},
-		{"above 2^53", []any{"9007199254740993", fmt.Sprint(ms), "1000"}, fresh},
-		{"17 digits", []any{"00000000000000000", fmt.Sprint(ms), "1000"}, fresh},
-		{"2^53 clamps to full", []any{"9007199254740992", fmt.Sprint(ms), "1000"}, fresh},
+		{"bucket", tb, "5000:" + ms + ":1000", backend.BucketState{Tokens: 5000, At: at.UnixMilli(), Window: 1000}},
+		{"empty bucket", tb, "0:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
+		{"negative tokens", tb, "-7:" + ms + ":1000", backend.BucketState{Tokens: -7, At: at.UnixMilli(), Window: 1000}},
+		{"2^53 tokens", tb, "9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: 1 << 53, At: at.UnixMilli(), Window: 1000}},
+		{"another window", tb, "0:" + ms + ":999", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 999}},
+		{"above 2^53", tb, "9007199254740993:" + ms + ":1000", nil},
+		{"17 digits", tb, "00000000000000000:" + ms + ":1000", nil},
+		{"plus sign", tb, "+0:" + ms + ":1000", nil},
+		{"exponent", tb, "0e0:" + ms + ":1000", nil},
+		{"two fields", tb, "0:" + ms, nil},
+		{"four fields", tb, "0:" + ms + ":1000:1", nil},
+		{"empty", tb, "", nil},
+		{"counter", sw, k + ":4:9:1000", backend.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
+		{"counter, a space", sw, k + ":4: 9:1000", nil},
+		{"counter, three fields", sw, k + ":4:1000", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &algFake{fields: tt.fields}
-			b, err := NewSharded([]Shard{{Primary: f}}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := b.Peek(context.Background(), "k", tb, at)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !sameDecision(d, tt.want) {
-				t.Errorf("got  %+v\nwant %+v", d, tt.want)
+			sk, _ := b.algorithmKey(tt.p, "k")
+			for _, op := range []throttler.Op{throttler.OpPeek, throttler.OpTake} {
+				if err := rdb.Set(ctx, sk, tt.value, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				got, err := backend.Do(ctx, b, op, "k", tt.p, 1, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var want throttler.Decision
+				switch st := tt.state.(type) {
+				case backend.CounterState:
+					want, _, _ = backend.Counter(tt.p, st, true, op, 1, at.UnixMilli())
+				case backend.BucketState:
+					want, _, _ = backend.Bucket(tt.p, st, true, op, 1, at.UnixMilli())
+				default:
+					if tt.p.Algorithm == throttler.TokenBucket {
+						want, _, _ = backend.Bucket(tt.p, backend.BucketState{}, false, op, 1, at.UnixMilli())
+					} else {
+						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, at.UnixMilli())
+					}
+				}
+				if !sameDecision(got, want) {
+					t.Errorf("%v: got  %+v\nwant %+v", op, got, want)
+				}
+				if v := rdb.Get(ctx, sk).Val(); op == throttler.OpPeek && v != tt.value {
+					t.Errorf("the peek wrote %q", v)
+				}
 			}
 		})
-	}
-	b, _ := NewSharded([]Shard{{Primary: &algFake{fields: []any{"1"}}}}, nil)
-	if _, err := b.Peek(context.Background(), "k", tb, at); !errors.Is(err, ErrUnexpectedReply) {
-		t.Errorf("short HMGET: %v, want ErrUnexpectedReply", err)
 	}
 }
 
@@ -588,23 +621,26 @@ func TestLogExpiry(t *testing.T) {
 	}
 }
 
-// TestLogKey: a sliding log's key is its storage key with '+' after the
-// tag (same slot and shard), which no other key has there.
-func TestLogKey(t *testing.T) {
+// TestAlgorithmKeys: the key of a token bucket, a sliding log or a
+// sliding-window counter is its storage key with '+' after the tag (same
+// slot and shard), which no fixed window's has there.
+func TestAlgorithmKeys(t *testing.T) {
 	b, err := NewSharded([]Shard{{Primary: &algFake{}}}, &Options{Prefix: "p:"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := throttler.PerSecond(3).With(throttler.SlidingLog)
-	plain, h := b.storageKey(p, "k{x}")
-	got, gotH := b.algorithmKey(p, "k{x}")
-	tag := plain[:len("p:")+tagLen]
-	if want := tag + "+" + plain[len(tag):]; got != want || gotH != h {
-		t.Fatalf("log key %q (hash %x), want %q (hash %x)", got, gotH, want, h)
+	fw := throttler.PerSecond(3)
+	plainFW, _ := b.storageKey(fw, "k{x}")
+	tag := len("p:") + tagLen
+	if c := plainFW[tag]; c < '0' || c > '9' {
+		t.Errorf("fixed-window key %q has no digit after its tag", plainFW)
 	}
-	for _, q := range []throttler.Policy{throttler.PerSecond(3), p.With(throttler.TokenBucket), p.With(throttler.SlidingWindow)} {
-		if k, _ := b.algorithmKey(q, "k{x}"); k[len(tag)] < '0' || k[len(tag)] > '9' {
-			t.Errorf("%v: key %q has no digit after its tag", q.Algorithm, k)
+	for _, a := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
+		p := fw.With(a)
+		plain, h := b.storageKey(p, "k{x}")
+		got, gotH := b.algorithmKey(p, "k{x}")
+		if want := plain[:tag] + "+" + plain[tag:]; got != want || gotH != h {
+			t.Errorf("%v: key %q (hash %x), want %q (hash %x)", a, got, gotH, want, h)
 		}
 	}
 }

@@ -24,14 +24,14 @@ import (
 // (policy, key) pairs never share a storage key, hash collisions included;
 // Redis keys are binary safe, so the key's bytes are stored as they are.
 //
-// A sliding log (one member per unit, scripts/log.lua) is stored with '+'
-// after the tag,
+// The token bucket, the sliding log and the sliding-window counter are
+// stored with '+' after the tag,
 //
 //	<prefix>{<16 hex digits>}+<len(identity)>:<identity>:<key>
 //
-// because logs of the previous layout (one member per ms, never released)
-// sit at the plain key: the new script never reads them as units, they
-// expire. Every other key has a digit after the tag, so no two layouts meet.
+// because their state had another layout before they were released (hashes,
+// a member per ms): the scripts never read those as theirs, they expire.
+// Every other key has a digit after the tag, so no two layouts meet.
 
 // tagLen is the length of the hash tag, braces included.
 const tagLen = 2 + 16
@@ -44,8 +44,9 @@ func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
 	return b.markedKey(p, key, "")
 }
 
-// logMarker follows the tag in a sliding log's key.
-const logMarker = "+"
+// algorithmMarker follows the tag in the key of any algorithm but the
+// fixed window.
+const algorithmMarker = "+"
 
 // markedKey is storageKey with marker after the tag; the hash, and so the
 // shard and the Cluster slot, are storageKey's.

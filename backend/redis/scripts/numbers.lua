@@ -1,19 +1,19 @@
 -- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
 -- algorithms.go): the integer reading and exact division they share.
 --
--- int reads a stored field as a number only if it is a decimal integer of
--- magnitude <= 2^53 (exact in a double); anything else reads as absent.
--- ceildiv is ceil(a / b) for a >= 0 without a float division:
--- (a - fmod(a, b)) / b is exact below 2^53.
-local function int(v)
-  if type(v) ~= 'string' then
+-- num reads a decimal integer, captured as -?%d+, as a number only if its
+-- magnitude is at most 2^53 (exact in a double); else nil, and the state
+-- that holds it reads as none. ceildiv is ceil(a / b) for a >= 0 without a
+-- float division: (a - fmod(a, b)) / b is exact below 2^53.
+local function num(x)
+  local digits = x
+  if string.byte(x, 1) == 45 then -- '-'
+    digits = string.sub(x, 2)
+  end
+  if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
     return nil
   end
-  local digits = string.match(v, '^%-?(%d+)$')
-  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
-    return nil -- not a decimal integer of magnitude <= 2^53
-  end
-  return tonumber(v)
+  return tonumber(x)
 end
 
 local function ceildiv(a, b)
