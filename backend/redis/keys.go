@@ -8,7 +8,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Key layout (docs/backends-redis.md): one hash per (policy, key),
+// Key layout (docs/backends-redis.md): one key per (policy, key), a hash for
+// a fixed window,
 //
 //	<prefix>{<16 hex digits>}<len(identity)>:<identity>:<key>
 //
