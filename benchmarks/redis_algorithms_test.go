@@ -2,32 +2,61 @@ package benchmarks
 
 import (
 	"context"
+	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-redis/redis_rate/v10"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttlekit/throttlekit/backend/redis"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// The algorithm benchmarks on Redis all pair their variants in one loop (1
+// goroutine: one call of each per iteration, timed apart) or in rounds (64
+// goroutines: each variant runs for redisBurst in turn), so that all see
+// the same machine: on a shared 2-core machine separate runs move by 2x.
+
+// redisAlgClient is a client with a pool of n connections on addr, the
+// floor script loaded.
+func redisAlgClient(b *testing.B, addr string, n int) *goredis.Client {
+	b.Helper()
+	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: n})
+	b.Cleanup(func() { _ = c.Close() })
+	if err := redisFloorScript.Load(context.Background(), c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+// fillLog takes one unit per ms from start on, n times, so that a sliding
+// log of n per n ms holds n live entries at start + n ms, when the
+// benchmark's clock starts.
+func fillLog(b *testing.B, be throttler.Backend, key string, p throttler.Policy, start time.Time, n int) {
+	b.Helper()
+	for i := range n {
+		if d, err := be.Take(context.Background(), key, p, 1, start.Add(time.Duration(i)*time.Millisecond)); err != nil || !d.Allowed {
+			b.Fatalf("fill %d: %+v, %v", i, d, err)
+		}
+	}
+}
+
 // BenchmarkRedisAlgorithmsTakePaired measures, on 1 goroutine, the latency
 // of each algorithm's Take against the one-round-trip floor (a bare
 // EVALSHA of INCRBY+PEXPIREAT), in one loop, one call of each per
-// iteration, so that all see the same machine (see
-// BenchmarkRedisTakeLatencyPaired). The clock moves 1 ms per iteration and
-// every call is admitted: the sliding logs hold about Limit live entries,
-// 100 and 10,000 (the bound), which each Take reads. It reports each one's
-// mean (ns/call) and its ratio to the floor.
+// iteration. The clock moves 1 ms per iteration and every call is
+// admitted: the sliding logs, filled before the clock starts, hold 100 and
+// 10,000 (the bound) live entries throughout, one of which ends per call.
+// It reports each one's mean (ns/call), its ratio to the floor, and the
+// sliding-window counter's to the fixed window.
 func BenchmarkRedisAlgorithmsTakePaired(b *testing.B) {
 	addr := redisServe(b)
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 1})
-	b.Cleanup(func() { _ = c.Close() })
-	if err := redisFloorScript.Load(ctx, c).Err(); err != nil {
-		b.Fatal(err)
-	}
+	c := redisAlgClient(b, addr, 1)
 	be, err := redis.NewSharded([]redis.Shard{{Primary: c}}, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -35,16 +64,24 @@ func BenchmarkRedisAlgorithmsTakePaired(b *testing.B) {
 	limits := []struct {
 		name string
 		p    throttler.Policy
+		fill int
 	}{
-		{"fixed-window", throttler.PerSecond(1 << 40).Named("bench")},
-		{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench")},
-		{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("bench")},
-		{"sliding-log-100", throttler.Policy{Name: "bench100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}},
-		{"sliding-log-10000", throttler.Policy{Name: "bench10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}},
+		{"fixed-window", throttler.PerSecond(1 << 40).Named("bench"), 0},
+		{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench"), 0},
+		{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("bench"), 0},
+		{"sliding-log-100", throttler.Policy{Name: "bench100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}, 100},
+		{"sliding-log-10000", throttler.Policy{Name: "bench10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}, throttler.MaxLogLimit},
 	}
 	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
 	key := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, l := range limits {
+		if l.fill > 0 {
+			// Filled to end just as the clock starts: the first
+			// call drops one entry and logs one.
+			fillLog(b, be, key, l.p, start.Add(-time.Duration(l.fill)*time.Millisecond), l.fill)
+		}
+	}
+	reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
 	floor := time.Duration(0)
 	took := make([]time.Duration, len(limits))
 	n := 0
@@ -69,5 +106,260 @@ func BenchmarkRedisAlgorithmsTakePaired(b *testing.B) {
 	for i, l := range limits {
 		b.ReportMetric(float64(took[i].Nanoseconds())/float64(n), l.name+"-ns/call")
 		b.ReportMetric(float64(took[i])/float64(floor), l.name+"/floor")
+	}
+	b.ReportMetric(float64(took[2])/float64(took[0]), "sliding-window/fixed-window")
+}
+
+// sortedSetLogScript is a sliding log written the way the Circles post
+// and most sorted-set limiters write one: drop what ended, count, log the
+// request under a member of its own, set the expiry. Only admitted
+// requests are logged. It counts requests, not units.
+//
+// KEYS[1] the sorted set; ARGV: now − window (ended at or before), now,
+// limit, the request's member, expiry in ms.
+var sortedSetLogScript = goredis.NewScript(`redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[3]) then
+  return {0, n}
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return {1, n + 1}`)
+
+// sortedSetLog runs sortedSetLogScript at now for a log of limit per window.
+type sortedSetLog struct {
+	c      goredis.Scripter
+	limit  int64
+	window time.Duration
+	seq    int64
+}
+
+func (s *sortedSetLog) take(ctx context.Context, key string, now time.Time) (bool, error) {
+	s.seq++
+	ms := now.UnixMilli()
+	res, err := sortedSetLogScript.Run(ctx, s.c, []string{key},
+		ms-s.window.Milliseconds(), ms, s.limit, strconv.FormatInt(ms, 10)+"-"+strconv.FormatInt(s.seq, 10),
+		s.window.Milliseconds()+1000).Int64Slice()
+	if err != nil {
+		return false, err
+	}
+	return res[0] == 1, nil
+}
+
+// takeMulti is the same as take in one MULTI/EXEC, as the post sends it:
+// a transaction cannot branch, so the request is logged before the count
+// (and a denied one removed after, not needed here: every call is
+// admitted).
+func (s *sortedSetLog) takeMulti(ctx context.Context, c *goredis.Client, key string, now time.Time) (bool, error) {
+	s.seq++
+	ms := now.UnixMilli()
+	var card *goredis.IntCmd
+	_, err := c.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+		p.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(ms-s.window.Milliseconds(), 10))
+		card = p.ZCard(ctx, key)
+		p.ZAdd(ctx, key, goredis.Z{Score: float64(ms), Member: strconv.FormatInt(ms, 10) + "-" + strconv.FormatInt(s.seq, 10)})
+		p.PExpire(ctx, key, s.window+time.Second)
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	return card.Val() < s.limit, nil
+}
+
+// BenchmarkRedisSlidingLogVsSortedSet compares the sliding log's Take with
+// the usual sorted-set log (sortedSetLogScript, as a script and as a
+// MULTI) and the floor, on 1 goroutine, in one loop. Logs of N per N ms,
+// filled with N live entries before the clock starts, which moves 1 ms per
+// iteration: every call is admitted, drops one entry and logs one.
+func BenchmarkRedisSlidingLogVsSortedSet(b *testing.B) {
+	for _, entries := range []int{100, throttler.MaxLogLimit} {
+		b.Run(fmt.Sprintf("entries=%d", entries), func(b *testing.B) {
+			addr := redisServe(b)
+			ctx := context.Background()
+			c := redisAlgClient(b, addr, 1)
+			be, err := redis.NewSharded([]redis.Shard{{Primary: c}}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := sortedSetLogScript.Load(ctx, c).Err(); err != nil {
+				b.Fatal(err)
+			}
+			w := time.Duration(entries) * time.Millisecond
+			p := throttler.Policy{Name: "bench", Limit: int64(entries), Window: w, Algorithm: throttler.SlidingLog}
+			ss := &sortedSetLog{c: c, limit: int64(entries), window: w}
+			start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+			run := strconv.FormatInt(time.Now().UnixNano(), 36)
+			ours, script, multi := "ours:"+run, "zset:"+run, "multi:"+run
+			fillLog(b, be, ours, p, start.Add(-w), entries)
+			for i := range entries {
+				at := start.Add(-w + time.Duration(i)*time.Millisecond)
+				if ok, err := ss.take(ctx, script, at); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				if ok, err := ss.takeMulti(ctx, c, multi, at); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+			}
+			reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
+			var floor, take, zs, zm time.Duration
+			n := 0
+			for b.Loop() {
+				now := start.Add(time.Duration(n) * time.Millisecond)
+				n++
+				t0 := time.Now()
+				if err := redisFloorScript.EvalSha(ctx, c, []string{"floor:" + run}, 1, reset).Err(); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if d, err := be.Take(ctx, ours, p, 1, now); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+				t2 := time.Now()
+				if ok, err := ss.take(ctx, script, now); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				t3 := time.Now()
+				if ok, err := ss.takeMulti(ctx, c, multi, now); err != nil || !ok {
+					b.Fatal(ok, err)
+				}
+				t4 := time.Now()
+				floor, take, zs, zm = floor+t1.Sub(t0), take+t2.Sub(t1), zs+t3.Sub(t2), zm+t4.Sub(t3)
+			}
+			nf := float64(n)
+			b.ReportMetric(float64(floor.Nanoseconds())/nf, "floor-ns/call")
+			b.ReportMetric(float64(take.Nanoseconds())/nf, "take-ns/call")
+			b.ReportMetric(float64(zs.Nanoseconds())/nf, "zset-script-ns/call")
+			b.ReportMetric(float64(zm.Nanoseconds())/nf, "zset-multi-ns/call")
+			b.ReportMetric(float64(take)/float64(floor), "take/floor")
+			b.ReportMetric(float64(take)/float64(zs), "take/zset-script")
+			b.ReportMetric(float64(take)/float64(zm), "take/zset-multi")
+		})
+	}
+}
+
+// redisBucketKeys are the keys of the "10k-keys" shape, made once.
+var redisBucketKeys = sync.OnceValue(func() []string {
+	k := make([]string, 10_000)
+	for i := range k {
+		k[i] = "client-" + strconv.Itoa(i)
+	}
+	return k
+})
+
+// BenchmarkRedisTokenBucketVsRedisRate compares the token bucket's Take
+// with redis_rate/v10's Allow (GCRA, one script), on one hot key and over
+// 10,000 keys (taken at a stride, so that consecutive calls hit different
+// keys), every call admitted, on a plain client. With 1 goroutine the
+// floor, Take and Allow alternate in one loop, timed apart; with 64, each
+// runs for redisBurst in turn, round after round (run it with
+// -benchtime=Nx: N rounds), and calls/s are counted.
+func BenchmarkRedisTokenBucketVsRedisRate(b *testing.B) {
+	addr := redisServe(b)
+	ctx := context.Background()
+	p := throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench")
+	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
+	keys := redisBucketKeys()
+	const stride = 7919 // prime, coprime with len(keys)
+	for _, shape := range []string{"hot-key", "10k-keys"} {
+		keyOf := func(prefix string, i int) string {
+			if shape == "hot-key" {
+				return prefix
+			}
+			return prefix + keys[(i*stride)%len(keys)]
+		}
+		b.Run(shape+"/goroutines=1", func(b *testing.B) {
+			c := redisAlgClient(b, addr, 1)
+			be := redisBackend(b, c, nil)
+			l := redis_rate.NewLimiter(c)
+			run := strconv.FormatInt(time.Now().UnixNano(), 36)
+			reset := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+			var floor, take, rate time.Duration
+			i := 0
+			for b.Loop() {
+				i++
+				t0 := time.Now()
+				if err := redisFloorScript.EvalSha(ctx, c, []string{keyOf("floor:"+run+":", i)}, 1, reset).Err(); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if d, err := be.Take(ctx, keyOf("tb:"+run+":", i), p, 1, t1); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+				t2 := time.Now()
+				if res, err := l.Allow(ctx, keyOf("rate:"+run+":", i), rateLimit); err != nil || res.Allowed == 0 {
+					b.Fatal(res, err)
+				}
+				t3 := time.Now()
+				floor, take, rate = floor+t1.Sub(t0), take+t2.Sub(t1), rate+t3.Sub(t2)
+			}
+			n := float64(i)
+			b.ReportMetric(float64(floor.Nanoseconds())/n, "floor-ns/call")
+			b.ReportMetric(float64(take.Nanoseconds())/n, "take-ns/call")
+			b.ReportMetric(float64(rate.Nanoseconds())/n, "redis_rate-ns/call")
+			b.ReportMetric(float64(take)/float64(floor), "take/floor")
+			b.ReportMetric(float64(take)/float64(rate), "take/redis_rate")
+		})
+		b.Run(shape+"/goroutines=64", func(b *testing.B) {
+			const goroutines = 64
+			c := redisAlgClient(b, addr, goroutines)
+			be := redisBackend(b, c, nil)
+			l := redis_rate.NewLimiter(c)
+			run := strconv.FormatInt(time.Now().UnixNano(), 36)
+			variants := []struct {
+				name string
+				f    func(key string) error
+			}{
+				{"take", func(key string) error {
+					d, err := be.Take(ctx, key, p, 1, time.Now())
+					if err == nil && !d.Allowed {
+						err = fmt.Errorf("denied: %+v", d)
+					}
+					return err
+				}},
+				{"redis_rate", func(key string) error {
+					res, err := l.Allow(ctx, key, rateLimit)
+					if err == nil && res.Allowed == 0 {
+						err = fmt.Errorf("denied: %+v", res)
+					}
+					return err
+				}},
+			}
+			calls := make([]int64, len(variants))
+			var elapsed time.Duration
+			for b.Loop() {
+				for vi, v := range variants {
+					var n atomic.Int64
+					var wg sync.WaitGroup
+					stop := make(chan struct{})
+					for g := range goroutines {
+						wg.Go(func() {
+							prefix := v.name + ":" + run + ":"
+							for i := g; ; i += goroutines {
+								select {
+								case <-stop:
+									return
+								default:
+								}
+								if err := v.f(keyOf(prefix, i)); err != nil {
+									b.Error(err)
+									return
+								}
+								n.Add(1)
+							}
+						})
+					}
+					time.Sleep(redisBurst)
+					close(stop)
+					wg.Wait()
+					calls[vi] += n.Load()
+				}
+				elapsed += redisBurst
+			}
+			take, rate := float64(calls[0])/elapsed.Seconds(), float64(calls[1])/elapsed.Seconds()
+			b.ReportMetric(take, "take-calls/s")
+			b.ReportMetric(rate, "redis_rate-calls/s")
+			b.ReportMetric(take/rate, "take/redis_rate")
+		})
 	}
 }
