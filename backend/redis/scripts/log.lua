@@ -26,12 +26,11 @@
 --
 -- One member per unit keeps every call to a few O(log n) commands
 -- whatever the clocks, where a member per ms would need its units summed:
--- Used is a ZCOUNT of the live scores (Redis counts by rank in a large set
--- and walks a small one, of at most 128 members); ResetAt is the newest
+-- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund pops the newest members; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is five commands. backend.Log's
+-- own, wherever its ms falls. A steady take is six commands. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -46,10 +45,18 @@ local function newest()
   return m[1], tonumber(m[2])
 end
 
+-- Used: the members after t - w, counted as all of them less those at or
+-- before it, which Redis walks from the oldest in a small set (a listpack,
+-- at most 128 members), where a ZCOUNT up to +inf would walk them all.
 local top, at = newest()
-local used = 0
-if top ~= nil and at > t - w then
-  used = redis.call('ZCOUNT', log, '(' .. ARGV[7], '+inf')
+local used, ended = 0, 0
+if top ~= nil then
+  if at > t - w then
+    ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
+    used = redis.call('ZCARD', log) - ended
+  else
+    ended = 1 -- all of them: the newest has
+  end
 end
 
 local want, allowed = 1, 0
@@ -57,7 +64,7 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if top ~= nil then
+    if ended > 0 then
       redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
     -- Number the units after those of this ms already logged: the last of
