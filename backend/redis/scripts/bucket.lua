@@ -23,10 +23,10 @@
 -- One string, read with GET and written with SET PX, keeps a call to two
 -- commands. Numbers are Lua doubles, exact to 2^53: policy validation
 -- bounds capacity * w by 2^53, every product is formed only below that
--- bound, divisions are exact (a - fmod(a, b)) / b, and stored numbers are
--- written with %.0f. Expiry is a duration, for cleanup only: until the
+-- bound, divisions are exact (a - fmod(a, b)) / b, and numbers are
+-- written with str. Expiry is a duration, for cleanup only: until the
 -- bucket is full again, plus the margin.
--- num and ceildiv come from numbers.lua, prepended when the script is built.
+-- num, str and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cap, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -73,8 +73,7 @@ end
 
 if wrote == 1 then
   local ends = t0 + ceildiv(full - s, limit)
-  redis.call('SET', KEYS[1], string.format('%.0f:%.0f:', s, t0) .. ARGV[3],
-    'PX', string.format('%.0f', ends - t + tonumber(ARGV[7])))
+  redis.call('SET', KEYS[1], str(s) .. ':' .. str(t0) .. ':' .. ARGV[3], 'PX', str(ends - t + tonumber(ARGV[7])))
 end
 if stored then
   return {wrote, 1, rs, rt, rw, s, t0}

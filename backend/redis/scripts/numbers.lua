@@ -1,5 +1,6 @@
 -- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
--- algorithms.go): the integer reading and exact division they share.
+-- algorithms.go): the integer reading, writing and exact division they
+-- share.
 --
 -- num reads a decimal integer, captured as -?%d+, as a number only if its
 -- magnitude is at most 2^53 (exact in a double); else nil, and the state
@@ -14,6 +15,15 @@ local function num(x)
     return nil
   end
   return tonumber(x)
+end
+
+-- str writes an integer-valued number exactly: Lua's own conversion
+-- (%.14g) does so below 10^14, and %.0f, slower, above.
+local function str(n)
+  if n < 1e14 and n > -1e14 then
+    return n
+  end
+  return string.format('%.0f', n)
 end
 
 local function ceildiv(a, b)
