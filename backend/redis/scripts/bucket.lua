@@ -45,7 +45,12 @@ local live = stored and rw == w -- a state of another window reads as none
 
 local s, t0 = full, t
 if live then
-  s, t0 = math.min(math.max(rs, 0), full), rt
+  s, t0 = rs, rt
+  if s < 0 then
+    s = 0
+  elseif s > full then
+    s = full
+  end
 end
 if t > t0 then
   local deficit = full - s

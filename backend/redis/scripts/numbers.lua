@@ -7,6 +7,9 @@
 -- that holds it reads as none. ceildiv is ceil(a / b) for a >= 0 without a
 -- float division: (a - fmod(a, b)) / b is exact below 2^53.
 local function num(x)
+  if #x < 16 then
+    return tonumber(x) -- below 10^15 in magnitude
+  end
   local digits = x
   if string.byte(x, 1) == 45 then -- '-'
     digits = string.sub(x, 2)
