@@ -31,6 +31,16 @@
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 
+-- clamp reads a stored count: above a lowered limit, it is the limit.
+local function clamp(n, limit)
+  if n < 0 then
+    return 0
+  elseif n > limit then
+    return limit
+  end
+  return n
+end
+
 local rk, rc, rp, rw
 local v = redis.call('GET', KEYS[1])
 if v then
@@ -53,9 +63,9 @@ if live then
     k, e = rk, 0
   end
   if k == rk then
-    curr, prev = math.min(math.max(rc, 0), limit), math.min(math.max(rp, 0), limit)
+    curr, prev = clamp(rc, limit), clamp(rp, limit)
   elseif k == rk + 1 then
-    prev = math.min(math.max(rc, 0), limit)
+    prev = clamp(rc, limit)
   end
 end
 
