@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,37 +138,15 @@ func BenchmarkMemcachedAlgorithmContention(b *testing.B) {
 					b.Fatal(err)
 				}
 				var clock atomic.Int64
-				var takes, floors, contended atomic.Int64
-				burst := func(f func(g int) error, calls *atomic.Int64) {
-					var wg sync.WaitGroup
-					stop := make(chan struct{})
-					for g := range goroutines {
-						wg.Go(func() {
-							for {
-								select {
-								case <-stop:
-									return
-								default:
-								}
-								if err := f(g); err != nil {
-									b.Error(err)
-									return
-								}
-								calls.Add(1)
-							}
-						})
-					}
-					time.Sleep(memcachedBurst)
-					close(stop)
-					wg.Wait()
-				}
+				var takes, floors int64
+				var contended atomic.Int64
 				var elapsed time.Duration
 				for b.Loop() {
-					burst(func(g int) error {
+					floors += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
 						_, err := counters[g%clients].Increment(floorKey, 1)
 						return err
-					}, &floors)
-					burst(func(g int) error {
+					})
+					takes += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
 						now := base.Add(time.Duration(clock.Add(1)) * alg.step)
 						d, err := backends[g%clients].Take(ctx, key, alg.p, 1, now)
 						for errors.Is(err, memcached.ErrContention) {
@@ -182,17 +159,17 @@ func BenchmarkMemcachedAlgorithmContention(b *testing.B) {
 							err = fmt.Errorf("denied: %+v", d)
 						}
 						return err
-					}, &takes)
+					})
 					elapsed += memcachedBurst
 				}
 				var lost int64
 				for _, c := range counters {
 					lost += c.lost.Load()
 				}
-				n := float64(takes.Load())
+				n := float64(takes)
 				b.ReportMetric(n/elapsed.Seconds(), "takes/s")
-				b.ReportMetric(float64(floors.Load())/elapsed.Seconds(), "floor-calls/s")
-				b.ReportMetric(n/float64(floors.Load()), "takes/floor")
+				b.ReportMetric(float64(floors)/elapsed.Seconds(), "floor-calls/s")
+				b.ReportMetric(n/float64(floors), "takes/floor")
 				b.ReportMetric(float64(lost)/n, "retries/take")
 				b.ReportMetric(float64(contended.Load())/n, "contention-errors/take")
 			})

@@ -47,14 +47,30 @@ func fillLog(b *testing.B, be throttler.Backend, key string, p throttler.Policy,
 	}
 }
 
+// redisAlgorithmTakes are the policies of the Redis algorithm benchmarks:
+// every Take admitted, the logs filled with fill live entries (one per
+// ms) before the clock starts.
+var redisAlgorithmTakes = []struct {
+	name string
+	p    throttler.Policy
+	fill int
+}{
+	{"fixed-window", throttler.PerSecond(1 << 40).Named("bench"), 0},
+	{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench"), 0},
+	{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("bench"), 0},
+	{"sliding-log-100", throttler.Policy{Name: "bench100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}, 100},
+	{"sliding-log-10000", throttler.Policy{Name: "bench10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}, throttler.MaxLogLimit},
+}
+
 // BenchmarkRedisAlgorithmsTakePaired measures, on 1 goroutine, the latency
 // of each algorithm's Take against the one-round-trip floor (a bare
 // EVALSHA of INCRBY+PEXPIREAT), in one loop, one call of each per
 // iteration. The clock moves 1 ms per iteration and every call is
 // admitted: the sliding logs, filled before the clock starts, hold 100 and
 // 10,000 (the bound) live entries throughout, one of which ends per call.
-// The algorithms take turns at coming first after the floor. It reports each one's mean (ns/call), its ratio to the floor, and the
-// sliding-window counter's to the fixed window.
+// The algorithms take turns at coming first after the floor. It reports
+// each one's mean (ns/call), its ratio to the floor, and the sliding-window
+// counter's to the fixed window.
 func BenchmarkRedisAlgorithmsTakePaired(b *testing.B) {
 	addr := redisServe(b)
 	ctx := context.Background()
@@ -63,17 +79,7 @@ func BenchmarkRedisAlgorithmsTakePaired(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	limits := []struct {
-		name string
-		p    throttler.Policy
-		fill int
-	}{
-		{"fixed-window", throttler.PerSecond(1 << 40).Named("bench"), 0},
-		{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench"), 0},
-		{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("bench"), 0},
-		{"sliding-log-100", throttler.Policy{Name: "bench100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}, 100},
-		{"sliding-log-10000", throttler.Policy{Name: "bench10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}, throttler.MaxLogLimit},
-	}
+	limits := redisAlgorithmTakes
 	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	key := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for _, l := range limits {
@@ -356,30 +362,10 @@ func BenchmarkRedisTokenBucketVsRedisRate(b *testing.B) {
 			var elapsed time.Duration
 			for b.Loop() {
 				for vi, v := range variants {
-					var n atomic.Int64
-					var wg sync.WaitGroup
-					stop := make(chan struct{})
-					for g := range goroutines {
-						wg.Go(func() {
-							prefix := v.name + ":" + run + ":"
-							for i := g; ; i += goroutines {
-								select {
-								case <-stop:
-									return
-								default:
-								}
-								if err := v.f(keyOf(prefix, i)); err != nil {
-									b.Error(err)
-									return
-								}
-								n.Add(1)
-							}
-						})
-					}
-					time.Sleep(redisBurst)
-					close(stop)
-					wg.Wait()
-					calls[vi] += n.Load()
+					prefix := v.name + ":" + run + ":"
+					calls[vi] += burst(b, goroutines, redisBurst, func(g, i int) error {
+						return v.f(keyOf(prefix, g+i*goroutines))
+					})
 				}
 				elapsed += redisBurst
 			}
@@ -437,17 +423,7 @@ func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
 			b.Fatal(ok, err)
 		}
 	}
-	policies := []struct {
-		name string
-		p    throttler.Policy
-		fill int
-	}{
-		{"fixed-window", throttler.PerSecond(1 << 40).Named("fw"), 0},
-		{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("tb"), 0},
-		{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("sw"), 0},
-		{"sliding-log-100", throttler.Policy{Name: "sl100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}, 100},
-		{"sliding-log-10000", throttler.Policy{Name: "sl10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}, throttler.MaxLogLimit},
-	}
+	policies := redisAlgorithmTakes
 	for _, p := range policies {
 		if p.fill > 0 {
 			fillLog(b, be, p.name, p.p, start.Add(-time.Duration(p.fill)*time.Millisecond), p.fill)
@@ -517,4 +493,33 @@ func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
 		}
 		b.ReportMetric(sum/float64(len(v)), name+"-server-us")
 	}
+}
+
+// burst calls f from the given number of goroutines for d and returns how
+// many calls returned nil; f gets its goroutine's number and how many
+// calls that goroutine made before.
+func burst(b *testing.B, goroutines int, d time.Duration, f func(g, i int) error) int64 {
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := f(g, i); err != nil {
+					b.Error(err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(d)
+	close(stop)
+	wg.Wait()
+	return n.Load()
 }
