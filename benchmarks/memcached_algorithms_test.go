@@ -53,72 +53,125 @@ func (c *lostCounter) Add(it *memcache.Item) error {
 }
 
 // BenchmarkMemcachedAlgorithmTake compares an admitted Take of each
-// algorithm (gets, then cas: two round trips) with the floor, a bare
-// Increment on the same server and client, timed apart within each
-// iteration as in BenchmarkMemcachedTake. "own-key" gives each goroutine a
-// key of its own (no contention); "one-key" runs 64 goroutines on one key
-// and reports retries per admitted Take (lost cas or add).
+// algorithm (gets, then cas: two round trips) on a key of its own, one
+// goroutine, with the floor, a bare Increment on the same server and
+// client, timed apart within each iteration as in BenchmarkMemcachedTake.
 func BenchmarkMemcachedAlgorithmTake(b *testing.B) {
 	addr := memcachedServe(b)
 	for _, alg := range memcachedAlgorithms {
-		for _, shape := range []struct {
-			name       string
-			goroutines int
-			shared     bool
-		}{{"own-key/goroutines=1", 1, false}, {"one-key/goroutines=64", 64, true}} {
-			b.Run(alg.name+"/"+shape.name, func(b *testing.B) {
-				mc := memcache.New(addr)
-				mc.Timeout = 5 * time.Second
-				mc.MaxIdleConns = shape.goroutines
-				b.Cleanup(func() { _ = mc.Close() })
-				c := &lostCounter{Client: mc}
-				m, err := memcached.New(c, nil)
-				if err != nil {
+		b.Run(alg.name+"/own-key/goroutines=1", func(b *testing.B) {
+			mc := memcache.New(addr)
+			mc.Timeout = 5 * time.Second
+			b.Cleanup(func() { _ = mc.Close() })
+			m, err := memcached.New(mc, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+			ctx := context.Background()
+			run := strconv.FormatInt(time.Now().UnixNano(), 36)
+			key, floorKey := alg.name+"-"+run, "bench:floor:"+alg.name+"-"+run
+			if err := mc.Set(&memcache.Item{Key: floorKey, Value: []byte("0")}); err != nil {
+				b.Fatal(err)
+			}
+			var take, floor time.Duration
+			n := 0
+			for b.Loop() {
+				n++
+				now := base.Add(time.Duration(n) * alg.step)
+				t0 := time.Now()
+				if _, err := mc.Increment(floorKey, 1); err != nil {
 					b.Fatal(err)
 				}
+				t1 := time.Now()
+				if d, err := m.Take(ctx, key, alg.p, 1, now); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+				t2 := time.Now()
+				floor, take = floor+t1.Sub(t0), take+t2.Sub(t1)
+			}
+			b.ReportMetric(float64(take.Nanoseconds())/float64(n), "take-ns/op")
+			b.ReportMetric(float64(floor.Nanoseconds())/float64(n), "floor-ns/op")
+			b.ReportMetric(float64(take)/float64(floor), "x-floor")
+		})
+	}
+}
+
+// memcachedBurst is how long each variant runs in a round of
+// BenchmarkMemcachedAlgorithmContention.
+const memcachedBurst = 200 * time.Millisecond
+
+// BenchmarkMemcachedAlgorithmContention runs 64 goroutines on one key,
+// every Take admitted, spread over 1 or 8 Backends, each with a client of
+// its own: one Backend makes its callers of a key take turns, so its cas
+// loses only to other processes, which 8 Backends stand for. Each
+// iteration is a round in which the floor (Increment of one item by the
+// same 64 goroutines and clients) and the Takes each run for
+// memcachedBurst; run it with -benchtime=Nx (N rounds). It reports both
+// throughputs, lost cas/add rounds per admitted Take, and the Takes that
+// ran out of attempts (ErrContention) per admitted Take.
+func BenchmarkMemcachedAlgorithmContention(b *testing.B) {
+	const goroutines = 64
+	addr := memcachedServe(b)
+	for _, alg := range memcachedAlgorithms {
+		for _, clients := range []int{1, 8} {
+			b.Run(fmt.Sprintf("%s/one-key/goroutines=%d/clients=%d", alg.name, goroutines, clients), func(b *testing.B) {
 				base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 				ctx := context.Background()
-				var id, clock atomic.Int64
-				var takeNs, floorNs atomic.Int64
-				memcachedRun(b, shape.goroutines, func() func() error {
-					n := strconv.FormatInt(id.Add(1), 10)
-					key, floorKey := alg.name+"-"+n, "bench:floor:"+alg.name+"-"+n
-					if shape.shared {
-						key = alg.name + "-shared"
-					}
-					if err := mc.Set(&memcache.Item{Key: floorKey, Value: []byte("0")}); err != nil {
+				counters := make([]*lostCounter, clients)
+				backends := make([]*memcached.Backend, clients)
+				for i := range clients {
+					mc := memcache.New(addr)
+					mc.Timeout = 5 * time.Second // 64 goroutines queue on a loaded 2-core machine
+					mc.MaxIdleConns = goroutines / clients
+					b.Cleanup(func() { _ = mc.Close() })
+					counters[i] = &lostCounter{Client: mc}
+					m, err := memcached.New(counters[i], nil)
+					if err != nil {
 						b.Fatal(err)
 					}
-					var local int64
-					return func() error {
-						tick := &local
-						if shape.shared {
-							tick = new(int64)
-							*tick = clock.Add(1)
-						} else {
-							local++
+					backends[i] = m
+				}
+				run := strconv.FormatInt(time.Now().UnixNano(), 36)
+				key, floorKey := alg.name+"-"+run, "bench:floor:"+alg.name+"-"+run
+				if err := counters[0].Set(&memcache.Item{Key: floorKey, Value: []byte("0")}); err != nil {
+					b.Fatal(err)
+				}
+				var clock atomic.Int64
+				var takes, floors int64
+				var contended atomic.Int64
+				var elapsed time.Duration
+				for b.Loop() {
+					floors += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
+						_, err := counters[g%clients].Increment(floorKey, 1)
+						return err
+					})
+					takes += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
+						now := base.Add(time.Duration(clock.Add(1)) * alg.step)
+						d, err := backends[g%clients].Take(ctx, key, alg.p, 1, now)
+						for errors.Is(err, memcached.ErrContention) {
+							// Counted, and taken again: the call is
+							// not admitted until it succeeds.
+							contended.Add(1)
+							d, err = backends[g%clients].Take(ctx, key, alg.p, 1, now)
 						}
-						now := base.Add(time.Duration(*tick) * alg.step)
-						t0 := time.Now()
-						if _, err := mc.Increment(floorKey, 1); err != nil {
-							return err
-						}
-						t1 := time.Now()
-						d, err := m.Take(ctx, key, alg.p, 1, now)
-						t2 := time.Now()
 						if err == nil && !d.Allowed {
 							err = fmt.Errorf("denied: %+v", d)
 						}
-						floorNs.Add(int64(t1.Sub(t0)))
-						takeNs.Add(int64(t2.Sub(t1)))
 						return err
-					}
-				})
-				take, floor := float64(takeNs.Load())/float64(b.N), float64(floorNs.Load())/float64(b.N)
-				b.ReportMetric(take, "take-ns/op")
-				b.ReportMetric(floor, "floor-ns/op")
-				b.ReportMetric(take/floor, "x-floor")
-				b.ReportMetric(float64(c.lost.Load())/float64(b.N), "retries/take")
+					})
+					elapsed += memcachedBurst
+				}
+				var lost int64
+				for _, c := range counters {
+					lost += c.lost.Load()
+				}
+				n := float64(takes)
+				b.ReportMetric(n/elapsed.Seconds(), "takes/s")
+				b.ReportMetric(float64(floors)/elapsed.Seconds(), "floor-calls/s")
+				b.ReportMetric(n/float64(floors), "takes/floor")
+				b.ReportMetric(float64(lost)/n, "retries/take")
+				b.ReportMetric(float64(contended.Load())/n, "contention-errors/take")
 			})
 		}
 	}

@@ -14,18 +14,23 @@ import (
 
 // The token bucket, the sliding log and the sliding-window counter
 // (docs/algorithms.md): one script per algorithm, one round trip per call,
-// all of a (policy, key)'s state in the one key of the existing layout.
+// all of a (policy, key)'s state in one key, marked after its hash tag
+// (keys.go) because its layout is not the one these algorithms had before
+// they were released.
 //
-// The bucket's and the counter's scripts admit and write in Lua, and return
-// the state they read; the Decision is then computed in Go by
-// backend.Bucket or backend.Counter from that state, so it is the memory
-// backend's to the millisecond, and a Peek (HMGET on a replica) runs the
-// same function on the state it reads with the caller's now: a replica that
+// The bucket's and the counter's state is one string, read with GET and
+// written with SET PX: two commands a call. Their scripts admit and write
+// in Lua, and return the state they read; the Decision is then computed in
+// Go by backend.Bucket or backend.Counter from that state, so it is the
+// memory backend's to the millisecond. A Peek runs the same script, which
+// writes nothing then, on a replica when the shard has one, and the same
+// function on the state it returns with the caller's now: a replica that
 // lags answers as the primary did when it held that state. The Go function
-// must also agree with the script on whether it wrote, or the call fails
-// with ErrUnexpectedReply. The log's entries are too many to return, so its
-// script computes the Decision itself, a Peek included (a script that
-// writes nothing, which replicas run).
+// must also agree with the script on whether it wrote and what, or the
+// call fails with ErrUnexpectedReply. The log's entries are too many to
+// return, so its script computes the Decision itself, a Peek included,
+// with a few O(log n) commands on a sorted set of one member per unit: it
+// never reads the whole log.
 
 var (
 	// numbersSource is the prelude the bucket and counter scripts share.
@@ -44,8 +49,8 @@ var (
 
 // maxStored bounds a stored number's magnitude: 2^53, up to which the
 // scripts' doubles hold every integer (a full bucket may hold 2^53 scaled
-// tokens). A field beyond it, or not a decimal integer of at most 16
-// digits, reads as no state, in the scripts as here.
+// tokens). A state holding a number beyond it reads as none (numbers.lua),
+// so a script never returns one.
 const maxStored = 1 << 53
 
 // apply runs op under p's algorithm, which is not FixedWindow. The input
@@ -75,30 +80,19 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 }
 
 // algorithmKey is the storage key of (p, key): the layout of keys.go, named
-// by backend.Identity, which holds the algorithm.
+// by backend.Identity, which holds the algorithm, and marked (see keys.go).
 func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) {
-	return b.storageKey(p, key)
+	return b.markedKey(p, key, algorithmMarker)
 }
 
-// bucket runs op on a token bucket: bucket.lua for a Take or Refund on the
-// primary, HMGET for a Peek.
+// bucket runs op on a token bucket: bucket.lua, on the primary for a Take
+// or Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
-	var st backend.BucketState
-	var stored bool
-	if op == throttler.OpPeek {
-		var f [3]int64
-		ok, err := b.readFields(ctx, s, sk, []string{"s", "t", "w"}, f[:])
-		if err != nil {
-			return throttler.Decision{}, err
-		}
-		st, stored = backend.BucketState{Tokens: f[0], At: f[1], Window: f[2]}, ok
-		d, _, _ := backend.Bucket(p, st, stored, op, cost, t)
-		return d, nil
-	}
-	w := p.Window.Milliseconds()
 	var res [7]int64
-	err := parseInts(bucketScript.Run(ctx, s.primary, []string{sk},
-		int(op), t, w, p.Limit, p.Capacity(), cost, b.marginMS), res[:])
+	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
+		return parseInts(bucketScript.Run(ctx, c, []string{sk},
+			int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS), res[:])
+	})
 	if err != nil {
 		return throttler.Decision{}, err
 	}
@@ -106,7 +100,7 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	st = backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
+	st := backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
 	d, next, write := backend.Bucket(p, st, stored, op, cost, t)
 	if write != wrote || next.Tokens != res[5] || next.At != res[6] {
 		return throttler.Decision{}, disagree(res[:], write, next)
@@ -114,22 +108,14 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 	return d, nil
 }
 
-// counter runs op on a sliding-window counter: counter.lua for a Take or
-// Refund on the primary, HMGET for a Peek.
+// counter runs op on a sliding-window counter: counter.lua, on the primary
+// for a Take or Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
-	if op == throttler.OpPeek {
-		var f [4]int64
-		ok, err := b.readFields(ctx, s, sk, []string{"k", "c", "p", "w"}, f[:])
-		if err != nil {
-			return throttler.Decision{}, err
-		}
-		d, _, _ := backend.Counter(p, backend.CounterState{K: f[0], Curr: f[1], Prev: f[2], Window: f[3]}, ok, op, cost, t)
-		return d, nil
-	}
-	w := p.Window.Milliseconds()
 	var res [9]int64
-	err := parseInts(counterScript.Run(ctx, s.primary, []string{sk},
-		int(op), t, w, p.Limit, cost, b.marginMS), res[:])
+	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
+		return parseInts(counterScript.Run(ctx, c, []string{sk},
+			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
+	})
 	if err != nil {
 		return throttler.Decision{}, err
 	}
@@ -145,20 +131,24 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 	return d, nil
 }
 
+// run runs a script call f for op: a Peek on a replica (see read), a Take
+// or Refund on the primary.
+func (b *Backend) run(ctx context.Context, s *shard, op throttler.Op, f func(context.Context, Client) error) error {
+	if op == throttler.OpPeek {
+		return b.read(ctx, s, f)
+	}
+	return f(ctx, s.primary)
+}
+
 // log runs op on a sliding log: log.lua, on the primary for a Take or
 // Refund, on a replica (then the primary) for a Peek.
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
-	run := func(ctx context.Context, c Client) error {
+	w := p.Window.Milliseconds()
+	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
 		return parseInts(logScript.Run(ctx, c, []string{sk},
-			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
-	}
-	var err error
-	if op == throttler.OpPeek {
-		err = b.read(ctx, s, run)
-	} else {
-		err = run(ctx, s.primary)
-	}
+			int(op), t, w, p.Limit, cost, b.marginMS, t-w), res[:])
+	})
 	if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
 		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 	}
@@ -192,57 +182,4 @@ func scriptFlags(wrote, stored int64, state []int64) (bool, bool, error) {
 // Go's: a bug, surfaced as an error rather than answered.
 func disagree(reply []int64, write bool, next any) error {
 	return fmt.Errorf("%w: the script replied %v; Go writes %v, state %+v", ErrUnexpectedReply, reply, write, next)
-}
-
-// readFields reads a state's hash fields into out, on a replica when the
-// shard has one. It reports whether every field is stored as the scripts
-// read it (see maxStored); otherwise the state reads as none.
-func (b *Backend) readFields(ctx context.Context, s *shard, sk string, fields []string, out []int64) (bool, error) {
-	ok := false
-	err := b.read(ctx, s, func(ctx context.Context, c Client) error {
-		vals, err := c.HMGet(ctx, sk, fields...).Result()
-		if err != nil {
-			return err
-		}
-		if len(vals) != len(fields) {
-			return fmt.Errorf("%w: HMGET gave %d values for %d fields", ErrUnexpectedReply, len(vals), len(fields))
-		}
-		ok = true
-		for i, v := range vals {
-			str, isStr := v.(string)
-			n, good := parseStored(str)
-			out[i] = n
-			ok = ok && isStr && good
-		}
-		return nil
-	})
-	return ok, err
-}
-
-// parseStored reads a stored field as the scripts do: an optional '-' and
-// at most 16 decimal digits, at most 2^53 in magnitude.
-func parseStored(s string) (int64, bool) {
-	neg := len(s) > 0 && s[0] == '-'
-	digits := s
-	if neg {
-		digits = s[1:]
-	}
-	if len(digits) == 0 || len(digits) > 16 {
-		return 0, false
-	}
-	var n int64
-	for i := 0; i < len(digits); i++ {
-		c := digits[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0') // 16 digits fit in an int64
-	}
-	if n > maxStored {
-		return 0, false
-	}
-	if neg {
-		n = -n
-	}
-	return n, true
 }

@@ -217,6 +217,11 @@ func TestAlgorithmReplies(t *testing.T) {
 		{"bucket state above 2^53", throttler.OpTake, tb, []any{int64(1), int64(1), int64(1<<53 + 1), ms, int64(1000), int64(19000), ms}, throttler.Decision{}},
 		{"bucket short", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000)}, throttler.Decision{}},
 		{"bucket string", throttler.OpTake, tb, []any{int64(1), "0", int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"bucket peek", throttler.OpPeek, tb, []any{int64(0), int64(1), int64(5000), ms, int64(1000), int64(5000), ms},
+			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
+		{"bucket peek that wrote", throttler.OpPeek, tb, []any{int64(1), int64(1), int64(5000), ms, int64(1000), int64(5000), ms}, throttler.Decision{}},
+		{"counter peek", throttler.OpPeek, sw, []any{int64(0), int64(1), k, int64(4), int64(0), int64(1000), k, int64(4), int64(0)},
+			throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: time.UnixMilli((k + 1) * 1000)}},
 		{"counter take fresh", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)},
 			throttler.Decision{Allowed: true, Limit: 10, Used: 1, Remaining: 9, ResetAt: time.UnixMilli((k + 1) * 1000)}},
 		{"counter next state differs", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k + 1, int64(1), int64(0)}, throttler.Decision{}},
@@ -268,12 +273,15 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpTake,
 			[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
 			[]any{1, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000)}},
+		{throttler.PerSecond(10).WithBurst(20), throttler.OpPeek,
+			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(20000), ms},
+			[]any{2, ms, int64(1000), int64(10), int64(20), int64(0), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
 			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), ms / 1000, int64(0), int64(0)},
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
 			[]any{int64(1), int64(0), ms + 1000, int64(0)},
-			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000)}},
+			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000), ms - 1000}},
 	}
 	for _, tt := range tests {
 		f := &algFake{reply: tt.reply}
@@ -290,51 +298,76 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 	}
 }
 
-// TestAlgorithmPeekFields: a Peek of a bucket or counter is one HMGET
-// computed in Go; fields that are not integers of magnitude <= 2^53 (as
-// the scripts read them) make the state read as none.
-func TestAlgorithmPeekFields(t *testing.T) {
+// TestAlgorithmStoredValues: the bucket's and the counter's scripts read a
+// stored value as their state only if it is the decimal integers they
+// write, each of magnitude <= 2^53; anything else reads as no state, for a
+// Peek (which writes nothing) as for a Take.
+func TestAlgorithmStoredValues(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
 	at := backendtest.T0
-	ms := at.UnixMilli()
+	ms := fmt.Sprint(at.UnixMilli())
+	k := fmt.Sprint(at.UnixMilli() / 1000)
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
-	fresh := throttler.Decision{Allowed: true, Limit: 20, Remaining: 20, ResetAt: at}
+	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
 	tests := []struct {
-		name   string
-		fields []any
-		want   throttler.Decision
+		name  string
+		p     throttler.Policy
+		value string
+		state any // the state it reads as; nil: none
 	}{
-		{"stored", []any{"5000", fmt.Sprint(ms), "1000"},
-			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
-		{"empty bucket", []any{"0", fmt.Sprint(ms), "1000"},
-			throttler.Decision{Limit: 20, Used: 20, ResetAt: at.Add(2 * time.Second), RetryAfter: 100 * time.Millisecond}},
-		{"another window", []any{"0", fmt.Sprint(ms), "999"}, fresh},
-		{"absent", []any{nil, nil, nil}, fresh},
-		{"not a number", []any{"x", fmt.Sprint(ms), "1000"}, fresh},
-		{"plus sign", []any{"+0", fmt.Sprint(ms), "1000"}, fresh},
-		{"exponent", []any{"0e0", fmt.Sprint(ms), "1000"}, fresh},
-		{"above 2^53", []any{"9007199254740993", fmt.Sprint(ms), "1000"}, fresh},
-		{"17 digits", []any{"00000000000000000", fmt.Sprint(ms), "1000"}, fresh},
-		{"2^53 clamps to full", []any{"9007199254740992", fmt.Sprint(ms), "1000"}, fresh},
+		{"bucket", tb, "5000:" + ms + ":1000", backend.BucketState{Tokens: 5000, At: at.UnixMilli(), Window: 1000}},
+		{"empty bucket", tb, "0:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
+		{"negative tokens", tb, "-7:" + ms + ":1000", backend.BucketState{Tokens: -7, At: at.UnixMilli(), Window: 1000}},
+		{"2^53 tokens", tb, "9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: 1 << 53, At: at.UnixMilli(), Window: 1000}},
+		{"another window", tb, "0:" + ms + ":999", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 999}},
+		{"above 2^53", tb, "9007199254740993:" + ms + ":1000", nil},
+		{"17 digits", tb, "00000000000000000:" + ms + ":1000", nil},
+		{"plus sign", tb, "+0:" + ms + ":1000", nil},
+		{"exponent", tb, "0e0:" + ms + ":1000", nil},
+		{"two fields", tb, "0:" + ms, nil},
+		{"four fields", tb, "0:" + ms + ":1000:1", nil},
+		{"empty", tb, "", nil},
+		{"counter", sw, k + ":4:9:1000", backend.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
+		{"counter, a space", sw, k + ":4: 9:1000", nil},
+		{"counter, three fields", sw, k + ":4:1000", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &algFake{fields: tt.fields}
-			b, err := NewSharded([]Shard{{Primary: f}}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := b.Peek(context.Background(), "k", tb, at)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !sameDecision(d, tt.want) {
-				t.Errorf("got  %+v\nwant %+v", d, tt.want)
+			sk, _ := b.algorithmKey(tt.p, "k")
+			for _, op := range []throttler.Op{throttler.OpPeek, throttler.OpTake} {
+				if err := rdb.Set(ctx, sk, tt.value, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				got, err := backend.Do(ctx, b, op, "k", tt.p, 1, at)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var want throttler.Decision
+				switch st := tt.state.(type) {
+				case backend.CounterState:
+					want, _, _ = backend.Counter(tt.p, st, true, op, 1, at.UnixMilli())
+				case backend.BucketState:
+					want, _, _ = backend.Bucket(tt.p, st, true, op, 1, at.UnixMilli())
+				default:
+					if tt.p.Algorithm == throttler.TokenBucket {
+						want, _, _ = backend.Bucket(tt.p, backend.BucketState{}, false, op, 1, at.UnixMilli())
+					} else {
+						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, at.UnixMilli())
+					}
+				}
+				if !sameDecision(got, want) {
+					t.Errorf("%v: got  %+v\nwant %+v", op, got, want)
+				}
+				if v := rdb.Get(ctx, sk).Val(); op == throttler.OpPeek && v != tt.value {
+					t.Errorf("the peek wrote %q", v)
+				}
 			}
 		})
-	}
-	b, _ := NewSharded([]Shard{{Primary: &algFake{fields: []any{"1"}}}}, nil)
-	if _, err := b.Peek(context.Background(), "k", tb, at); !errors.Is(err, ErrUnexpectedReply) {
-		t.Errorf("short HMGET: %v, want ErrUnexpectedReply", err)
 	}
 }
 
@@ -399,5 +432,215 @@ func TestAlgorithmPeekOnReplica(t *testing.T) {
 	}
 	if len(unused.calls) != 0 {
 		t.Errorf("the replica's primary was called: %v", unused.calls)
+	}
+}
+
+// TestLogLongLogsMatchGo replays traces on sliding logs of thousands of
+// units on a real Redis and on backend.Log: logs filled by clocks running
+// ahead and back (units of one ms numbered after a later ms), Peeks and
+// Takes too large to fit while the units end one by one (RetryAfter found
+// by rank anywhere in the log), Takes of thousands of units, Refunds of
+// many, and a log of the previous layout (one member per ms) at the
+// unmarked key, which must be ignored. Every Decision must be equal.
+func TestLogLongLogsMatchGo(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ms := time.Millisecond
+	policies := []throttler.Policy{
+		{Name: "big", Limit: throttler.MaxLogLimit, Window: 4000 * ms, Algorithm: throttler.SlidingLog},
+		{Name: "mid", Limit: 300, Window: 500 * ms, Algorithm: throttler.SlidingLog},
+	}
+	for _, p := range policies {
+		t.Run(p.Name, func(t *testing.T) {
+			w := p.Window.Milliseconds()
+			now := backendtest.T0.UnixMilli()
+			old, _ := b.storageKey(p, "k")
+			sk, _ := b.algorithmKey(p, "k")
+			for i := range int64(50) {
+				if err := rdb.ZAdd(ctx, old, goredis.Z{Score: float64(now + i), Member: fmt.Sprintf("%d:%d", now+i, 7)}).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var log []backend.LogEntry
+			step := 0
+			call := func(op throttler.Op, cost int64) throttler.Decision {
+				t.Helper()
+				step++
+				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(now))
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				want, next, write := backend.Log(p, slices.Clone(log), op, cost, now)
+				if write {
+					log = next
+				}
+				if !sameDecision(got, want) {
+					t.Fatalf("step %d: %v %d at %d (%d entries):\n got %+v\nwant %+v", step, op, cost, now, len(log), got, want)
+				}
+				if write {
+					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake)
+				}
+				return got
+			}
+			// Fill about a window, one unit a ms, with a clock that
+			// sometimes runs ahead and comes back, and some ms taken
+			// twice.
+			rng := rand.New(rand.NewPCG(uint64(p.Limit), 1))
+			for range w {
+				now++
+				if rng.IntN(20) == 0 {
+					now += 3
+					call(throttler.OpTake, 1)
+					now -= 3
+				}
+				if rng.IntN(10) == 0 {
+					call(throttler.OpTake, 1+rng.Int64N(3))
+				}
+				call(throttler.OpTake, 1)
+			}
+			// Peeks and Takes one unit too large, or needing a third or
+			// two thirds of the live units to end, as the units end one
+			// by one, from this clock and one behind it.
+			base := now
+			for _, frac := range []int64{0, 1, 5, 20, 33, 50, 51, 67, 90, 99, 100} {
+				now = base + (w*frac)/100
+				for range 2 {
+					d := call(throttler.OpPeek, 0)
+					for _, c := range []int64{d.Remaining + 1, d.Remaining + d.Used/3, d.Remaining + 2*d.Used/3, p.Limit} {
+						if c >= 1 && c <= p.Limit {
+							call(throttler.OpTake, c)
+						}
+					}
+					now -= w / 3
+				}
+			}
+			// Random steps: large costs, clocks back and ahead.
+			now = base
+			for range 3000 {
+				switch r := rng.IntN(10); {
+				case r < 6:
+					now += int64(rng.IntN(3))
+				case r < 8:
+					now -= int64(rng.IntN(int(w)))
+				default:
+					now += int64(rng.IntN(int(w)))
+				}
+				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
+				cost := []int64{1, 1, 1 + rng.Int64N(p.Limit), p.Limit, 1 + rng.Int64N(40)}[rng.IntN(5)]
+				call(op, cost)
+			}
+			// After a pause: a log taken whole at one ms, refunded in
+			// parts, then refilled unit by unit.
+			now += 2 * w
+			call(throttler.OpTake, p.Limit)
+			for _, c := range []int64{1, 17, p.Limit / 2, p.Limit} {
+				call(throttler.OpRefund, c)
+				call(throttler.OpTake, 2)
+			}
+			for range 200 {
+				now++
+				call(throttler.OpTake, 1+rng.Int64N(3))
+			}
+			call(throttler.OpRefund, p.Limit)
+			call(throttler.OpPeek, 0)
+			if n, err := rdb.ZCard(ctx, old).Result(); err != nil || n != 50 {
+				t.Errorf("the log of the previous layout: %d members, %v; want it untouched", n, err)
+			}
+		})
+	}
+}
+
+// checkLogState checks a log after a write at t: after a take, no unit
+// that ended by t is stored, and the key expires when the newest unit ends
+// plus the margin, a duration from t; after a refund, it still expires.
+func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool) {
+	t.Helper()
+	ctx := context.Background()
+	top, err := rdb.ZRevRangeWithScores(ctx, sk, 0, 0).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(top) == 0 {
+		return // a refund emptied the log: the key went with its last member
+	}
+	ttl := rdb.PTTL(ctx, sk).Val()
+	if ttl <= 0 {
+		t.Fatalf("PTTL %v: no expiry", ttl)
+	}
+	if !took {
+		return
+	}
+	if n := rdb.ZCount(ctx, sk, "-inf", strconv.FormatInt(now-w, 10)).Val(); n != 0 {
+		t.Errorf("%d units that ended by %d still stored after a take", n, now)
+	}
+	// The server's clock moves while the test runs: allow it 250 ms.
+	want := time.Duration(int64(top[0].Score)+w-now+margin) * time.Millisecond
+	if ttl > want || ttl < want-250*time.Millisecond {
+		t.Errorf("PTTL %v after a take at %d, want %v", ttl, now, want)
+	}
+}
+
+// TestLogExpiry pins the sliding log's expiry after a take: a duration from
+// the caller's now to the newest unit's end plus the margin, so a clock
+// behind sets a longer one.
+func TestLogExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}
+	sk, _ := b.algorithmKey(p, "k")
+	s, ms := time.Second, time.Millisecond
+	for _, step := range []struct {
+		at, want time.Duration // the take's now from T0, the PTTL after it
+	}{
+		{0, 6 * s},              // the newest unit ends at T0+4s
+		{1500 * ms, 6 * s},      // at T0+5.5s
+		{-2000 * ms, 9500 * ms}, // a clock behind: still T0+5.5s
+		{3000 * ms, 6 * s},      // T0+7s
+		{2999 * ms, 6*s + 1*ms}, // behind by 1 ms
+		{10000 * ms, 6 * s},     // all ended: only the new unit
+	} {
+		if _, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The server's clock moves while the test runs: allow it 250 ms.
+		if ttl > step.want || ttl < step.want-250*ms {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
+// TestAlgorithmKeys: the key of a token bucket, a sliding log or a
+// sliding-window counter is its storage key with '+' after the tag (same
+// slot and shard), which no fixed window's has there.
+func TestAlgorithmKeys(t *testing.T) {
+	b, err := NewSharded([]Shard{{Primary: &algFake{}}}, &Options{Prefix: "p:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw := throttler.PerSecond(3)
+	plainFW, _ := b.storageKey(fw, "k{x}")
+	tag := len("p:") + tagLen
+	if c := plainFW[tag]; c < '0' || c > '9' {
+		t.Errorf("fixed-window key %q has no digit after its tag", plainFW)
+	}
+	for _, a := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
+		p := fw.With(a)
+		plain, h := b.storageKey(p, "k{x}")
+		got, gotH := b.algorithmKey(p, "k{x}")
+		if want := plain[:tag] + "+" + plain[tag:]; got != want || gotH != h {
+			t.Errorf("%v: key %q (hash %x), want %q (hash %x)", a, got, gotH, want, h)
+		}
 	}
 }

@@ -8,7 +8,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Key layout (docs/backends-redis.md): one hash per (policy, key),
+// Key layout (docs/backends-redis.md): one key per (policy, key), a hash for
+// a fixed window,
 //
 //	<prefix>{<16 hex digits>}<len(identity)>:<identity>:<key>
 //
@@ -23,6 +24,15 @@ import (
 // later. The identity after the tag is length-prefixed, so distinct
 // (policy, key) pairs never share a storage key, hash collisions included;
 // Redis keys are binary safe, so the key's bytes are stored as they are.
+//
+// The token bucket, the sliding log and the sliding-window counter are
+// stored with '+' after the tag,
+//
+//	<prefix>{<16 hex digits>}+<len(identity)>:<identity>:<key>
+//
+// because their state had another layout before they were released (hashes,
+// a member per ms): the scripts never read those as theirs, they expire.
+// Every other key has a digit after the tag, so no two layouts meet.
 
 // tagLen is the length of the hash tag, braces included.
 const tagLen = 2 + 16
@@ -32,6 +42,16 @@ const tagLen = 2 + 16
 // stack and the hash is taken over the parts before the key is built
 // around it.
 func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
+	return b.markedKey(p, key, "")
+}
+
+// algorithmMarker follows the tag in the key of any algorithm but the
+// fixed window.
+const algorithmMarker = "+"
+
+// markedKey is storageKey with marker after the tag; the hash, and so the
+// shard and the Cluster slot, are storageKey's.
+func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen]byte
 	id := backend.AppendIdentity(idBuf[:0], p)
 	var lenBuf [20]byte
@@ -52,9 +72,10 @@ func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
 	}
 
 	var sb strings.Builder
-	sb.Grow(len(b.prefix) + tagLen + len(idLen) + 1 + len(id) + 1 + len(key))
+	sb.Grow(len(b.prefix) + tagLen + len(marker) + len(idLen) + 1 + len(id) + 1 + len(key))
 	sb.WriteString(b.prefix)
 	sb.Write(tag[:])
+	sb.WriteString(marker)
 	sb.Write(idLen)
 	sb.WriteByte(':')
 	sb.Write(id)

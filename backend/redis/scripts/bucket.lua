@@ -1,13 +1,13 @@
--- bucket.lua takes or refunds units of the token bucket stored in KEYS[1], in
--- one atomic step, exactly as backend.Bucket (backend/algorithms.go) does.
--- It returns the state it read; the caller derives the Decision from that
--- state with backend.Bucket, the same function a Peek of a replica runs, so
--- every answer is Go's.
+-- bucket.lua takes, peeks or refunds units of the token bucket stored in
+-- KEYS[1], in one atomic step, exactly as backend.Bucket
+-- (backend/algorithms.go) does. It returns the state it read; the caller
+-- derives the Decision from that state with backend.Bucket, so every
+-- answer is Go's. A peek writes nothing, so a replica can run it.
 --
--- KEYS[1]  the bucket's hash: s = tokens scaled by the window (one token is
---          w units), t = Unix ms of the last refill, w = the window in ms
---          that scaled s
--- ARGV[1]  op: 1 take, 3 refund
+-- KEYS[1]  the bucket: a string "<s>:<t>:<w>", s = tokens scaled by the
+--          window (one token is w units), t = Unix ms of the last refill,
+--          w = the window in ms that scaled s
+-- ARGV[1]  op: 1 take, 2 peek, 3 refund
 -- ARGV[2]  now (t), Unix ms, from the application's clock
 -- ARGV[3]  the policy's window in ms (w)
 -- ARGV[4]  the policy's limit: tokens refilled per window
@@ -15,30 +15,42 @@
 -- ARGV[6]  cost (> 0, <= capacity for a take)
 -- ARGV[7]  expiry margin, ms
 --
--- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when all
--- three fields were read as integers (of magnitude <= 2^53), s, t, w are
+-- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when
+-- the value holds three decimal integers of magnitude <= 2^53, s, t, w are
 -- their values (0 otherwise), and s', t' the state after the call, which
 -- the caller checks against Go's.
 --
--- Numbers are Lua doubles, exact to 2^53: policy validation bounds
--- capacity * w by 2^53, every product is formed only below that bound,
--- divisions are exact (a - fmod(a, b)) / b, and stored numbers are written
--- with %.0f. Expiry is a duration, for cleanup only: until the bucket is
--- full again, plus the margin.
--- int and ceildiv come from numbers.lua, prepended when the script is built.
+-- One string, read with GET and written with SET PX, keeps a call to two
+-- commands. Numbers are Lua doubles, exact to 2^53: policy validation
+-- bounds capacity * w by 2^53, every product is formed only below that
+-- bound, divisions are exact (a - fmod(a, b)) / b, and numbers are
+-- written with str. Expiry is a duration, for cleanup only: until the
+-- bucket is full again, plus the margin.
+-- num, str and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cap, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local full = cap * w
 
-local v = redis.call('HMGET', KEYS[1], 's', 't', 'w')
-local rs, rt, rw = int(v[1]), int(v[2]), int(v[3])
+local rs, rt, rw
+local v = redis.call('GET', KEYS[1])
+if v then
+  local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
+  if a then
+    rs, rt, rw = num(a), num(b), num(c)
+  end
+end
 local stored = rs ~= nil and rt ~= nil and rw ~= nil
 local live = stored and rw == w -- a state of another window reads as none
 
 local s, t0 = full, t
 if live then
-  s, t0 = math.min(math.max(rs, 0), full), rt
+  s, t0 = rs, rt
+  if s < 0 then
+    s = 0
+  elseif s > full then
+    s = full
+  end
 end
 if t > t0 then
   local deficit = full - s
@@ -65,9 +77,8 @@ elseif op == 3 and live and s < full then
 end
 
 if wrote == 1 then
-  redis.call('HSET', KEYS[1], 's', string.format('%.0f', s), 't', string.format('%.0f', t0), 'w', ARGV[3])
   local ends = t0 + ceildiv(full - s, limit)
-  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ends - t + tonumber(ARGV[7])))
+  redis.call('SET', KEYS[1], str(s) .. ':' .. str(t0) .. ':' .. ARGV[3], 'PX', str(ends - t + tonumber(ARGV[7])))
 end
 if stored then
   return {wrote, 1, rs, rt, rw, s, t0}

@@ -1,13 +1,14 @@
--- counter.lua takes or refunds units of the sliding-window counter stored in
--- KEYS[1], in one atomic step, exactly as backend.Counter
+-- counter.lua takes, peeks or refunds units of the sliding-window counter
+-- stored in KEYS[1], in one atomic step, exactly as backend.Counter
 -- (backend/algorithms.go) does. It returns the state it read; the caller
--- derives the Decision from that state with backend.Counter, the same
--- function a Peek of a replica runs, so every answer is Go's.
+-- derives the Decision from that state with backend.Counter, so every
+-- answer is Go's. A peek writes nothing, so a replica can run it.
 --
--- KEYS[1]  the counter's hash: k = index of the newest window with a count
---          (window k is [k*w, (k+1)*w) in Unix ms), c = units in window k,
---          p = units in window k-1, w = the window in ms that indexed k
--- ARGV[1]  op: 1 take, 3 refund
+-- KEYS[1]  the counter: a string "<k>:<c>:<p>:<w>", k = index of the
+--          newest window with a count (window k is [k*w, (k+1)*w) in Unix
+--          ms), c = units in window k, p = units in window k-1, w = the
+--          window in ms that indexed k
+-- ARGV[1]  op: 1 take, 2 peek, 3 refund
 -- ARGV[2]  now (t), Unix ms, from the application's clock
 -- ARGV[3]  the policy's window in ms (w)
 -- ARGV[4]  the policy's limit
@@ -15,21 +16,39 @@
 -- ARGV[6]  expiry margin, ms
 --
 -- Returns {wrote (0|1), stored (0|1), k, c, p, w, k', c', p'}: stored is 1
--- when all four fields were read as integers (of magnitude <= 2^53), k, c,
--- p, w are their values (0 otherwise), and k', c', p' the state after the
+-- when the value holds four decimal integers of magnitude <= 2^53, k, c, p,
+-- w are their values (0 otherwise), and k', c', p' the state after the
 -- call, which the caller checks against Go's.
 --
--- Numbers are Lua doubles, exact to 2^53: policy validation bounds limit * w
--- by 2^53, divisions are exact (a - fmod(a, b)) / b, and stored numbers are
--- written with %.0f. Expiry is a duration, for cleanup only: until both
--- counted windows are older than the previous one, (k+2)*w, plus the margin.
--- int and ceildiv come from numbers.lua, prepended when the script is built.
+-- One string, read with GET and written with SET PX, keeps a call to two
+-- commands. Numbers are Lua doubles, exact to 2^53: policy validation
+-- bounds limit * w by 2^53, divisions are exact (a - fmod(a, b)) / b, and
+-- numbers are written with str. Expiry is a duration, for cleanup
+-- only: until both counted windows are older than the previous one,
+-- (k+2)*w, plus the margin.
+-- num, str and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 
-local v = redis.call('HMGET', KEYS[1], 'k', 'c', 'p', 'w')
-local rk, rc, rp, rw = int(v[1]), int(v[2]), int(v[3]), int(v[4])
+-- clamp reads a stored count: above a lowered limit, it is the limit.
+local function clamp(n, limit)
+  if n < 0 then
+    return 0
+  elseif n > limit then
+    return limit
+  end
+  return n
+end
+
+local rk, rc, rp, rw
+local v = redis.call('GET', KEYS[1])
+if v then
+  local a, b, c, d = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+):(%-?%d+)$')
+  if a then
+    rk, rc, rp, rw = num(a), num(b), num(c), num(d)
+  end
+end
 local stored = rk ~= nil and rc ~= nil and rp ~= nil and rw ~= nil
 local live = stored and rw == w -- a state of another window reads as none
 
@@ -44,9 +63,9 @@ if live then
     k, e = rk, 0
   end
   if k == rk then
-    curr, prev = math.min(math.max(rc, 0), limit), math.min(math.max(rp, 0), limit)
+    curr, prev = clamp(rc, limit), clamp(rp, limit)
   elseif k == rk + 1 then
-    prev = math.min(math.max(rc, 0), limit)
+    prev = clamp(rc, limit)
   end
 end
 
@@ -62,9 +81,8 @@ elseif op == 3 and live and k == rk then
 end
 
 if wrote == 1 then
-  redis.call('HSET', KEYS[1], 'k', string.format('%.0f', k), 'c', string.format('%.0f', curr),
-    'p', string.format('%.0f', prev), 'w', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], string.format('%.0f', (k + 2) * w - t + tonumber(ARGV[6])))
+  redis.call('SET', KEYS[1], str(k) .. ':' .. str(curr) .. ':' .. str(prev) .. ':' .. ARGV[3],
+    'PX', str((k + 2) * w - t + tonumber(ARGV[6])))
 end
 if stored then
   return {wrote, 1, rk, rc, rp, rw, k, curr, prev}

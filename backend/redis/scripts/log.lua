@@ -1,92 +1,109 @@
--- log.lua takes, peeks or refunds units of the sliding log stored in KEYS[1],
--- in one atomic step, exactly as backend.Log (backend/algorithms.go) does.
--- A peek writes nothing, so a replica can run it; it answers from the
--- caller's now like a take, so a replica that lags answers as the primary
--- did when it held the same entries.
+-- log.lua takes, peeks or refunds units of the sliding log stored in
+-- KEYS[1], in one atomic step, with the answers of backend.Log
+-- (backend/algorithms.go). A peek writes nothing, so a replica can run it;
+-- it answers from the caller's now like a take, so a replica that lags
+-- answers as the primary did when it held the same units.
 --
--- KEYS[1]  the log: a sorted set of one member "<at>:<units>" per ms that
---          admitted units, scored by at (Unix ms); entries of one ms merge
+-- KEYS[1]  the log: a sorted set of one member per admitted unit, scored
+--          by the Unix ms it was admitted at (at), named "<at>:<j>" with j
+--          the unit's number within its ms, 1, 2, ... in five digits (a ms
+--          holds at most the limit, 10,000, since all its units are live
+--          at that ms)
 -- ARGV[1]  op: 1 take, 2 peek, 3 refund
 -- ARGV[2]  now (t), Unix ms, from the application's clock
 -- ARGV[3]  the policy's window in ms (w)
--- ARGV[4]  the policy's limit (<= 10,000, which bounds the log)
+-- ARGV[4]  the policy's limit (<= 10,000)
 -- ARGV[5]  cost (> 0, <= limit for a take; ignored by a peek)
 -- ARGV[6]  expiry margin, ms
+-- ARGV[7]  t - w: units at or before it have ended
 --
 -- Returns {allowed (0|1), used, reset-at ms, retry-after ms}.
 --
--- An entry is live at t while t < at + w (entries from a later ms, written
--- by a clock ahead, count). Only an admitted take drops the entries that
--- ended by t. Expiry is a duration, for cleanup only: until the newest
--- entry ends, plus the margin. All numbers stay far below 2^53 and are
--- written with %.0f.
+-- A unit is live at t while t < at + w (units from a later ms, written by a
+-- clock ahead, count). Only an admitted take drops the units that ended by
+-- t. Expiry is a duration, for cleanup only: until the newest unit ends,
+-- plus the margin.
+--
+-- One member per unit keeps every call to a few O(log n) commands
+-- whatever the clocks, where a member per ms would need its units summed:
+-- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
+-- member's score; a denied call's RetryAfter is the score of the member by
+-- which enough units will have ended, found by its rank from the newest; a
+-- refund pops the newest members; a take drops the ended ones and adds its
+-- own, wherever its ms falls. A steady take is six commands. backend.Log's
+-- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
-local from = t - w -- entries at or before it have ended
+local log = KEYS[1]
 
-local members = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('(%.0f', from), '+inf')
-local ats, units, names, n, used = {}, {}, {}, 0, 0
-for _, m in ipairs(members) do
-  local a, u = string.match(m, '^(%-?%d+):(%d+)$')
-  if a ~= nil and #a <= 17 and #u <= 17 then -- anything else is not ours: skipped
-    n = n + 1
-    ats[n], units[n], names[n] = tonumber(a), tonumber(u), m
-    used = used + units[n]
+-- newest returns the newest member and its score, or nil.
+local function newest()
+  local m = redis.call('ZREVRANGE', log, 0, 0, 'WITHSCORES')
+  if m[1] == nil then
+    return nil, nil
   end
+  return m[1], tonumber(m[2])
 end
 
-local function entry(at, u)
-  return string.format('%.0f:%.0f', at, u)
+-- Used: the members after t - w, counted as all of them less those at or
+-- before it, which Redis walks from the oldest in a small set (a listpack,
+-- at most 128 members), where a ZCOUNT up to +inf would walk them all.
+local top, at = newest()
+local used, ended = 0, 0
+if top ~= nil then
+  if at > t - w then
+    ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
+    used = redis.call('ZCARD', log) - ended
+  else
+    ended = 1 -- all of them: the newest has
+  end
 end
 
 local want, allowed = 1, 0
 if op == 1 then
   want = cost
   if used + cost <= limit then
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.0f', from))
-    local i = n
-    while i > 0 and ats[i] > t do
-      i = i - 1
+    allowed = 1
+    if ended > 0 then
+      redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
-    if i > 0 and ats[i] == t then
-      redis.call('ZREM', KEYS[1], names[i])
-      units[i] = units[i] + cost
-    else
-      -- A new entry; only the newest matters below, so the arrays need
-      -- it only when it is the newest.
-      if i == n then
-        n = n + 1
-        ats[n] = t
-        units[n] = cost
-        i = n
-      else
-        i = 0
+    -- Number the units after those of this ms already logged: the last of
+    -- them sorts last among its score.
+    local j = 0
+    if at ~= nil and at >= t then
+      if at > t then
+        top = redis.call('ZREVRANGEBYSCORE', log, ARGV[2], ARGV[2], 'LIMIT', 0, 1)[1]
+      end
+      if top ~= nil then
+        j = tonumber(string.match(top, ':(%d+)$')) or 0
       end
     end
-    if i > 0 then
-      redis.call('ZADD', KEYS[1], string.format('%.0f', t), entry(t, units[i]))
+    if cost == 1 and j == 0 then
+      redis.call('ZADD', log, ARGV[2], ARGV[2] .. ':00001')
     else
-      redis.call('ZADD', KEYS[1], string.format('%.0f', t), entry(t, cost))
+      local args, n = {}, 0
+      for i = j + 1, j + cost do
+        args[n + 1], args[n + 2], n = ARGV[2], string.format('%s:%05d', ARGV[2], i), n + 2
+        if n == 2000 or i == j + cost then
+          redis.call('ZADD', log, unpack(args, 1, n))
+          n = 0
+        end
+      end
     end
     used = used + cost
-    allowed = 1
-    redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ats[n] + w - t + tonumber(ARGV[6])))
+    if at == nil or at < t then
+      at = t
+    end
+    redis.call('PEXPIRE', log, at + w - t + tonumber(ARGV[6]))
   end
 else
-  if op == 3 then
-    -- The newest entries go first, so emptied ones are always last.
+  if op == 3 and used > 0 then
+    -- The newest units go first, and only live ones (left <= used).
     local left = math.min(cost, used)
+    redis.call('ZPOPMAX', log, left)
     used = used - left
-    while left > 0 do
-      local take = math.min(left, units[n])
-      redis.call('ZREM', KEYS[1], names[n])
-      units[n] = units[n] - take
-      left = left - take
-      if units[n] == 0 then
-        n = n - 1
-      else
-        redis.call('ZADD', KEYS[1], string.format('%.0f', ats[n]), entry(ats[n], units[n]))
-      end
+    if used > 0 then
+      top, at = newest()
     end
   end
   if used + 1 <= limit then
@@ -95,19 +112,16 @@ else
 end
 
 local reset = t + w
-if n > 0 then
-  reset = ats[n] + w
+if used > 0 then
+  reset = at + w
 end
 local retry = 0
 if allowed == 0 then
-  -- The oldest live entries end first; wait for enough of them.
+  -- The oldest live units end first: wait until the unit by which enough
+  -- of them have ended, the need-th oldest live one, used - need from the
+  -- newest.
   local need = used + want - limit
-  for i = 1, n do
-    need = need - units[i]
-    if need <= 0 then
-      retry = ats[i] + w - t
-      break
-    end
-  end
+  local m = redis.call('ZREVRANGE', log, used - need, used - need, 'WITHSCORES')
+  retry = tonumber(m[2]) + w - t
 end
 return {allowed, used, reset, retry}

@@ -1,19 +1,32 @@
 -- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
--- algorithms.go): the integer reading and exact division they share.
+-- algorithms.go): the integer reading, writing and exact division they
+-- share.
 --
--- int reads a stored field as a number only if it is a decimal integer of
--- magnitude <= 2^53 (exact in a double); anything else reads as absent.
--- ceildiv is ceil(a / b) for a >= 0 without a float division:
--- (a - fmod(a, b)) / b is exact below 2^53.
-local function int(v)
-  if type(v) ~= 'string' then
+-- num reads a decimal integer, captured as -?%d+, as a number only if its
+-- magnitude is at most 2^53 (exact in a double); else nil, and the state
+-- that holds it reads as none. ceildiv is ceil(a / b) for a >= 0 without a
+-- float division: (a - fmod(a, b)) / b is exact below 2^53.
+local function num(x)
+  if #x < 16 then
+    return tonumber(x) -- below 10^15 in magnitude
+  end
+  local digits = x
+  if string.byte(x, 1) == 45 then -- '-'
+    digits = string.sub(x, 2)
+  end
+  if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
     return nil
   end
-  local digits = string.match(v, '^%-?(%d+)$')
-  if digits == nil or #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
-    return nil -- not a decimal integer of magnitude <= 2^53
+  return tonumber(x)
+end
+
+-- str writes an integer-valued number exactly: Lua's own conversion
+-- (%.14g) does so below 10^14, and %.0f, slower, above.
+local function str(n)
+  if n < 1e14 and n > -1e14 then
+    return n
   end
-  return tonumber(v)
+  return string.format('%.0f', n)
 end
 
 local function ceildiv(a, b)
