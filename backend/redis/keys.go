@@ -53,16 +53,8 @@ const algorithmMarker = "+"
 // shard and the Cluster slot, are storageKey's.
 func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen]byte
-	id := backend.AppendIdentity(idBuf[:0], p)
 	var lenBuf [20]byte
-	idLen := strconv.AppendInt(lenBuf[:0], int64(len(id)), 10)
-
-	h := fnv1aString(fnvOffset, b.prefix)
-	h = fnv1a(h, idLen)
-	h = fnv1aString(h, ":")
-	h = fnv1a(h, id)
-	h = fnv1aString(h, ":")
-	h = fmix64(fnv1aString(h, key))
+	id, idLen, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0])
 
 	var tag [tagLen]byte
 	const hexDigits = "0123456789abcdef"
@@ -82,6 +74,20 @@ func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uin
 	sb.WriteByte(':')
 	sb.WriteString(key)
 	return sb.String(), h
+}
+
+// keyHash returns the storage key's hash (which picks the shard and makes
+// the tag) without building the key, and the identity and its length as
+// appended to idBuf and lenBuf, for markedKey to build it from.
+func (b *Backend) keyHash(p throttler.Policy, key string, idBuf, lenBuf []byte) (id, idLen []byte, h uint64) {
+	id = backend.AppendIdentity(idBuf, p)
+	idLen = strconv.AppendInt(lenBuf, int64(len(id)), 10)
+	h = fnv1aString(fnvOffset, b.prefix)
+	h = fnv1a(h, idLen)
+	h = fnv1aString(h, ":")
+	h = fnv1a(h, id)
+	h = fnv1aString(h, ":")
+	return id, idLen, fmix64(fnv1aString(h, key))
 }
 
 const (

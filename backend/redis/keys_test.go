@@ -186,3 +186,23 @@ func TestJumpHashInRange(t *testing.T) {
 		}
 	}
 }
+
+// Store names a sharded key's shard from its hash alone: no allocation on
+// the Throttler's path, and the same shard the key's calls go to.
+func TestStoreAllocatesNothingAndNamesTheKeysShard(t *testing.T) {
+	b, err := NewSharded([]Shard{{Primary: &fakeClient{}}, {Primary: &fakeClient{}}, {Primary: &fakeClient{}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.PerHour(5).Named("api").With(throttler.TokenBucket)
+	for i := range 50 {
+		key := fmt.Sprint("user-", i)
+		_, h := b.algorithmKey(p, key)
+		if got, want := b.Store(key, p), b.shardFor(h).name; got != want {
+			t.Fatalf("%s: Store %q, the key's calls go to %q", key, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = b.Store("user-1", p) }); n != 0 {
+		t.Errorf("Store allocates %v times per call", n)
+	}
+}

@@ -240,7 +240,9 @@ func (b *Backend) Store(key string, p throttler.Policy) string {
 	if len(b.shards) == 1 {
 		return b.shards[0].name
 	}
-	_, h := b.storageKey(p, key)
+	var idBuf [throttler.MaxPolicyNameLen]byte
+	var lenBuf [20]byte
+	_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
 	return b.shardFor(h).name
 }
 
