@@ -11,15 +11,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/sethvargo/go-limiter/memorystore"
 	"golang.org/x/time/rate"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -215,6 +214,9 @@ func BenchmarkMemoryTake(b *testing.B) {
 // made, the inverse of throughput on the machine's cores; an iteration is
 // one round.
 func BenchmarkMemoryTakeInterleaved(b *testing.B) {
+	if !cputime.Supported {
+		b.Skip("no thread CPU clock here")
+	}
 	for _, set := range memSets {
 		seq := memSeq(set)
 		mask := len(seq) - 1
@@ -228,13 +230,13 @@ func BenchmarkMemoryTakeInterleaved(b *testing.B) {
 				var denied atomic.Bool
 				turn := func(take func(string) bool, start int) float64 {
 					const calls = 1000
-					t0 := threadCPU(b)
+					t0 := cputime.Thread()
 					for i := start; i < start+calls; i++ {
 						if !take(seq[i&mask]) {
 							denied.Store(true)
 						}
 					}
-					return float64(threadCPU(b)-t0) / calls
+					return float64(cputime.Thread()-t0) / calls
 				}
 				if g > 1 {
 					turn = func(take func(string) bool, start int) float64 {
@@ -320,14 +322,4 @@ func memMedian(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
 	return v[len(v)/2]
-}
-
-// threadCPU is the CPU time the calling thread has used, to the nanosecond
-// (CLOCK_THREAD_CPUTIME_ID; getrusage counts in scheduler ticks).
-func threadCPU(b *testing.B) time.Duration {
-	var ts syscall.Timespec
-	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3 /* CLOCK_THREAD_CPUTIME_ID */, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
-		b.Fatal(errno)
-	}
-	return time.Duration(ts.Nano())
 }

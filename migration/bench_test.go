@@ -4,11 +4,11 @@ import (
 	"context"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -30,16 +30,6 @@ func (*nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, now
 type nopLocal struct{ nop }
 
 func (*nopLocal) InProcess() bool { return true }
-
-// threadCPU is the CPU time of the calling thread: on a shared machine the
-// wall clock also counts the time other processes held the CPU.
-func threadCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkTake: the cost of a call through a Migration whose stores answer
 // at once, mirroring off. "router" is what a Migration was before moving
@@ -63,11 +53,11 @@ func BenchmarkTake(b *testing.B) {
 			ctx := context.Background()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			start := threadCPU()
+			start := cputime.Thread()
 			for i := 0; b.Loop(); i++ {
 				_, _ = be.Take(ctx, keys[i&1023], p, 1, now)
 			}
-			b.ReportMetric(float64(threadCPU()-start)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(cputime.Thread()-start)/float64(b.N), "cpu-ns/op")
 		})
 		b.Run(name+"/parallel", func(b *testing.B) {
 			b.ReportAllocs()

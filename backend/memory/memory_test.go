@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -323,6 +323,9 @@ func algorithmCases() []algorithmCase {
 // CPU time (the goroutine is locked to it), which other processes' load
 // inflates less than the wall clock.
 func BenchmarkAlgorithmsInterleaved(b *testing.B) {
+	if !cputime.Supported {
+		b.Skip("no thread CPU clock here")
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cases := algorithmCases()
@@ -335,11 +338,11 @@ func BenchmarkAlgorithmsInterleaved(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		for a, take := range takes {
-			start := threadCPU(b)
+			start := cputime.Thread()
 			for j := i; j < i+turn; j++ {
 				take(j)
 			}
-			costs[a] = append(costs[a], float64(threadCPU(b)-start)/turn)
+			costs[a] = append(costs[a], float64(cputime.Thread()-start)/turn)
 		}
 		i += turn
 	}
@@ -360,14 +363,4 @@ func median(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
 	return v[len(v)/2]
-}
-
-// threadCPU is the CPU time the calling thread has used, to the
-// nanosecond (CLOCK_THREAD_CPUTIME_ID; getrusage counts in scheduler ticks).
-func threadCPU(b *testing.B) time.Duration {
-	var ts syscall.Timespec
-	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, 3 /* CLOCK_THREAD_CPUTIME_ID */, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {
-		b.Fatal(errno)
-	}
-	return time.Duration(ts.Nano())
 }

@@ -9,10 +9,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -89,20 +89,12 @@ type ThreadCPU struct{ start time.Duration }
 func StartThreadCPU(b *testing.B) ThreadCPU {
 	runtime.LockOSThread()
 	b.Cleanup(runtime.UnlockOSThread)
-	return ThreadCPU{start: threadCPUTime()}
+	return ThreadCPU{start: cputime.Thread()}
 }
 
 // Report adds the cpu-ns/op metric.
 func (c ThreadCPU) Report(b *testing.B) {
 	if b.N > 0 {
-		b.ReportMetric(float64(threadCPUTime()-c.start)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(cputime.Thread()-c.start)/float64(b.N), "cpu-ns/op")
 	}
-}
-
-func threadCPUTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
