@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/outbound"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -31,29 +32,9 @@ var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 // world is one fake clock for the Throttlers, the Transports and the
 // remote: a Transport's sleep moves it.
-type world struct {
-	mu     sync.Mutex
-	now    time.Time
-	sleeps []time.Duration
-}
+type world = sleep.Fake
 
-func newWorld() *world { return &world{now: t0} }
-
-func (w *world) Now() time.Time { w.mu.Lock(); defer w.mu.Unlock(); return w.now }
-
-func (w *world) Sleep(ctx context.Context, d time.Duration) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.sleeps = append(w.sleeps, d)
-	w.now = w.now.Add(d)
-	return ctx.Err()
-}
-
-func (w *world) Sleeps() []time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.sleeps)
-}
+func newWorld() *world { return sleep.NewFake(t0) }
 
 func noJitter(time.Duration) time.Duration { return 0 }
 
@@ -663,14 +644,7 @@ func TestDeadlinesAndCancellation(t *testing.T) {
 	sleeping := make(chan struct{}, 1)
 	outbound.SetWorld(tr, nil, func(ctx context.Context, d time.Duration) error {
 		sleeping <- struct{}{}
-		timer := time.NewTimer(d)
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return sleep.Context(ctx, d)
 	}, nil)
 	req, err := http.NewRequest(http.MethodGet, "https://gateway.example/", nil)
 	require.NoError(t, err)

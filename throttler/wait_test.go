@@ -16,6 +16,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -24,36 +25,11 @@ import (
 // clock never passes in real time.
 var waitT0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
-// waitFakeWorld is one fake clock for a Throttler and for Wait: a sleep moves
-// it, so a Wait runs at fixed instants without sleeping.
-type waitFakeWorld struct {
-	mu     sync.Mutex
-	now    time.Time
-	sleeps []time.Duration
-}
-
-func (w *waitFakeWorld) Now() time.Time { w.mu.Lock(); defer w.mu.Unlock(); return w.now }
-
-func (w *waitFakeWorld) Add(d time.Duration) { w.mu.Lock(); w.now = w.now.Add(d); w.mu.Unlock() }
-
-func (w *waitFakeWorld) Sleep(ctx context.Context, d time.Duration) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.sleeps = append(w.sleeps, d)
-	w.now = w.now.Add(d)
-	return ctx.Err()
-}
-
-func (w *waitFakeWorld) Sleeps() []time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.sleeps)
-}
-
-// newWaitFakeWorld installs a fake world at waitT0 for the test, with the given
+// newWaitFakeWorld installs a fake clock that sleeping moves (one for a
+// Throttler and for Wait) at waitT0 for the test, with the given
 // jitter (nil: none).
-func newWaitFakeWorld(t *testing.T, jitter func(time.Duration) time.Duration) *waitFakeWorld {
-	w := &waitFakeWorld{now: waitT0}
+func newWaitFakeWorld(t *testing.T, jitter func(time.Duration) time.Duration) *sleep.Fake {
+	w := sleep.NewFake(waitT0)
 	if jitter == nil {
 		jitter = func(time.Duration) time.Duration { return 0 }
 	}
@@ -399,7 +375,7 @@ func TestWaitOnANilThrottlerIsAnError(t *testing.T) {
 // waitGated is a fake clock whose sleeps block until the test wakes them,
 // one at a time: the test sees who sleeps, and when.
 type waitGated struct {
-	waitFakeWorld
+	*sleep.Fake
 	asleep         chan time.Duration
 	wake           chan struct{}
 	sleeping, most atomic.Int32
@@ -413,7 +389,7 @@ func (g *waitGated) Sleep(ctx context.Context, d time.Duration) error {
 	g.asleep <- d
 	select {
 	case <-g.wake:
-		return g.waitFakeWorld.Sleep(ctx, d)
+		return g.Fake.Sleep(ctx, d)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -435,7 +411,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // each is admitted in its own window, in turn.
 func TestWaitersOfAKeyQueue(t *testing.T) {
 	const waiters = 8
-	g := &waitGated{waitFakeWorld: waitFakeWorld{now: waitT0}, asleep: make(chan time.Duration), wake: make(chan struct{})}
+	g := &waitGated{Fake: sleep.NewFake(waitT0), asleep: make(chan time.Duration), wake: make(chan struct{})}
 	throttler.SetWaitWorld(t, g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 })
 	store := &waitTakeCounter{Backend: waitMemory(t)}
 	th := waitThrottler(t, store, &throttler.Options{Clock: g.Now})
