@@ -740,19 +740,23 @@ func TestAgainstThrottlekitsMiddleware(t *testing.T) {
 // through Throttler.Wait, so calls beyond the policy go out a window
 // later, not as errors.
 func TestWaitingForCapacity(t *testing.T) {
-	th, err := throttler.New(mustMemory(t), nil)
+	p := throttler.Policy{Limit: 2, Window: 30 * time.Millisecond, Algorithm: throttler.SlidingLog}
+	// The instants the limiter admitted each call at: an admitted Take's
+	// entry is the log's newest, so it is its ResetAt less the Window. They,
+	// not the instants the calls reached the transport below (which add
+	// each call's own scheduling delay), are what the limit orders.
+	var admitted []time.Time
+	var mu sync.Mutex
+	th, err := throttler.New(mustMemory(t), &throttler.Options{Observe: func(o throttler.Observation) {
+		if o.Op == throttler.OpTake && o.Policy == p && o.Decision.Allowed {
+			mu.Lock()
+			admitted = append(admitted, o.Decision.ResetAt.Add(-p.Window))
+			mu.Unlock()
+		}
+	}})
 	require.NoError(t, err)
 	r := &remote{w: &world{}}
-	var sent []time.Time
-	var mu sync.Mutex
-	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		mu.Lock()
-		sent = append(sent, time.Now())
-		mu.Unlock()
-		return r.RoundTrip(req)
-	})
-	p := throttler.Policy{Limit: 2, Window: 30 * time.Millisecond, Algorithm: throttler.SlidingLog}
-	tr, err := outbound.New(th, &outbound.Options{Policy: p, Base: base})
+	tr, err := outbound.New(th, &outbound.Options{Policy: p, Base: r})
 	require.NoError(t, err)
 	client := &http.Client{Transport: tr}
 	for range 4 {
@@ -760,15 +764,12 @@ func TestWaitingForCapacity(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 	}
-	require.Len(t, sent, 4)
+	require.Len(t, r.Calls(), 4, "every call was sent")
+	require.Len(t, admitted, 4)
 	// The third may leave only when the first has left the window.
-	assert.GreaterOrEqual(t, sent[2].Sub(sent[0]), p.Window)
-	assert.GreaterOrEqual(t, sent[3].Sub(sent[1]), p.Window)
+	assert.GreaterOrEqual(t, admitted[2].Sub(admitted[0]), p.Window)
+	assert.GreaterOrEqual(t, admitted[3].Sub(admitted[1]), p.Window)
 }
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // TestPauseJitter: the fleet wakes from a pause spread over up to a tenth
 // of it (at most 100ms), never earlier, and never past half the time left
