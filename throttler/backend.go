@@ -44,14 +44,18 @@ const (
 	OpTake Op = iota + 1
 	OpPeek
 	OpRefund
+	// OpAcquire and OpRelease are a LeaseBackend's operations.
+	OpAcquire
+	OpRelease
 )
 
-var opNames = [...]string{OpTake: "take", OpPeek: "peek", OpRefund: "refund"}
+var opNames = [...]string{OpTake: "take", OpPeek: "peek", OpRefund: "refund", OpAcquire: "acquire", OpRelease: "release"}
 
 // Valid reports whether op names an operation.
 func (op Op) Valid() bool { return op >= OpTake && int(op) < len(opNames) }
 
-// String returns "take", "peek" or "refund", and "Op(n)" for anything else.
+// String returns "take", "peek", "refund", "acquire" or "release", and
+// "Op(n)" for anything else.
 func (op Op) String() string {
 	if op.Valid() {
 		return opNames[op]

@@ -42,11 +42,14 @@ func (s Source) String() string {
 
 // Observation describes one Throttler call, for metrics and alerts.
 type Observation struct {
-	Op       Op
-	Key      string
-	Policy   Policy
-	Cost     int64
-	Decision Decision
+	Op  Op
+	Key string
+	// Policy is the rate policy of OpTake, OpPeek and OpRefund; Concurrency
+	// the concurrency policy of OpAcquire and OpRelease.
+	Policy      Policy
+	Concurrency ConcurrencyPolicy
+	Cost        int64
+	Decision    Decision
 	// Err is the primary backend's failure, reported even when the call was
 	// answered by the fallback or failed open, so that it can raise an alert.
 	Err error

@@ -1,0 +1,218 @@
+package throttler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Concurrency limits (Stripe's concurrent-requests limiter): a key may hold
+// at most Limit leases at once. A request acquires a lease when it starts
+// and releases it when it ends; a lease never released (a crashed process, a
+// lost connection) stops counting TTL after it was acquired, so capacity
+// never leaks for good.
+//
+// The lease contract, checked by backendtest, pinned to the millisecond so
+// that two stores compared by a shadow answer alike (now and every expiry
+// are whole Unix milliseconds, now truncated):
+//   - A key's state is its set of held leases, each an ID with an expiry.
+//     A lease whose expiry is <= now is not held: every operation first
+//     drops such leases.
+//   - Acquire of an ID not held admits it only if fewer than Limit leases
+//     are held, and then holds it with expiry now + TTL. Acquire of an ID
+//     already held admits it again without counting it twice and moves its
+//     expiry to now + TTL (a retried Acquire is harmless). A denied Acquire
+//     changes nothing. One round trip, atomic under any concurrency.
+//   - Release drops the ID and reports whether it was held; releasing an
+//     ID that expired, was released already or never existed changes
+//     nothing and reports false (Release is idempotent).
+//   - The Decision of either: Limit is p.Limit; Used is the leases held
+//     after the call (the acquired one included); Remaining is Limit - Used,
+//     never below zero (a lowered Limit can leave Used above it); ResetAt is
+//     the earliest expiry among the leases held after the call, or now + TTL
+//     when none is; RetryAfter, for a denied Acquire, is ResetAt - now, the
+//     longest a slot can take to free (a Release frees one sooner). Allowed,
+//     after a Release, reports whether an Acquire of a new ID would be
+//     admitted.
+//
+// The storage identity of a concurrency limit is (Name, key) for a named
+// policy, so that a live policy's Limit and TTL can change without dropping
+// the leases held (a new Limit applies at once, a new TTL to leases
+// acquired from then on), and the whole definition for an unnamed one. A
+// concurrency policy never shares state with a rate Policy of the same
+// Name.
+
+// MaxConcurrencyLimit is the largest ConcurrencyPolicy.Limit: it bounds a
+// key's state (one entry per lease held), so that it fits in one Memcached
+// item and one Redis call stays short.
+const MaxConcurrencyLimit = 10_000
+
+// ConcurrencyPolicy names a concurrency limit: at most Limit leases of one
+// key held at once, each counting for at most TTL.
+type ConcurrencyPolicy struct {
+	// Name identifies the limit in storage and in headers. It may be empty;
+	// otherwise it is printable ASCII without spaces.
+	Name string
+	// Limit is how many leases a key may hold at once: 1 to
+	// MaxConcurrencyLimit.
+	Limit int64
+	// TTL is how long an unreleased lease counts: at least one millisecond,
+	// and a whole number of them. Make it longer than the slowest request
+	// the limit covers: a request still running past TTL no longer counts.
+	TTL time.Duration
+}
+
+// Concurrent returns an unnamed concurrency policy: at most n leases held at
+// once, each counting for at most ttl.
+func Concurrent(n int64, ttl time.Duration) ConcurrencyPolicy {
+	return ConcurrencyPolicy{Limit: n, TTL: ttl}
+}
+
+// Named returns a copy of p with the given name.
+func (p ConcurrencyPolicy) Named(name string) ConcurrencyPolicy {
+	p.Name = name
+	return p
+}
+
+// Validate reports why p cannot be used, as an error matching
+// ErrInvalidPolicy, or nil.
+func (p ConcurrencyPolicy) Validate() error {
+	switch {
+	case p.Limit <= 0 || p.Limit > MaxConcurrencyLimit:
+		return fmt.Errorf("%w: concurrency limit must be between 1 and %d, got %d", ErrInvalidPolicy, MaxConcurrencyLimit, p.Limit)
+	case p.TTL < time.Millisecond:
+		return fmt.Errorf("%w: lease TTL must be >= 1ms, got %v", ErrInvalidPolicy, p.TTL)
+	case p.TTL%time.Millisecond != 0:
+		return fmt.Errorf("%w: lease TTL must be a whole number of milliseconds, got %v", ErrInvalidPolicy, p.TTL)
+	case len(p.Name) > MaxPolicyNameLen:
+		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), MaxPolicyNameLen)
+	case !validName(p.Name):
+		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
+	}
+	return nil
+}
+
+// String describes p, for example "exports: 20 concurrent (lease TTL 1m0s)".
+func (p ConcurrencyPolicy) String() string {
+	s := fmt.Sprintf("%d concurrent (lease TTL %v)", p.Limit, p.TTL)
+	if p.Name != "" {
+		s = p.Name + ": " + s
+	}
+	return s
+}
+
+// LeaseID identifies one lease among the leases of a key. A Throttler draws
+// it at random (64 bits: two of the at most MaxConcurrencyLimit leases held
+// on one key collide with a probability below 2^-37). Zero is no lease.
+type LeaseID uint64
+
+// NewLeaseID returns a random non-zero LeaseID.
+func NewLeaseID() LeaseID {
+	for {
+		if id := LeaseID(rand.Uint64()); id != 0 {
+			return id
+		}
+	}
+}
+
+// ErrInvalidLease is the error for a zero LeaseID.
+var ErrInvalidLease = errors.New("throttler: invalid lease")
+
+// ValidateLease reports why a lease operation cannot be made, as an error
+// matching ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or nil.
+func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	if id == 0 {
+		return fmt.Errorf("%w: lease ID 0", ErrInvalidLease)
+	}
+	return nil
+}
+
+// LeaseBackend stores concurrency limits, by the lease contract above.
+// Backends that hold leases implement it beside Backend; as for Backend,
+// every operation receives the caller's now, and being over the limit is a
+// Decision, never an error.
+//
+// A router must send a Release to the backend that granted the lease, even
+// if its routing changed in between; a shadow mirrors both operations.
+// Implementations must be safe for concurrent use.
+type LeaseBackend interface {
+	Acquire(ctx context.Context, key string, p ConcurrencyPolicy, id LeaseID, now time.Time) (Decision, error)
+	Release(ctx context.Context, key string, p ConcurrencyPolicy, id LeaseID, now time.Time) (held bool, d Decision, err error)
+}
+
+// ErrLeasesUnsupported is the error of a lease operation on a Throttler
+// whose backend is not a LeaseBackend: a configuration error, never an
+// outage, so no failure mode ever answers it.
+var ErrLeasesUnsupported = errors.New("throttler: the backend does not hold leases")
+
+// Lease is a lease acquired through a Throttler. Release it when the work it
+// covers ends; releasing it again is harmless. The zero Lease releases
+// nothing.
+type Lease struct {
+	t      *Throttler
+	key    string
+	policy ConcurrencyPolicy
+	id     LeaseID
+	// source is who granted it: a lease granted by the fallback is released
+	// there, one granted by the failure mode nowhere.
+	source Source
+}
+
+// ID returns the lease's ID (zero for a lease that no store holds).
+func (l Lease) ID() LeaseID { return l.id }
+
+// SupportsLeases reports whether t's backend holds leases: whether Acquire
+// can work. Constructors that need leases check it when they are built.
+func (t *Throttler) SupportsLeases() bool {
+	if t == nil {
+		return false
+	}
+	_, ok := t.backend.(LeaseBackend)
+	return ok
+}
+
+// Acquire takes a lease on key under p. Release the returned Lease when the
+// work ends, also when the Decision was denied or degraded (it is then a
+// no-op). The Throttler's failure handling applies as for Allow: a failing
+// store is answered by the fallback (if it holds leases) or the failure
+// mode, and observed with OpAcquire.
+func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy) (Lease, Decision, error) {
+	if t == nil || t.backend == nil {
+		return Lease{}, Decision{}, errNotBuilt
+	}
+	lb, ok := t.backend.(LeaseBackend)
+	if !ok {
+		return Lease{}, Decision{}, fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
+	}
+	// TODO(lease-core): breakers, fallback, failure mode, detach, observe.
+	id := NewLeaseID()
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	d, err := lb.Acquire(ctx, key, p, id, t.opts.Clock())
+	if err != nil || !d.Allowed {
+		return Lease{}, d, err
+	}
+	return Lease{t: t, key: key, policy: p, id: id, source: SourcePrimary}, d, nil
+}
+
+// Release gives the lease back to the store that granted it, and reports
+// whether that store still held it (false: it expired, or was released
+// already).
+func (l Lease) Release(ctx context.Context) (bool, error) {
+	if l.t == nil || l.id == 0 || l.source != SourcePrimary {
+		return false, nil
+	}
+	lb := l.t.backend.(LeaseBackend)
+	ctx, cancel := context.WithTimeout(ctx, l.t.opts.Timeout)
+	defer cancel()
+	held, _, err := lb.Release(ctx, l.key, l.policy, l.id, l.t.opts.Clock())
+	return held, err
+}
