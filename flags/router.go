@@ -197,8 +197,9 @@ type Percenter interface {
 var _ Percenter = (*Percent)(nil)
 
 // AsPercenter returns r as a Percenter: a *File's settings, or r itself when
-// it is one. ok is false for a rollout that cannot tell its percentage (an
-// unleash.Source, or a rollout of your own without the two methods).
+// it is one (an unleash.PercentSource is). ok is false for a rollout that
+// cannot tell its percentage (an unleash.Source, or a rollout of your own
+// without the two methods).
 func AsPercenter(r Rollout) (p Percenter, ok bool) {
 	if f, isFile := r.(*File); isFile && f != nil {
 		return filePercent{f.pct}, true

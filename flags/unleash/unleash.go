@@ -119,6 +119,10 @@ type plan struct {
 	rules []rolloutRule // any one admitting the key makes it new
 	// mirror is the mirror feature's state at the reading.
 	mirror bool
+	// pct is the definition read as one percentage of the keys, bucketed in
+	// group (see percentOf); -1 when it is not one.
+	pct   int
+	group string
 }
 
 type rolloutRule struct {
@@ -157,6 +161,31 @@ func (u *Source) compile() *plan {
 
 // readFeature turns the definition of feature among features into a plan.
 func readFeature(features []api.Feature, feature string) *plan {
+	p := readStrategies(features, feature)
+	p.pct, p.group = percentOf(p)
+	return p
+}
+
+// percentOf reads a plan as one whole percentage of keys bucketed in group
+// ("" for 0 and 100, which every group agrees on), or -1 when it is not one:
+// evaluated by the client, several rollouts, or a fraction of a percent.
+func percentOf(p *plan) (int, string) {
+	switch {
+	case p.byClient:
+		return -1, ""
+	case p.all:
+		return 100, ""
+	case len(p.rules) == 0:
+		return 0, ""
+	case len(p.rules) > 1 || p.rules[0].percent != float64(int(p.rules[0].percent)):
+		return -1, ""
+	}
+	return int(p.rules[0].percent), p.rules[0].b.GroupID()
+}
+
+// readStrategies turns the definition of feature among features into a
+// plan's rules.
+func readStrategies(features []api.Feature, feature string) *plan {
 	p := &plan{}
 	var f *api.Feature
 	for i := range features {
