@@ -1,7 +1,6 @@
 package shed
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -121,5 +120,3 @@ func validHeaderName(s string) bool {
 	}
 	return true
 }
-
-var errNilShedder = errors.New("shed: called on a shedder that its constructor did not build")

@@ -135,7 +135,7 @@ func TestNewFleetErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := shed.NewFleet(tc.t, tc.o)
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "shed: ") || strings.Count(err.Error(), "shed:") != 1 {
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "shed: ") || strings.Count(err.Error(), ": ") < 1 || strings.Contains(err.Error(), "throttler:") {
 				t.Fatalf("NewFleet: %v, %v; want an error containing %q", f, err, tc.want)
 			}
 		})
