@@ -112,7 +112,7 @@ func TestNewFleetErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	noLeases := newThrottler(t, m, throttler.FailOpen)
+	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
 	for _, tc := range []struct {
 		name string
 		t    *throttler.Throttler

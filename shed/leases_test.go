@@ -124,3 +124,7 @@ func newThrottler(t testing.TB, b throttler.Backend, mode throttler.FailureMode)
 	}
 	return th
 }
+
+// rateOnly is a backend that holds no leases: its embedded interface hides
+// the memory backend's Acquire and Release.
+type rateOnly struct{ throttler.Backend }

@@ -282,7 +282,7 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	noLeases := newThrottler(t, m, throttler.FailOpen)
+	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
 	key := throttler.KeyByHeader("Client")
 	for _, tc := range []struct {
 		name string
