@@ -1,9 +1,15 @@
 package shed_test
 
 import (
+	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/shed"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // benchWorker is a Worker at rest (sheds nothing: Admit draws no random
@@ -59,6 +65,78 @@ func BenchmarkDefaultClassifier(b *testing.B) {
 	for b.Loop() {
 		if shed.DefaultClassifier(r) != shed.Read {
 			b.Fatal("not a read")
+		}
+	}
+}
+
+// discard is a ResponseWriter that keeps nothing but its header map, which
+// each request starts empty.
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(b []byte) (int, error) { return len(b), nil }
+func (d *discard) WriteHeader(int)             {}
+
+// BenchmarkMiddleware is a request's cost through the chain on the memory
+// backend (holding leases), one limiter added at a time, against the bare
+// handler: every request is admitted (the limits are never reached), so
+// each limiter does all its work, and leases are released.
+func BenchmarkMiddleware(b *testing.B) {
+	store, err := memory.New(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	th := newThrottler(b, store, throttler.FailOpen)
+	worker, _ := newWorker(b, shed.WorkerOptions{})
+	fleet, err := shed.NewFleet(th, &shed.FleetOptions{Capacity: throttler.MaxConcurrencyLimit})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := throttler.KeyByHeader("Client")
+	conc := &shed.Concurrency{Throttler: th, Policy: throttler.Concurrent(1000, time.Minute).Named("inflight"), Key: key}
+	rate := &shed.Rate{Throttler: th, Policy: throttler.Policy{Name: "api", Limit: throttler.MaxLimit, Window: time.Hour}, Key: key}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	for _, bc := range []struct {
+		name string
+		o    *shed.Options
+	}{
+		{"handler", nil},
+		{"worker", &shed.Options{Worker: worker}},
+		{"worker+fleet", &shed.Options{Worker: worker, Fleet: fleet}},
+		{"worker+fleet+concurrency", &shed.Options{Worker: worker, Fleet: fleet, Concurrency: conc}},
+		{"all-four", &shed.Options{Worker: worker, Fleet: fleet, Concurrency: conc, Rate: rate}},
+		{"rate-alone", &shed.Options{Rate: rate}},
+	} {
+		h := http.Handler(ok)
+		if bc.o != nil {
+			mw, err := shed.Middleware(bc.o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h = mw(ok)
+		}
+		for _, par := range []bool{false, true} {
+			name := bc.name + "/serial"
+			if par {
+				name = bc.name + "/parallel"
+			}
+			b.Run(name, func(b *testing.B) {
+				var client atomic.Int64
+				one := func(pb func() bool) {
+					r := newRequest("GET", "/v1/things", "Client", fmt.Sprint("client-", client.Add(1)))
+					w := &discard{h: http.Header{}}
+					for pb() {
+						clear(w.h)
+						h.ServeHTTP(w, r)
+					}
+				}
+				b.ReportAllocs()
+				if par {
+					b.RunParallel(func(pb *testing.PB) { one(pb.Next) })
+				} else {
+					one(b.Loop)
+				}
+			})
 		}
 	}
 }
