@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -314,5 +315,46 @@ func TestWorkerRun(t *testing.T) {
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Fatalf("Run returned %v, want context.Canceled", err)
+	}
+}
+
+// TestWorkerConcurrent runs Admit and Done from several goroutines while
+// ticks move the controller, for the race detector, and checks that every
+// admitted request was counted out again.
+func TestWorkerConcurrent(t *testing.T) {
+	w, u := newWorker(t, shed.WorkerOptions{})
+	u.set(1)
+	done := make(chan struct{})
+	var admitted, dropped atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if w.Admit(shed.Class(1 + (g+i)%3)) {
+					admitted.Add(1)
+					w.Done()
+				} else {
+					dropped.Add(1)
+				}
+			}
+		}()
+	}
+	for s := 0; s <= 148; s++ {
+		w.Update(at(s))
+	}
+	close(done)
+	wg.Wait()
+	if w.InFlight() != 0 || w.ShedAmount() != 1 {
+		t.Fatalf("in flight %d, amount %v; want 0 and 1", w.InFlight(), w.ShedAmount())
+	}
+	if admitted.Load() == 0 {
+		t.Fatal("nothing was admitted")
 	}
 }
