@@ -40,6 +40,7 @@ var wantDeps = map[string][]string{
 	"shadow":    {"github.com/felixge/httpsnoop"},
 	"migration": {"github.com/felixge/httpsnoop"},
 	"outbound":  {"github.com/felixge/httpsnoop"},
+	"shed":      {"github.com/felixge/httpsnoop"},
 }
 
 // listed is what `go list -json` says of one package.

@@ -1,6 +1,7 @@
 // Command throttlekit-demo serves a small HTTP API limited by throttlekit on
 // the embedded memory backend, to explore the headers, 429s and 304 refunds
-// with curl.
+// with curl, and Stripe's four limiters (worker and fleet load shedders,
+// concurrency, rate) on /exports and /charges.
 package main
 
 import (
@@ -28,8 +29,18 @@ func main() {
 	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint")
 	window := flag.Duration("window", time.Minute, "window length")
 	burst := flag.Int64("burst", 0, "capacity of /search's token bucket (default: twice -limit)")
+	sh := defaultShedding(0, 0)
+	flag.IntVar(&sh.workers, "workers", sh.workers, "the worker shedder's requests at once at utilization 1")
+	flag.Int64Var(&sh.fleet, "fleet", sh.fleet, "the fleet shedder's capacity: requests at once, every class together")
+	flag.Float64Var(&sh.share, "share", sh.share, "the part of -fleet non-critical traffic may hold")
+	flag.Int64Var(&sh.inflight, "inflight", sh.inflight, "exports in flight per client")
+	flag.DurationVar(&sh.work, "work", sh.work, "how long an export takes")
+	flag.DurationVar(&sh.delay, "shed-delay", sh.delay, "how long saturation lasts before the worker shedder sheds")
+	flag.DurationVar(&sh.ramp, "shed-ramp", sh.ramp, "how long the worker shedder then takes to shed all but critical traffic")
 	flag.Parse()
-	if err := run(*addr, endpoints(*limit, *window, *burst), os.Stdout); err != nil {
+	def := defaultShedding(*limit, *window)
+	sh.rate, sh.charges = def.rate, def.charges
+	if err := run(*addr, endpoints(*limit, *window, *burst), sh, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -57,20 +68,21 @@ func endpoints(limit int64, window time.Duration, burst int64) []endpoint {
 	}
 }
 
-func run(addr string, eps []endpoint, out io.Writer) error {
-	h, err := newHandler(eps, log.Default())
+func run(addr string, eps []endpoint, sh shedding, out io.Writer) error {
+	h, err := newHandler(eps, sh, log.Default())
 	if err != nil {
-		return err // before listening: a bad -limit, -window or -burst stops here
+		return err // before listening: a bad -limit, -window, -burst or shedding flag stops here
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	printUsage(out, "http://"+ln.Addr().String(), eps)
+	printUsage(out, "http://"+ln.Addr().String(), eps, sh)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go h.shed.worker.Run(ctx) // ends with ctx
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -89,11 +101,19 @@ func run(addr string, eps []endpoint, out io.Writer) error {
 	}
 }
 
+// handler is the demo API, and its Stripe part (whose worker shedder needs
+// its ticks).
+type handler struct {
+	http.Handler
+	shed *shedAPI
+}
+
 // newHandler is the demo API: each endpoint is limited by its policy;
 // /repos answers 304 to a matching If-None-Match (refunded), and
-// /rate_limit reports every limit without counting, as GitHub's does. A
-// policy that cannot work is an error here.
-func newHandler(eps []endpoint, logger *log.Logger) (http.Handler, error) {
+// /rate_limit reports every limit without counting, as GitHub's does; the
+// Stripe part (addShedding) beside them. A policy that cannot work is an
+// error here.
+func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("demo: no endpoints")
 	}
@@ -166,7 +186,11 @@ func newHandler(eps []endpoint, logger *log.Logger) (http.Handler, error) {
 		// GitHub's shape: every resource, and "rate" for core.
 		writeJSON(w, map[string]any{"resources": resources, "rate": resources[eps[0].p.Name]})
 	})
-	return mux, nil
+	api, err := addShedding(mux, th, sh)
+	if err != nil {
+		return nil, err
+	}
+	return &handler{Handler: mux, shed: api}, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -249,7 +273,7 @@ func (s tryStep) command(base string) string {
 	return fmt.Sprintf("curl -i %s%s%s", h, base, s.path)
 }
 
-func printUsage(w io.Writer, base string, eps []endpoint) {
+func printUsage(w io.Writer, base string, eps []endpoint, sh shedding) {
 	fmt.Fprintf(w, "throttlekit demo listening on %s (memory backend)\n\nLimits, per client:\n", base)
 	for _, e := range eps {
 		fmt.Fprintf(w, "  GET %-12s %v\n  %16s %s\n", e.path, e.p, "", e.what)
@@ -258,5 +282,6 @@ func printUsage(w io.Writer, base string, eps []endpoint) {
 	for _, s := range trySteps(eps) {
 		fmt.Fprintf(w, "  # %s\n  %s\n", s.note, s.command(base))
 	}
+	printShedding(w, base, sh)
 	fmt.Fprintln(w, "\nCtrl-C stops it.")
 }

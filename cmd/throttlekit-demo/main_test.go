@@ -20,11 +20,17 @@ import (
 
 func newServer(t *testing.T, eps []endpoint) *httptest.Server {
 	t.Helper()
-	h, err := newHandler(eps, log.New(io.Discard, "", 0))
+	srv, _ := newShedServer(t, eps, defaultShedding(5, time.Minute))
+	return srv
+}
+
+func newShedServer(t *testing.T, eps []endpoint, sh shedding) (*httptest.Server, *shedAPI) {
+	t.Helper()
+	h, err := newHandler(eps, sh, log.New(io.Discard, "", 0))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	return srv
+	return srv, h.shed
 }
 
 func get(t *testing.T, url string, header ...string) (*http.Response, string) {
@@ -147,7 +153,7 @@ func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 		eps := endpoints(limit, time.Hour, 0)
 		srv := newServer(t, eps)
 		var usage bytes.Buffer
-		printUsage(&usage, srv.URL, eps)
+		printUsage(&usage, srv.URL, eps, defaultShedding(limit, time.Hour))
 		for i, s := range trySteps(eps) {
 			require.Contains(t, usage.String(), "  "+s.command(srv.URL)+"\n")
 			var header []string
@@ -180,7 +186,7 @@ func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 
 func TestUsage(t *testing.T) {
 	var b bytes.Buffer
-	printUsage(&b, "http://127.0.0.1:1234", endpoints(5, time.Minute, 0))
+	printUsage(&b, "http://127.0.0.1:1234", endpoints(5, time.Minute, 0), defaultShedding(5, time.Minute))
 	want := `throttlekit demo listening on http://127.0.0.1:1234 (memory backend)
 
 Limits, per client:
@@ -213,6 +219,27 @@ Try it, in this order:
   # 429 until the first of them is 1m0s old (Retry-After at most 60)
   curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/deliveries
 
+Stripe's four limiters, in this order, on GET|POST /exports (each takes 5s) and POST /charges (critical):
+  worker shedder  4 workers; sheds after 28s of utilization above 0.8, all but critical 2m0s later
+  fleet shedder   5 requests at once, of which non-critical traffic may hold 4
+  concurrency     2 exports in flight per client
+  rate            exports: 5 per 1m0s; charges: 5 per 1m0s
+A refusal names its limiter in X-RateLimit-Limiter: 503 for the shedders, 429 for the limits.
+
+Try it:
+  # concurrency: 3 exports of one client at once; the one over 2 gets 429 concurrency
+  for i in $(seq 3); do curl -s -o /dev/null -w '%{http_code} %header{X-RateLimit-Limiter}\n' -H 'Authorization: token bob' http://127.0.0.1:1234/exports & done; wait
+  # fleet: 5 clients at once; beyond the non-critical share they get 503 fleet-shedder, a charge still passes
+  for i in $(seq 5); do curl -s -o /dev/null -w '%{http_code} %header{X-RateLimit-Limiter}\n' -H "Authorization: token c$i" http://127.0.0.1:1234/exports & done; sleep 1; curl -s -o /dev/null -w '%{http_code} %header{X-RateLimit-Limiter}\n' -X POST http://127.0.0.1:1234/charges; wait
+  # worker: pretend the process is saturated
+  curl -X PUT 'http://127.0.0.1:1234/admin/utilization?value=1'
+  # watch the shedding amount: it reaches 0 after 28s, then test-mode traffic goes first, then reads, then writes
+  curl -s http://127.0.0.1:1234/admin/shedding
+  # a test-mode export once shedding has started: 503 worker-shedder (or 200, by chance, early on)
+  curl -s -o /dev/null -w '%{http_code} %header{X-RateLimit-Limiter}\n' -H 'X-Test-Mode: 1' http://127.0.0.1:1234/exports
+  # back to normal: traffic comes back as slowly
+  curl -X PUT 'http://127.0.0.1:1234/admin/utilization?value=0'
+
 Ctrl-C stops it.
 `
 	assert.Equal(t, want, b.String())
@@ -234,10 +261,10 @@ func TestBadPolicyFailsBeforeListening(t *testing.T) {
 		{throttler.MaxLogLimit + 1, time.Minute, 1, "/deliveries"},
 	} {
 		eps := endpoints(tc.limit, tc.window, tc.burst)
-		_, err := newHandler(eps, log.New(io.Discard, "", 0))
+		_, err := newHandler(eps, defaultShedding(5, time.Minute), log.New(io.Discard, "", 0))
 		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", tc)
 		assert.ErrorContains(t, err, tc.path+": ", "%+v", tc)
-		err = run("256.0.0.1:0", eps, io.Discard) // an address that cannot be listened on: never reached
+		err = run("256.0.0.1:0", eps, defaultShedding(5, time.Minute), io.Discard) // an address that cannot be listened on: never reached
 		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", tc)
 	}
 }

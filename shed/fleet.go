@@ -1,0 +1,156 @@
+package shed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// FleetOptions configure NewFleet.
+type FleetOptions struct {
+	// Capacity is how many requests the whole fleet serves at once, every
+	// class together: the concurrency limit on the global key, 1 to
+	// throttler.MaxConcurrencyLimit. Required. default: none
+	Capacity int64
+	// Share is the part of Capacity that non-critical traffic may hold,
+	// in (0, 1]: the rest is kept for critical traffic. Share × Capacity,
+	// rounded down, must be at least 1. default: 0.8
+	Share float64
+	// TTL is how long a lease counts if its request never releases it (a
+	// crashed process): longer than the slowest request. default: 1m
+	TTL time.Duration
+	// Name names the limit in storage and in the X-RateLimit-Resource
+	// header of a refusal. default: "fleet"
+	Name string
+	// Key is the one global key every process of the fleet acquires on.
+	// default: "fleet"
+	Key string
+}
+
+// Fleet is Stripe's fleet usage load shedder: a concurrency limit on one
+// key that every process of the fleet shares, through a Throttler whose
+// backend holds leases (a shared store such as Redis, for a fleet).
+// Non-critical traffic may hold at most Share of Capacity; critical traffic
+// is never shed.
+//
+// Both kinds acquire on the same named limit, so they count in the same
+// set of leases: a non-critical request acquires under the limit Share ×
+// Capacity and is refused once that many leases are held, whoever holds
+// them; a critical request acquires under Capacity, so that while it runs
+// it counts against the non-critical share too. A critical request that
+// finds Capacity full, or the store failing, still goes ahead without a
+// lease: critical traffic is never refused here, and Capacity is only what
+// non-critical traffic is measured against.
+//
+// A Fleet is safe for concurrent use. Build it with NewFleet.
+type Fleet struct {
+	t           *throttler.Throttler
+	key         string
+	critical    throttler.ConcurrencyPolicy
+	nonCritical throttler.ConcurrencyPolicy
+}
+
+// NewFleet returns a Fleet over t, or an error naming what cannot work: a
+// Throttler whose backend does not hold leases is one.
+func NewFleet(t *throttler.Throttler, o *FleetOptions) (*Fleet, error) {
+	if t == nil {
+		return nil, errors.New("shed: NewFleet needs a Throttler, got nil")
+	}
+	if !t.SupportsLeases() {
+		return nil, errors.New("shed: NewFleet needs a Throttler whose backend holds leases (Throttler.SupportsLeases)")
+	}
+	var opts FleetOptions
+	if o != nil {
+		opts = *o
+	}
+	if math.IsNaN(opts.Share) || opts.Share < 0 || opts.Share > 1 {
+		return nil, fmt.Errorf("shed: FleetOptions.Share must be in (0, 1] (0: default), got %v", opts.Share)
+	}
+	if opts.Share == 0 {
+		opts.Share = 0.8
+	}
+	if opts.TTL == 0 {
+		opts.TTL = time.Minute
+	}
+	if opts.Name == "" {
+		opts.Name = "fleet"
+	}
+	if opts.Key == "" {
+		opts.Key = "fleet"
+	}
+	if err := throttler.ValidateKey(opts.Key); err != nil {
+		return nil, reword("FleetOptions.Key", err)
+	}
+	critical := throttler.Concurrent(opts.Capacity, opts.TTL).Named(opts.Name)
+	if err := critical.Validate(); err != nil {
+		return nil, reword(fmt.Sprintf("FleetOptions (Capacity %d, TTL %v, Name %q)", opts.Capacity, opts.TTL, opts.Name), err)
+	}
+	// The epsilon keeps 0.29 × 100 at 29, not the 28.999… of binary floats.
+	share := int64(math.Floor(opts.Share*float64(opts.Capacity) + 1e-9))
+	if share < 1 {
+		return nil, fmt.Errorf("shed: FleetOptions.Share %v of Capacity %d leaves non-critical traffic no request at all", opts.Share, opts.Capacity)
+	}
+	nonCritical := critical
+	nonCritical.Limit = share
+	return &Fleet{t: t, key: opts.Key, critical: critical, nonCritical: nonCritical}, nil
+}
+
+// FleetAdmission is the Fleet's answer for one request.
+type FleetAdmission struct {
+	// Allowed reports whether the request may go ahead.
+	Allowed bool
+	// Lease is the request's lease: release it when the request ends (a
+	// zero Lease releases nothing).
+	Lease throttler.Lease
+	// Decision is the store's answer; its Limit is the limit the request's
+	// class was measured against.
+	Decision throttler.Decision
+}
+
+// Admit acquires a lease for a request of class c. The error is the
+// Throttler's, for a non-critical request that could not be decided (the
+// store fails and the Throttler fails closed): answer 503. A critical
+// request is always Allowed, with a nil error.
+func (f *Fleet) Admit(ctx context.Context, c Class) (FleetAdmission, error) {
+	if f == nil || f.t == nil {
+		return FleetAdmission{}, errNilShedder
+	}
+	p := f.nonCritical
+	if c == Critical {
+		p = f.critical
+	}
+	l, d, err := f.t.Acquire(ctx, f.key, p)
+	if c == Critical {
+		// Never shed: a full fleet or a failing store only means this
+		// request runs without a lease (Observe sees the failure).
+		return FleetAdmission{Allowed: true, Lease: l, Decision: d}, nil
+	}
+	if err != nil {
+		return FleetAdmission{}, err
+	}
+	return FleetAdmission{Allowed: d.Allowed, Lease: l, Decision: d}, nil
+}
+
+// Limit returns the limit a request of class c is measured against: Share ×
+// Capacity for non-critical traffic, Capacity for critical.
+func (f *Fleet) Limit(c Class) int64 {
+	if f == nil {
+		return 0
+	}
+	if c == Critical {
+		return f.critical.Limit
+	}
+	return f.nonCritical.Limit
+}
+
+// Name returns the name of the fleet's limit.
+func (f *Fleet) Name() string {
+	if f == nil {
+		return ""
+	}
+	return f.critical.Name
+}

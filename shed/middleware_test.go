@@ -1,0 +1,315 @@
+package shed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/shed"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// rig is the four limiters over one lease store: a worker shedder whose
+// utilization the test sets, a fleet of capacity 2 (1 for non-critical
+// traffic), 1 request in flight per client and 2 requests a minute per
+// client, clients named by the Client header.
+type rig struct {
+	store  *leaseStore
+	th     *throttler.Throttler
+	worker *shed.Worker
+	util   *utilization
+	fleet  *shed.Fleet
+	conc   throttler.ConcurrencyPolicy
+	rate   throttler.Policy
+	opts   shed.Options
+	// inHandler is called inside the handler.
+	inHandler func(w http.ResponseWriter, r *http.Request)
+	reached   int
+}
+
+func newRig(t *testing.T, mode throttler.FailureMode) *rig {
+	t.Helper()
+	g := &rig{store: newLeaseStore(t)}
+	g.th = newThrottler(t, g.store, mode)
+	g.worker, g.util = newWorker(t, shed.WorkerOptions{})
+	var err error
+	if g.fleet, err = shed.NewFleet(g.th, &shed.FleetOptions{Capacity: 2, Share: 0.5, TTL: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	g.conc = throttler.Concurrent(1, 10*time.Second).Named("inflight")
+	g.rate = throttler.PerMinute(2).Named("core")
+	g.opts = shed.Options{
+		Worker:      g.worker,
+		Fleet:       g.fleet,
+		Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc, Key: throttler.KeyByHeader("Client")},
+		Rate:        &shed.Rate{Throttler: g.th, Policy: g.rate, Key: throttler.KeyByHeader("Client")},
+	}
+	return g
+}
+
+// shedAll brings the worker shedder to shed every shed-able request.
+func (g *rig) shedAll() {
+	g.util.set(1)
+	g.worker.Update(at(0))
+	for s := 1; s <= 148; s++ {
+		g.worker.Update(at(s))
+	}
+}
+
+func (g *rig) handler(t *testing.T) http.Handler {
+	t.Helper()
+	mw, err := shed.Middleware(&g.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		g.reached++
+		if g.inHandler != nil {
+			g.inHandler(w, r)
+		}
+		fmt.Fprint(w, "ok")
+	}))
+}
+
+func (g *rig) serve(h http.Handler, method, client string, header ...string) *httptest.ResponseRecorder {
+	r := newRequest(method, "/v1/things", header...)
+	if client != "" {
+		r.Header.Set("Client", client)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// rateUsed is how many units the client's rate window counted.
+func (g *rig) rateUsed(t *testing.T, client string) int64 {
+	t.Helper()
+	d, err := g.th.Peek(context.Background(), client, g.rate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Used
+}
+
+func checkHeaders(t *testing.T, what string, w *httptest.ResponseRecorder, status int, want map[string]string) {
+	t.Helper()
+	if w.Code != status {
+		t.Errorf("%s: status %d, want %d (%s)", what, w.Code, status, w.Body)
+	}
+	for k, v := range want {
+		if got := w.Header().Get(k); got != v {
+			t.Errorf("%s: %s = %q, want %q", what, k, got, v)
+		}
+	}
+}
+
+// TestMiddlewareEachRefusal makes each of the four refuse in turn and checks
+// its status and headers, that the request reached neither the limiters
+// after it nor the handler, and that nothing stays held.
+func TestMiddlewareEachRefusal(t *testing.T) {
+	ctx := context.Background()
+	g := newRig(t, throttler.FailOpen)
+	h := g.handler(t)
+
+	// Admitted: 200, the rate limit's headers, no HeaderLimiter; while
+	// the handler runs it counts in the worker and holds both leases.
+	g.inHandler = func(http.ResponseWriter, *http.Request) {
+		if g.worker.InFlight() != 1 || g.store.held("fleet", "fleet") != 1 || g.store.held("alice", "inflight") != 1 {
+			t.Errorf("in the handler: in flight %d, fleet leases %d, alice's leases %d; want 1 each",
+				g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+		}
+	}
+	w := g.serve(h, "GET", "alice")
+	checkHeaders(t, "admitted", w, 200, map[string]string{shed.HeaderLimiter: "", "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Resource": "core"})
+	g.inHandler = nil
+	if g.reached != 1 || g.worker.InFlight() != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
+		t.Fatalf("after the request: reached %d, in flight %d, fleet leases %d, alice's leases %d; want 1, 0, 0, 0",
+			g.reached, g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+	}
+
+	// Rate: alice's second request of the minute passes, her third is
+	// refused by the rate limit.
+	g.serve(h, "GET", "alice")
+	w = g.serve(h, "GET", "alice")
+	checkHeaders(t, "rate", w, 429, map[string]string{shed.HeaderLimiter: shed.LimiterRate, "X-RateLimit-Resource": "core", "X-RateLimit-Remaining": "0", "Retry-After": "60"})
+
+	// Concurrency: bob holds a lease already; his request is refused
+	// before the rate limit counts it.
+	bobs, _, err := g.th.Acquire(ctx, "bob", g.conc)
+	if err != nil || bobs.ID() == 0 {
+		t.Fatal(err)
+	}
+	w = g.serve(h, "GET", "bob")
+	checkHeaders(t, "concurrency", w, 429, map[string]string{
+		shed.HeaderLimiter: shed.LimiterConcurrency, "X-RateLimit-Resource": "inflight", "X-RateLimit-Limit": "1",
+		"X-RateLimit-Remaining": "0", "X-RateLimit-Used": "1", "Retry-After": "10",
+		"X-RateLimit-Reset": fmt.Sprint(t0.Add(10 * time.Second).Unix()),
+	})
+	if used := g.rateUsed(t, "bob"); used != 0 {
+		t.Errorf("the rate limit counted %d of bob's refused request", used)
+	}
+	if _, err := bobs.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Fleet: one non-critical request in flight fills the share; the next
+	// is shed before the concurrency limit takes a lease. Critical traffic
+	// still passes.
+	held, err := g.fleet.Admit(ctx, shed.Read)
+	if err != nil || !held.Allowed {
+		t.Fatal(held, err)
+	}
+	w = g.serve(h, "POST", "carol")
+	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "X-RateLimit-Resource": "fleet", "Retry-After": ""})
+	if g.store.held("carol", "inflight") != 0 || g.rateUsed(t, "carol") != 0 {
+		t.Error("a request the fleet shed reached the limiters after it")
+	}
+	g.opts.Classify = func(r *http.Request) shed.Class {
+		if r.Header.Get("Critical") != "" {
+			return shed.Critical
+		}
+		return shed.DefaultClassifier(r)
+	}
+	hc := g.handler(t)
+	w = g.serve(hc, "POST", "carol", "Critical", "1")
+	checkHeaders(t, "critical at the fleet's share", w, 200, map[string]string{shed.HeaderLimiter: ""})
+	if _, err := held.Lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Worker: shedding everything shed-able; the request is refused
+	// before the fleet is asked. Critical traffic still passes.
+	g.shedAll()
+	w = g.serve(hc, "GET", "dave")
+	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterWorker, "Retry-After": ""})
+	if g.rateUsed(t, "dave") != 0 || g.worker.InFlight() != 0 {
+		t.Error("a request the worker shed reached the limiters after it")
+	}
+	w = g.serve(hc, "GET", "dave", "Critical", "1")
+	checkHeaders(t, "critical while shedding everything", w, 200, map[string]string{shed.HeaderLimiter: ""})
+
+	if g.reached != 4 {
+		t.Errorf("the handler ran %d times, want 4 (alice twice, carol and dave critical)", g.reached)
+	}
+	if g.store.held("fleet", "fleet") != 0 || g.worker.InFlight() != 0 {
+		t.Errorf("left held: %d fleet leases, %d in flight", g.store.held("fleet", "fleet"), g.worker.InFlight())
+	}
+}
+
+// TestMiddlewareReleasesOnPanic: a handler that panics still releases its
+// leases and leaves the worker's in-flight count, and the panic goes on up
+// to the server.
+func TestMiddlewareReleasesOnPanic(t *testing.T) {
+	g := newRig(t, throttler.FailOpen)
+	g.inHandler = func(http.ResponseWriter, *http.Request) { panic("handler bug") }
+	h := g.handler(t)
+	func() {
+		defer func() {
+			if p := recover(); p != "handler bug" {
+				t.Errorf("recovered %v, want the handler's panic", p)
+			}
+		}()
+		g.serve(h, "POST", "alice")
+	}()
+	if g.reached != 1 || g.worker.InFlight() != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
+		t.Fatalf("after a panic: reached %d, in flight %d, fleet leases %d, alice's leases %d; want 1, 0, 0, 0",
+			g.reached, g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+	}
+}
+
+// TestMiddlewareErrors: a request without a client key is answered 400 by
+// the concurrency limit; a failing store with a Throttler that fails
+// closed is answered 503 with Retry-After: 1 by the first limiter that asks
+// it, and never with the error's text.
+func TestMiddlewareErrors(t *testing.T) {
+	g := newRig(t, throttler.FailClosed)
+	h := g.handler(t)
+	w := g.serve(h, "GET", "")
+	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency})
+
+	g.store.setFail(errors.New("store down: secret-key-alice"))
+	w = g.serve(h, "GET", "alice")
+	checkHeaders(t, "store down", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "Retry-After": "1"})
+	if strings.Contains(w.Body.String(), "secret") {
+		t.Errorf("the response holds the error: %q", w.Body)
+	}
+
+	g.opts.Fleet = nil
+	h = g.handler(t)
+	w = g.serve(h, "GET", "alice")
+	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency, "Retry-After": "1"})
+
+	var got []error
+	g.opts.OnError = func(w http.ResponseWriter, r *http.Request, err error) {
+		got = append(got, err)
+		w.WriteHeader(599)
+	}
+	g.opts.Concurrency = nil
+	h = g.handler(t)
+	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches the chain's OnError
+	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: shed.LimiterRate})
+	if len(got) != 1 || !errors.Is(got[0], throttler.ErrNoKey) {
+		t.Errorf("OnError got %v, want one ErrNoKey", got)
+	}
+	if g.reached != 0 {
+		t.Errorf("the handler ran %d times", g.reached)
+	}
+}
+
+// TestMiddlewareReleaseError: a release that fails is reported to
+// OnReleaseError.
+func TestMiddlewareReleaseError(t *testing.T) {
+	g := newRig(t, throttler.FailOpen)
+	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
+	var released []error
+	g.opts.OnReleaseError = func(r *http.Request, err error) { released = append(released, err) }
+	g.inHandler = func(http.ResponseWriter, *http.Request) { g.store.setFail(errors.New("store down")) }
+	w := g.serve(g.handler(t), "GET", "alice")
+	if w.Code != 200 || len(released) != 1 {
+		t.Fatalf("status %d, release errors %v; want 200 and one error", w.Code, released)
+	}
+}
+
+func TestMiddlewareBuildErrors(t *testing.T) {
+	g := newRig(t, throttler.FailOpen)
+	m, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
+	key := throttler.KeyByHeader("Client")
+	for _, tc := range []struct {
+		name string
+		o    *shed.Options
+		want string
+	}{
+		{"nil", nil, "needs at least one"},
+		{"none", &shed.Options{Classify: shed.DefaultClassifier}, "needs at least one"},
+		{"zero worker", &shed.Options{Worker: &shed.Worker{}}, "Options.Worker was not built by NewWorker"},
+		{"zero fleet", &shed.Options{Fleet: &shed.Fleet{}}, "Options.Fleet was not built by NewFleet"},
+		{"concurrency without throttler", &shed.Options{Concurrency: &shed.Concurrency{Policy: g.conc, Key: key}}, "Concurrency.Throttler is nil"},
+		{"concurrency without leases", &shed.Options{Concurrency: &shed.Concurrency{Throttler: noLeases, Policy: g.conc, Key: key}}, "does not hold leases"},
+		{"concurrency without key", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc}}, "Concurrency.Key is nil"},
+		{"concurrency bad policy", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}, "shed: Options.Concurrency.Policy: invalid policy: concurrency limit"},
+		{"rate without throttler", &shed.Options{Rate: &shed.Rate{Policy: g.rate, Key: key}}, "Rate.Throttler is nil"},
+		{"rate bad policy", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: throttler.PerMinute(0), Key: key}}, "shed: Options.Rate: invalid policy"},
+		{"rate without key", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate}}, "shed: Options.Rate: Middleware needs a KeyFunc"},
+		{"rate bad status", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate, Key: key, Options: &throttler.MiddlewareOptions{DeniedStatus: 200}}}, "DeniedStatus"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := shed.Middleware(tc.o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "shed: ") || strings.Contains(err.Error(), "throttler:") {
+				t.Fatalf("Middleware: %v, %v; want an error containing %q", mw != nil, err, tc.want)
+			}
+		})
+	}
+	if _, err := shed.Middleware(&shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}); !errors.Is(err, throttler.ErrInvalidPolicy) {
+		t.Errorf("a bad concurrency policy: %v does not match ErrInvalidPolicy", err)
+	}
+}
