@@ -49,7 +49,6 @@ package throttleprom
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -66,7 +65,7 @@ import (
 // DefaultBuckets are the latency buckets, in seconds: from an in-process
 // store's microseconds through a network store's milliseconds to the
 // Throttler's default 100ms timeout and beyond.
-var DefaultBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+var DefaultBuckets = slices.Clone(metricdef.DefaultBuckets)
 
 // Options configure Metrics. Nil options mean defaults.
 type Options struct {
@@ -124,32 +123,17 @@ var _ prometheus.Collector = (*Metrics)(nil)
 // New returns Metrics; register them with a prometheus.Registerer and pass
 // Observe to throttler.Options. Options that cannot work are an error.
 func New(opts *Options) (*Metrics, error) {
-	var o Options
+	var o metricdef.Options
 	if opts != nil {
-		o = *opts
+		o = metricdef.Options(*opts)
 	}
-	switch {
-	case o.MaxPolicies < 0:
-		return nil, fmt.Errorf("throttleprom: Options.MaxPolicies must be >= 0, got %d", o.MaxPolicies)
-	case o.MaxStores < 0:
-		return nil, fmt.Errorf("throttleprom: Options.MaxStores must be >= 0, got %d", o.MaxStores)
+	o, err := o.WithDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("throttleprom: %w", err)
 	}
-	if o.MaxPolicies == 0 {
-		o.MaxPolicies = 100
-	}
-	if o.MaxStores == 0 {
-		o.MaxStores = 64
-	}
-	if o.Buckets == nil {
-		o.Buckets = DefaultBuckets
-	}
-	m := &Metrics{buckets: slices.Clone(o.Buckets)}
-	for i, b := range o.Buckets {
-		d := time.Duration(b * float64(time.Second))
-		if d <= 0 || math.IsInf(b, 0) || math.IsNaN(b) || (i > 0 && d <= m.bounds[i-1]) {
-			return nil, fmt.Errorf("throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got %v", o.Buckets)
-		}
-		m.bounds = append(m.bounds, d)
+	m := &Metrics{buckets: o.Buckets}
+	for _, b := range o.Buckets {
+		m.bounds = append(m.bounds, time.Duration(b*float64(time.Second)))
 	}
 	m.decisions = prometheus.NewDesc("throttlekit_decisions_total",
 		"Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.",

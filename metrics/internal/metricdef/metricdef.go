@@ -13,7 +13,11 @@ package metricdef
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -112,4 +116,45 @@ func StoreLabel(name string) string {
 		return DefaultStore
 	}
 	return strings.ToValidUTF8(name, "\uFFFD")
+}
+
+// DefaultBuckets are the latency buckets, in seconds: from an in-process
+// store's microseconds through a network store's milliseconds to the
+// Throttler's default 100ms timeout and beyond.
+var DefaultBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+
+// Options are both adapters' options (each documents its own copy).
+type Options struct {
+	MaxPolicies, MaxStores int
+	Buckets                []float64
+}
+
+// WithDefaults validates o and fills in the defaults: 100 policies, 64
+// stores, DefaultBuckets. Its errors name the field ("Options.MaxStores
+// ..."); the adapter adds its prefix.
+func (o Options) WithDefaults() (Options, error) {
+	switch {
+	case o.MaxPolicies < 0:
+		return o, fmt.Errorf("Options.MaxPolicies must be >= 0, got %d", o.MaxPolicies)
+	case o.MaxStores < 0:
+		return o, fmt.Errorf("Options.MaxStores must be >= 0, got %d", o.MaxStores)
+	}
+	if o.MaxPolicies == 0 {
+		o.MaxPolicies = 100
+	}
+	if o.MaxStores == 0 {
+		o.MaxStores = 64
+	}
+	if o.Buckets == nil {
+		o.Buckets = DefaultBuckets
+	}
+	for i, b := range o.Buckets {
+		// Whole nanoseconds: the Prometheus adapter compares durations.
+		d := time.Duration(b * float64(time.Second))
+		if d <= 0 || math.IsInf(b, 0) || math.IsNaN(b) || (i > 0 && d <= time.Duration(o.Buckets[i-1]*float64(time.Second))) {
+			return o, fmt.Errorf("Options.Buckets must be positive, finite and increasing by at least 1ns, got %v", o.Buckets)
+		}
+	}
+	o.Buckets = slices.Clone(o.Buckets)
+	return o, nil
 }
