@@ -208,4 +208,3 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 	require.Len(t, exprs, 8)
 	checkExprs(t, exprs, exported(t))
 }
-
