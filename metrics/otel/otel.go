@@ -70,7 +70,8 @@ type Options struct {
 	// count as "other". default: 64
 	MaxStores int
 	// Buckets are the latency histogram's boundaries in seconds,
-	// increasing (advice: a View may replace them). default: DefaultBuckets
+	// increasing by at least a nanosecond (advice: a View may replace
+	// them). default: DefaultBuckets
 	Buckets []float64
 }
 

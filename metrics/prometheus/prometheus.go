@@ -31,9 +31,11 @@
 // op is take, peek, refund, acquire or release; source primary, fallback,
 // failure_mode (fail open or closed) or none (bad input, a caller's
 // cancelled context: result error); result allowed, denied or error; reason
-// timeout (the Throttler's Timeout expired) or error (any other failure,
-// an open breaker's skipped calls included). A decision is degraded exactly when its source is fallback or
-// failure_mode. The latency and error metrics leave out source none.
+// timeout (the Throttler's Timeout expired) or error (any other failure, an
+// open breaker's skipped calls included). A decision is degraded exactly
+// when its source is fallback or failure_mode. The latency and error
+// metrics leave out source none. docs/operations.md has the whole list, the
+// alerts and the dashboard built on them.
 //
 // # Cardinality
 //
@@ -76,7 +78,7 @@ type Options struct {
 	// as "other". default: 64
 	MaxStores int
 	// Buckets are the latency histogram's upper bounds in seconds,
-	// increasing. default: DefaultBuckets
+	// increasing by at least a nanosecond. default: DefaultBuckets
 	Buckets []float64
 }
 
