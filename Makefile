@@ -11,7 +11,7 @@ TESTENV := ../shared/testenv/up
 
 all: lint test
 
-test: unit integration
+test: unit alerts integration
 
 unit:
 	$(GO) test -race -count=1 ./...
@@ -50,3 +50,10 @@ demo:
 
 tidy:
 	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy) || exit 1; done
+
+# The alert rules' unit tests: each alert fires and stays quiet where it
+# should. promtool is in Debian's prometheus package (.ci/run installs it).
+.PHONY: alerts
+alerts:
+	promtool check rules deploy/prometheus/throttlekit-alerts.yml
+	promtool test rules deploy/prometheus/throttlekit-alerts_test.yml

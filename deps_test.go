@@ -41,6 +41,16 @@ var wantDeps = map[string][]string{
 	"migration": {"github.com/felixge/httpsnoop"},
 	"outbound":  {"github.com/felixge/httpsnoop"},
 	"shed":      {"github.com/felixge/httpsnoop"},
+	// The metrics adapters are the only packages with a metrics library,
+	// each with its own and what that library compiles in.
+	"metrics/prometheus": {
+		"github.com/beorn7/perks", "github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop",
+		"github.com/munnerz/goautoneg", "github.com/prometheus/client_golang", "github.com/prometheus/client_model",
+		"github.com/prometheus/common", "github.com/prometheus/procfs", "golang.org/x/sys", "google.golang.org/protobuf",
+	},
+	"metrics/otel": {
+		"github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop", "go.opentelemetry.io/otel", "go.opentelemetry.io/otel/metric",
+	},
 }
 
 // listed is what `go list -json` says of one package.

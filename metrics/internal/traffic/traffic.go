@@ -1,0 +1,187 @@
+// Package traffic drives known traffic through Throttlers, a router, shadows
+// and a migration, for the metrics adapters' tests: each adapter's test
+// checks that what it exports equals what this package's comments say
+// happened.
+package traffic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/migration"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// T0 is the instant every call is made at.
+var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// Login is the named policy of the calls.
+var Login = throttler.Policy{Name: "login", Limit: 2, Window: time.Minute}
+
+// down is a store that fails every call (or, hang, waits for the call's
+// context to end, like a paused server), and names itself store.
+type down struct {
+	backend.OpFunc
+	store string
+}
+
+func newDown(store string, hang bool) *down {
+	d := &down{store: store}
+	d.OpFunc = func(ctx context.Context, _ throttler.Op, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+		if hang {
+			<-ctx.Done()
+			return throttler.Decision{}, fmt.Errorf("down: %w", ctx.Err())
+		}
+		return throttler.Decision{}, backend.StoreFailure(d.store, errors.New("down: connection refused"))
+	}
+	return d
+}
+
+func (d *down) Store(string, throttler.Policy) string { return d.store }
+
+// Memory returns a memory backend.
+func Memory(t testing.TB) *memory.Backend {
+	t.Helper()
+	m, err := memory.New(nil)
+	require.NoError(t, err)
+	return m
+}
+
+func newThrottler(t testing.TB, b throttler.Backend, o throttler.Options) *throttler.Throttler {
+	t.Helper()
+	o.Clock = func() time.Time { return T0 }
+	th, err := throttler.New(b, &o)
+	require.NoError(t, err)
+	return th
+}
+
+// Calls makes these calls, each observed by observe:
+//
+//	store default (memory): login take ×3 on one key: 2 allowed, 1 denied;
+//	                        login take with an empty key: source none, result error;
+//	                        unnamed PerMinute(5) take ×1: allowed
+//	store redis-1 (fails, memory fallback): login take: fallback, allowed; 1 error
+//	store redis-2 (hangs past the 1ms Timeout, fails closed, breaker after 1):
+//	                        login take ×2: failure_mode, denied; 1 timeout, then
+//	                        1 error (skipped by the open breaker)
+//	store redis-3 (fails, fails open): login peek: failure_mode, allowed; 1 error
+//
+// It returns the redis-2 Throttler, whose breaker is open, and the memory one.
+func Calls(t testing.TB, observe func(throttler.Observation)) (open, healthy *throttler.Throttler) {
+	t.Helper()
+	ctx := context.Background()
+	healthy = newThrottler(t, Memory(t), throttler.Options{Observe: observe})
+	for range 3 {
+		_, err := healthy.Allow(ctx, "alice", Login)
+		require.NoError(t, err)
+	}
+	_, err := healthy.Allow(ctx, "", Login)
+	require.ErrorIs(t, err, throttler.ErrInvalidKey)
+	_, err = healthy.Allow(ctx, "alice", throttler.PerMinute(5))
+	require.NoError(t, err)
+
+	fallback := newThrottler(t, newDown("redis-1", false), throttler.Options{Observe: observe, Fallback: Memory(t)})
+	d, err := fallback.Allow(ctx, "alice", Login)
+	require.NoError(t, err)
+	require.True(t, d.Allowed && d.Degraded)
+
+	open = newThrottler(t, newDown("redis-2", true), throttler.Options{
+		Observe: observe, Timeout: time.Millisecond, FailureMode: throttler.FailClosed,
+		BreakerThreshold: 1, BreakerCooldown: time.Hour,
+	})
+	for range 2 {
+		_, err = open.Allow(ctx, "alice", Login)
+		require.ErrorIs(t, err, throttler.ErrUnavailable)
+	}
+
+	failOpen := newThrottler(t, newDown("redis-3", false), throttler.Options{Observe: observe})
+	d, err = failOpen.Peek(ctx, "alice", Login)
+	require.NoError(t, err)
+	require.True(t, d.Allowed && d.Degraded)
+	return open, healthy
+}
+
+// Sources are a router, shadows and a migration after Drive.
+type Sources struct {
+	Router *flags.Router
+	// Mismatch compared one pair that differs in allowed, used and
+	// reset_at; Failing had one candidate error; Closed dropped one call.
+	Mismatch, Failing, Closed *shadow.Backend
+	// Migration routed 3 calls to old, each mirrored to new and compared
+	// (all matching), then saw one change of percentage and routed 1 call
+	// to new for a key that change moved: made on both stores, not
+	// mirrored.
+	Migration *migration.Migration
+}
+
+// Drive builds the sources and makes these calls:
+//
+//	Router: 3 takes to old at 0%, then 2 to new at 100%.
+//	Mismatch, Failing, Closed: one take each (Closed after Close).
+//	Migration: 3 takes at 0% (forward shadow), 1 at 100% (a moving key), mirror on.
+func Drive(t testing.TB) Sources {
+	t.Helper()
+	ctx := context.Background()
+	var s Sources
+	pct, err := flags.NewPercent(0)
+	require.NoError(t, err)
+	s.Router, err = flags.NewRouter(Memory(t), Memory(t), pct, nil)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := s.Router.Take(ctx, fmt.Sprint("k", i), Login, 1, T0)
+		require.NoError(t, err)
+	}
+	require.NoError(t, pct.Set(100))
+	for i := range 2 {
+		_, err := s.Router.Take(ctx, fmt.Sprint("k", i), Login, 1, T0)
+		require.NoError(t, err)
+	}
+
+	control := Memory(t)
+	_, err = control.Take(ctx, "alice", Login, 2, T0) // only the control saw these
+	require.NoError(t, err)
+	s.Mismatch = newShadow(t, control, Memory(t))
+	s.Failing = newShadow(t, Memory(t), newDown("redis-9", false))
+	s.Closed = newShadow(t, Memory(t), Memory(t))
+	require.NoError(t, s.Closed.Close())
+	for _, sh := range []*shadow.Backend{s.Mismatch, s.Failing, s.Closed} {
+		_, err = sh.Take(ctx, "alice", Login, 1, T0.Add(time.Second))
+		require.NoError(t, err)
+		if sh != s.Closed {
+			require.NoError(t, sh.Flush(ctx))
+		}
+	}
+
+	mpct, err := flags.NewPercent(0)
+	require.NoError(t, err)
+	mpct.SetMirror(true)
+	s.Migration, err = migration.New(Memory(t), Memory(t), mpct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Migration.Close() })
+	for i := range 3 {
+		_, err := s.Migration.Take(ctx, fmt.Sprint("m", i), Login, 1, T0)
+		require.NoError(t, err)
+	}
+	require.NoError(t, mpct.Set(100))
+	_, err = s.Migration.Take(ctx, "m-new", Login, 1, T0)
+	require.NoError(t, err)
+	require.NoError(t, s.Migration.Flush(ctx))
+	return s
+}
+
+func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backend {
+	t.Helper()
+	s, err := shadow.New(control, candidate, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}

@@ -1,0 +1,179 @@
+package throttleotel_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
+
+	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
+	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
+)
+
+func newMetrics(t *testing.T, o *throttleotel.Options) (*throttleotel.Metrics, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	m, err := throttleotel.New(mp, o)
+	require.NoError(t, err)
+	return m, reader
+}
+
+// collect reads every instrument of the adapter's scope, by name.
+func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.Collect(context.Background(), &rm))
+	out := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, throttleotel.ScopeName, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			out[m.Name] = m
+		}
+	}
+	return out
+}
+
+func attrs(kv ...string) attribute.Set {
+	var out []attribute.KeyValue
+	for i := 0; i < len(kv); i += 2 {
+		out = append(out, attribute.String(kv[i], kv[i+1]))
+	}
+	return attribute.NewSet(out...)
+}
+
+func sum(points ...metricdata.DataPoint[int64]) metricdata.Sum[int64] {
+	return metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true, DataPoints: points}
+}
+
+func point(v int64, kv ...string) metricdata.DataPoint[int64] {
+	return metricdata.DataPoint[int64]{Attributes: attrs(kv...), Value: v}
+}
+
+func decision(v int64, policy, op, source, result string) metricdata.DataPoint[int64] {
+	return point(v, "throttlekit.policy", policy, "throttlekit.op", op, "throttlekit.source", source, "throttlekit.result", result)
+}
+
+// The calls are traffic.Calls'; its comment says what each did.
+func TestObservedCallsCollect(t *testing.T) {
+	m, reader := newMetrics(t, nil)
+	open, _ := traffic.Calls(t, m.Observe)
+	require.NoError(t, m.WatchThrottler(open))
+	got := collect(t, reader)
+
+	dec := got["throttlekit.decisions"]
+	assert.Equal(t, "{decision}", dec.Unit)
+	metricdatatest.AssertAggregationsEqual(t, sum(
+		decision(1, "login", "peek", "failure_mode", "allowed"),
+		decision(1, "login", "take", "fallback", "allowed"),
+		decision(2, "login", "take", "primary", "allowed"),
+		decision(2, "login", "take", "failure_mode", "denied"),
+		decision(1, "login", "take", "primary", "denied"),
+		decision(1, "login", "take", "none", "error"),
+		decision(1, "unnamed", "take", "primary", "allowed"),
+	), dec.Data, metricdatatest.IgnoreTimestamp())
+
+	errs := got["throttlekit.backend.errors"]
+	assert.Equal(t, "{error}", errs.Unit)
+	metricdatatest.AssertAggregationsEqual(t, sum(
+		point(1, "throttlekit.store", "redis-1", "error.type", "error"),
+		point(1, "throttlekit.store", "redis-2", "error.type", "timeout"),
+		point(1, "throttlekit.store", "redis-2", "error.type", "error"),
+		point(1, "throttlekit.store", "redis-3", "error.type", "error"),
+	), errs.Data, metricdatatest.IgnoreTimestamp())
+
+	breakers := got["throttlekit.breakers.open"]
+	metricdatatest.AssertAggregationsEqual(t, metricdata.Gauge[int64]{DataPoints: []metricdata.DataPoint[int64]{
+		point(1, "throttlekit.store", "redis-2"),
+	}}, breakers.Data, metricdatatest.IgnoreTimestamp())
+
+	lat := got["throttlekit.backend.duration"]
+	assert.Equal(t, "s", lat.Unit)
+	hist, ok := lat.Data.(metricdata.Histogram[float64])
+	require.True(t, ok, "%T", lat.Data)
+	counts := map[string]uint64{}
+	for _, p := range hist.DataPoints {
+		store, _ := p.Attributes.Value("throttlekit.store")
+		counts[store.AsString()] = p.Count
+		assert.Equal(t, throttleotel.DefaultBuckets, p.Bounds)
+	}
+	assert.Equal(t, map[string]uint64{"default": 4, "redis-1": 1, "redis-2": 2, "redis-3": 1}, counts)
+}
+
+// The sources are traffic.Drive's; its comment says what each did.
+func TestPulledStatsCollect(t *testing.T) {
+	m, reader := newMetrics(t, nil)
+	s := traffic.Drive(t)
+	require.NoError(t, m.AddRouter("r", s.Router))
+	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
+	require.NoError(t, m.AddShadow("failing", s.Failing))
+	require.NoError(t, m.AddShadow("closed", s.Closed))
+	require.NoError(t, m.AddMigration("sessions", s.Migration))
+	got := collect(t, reader)
+
+	side := func(v int64, router, side string) metricdata.DataPoint[int64] {
+		return point(v, "throttlekit.router", router, "throttlekit.side", side)
+	}
+	metricdatatest.AssertAggregationsEqual(t, sum(
+		side(3, "r", "old"), side(2, "r", "new"), side(3, "sessions", "old"), side(1, "sessions", "new"),
+	), got["throttlekit.router.calls"].Data, metricdatatest.IgnoreTimestamp())
+
+	perShadow := func(closed, failing, mismatch, forward, reverse int64) metricdata.Sum[int64] {
+		sh := func(v int64, name, dir string) metricdata.DataPoint[int64] {
+			return point(v, "throttlekit.shadow", name, "throttlekit.direction", dir)
+		}
+		return sum(sh(closed, "closed", ""), sh(failing, "failing", ""), sh(mismatch, "mismatch", ""),
+			sh(forward, "sessions", "forward"), sh(reverse, "sessions", "reverse"))
+	}
+	for name, want := range map[string]metricdata.Sum[int64]{
+		"throttlekit.shadow.results":          perShadow(1, 1, 1, 3, 0),
+		"throttlekit.shadow.compared":         perShadow(0, 0, 1, 3, 0),
+		"throttlekit.shadow.mismatches":       perShadow(0, 0, 1, 0, 0),
+		"throttlekit.shadow.candidate_errors": perShadow(0, 1, 0, 0, 0),
+		"throttlekit.shadow.dropped":          perShadow(1, 0, 0, 0, 0),
+	} {
+		metricdatatest.AssertAggregationsEqual(t, want, got[name].Data, metricdatatest.IgnoreTimestamp())
+	}
+
+	kinds, ok := got["throttlekit.shadow.mismatch_kinds"].Data.(metricdata.Sum[int64])
+	require.True(t, ok)
+	byKind := map[string]int64{}
+	for _, p := range kinds.DataPoints {
+		if name, _ := p.Attributes.Value("throttlekit.shadow"); name.AsString() == "mismatch" {
+			k, _ := p.Attributes.Value("throttlekit.kind")
+			byKind[k.AsString()] = p.Value
+		}
+	}
+	assert.Equal(t, map[string]int64{"allowed": 1, "used": 1, "reset_at": 1, "retry_after": 0}, byKind)
+
+	metricdatatest.AssertAggregationsEqual(t, sum(point(1, "throttlekit.migration", "sessions")),
+		got["throttlekit.migration.moving.calls"].Data, metricdatatest.IgnoreTimestamp())
+
+	require.NoError(t, m.Unregister())
+	_, still := collect(t, reader)["throttlekit.router.calls"]
+	assert.False(t, still, "unregistered: the sources are no longer read")
+}
+
+func TestNewRefusesBadInput(t *testing.T) {
+	mp := sdkmetric.NewMeterProvider()
+	tests := []struct {
+		opts throttleotel.Options
+		want string
+	}{
+		{throttleotel.Options{MaxPolicies: -1}, "throttleotel: Options.MaxPolicies must be >= 0, got -1"},
+		{throttleotel.Options{MaxStores: -1}, "throttleotel: Options.MaxStores must be >= 0, got -1"},
+		{throttleotel.Options{Buckets: []float64{2, 1}}, "throttleotel: Options.Buckets must be positive, finite and increasing by at least 1ns, got [2 1]"},
+	}
+	for _, tt := range tests {
+		_, err := throttleotel.New(mp, &tt.opts)
+		assert.EqualError(t, err, tt.want)
+	}
+	_, err := throttleotel.New(nil, nil)
+	assert.EqualError(t, err, "throttleotel: New needs a MeterProvider, got nil")
+}

@@ -1,0 +1,254 @@
+package throttleprom_test
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
+	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+func newMetrics(t *testing.T, o *throttleprom.Options) (*throttleprom.Metrics, *prometheus.Registry) {
+	t.Helper()
+	m, err := throttleprom.New(o)
+	require.NoError(t, err)
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(m))
+	return m, reg
+}
+
+// The calls are traffic.Calls'; its comment says what each did.
+func TestObservedCallsScrape(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	open, _ := traffic.Calls(t, m.Observe)
+	require.NoError(t, m.WatchThrottler(open))
+
+	want := `
+# HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
+# TYPE throttlekit_decisions_total counter
+throttlekit_decisions_total{op="peek",policy="login",result="allowed",source="failure_mode"} 1
+throttlekit_decisions_total{op="take",policy="login",result="allowed",source="fallback"} 1
+throttlekit_decisions_total{op="take",policy="login",result="allowed",source="primary"} 2
+throttlekit_decisions_total{op="take",policy="login",result="denied",source="failure_mode"} 2
+throttlekit_decisions_total{op="take",policy="login",result="denied",source="primary"} 1
+throttlekit_decisions_total{op="take",policy="login",result="error",source="none"} 1
+throttlekit_decisions_total{op="take",policy="unnamed",result="allowed",source="primary"} 1
+# HELP throttlekit_backend_errors_total Primary store failures by store and reason (timeout, error), answered by the fallback or the failure mode.
+# TYPE throttlekit_backend_errors_total counter
+throttlekit_backend_errors_total{reason="error",store="default"} 0
+throttlekit_backend_errors_total{reason="error",store="redis-1"} 1
+throttlekit_backend_errors_total{reason="error",store="redis-2"} 1
+throttlekit_backend_errors_total{reason="error",store="redis-3"} 1
+throttlekit_backend_errors_total{reason="timeout",store="default"} 0
+throttlekit_backend_errors_total{reason="timeout",store="redis-1"} 0
+throttlekit_backend_errors_total{reason="timeout",store="redis-2"} 1
+throttlekit_backend_errors_total{reason="timeout",store="redis-3"} 0
+# HELP throttlekit_breakers_open Watched Throttlers whose breaker for the store is open: its calls get the fallback or the failure mode.
+# TYPE throttlekit_breakers_open gauge
+throttlekit_breakers_open{store="redis-2"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"throttlekit_decisions_total", "throttlekit_backend_errors_total", "throttlekit_breakers_open"))
+
+	counts := histogramCounts(t, reg, "throttlekit_backend_call_duration_seconds", "store")
+	assert.Equal(t, map[string]uint64{"default": 4, "redis-1": 1, "redis-2": 2, "redis-3": 1}, counts,
+		"every call a store decided, none of the refused one")
+}
+
+// histogramCounts gathers a histogram's sample counts by one label.
+func histogramCounts(t *testing.T, reg prometheus.Gatherer, name, label string) map[string]uint64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] = m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// The sources are traffic.Drive's; its comment says what each did.
+func TestPulledStatsScrape(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	s := traffic.Drive(t)
+	require.NoError(t, m.AddRouter("r", s.Router))
+	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
+	require.NoError(t, m.AddShadow("failing", s.Failing))
+	require.NoError(t, m.AddShadow("closed", s.Closed))
+	require.NoError(t, m.AddMigration("sessions", s.Migration))
+
+	want := `
+# HELP throttlekit_router_calls_total Calls a router (or a migration) sent to each side: its share of traffic per store.
+# TYPE throttlekit_router_calls_total counter
+throttlekit_router_calls_total{router="r",side="new"} 2
+throttlekit_router_calls_total{router="r",side="old"} 3
+throttlekit_router_calls_total{router="sessions",side="new"} 1
+throttlekit_router_calls_total{router="sessions",side="old"} 3
+# HELP throttlekit_shadow_compared_total Pairs where both the control and the candidate answered.
+# TYPE throttlekit_shadow_compared_total counter
+throttlekit_shadow_compared_total{direction="",shadow="closed"} 0
+throttlekit_shadow_compared_total{direction="",shadow="failing"} 0
+throttlekit_shadow_compared_total{direction="",shadow="mismatch"} 1
+throttlekit_shadow_compared_total{direction="forward",shadow="sessions"} 3
+throttlekit_shadow_compared_total{direction="reverse",shadow="sessions"} 0
+# HELP throttlekit_shadow_mismatches_total Compared pairs whose decisions differ (not ignored).
+# TYPE throttlekit_shadow_mismatches_total counter
+throttlekit_shadow_mismatches_total{direction="",shadow="closed"} 0
+throttlekit_shadow_mismatches_total{direction="",shadow="failing"} 0
+throttlekit_shadow_mismatches_total{direction="",shadow="mismatch"} 1
+throttlekit_shadow_mismatches_total{direction="forward",shadow="sessions"} 0
+throttlekit_shadow_mismatches_total{direction="reverse",shadow="sessions"} 0
+# HELP throttlekit_shadow_candidate_errors_total Mirrored calls the candidate failed, timed out or panicked on.
+# TYPE throttlekit_shadow_candidate_errors_total counter
+throttlekit_shadow_candidate_errors_total{direction="",shadow="closed"} 0
+throttlekit_shadow_candidate_errors_total{direction="",shadow="failing"} 1
+throttlekit_shadow_candidate_errors_total{direction="",shadow="mismatch"} 0
+throttlekit_shadow_candidate_errors_total{direction="forward",shadow="sessions"} 0
+throttlekit_shadow_candidate_errors_total{direction="reverse",shadow="sessions"} 0
+# HELP throttlekit_shadow_dropped_total Calls never mirrored (queue full or shadow closed): the candidate's counts lag.
+# TYPE throttlekit_shadow_dropped_total counter
+throttlekit_shadow_dropped_total{direction="",shadow="closed"} 1
+throttlekit_shadow_dropped_total{direction="",shadow="failing"} 0
+throttlekit_shadow_dropped_total{direction="",shadow="mismatch"} 0
+throttlekit_shadow_dropped_total{direction="forward",shadow="sessions"} 0
+throttlekit_shadow_dropped_total{direction="reverse",shadow="sessions"} 0
+# HELP throttlekit_shadow_results_total Shadow results published: compared, failed or dropped.
+# TYPE throttlekit_shadow_results_total counter
+throttlekit_shadow_results_total{direction="",shadow="closed"} 1
+throttlekit_shadow_results_total{direction="",shadow="failing"} 1
+throttlekit_shadow_results_total{direction="",shadow="mismatch"} 1
+throttlekit_shadow_results_total{direction="forward",shadow="sessions"} 3
+throttlekit_shadow_results_total{direction="reverse",shadow="sessions"} 0
+# HELP throttlekit_migration_moving_calls_total Calls for keys a change of percentage is moving, each made on both stores.
+# TYPE throttlekit_migration_moving_calls_total counter
+throttlekit_migration_moving_calls_total{migration="sessions"} 1
+# HELP throttlekit_migration_percent_changes_total Changes of the rollout's percentage this process has seen.
+# TYPE throttlekit_migration_percent_changes_total counter
+throttlekit_migration_percent_changes_total{migration="sessions"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"throttlekit_router_calls_total", "throttlekit_shadow_compared_total", "throttlekit_shadow_mismatches_total",
+		"throttlekit_shadow_candidate_errors_total", "throttlekit_shadow_dropped_total", "throttlekit_shadow_results_total",
+		"throttlekit_migration_moving_calls_total", "throttlekit_migration_percent_changes_total"))
+
+	kinds := `
+# HELP throttlekit_shadow_mismatch_kinds_total Mismatches carrying each kind of difference (one mismatch may carry several).
+# TYPE throttlekit_shadow_mismatch_kinds_total counter
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="closed"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="closed"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="closed"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="closed"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="failing"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="failing"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="failing"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="failing"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="mismatch"} 1
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="mismatch"} 1
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="mismatch"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="mismatch"} 1
+throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="allowed",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="reset_at",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="retry_after",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="used",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="allowed",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="reset_at",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="retry_after",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="used",shadow="sessions"} 0
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(kinds), "throttlekit_shadow_mismatch_kinds_total"))
+}
+
+func TestCardinalityIsBounded(t *testing.T) {
+	m, reg := newMetrics(t, &throttleprom.Options{MaxPolicies: 2, MaxStores: 2})
+	for _, name := range []string{"a", "b", "c", "d", "a", "\xff"} {
+		for _, store := range []string{"", "s1", "s2", "s3"} {
+			m.Observe(throttler.Observation{Op: throttler.OpTake, Policy: throttler.Policy{Name: name}, Store: store, Decision: throttler.Decision{Allowed: true}})
+		}
+	}
+	m.Observe(throttler.Observation{Op: throttler.OpAcquire, Concurrency: throttler.ConcurrencyPolicy{Name: "uploads"}, Store: "s1"})
+	want := `
+# HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
+# TYPE throttlekit_decisions_total counter
+throttlekit_decisions_total{op="acquire",policy="other",result="denied",source="primary"} 1
+throttlekit_decisions_total{op="take",policy="a",result="allowed",source="primary"} 8
+throttlekit_decisions_total{op="take",policy="b",result="allowed",source="primary"} 4
+throttlekit_decisions_total{op="take",policy="other",result="allowed",source="primary"} 12
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "throttlekit_decisions_total"))
+	assert.Equal(t, map[string]uint64{"default": 6, "s1": 7, "other": 12},
+		histogramCounts(t, reg, "throttlekit_backend_call_duration_seconds", "store"),
+		"the default store takes one of the two places")
+}
+
+func TestLeaseOpsCountUnderTheConcurrencyPolicy(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	ok := throttler.Decision{Allowed: true}
+	m.Observe(throttler.Observation{Op: throttler.OpAcquire, Concurrency: throttler.Concurrent(2, time.Minute).Named("uploads"), Decision: ok})
+	m.Observe(throttler.Observation{Op: throttler.OpRelease, Concurrency: throttler.Concurrent(2, time.Minute).Named("uploads"), Decision: ok, Policy: traffic.Login})
+	want := `
+# HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
+# TYPE throttlekit_decisions_total counter
+throttlekit_decisions_total{op="acquire",policy="uploads",result="allowed",source="primary"} 1
+throttlekit_decisions_total{op="release",policy="uploads",result="allowed",source="primary"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "throttlekit_decisions_total"))
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	tests := []struct {
+		opts throttleprom.Options
+		want string
+	}{
+		{throttleprom.Options{MaxPolicies: -1}, "throttleprom: Options.MaxPolicies must be >= 0, got -1"},
+		{throttleprom.Options{MaxStores: -2}, "throttleprom: Options.MaxStores must be >= 0, got -2"},
+		{throttleprom.Options{Buckets: []float64{0.1, 0.1}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0.1 0.1]"},
+		{throttleprom.Options{Buckets: []float64{0, 1}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0 1]"},
+		{throttleprom.Options{Buckets: []float64{1, math.Inf(1)}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1 +Inf]"},
+		{throttleprom.Options{Buckets: []float64{1e-10}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1e-10]"},
+	}
+	for _, tt := range tests {
+		_, err := throttleprom.New(&tt.opts)
+		assert.EqualError(t, err, tt.want)
+	}
+}
+
+func TestAddRefusesBadSources(t *testing.T) {
+	m, _ := newMetrics(t, nil)
+	s := traffic.Drive(t)
+	require.NoError(t, m.AddRouter("r", s.Router))
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{m.AddRouter("r", s.Router), `throttleprom: AddRouter "r": name already added`},
+		{m.AddMigration("r", s.Migration), `throttleprom: AddMigration "r": name already added`},
+		{m.AddShadow("", s.Mismatch), `throttleprom: AddShadow: empty name`},
+		{m.AddShadow("x", nil), `throttleprom: AddShadow "x": nil`},
+		{m.AddRouter("bad\xff", s.Router), `throttleprom: AddRouter "bad\xff": a name is valid UTF-8 of at most 128 bytes`},
+		{m.AddMigration(strings.Repeat("m", 129), s.Migration), `throttleprom: AddMigration "` + strings.Repeat("m", 129) + `": a name is valid UTF-8 of at most 128 bytes`},
+		{m.WatchThrottler(nil), `throttleprom: WatchThrottler: nil Throttler`},
+	}
+	for _, tt := range tests {
+		assert.EqualError(t, tt.err, tt.want)
+	}
+	_, healthy := traffic.Calls(t, nil)
+	require.NoError(t, m.WatchThrottler(healthy))
+	assert.EqualError(t, m.WatchThrottler(healthy), "throttleprom: WatchThrottler: Throttler already watched")
+}
