@@ -687,13 +687,19 @@ func (b *Backend) serverName(addr string) string {
 // (backend.ErrKeyState) when it is known to be either; anything else, a
 // context's end included, is left as it is for the caller to judge.
 func (b *Backend) classify(key string, p throttler.Policy, err error) error {
+	return b.classifyAt(func() string { return b.homeItem(key, p) }, err)
+}
+
+// classifyAt is classify for a call whose first item home names (asked
+// only when a failure is blamed on a server).
+func (b *Backend) classifyAt(home func() string, err error) error {
 	switch {
 	case throttler.IsInputError(err), errors.Is(err, backend.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
 		return err
 	case clientError(err):
 		return backend.KeyFailure(err)
 	case serverFailure(err):
-		return backend.StoreFailure(b.failedServer(key, p, err), err)
+		return backend.StoreFailure(b.failedServer(home, err), err)
 	}
 	return err
 }
@@ -701,7 +707,7 @@ func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 // failedServer names the server a failure came from: the address in a
 // network error when it is one of the selector's servers (a call may reach
 // two: a head and a counter), else the server of the call's first item.
-func (b *Backend) failedServer(key string, p throttler.Policy, err error) string {
+func (b *Backend) failedServer(home func() string, err error) string {
 	if b.opts.Selector == nil {
 		return ""
 	}
@@ -724,7 +730,7 @@ func (b *Backend) failedServer(key string, p throttler.Policy, err error) string
 			return b.serverName(addr.String())
 		}
 	}
-	return b.serverOf(b.homeItem(key, p))
+	return b.serverOf(home())
 }
 
 // gomemcache reports what a server answered in the text of its errors; the
