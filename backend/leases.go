@@ -70,7 +70,7 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	if allowed {
 		earliest = min(earliest, expiry)
 	}
-	return leaseDecision(p, len(e), earliest, t, allowed), changed
+	return LeaseDecision(p, int64(len(e)), earliest, t, allowed), changed
 }
 
 // Release applies a Release of id at t under p: it drops the leases
@@ -94,7 +94,7 @@ func (s *LeaseSet) Release(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	changed = n != len(e)
 	clear(e[n:]) // no stale entries behind the length
 	*s = e[:n]
-	return held, leaseDecision(p, n, earliest, t, int64(n) < p.Limit), changed
+	return held, LeaseDecision(p, int64(n), earliest, t, int64(n) < p.Limit), changed
 }
 
 // End is when the set stops mattering, in Unix ms: its latest expiry, from
@@ -108,13 +108,16 @@ func (s LeaseSet) End() int64 {
 	return end
 }
 
-// leaseDecision is the contract's Decision with used leases held after the
-// call, the earliest of them expiring at earliest (unused when none is).
-func leaseDecision(p throttler.ConcurrencyPolicy, used int, earliest, t int64, allowed bool) throttler.Decision {
+// LeaseDecision is the lease contract's Decision at t (Unix ms) with used
+// leases held after the call, the earliest of them expiring at earliest
+// (unused when none is held: ResetAt is then t + TTL). RetryAfter is
+// ResetAt - t whenever Allowed is false, after a Release too (as after a
+// Peek), so that every Decision reads alike.
+func LeaseDecision(p throttler.ConcurrencyPolicy, used, earliest, t int64, allowed bool) throttler.Decision {
 	if used == 0 {
 		earliest = t + p.TTL.Milliseconds()
 	}
-	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: int64(used), Remaining: max(0, p.Limit-int64(used)), ResetAt: time.UnixMilli(earliest)}
+	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(earliest)}
 	if !allowed {
 		d.RetryAfter = time.Duration(earliest-t) * time.Millisecond
 	}
