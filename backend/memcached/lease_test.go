@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"net"
 	"slices"
@@ -58,11 +57,7 @@ func TestLeaseRoundTrips(t *testing.T) {
 		}
 	}
 	type want = map[string]int
-	steps := []struct {
-		name string
-		do   func() error
-		want want
-	}{
+	checkCalls(t, f, []callStep{
 		{"release, no item", release(1, 0, false), want{"get": 1}},
 		{"first acquire", acquire(1, 0, true), want{"get": 1, "add": 1}},
 		{"acquire", acquire(2, 0, true), want{"get": 1, "cas": 1}},
@@ -73,16 +68,7 @@ func TestLeaseRoundTrips(t *testing.T) {
 		{"release again", release(1, time.Second, false), want{"get": 1}},
 		{"release of an expired lease drops it", release(2, time.Minute+time.Second, false), want{"get": 1, "cas": 1}},
 		{"acquire on an empty item", acquire(4, 2*time.Minute, true), want{"get": 1, "cas": 1}},
-	}
-	for _, s := range steps {
-		f.callCounts()
-		if err := s.do(); err != nil {
-			t.Fatalf("%s: %v", s.name, err)
-		}
-		if got := f.callCounts(); !maps.Equal(got, s.want) {
-			t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
-		}
-	}
+	})
 }
 
 // TestLeaseContention: a cas that keeps losing is retried up to
