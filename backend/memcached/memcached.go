@@ -177,7 +177,8 @@ var (
 	// ErrContention reports that a call lost MaxAttempts rounds to other
 	// processes writing the same key: opening a fixed window, or the
 	// compare-and-swap of a token bucket, sliding log or sliding-window
-	// counter. Nothing was counted.
+	// counter, or of a key's leases. Nothing was counted, acquired or
+	// released.
 	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
@@ -194,8 +195,9 @@ type Options struct {
 	Prefix string
 	// MaxAttempts bounds the rounds a Take makes when it loses a race to
 	// open a window (then it fails with ErrContention) or is denied while
-	// its cost would have fit (then it stays denied). Negative is an
-	// error. default: 8
+	// its cost would have fit (then it stays denied), and the rounds of a
+	// compare-and-swap (the other algorithms, Acquire, Release). Negative
+	// is an error. default: 8
 	MaxAttempts int
 	// CacheFor is how long, in the callers' time (the now they pass), a
 	// process trusts the reset-at it last read for a pair, so that a Take
