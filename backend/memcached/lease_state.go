@@ -21,7 +21,8 @@ import (
 // IDs are random, so 8 fixed bytes are their shortest form; expiries lie
 // within one TTL of each other, a varint of 2 to 4 bytes. A full item of
 // MaxConcurrencyLimit leases with TTLs under a day takes at most about
-// 120 KB, far below Memcached's 1 MB item limit. Increasing IDs make a
+// 120 KB, and whatever the TTLs never more than 180 KB (18 bytes a lease),
+// far below Memcached's default 1 MB item limit. Increasing IDs make a
 // repeated ID, which no write produces, visible in one pass.
 //
 // Decoding checks everything a write can never produce: another format
