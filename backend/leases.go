@@ -41,15 +41,18 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	e := *s
 	n, found, earliest := 0, -1, int64(math.MaxInt64)
 	for i := range e {
-		if e[i].Expiry <= t {
+		x := e[i]
+		if x.Expiry <= t {
 			continue
 		}
-		if e[i].ID == id {
+		if x.ID == id {
 			found = n
 		} else {
-			earliest = min(earliest, e[i].Expiry)
+			earliest = min(earliest, x.Expiry)
 		}
-		e[n] = e[i]
+		if n != i { // writes only after a drop
+			e[n] = x
+		}
 		n++
 	}
 	changed = n != len(e)
@@ -80,15 +83,18 @@ func (s *LeaseSet) Release(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	e := *s
 	n, earliest := 0, int64(math.MaxInt64)
 	for i := range e {
-		if e[i].Expiry <= t {
+		x := e[i]
+		if x.Expiry <= t {
 			continue
 		}
-		if e[i].ID == id {
+		if x.ID == id {
 			held = true
 			continue
 		}
-		earliest = min(earliest, e[i].Expiry)
-		e[n] = e[i]
+		earliest = min(earliest, x.Expiry)
+		if n != i {
+			e[n] = x
+		}
 		n++
 	}
 	changed = n != len(e)
