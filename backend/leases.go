@@ -41,15 +41,18 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	e := *s
 	n, found, earliest := 0, -1, int64(math.MaxInt64)
 	for i := range e {
-		if e[i].Expiry <= t {
+		x := e[i]
+		if x.Expiry <= t {
 			continue
 		}
-		if e[i].ID == id {
+		if x.ID == id {
 			found = n
 		} else {
-			earliest = min(earliest, e[i].Expiry)
+			earliest = min(earliest, x.Expiry)
 		}
-		e[n] = e[i]
+		if n != i { // writes only after a drop
+			e[n] = x
+		}
 		n++
 	}
 	changed = n != len(e)
@@ -70,7 +73,7 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	if allowed {
 		earliest = min(earliest, expiry)
 	}
-	return leaseDecision(p, len(e), earliest, t, allowed), changed
+	return LeaseDecision(p, int64(len(e)), earliest, t, allowed), changed
 }
 
 // Release applies a Release of id at t under p: it drops the leases
@@ -80,21 +83,24 @@ func (s *LeaseSet) Release(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	e := *s
 	n, earliest := 0, int64(math.MaxInt64)
 	for i := range e {
-		if e[i].Expiry <= t {
+		x := e[i]
+		if x.Expiry <= t {
 			continue
 		}
-		if e[i].ID == id {
+		if x.ID == id {
 			held = true
 			continue
 		}
-		earliest = min(earliest, e[i].Expiry)
-		e[n] = e[i]
+		earliest = min(earliest, x.Expiry)
+		if n != i {
+			e[n] = x
+		}
 		n++
 	}
 	changed = n != len(e)
 	clear(e[n:]) // no stale entries behind the length
 	*s = e[:n]
-	return held, leaseDecision(p, n, earliest, t, int64(n) < p.Limit), changed
+	return held, LeaseDecision(p, int64(n), earliest, t, int64(n) < p.Limit), changed
 }
 
 // End is when the set stops mattering, in Unix ms: its latest expiry, from
@@ -108,13 +114,16 @@ func (s LeaseSet) End() int64 {
 	return end
 }
 
-// leaseDecision is the contract's Decision with used leases held after the
-// call, the earliest of them expiring at earliest (unused when none is).
-func leaseDecision(p throttler.ConcurrencyPolicy, used int, earliest, t int64, allowed bool) throttler.Decision {
+// LeaseDecision is the lease contract's Decision at t (Unix ms) with used
+// leases held after the call, the earliest of them expiring at earliest
+// (unused when none is held: ResetAt is then t + TTL). RetryAfter is
+// ResetAt - t whenever Allowed is false, after a Release too (as after a
+// Peek), so that every Decision reads alike.
+func LeaseDecision(p throttler.ConcurrencyPolicy, used, earliest, t int64, allowed bool) throttler.Decision {
 	if used == 0 {
 		earliest = t + p.TTL.Milliseconds()
 	}
-	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: int64(used), Remaining: max(0, p.Limit-int64(used)), ResetAt: time.UnixMilli(earliest)}
+	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(earliest)}
 	if !allowed {
 		d.RetryAfter = time.Duration(earliest-t) * time.Millisecond
 	}

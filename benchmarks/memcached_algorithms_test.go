@@ -52,6 +52,59 @@ func (c *lostCounter) Add(it *memcache.Item) error {
 	return err
 }
 
+// memcachedContention runs the rounds of a contention benchmark: clients
+// Backends on addr, each on a client of its own, shared by goroutines
+// callers. Each iteration is a round in which the floor (Increment of one
+// item by the same goroutines and clients) and then op, on its goroutine's
+// Backend, each run for memcachedBurst. op counts the calls that ran out
+// of attempts (ErrContention, then made again) in contended. It reports
+// both throughputs, the lost cas/add rounds per op ("retries/<unit>", the
+// client's CompareAndSwap and Add wrapped in a lostCounter) and the
+// contended calls per op.
+func memcachedContention(b *testing.B, addr string, clients, goroutines int, unit string, op func(m *memcached.Backend, contended *atomic.Int64) error) {
+	counters := make([]*lostCounter, clients)
+	backends := make([]*memcached.Backend, clients)
+	for i := range clients {
+		mc := memcache.New(addr)
+		mc.Timeout = 5 * time.Second // 64 goroutines queue on a loaded 2-core machine
+		mc.MaxIdleConns = goroutines / clients
+		b.Cleanup(func() { _ = mc.Close() })
+		counters[i] = &lostCounter{Client: mc}
+		m, err := memcached.New(counters[i], nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		backends[i] = m
+	}
+	floorKey := "bench:floor:" + unit + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := counters[0].Set(&memcache.Item{Key: floorKey, Value: []byte("0")}); err != nil {
+		b.Fatal(err)
+	}
+	var ops, floors int64
+	var contended atomic.Int64
+	var elapsed time.Duration
+	for b.Loop() {
+		floors += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
+			_, err := counters[g%clients].Increment(floorKey, 1)
+			return err
+		})
+		ops += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
+			return op(backends[g%clients], &contended)
+		})
+		elapsed += memcachedBurst
+	}
+	var lost int64
+	for _, c := range counters {
+		lost += c.lost.Load()
+	}
+	n := float64(ops)
+	b.ReportMetric(n/elapsed.Seconds(), unit+"s/s")
+	b.ReportMetric(float64(floors)/elapsed.Seconds(), "floor-calls/s")
+	b.ReportMetric(n/float64(floors), unit+"s/floor")
+	b.ReportMetric(float64(lost)/n, "retries/"+unit)
+	b.ReportMetric(float64(contended.Load())/n, "contention-errors/"+unit)
+}
+
 // BenchmarkMemcachedAlgorithmTake compares an admitted Take of each
 // algorithm (gets, then cas: two round trips) on a key of its own, one
 // goroutine, with the floor, a bare Increment on the same server and
@@ -118,60 +171,22 @@ func BenchmarkMemcachedAlgorithmContention(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/one-key/goroutines=%d/clients=%d", alg.name, goroutines, clients), func(b *testing.B) {
 				base := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 				ctx := context.Background()
-				counters := make([]*lostCounter, clients)
-				backends := make([]*memcached.Backend, clients)
-				for i := range clients {
-					mc := memcache.New(addr)
-					mc.Timeout = 5 * time.Second // 64 goroutines queue on a loaded 2-core machine
-					mc.MaxIdleConns = goroutines / clients
-					b.Cleanup(func() { _ = mc.Close() })
-					counters[i] = &lostCounter{Client: mc}
-					m, err := memcached.New(counters[i], nil)
-					if err != nil {
-						b.Fatal(err)
-					}
-					backends[i] = m
-				}
-				run := strconv.FormatInt(time.Now().UnixNano(), 36)
-				key, floorKey := alg.name+"-"+run, "bench:floor:"+alg.name+"-"+run
-				if err := counters[0].Set(&memcache.Item{Key: floorKey, Value: []byte("0")}); err != nil {
-					b.Fatal(err)
-				}
+				key := alg.name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 				var clock atomic.Int64
-				var takes, floors int64
-				var contended atomic.Int64
-				var elapsed time.Duration
-				for b.Loop() {
-					floors += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
-						_, err := counters[g%clients].Increment(floorKey, 1)
-						return err
-					})
-					takes += burst(b, goroutines, memcachedBurst, func(g, _ int) error {
-						now := base.Add(time.Duration(clock.Add(1)) * alg.step)
-						d, err := backends[g%clients].Take(ctx, key, alg.p, 1, now)
-						for errors.Is(err, memcached.ErrContention) {
-							// Counted, and taken again: the call is
-							// not admitted until it succeeds.
-							contended.Add(1)
-							d, err = backends[g%clients].Take(ctx, key, alg.p, 1, now)
-						}
-						if err == nil && !d.Allowed {
-							err = fmt.Errorf("denied: %+v", d)
-						}
-						return err
-					})
-					elapsed += memcachedBurst
-				}
-				var lost int64
-				for _, c := range counters {
-					lost += c.lost.Load()
-				}
-				n := float64(takes)
-				b.ReportMetric(n/elapsed.Seconds(), "takes/s")
-				b.ReportMetric(float64(floors)/elapsed.Seconds(), "floor-calls/s")
-				b.ReportMetric(n/float64(floors), "takes/floor")
-				b.ReportMetric(float64(lost)/n, "retries/take")
-				b.ReportMetric(float64(contended.Load())/n, "contention-errors/take")
+				memcachedContention(b, addr, clients, goroutines, "take", func(m *memcached.Backend, contended *atomic.Int64) error {
+					now := base.Add(time.Duration(clock.Add(1)) * alg.step)
+					d, err := m.Take(ctx, key, alg.p, 1, now)
+					for errors.Is(err, memcached.ErrContention) {
+						// Counted, and taken again: the call is
+						// not admitted until it succeeds.
+						contended.Add(1)
+						d, err = m.Take(ctx, key, alg.p, 1, now)
+					}
+					if err == nil && !d.Allowed {
+						err = fmt.Errorf("denied: %+v", d)
+					}
+					return err
+				})
 			})
 		}
 	}

@@ -55,42 +55,57 @@ const (
 // apply runs op (validated) under p's algorithm on the pair's state item.
 func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	k := newItemKeys(b.opts.Prefix, p, key)
-	ik := k.state()
-	t := now.UnixMilli()
+	var d throttler.Decision
+	err := b.update(ctx, k.state(), k.id, "state", now, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
+		d, value, end, write, err = compute(p, it, op, cost, now.UnixMilli())
+		return value, end, write, err
+	})
+	return d, err
+}
+
+// step computes, from the item read (nil: none), the value to write, the
+// Unix ms after which it stops mattering (its exptime), and whether to
+// write it at all. A value that does not decode is errDecode.
+type step func(it *memcache.Item) (value []byte, end int64, write bool, err error)
+
+// update is the read-modify-write of one item (ik, of the pair id) shared
+// by the state items and the lease items: gets, step, then cas over the
+// version read (add when there was none), from the top again when another
+// process wrote first, at most MaxAttempts rounds, then ErrContention.
+// what names the item in errors. The step's last run is the one whose
+// value was written, or whose read needed no write.
+func (b *Backend) update(ctx context.Context, ik, id, what string, now time.Time, f step) error {
 	unlock, err := b.locks.lock(ctx, ik)
 	if err != nil {
-		return throttler.Decision{}, err
+		return err
 	}
 	defer unlock()
 	var round time.Duration // how long the last lost round took
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		if attempt > 0 {
 			if err := backoff(ctx, attempt, round); err != nil {
-				return throttler.Decision{}, err
+				return err
 			}
 		}
 		began := time.Now()
 		if err := ctx.Err(); err != nil {
-			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
+			return fmt.Errorf("memcached: %w", err)
 		}
 		it, err := b.c.Get(ik)
 		switch {
 		case errors.Is(err, memcache.ErrCacheMiss):
 			it = nil
 		case err != nil:
-			return throttler.Decision{}, fmt.Errorf("memcached: get state of %q: %w", k.id, err)
+			return fmt.Errorf("memcached: get %s of %q: %w", what, id, err)
 		case it == nil:
-			return throttler.Decision{}, fmt.Errorf("memcached: get state of %q: %w: no item and no error", k.id, ErrBadItem)
+			return fmt.Errorf("memcached: get %s of %q: %w: no item and no error", what, id, ErrBadItem)
 		}
-		d, value, end, write, err := compute(p, it, op, cost, t)
+		value, end, write, err := f(it)
 		if errors.Is(err, errDecode) {
-			return throttler.Decision{}, fmt.Errorf("memcached: state of %q (%d bytes): %w", k.id, len(it.Value), ErrBadItem)
+			return fmt.Errorf("memcached: %s of %q (%d bytes): %w", what, id, len(it.Value), ErrBadItem)
 		}
-		if err != nil {
-			return throttler.Decision{}, err
-		}
-		if !write {
-			return d, nil
+		if err != nil || !write {
+			return err
 		}
 		next := &memcache.Item{Key: ik, Value: value, Expiration: exptime(end, now)}
 		if it == nil {
@@ -101,15 +116,15 @@ func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p thro
 		}
 		switch {
 		case err == nil:
-			return d, nil
+			return nil
 		case errors.Is(err, memcache.ErrNotStored), errors.Is(err, memcache.ErrCASConflict), errors.Is(err, memcache.ErrCacheMiss):
 			// Another process wrote (or the item expired) since the gets.
 			round = time.Since(began)
 		default:
-			return throttler.Decision{}, fmt.Errorf("memcached: write state of %q: %w", k.id, err)
+			return fmt.Errorf("memcached: write %s of %q: %w", what, id, err)
 		}
 	}
-	return throttler.Decision{}, fmt.Errorf("%w: state of %q changed under each of %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
+	return fmt.Errorf("%w: %s of %q changed under each of %d attempts", ErrContention, what, id, b.opts.MaxAttempts)
 }
 
 // compute decodes the stored state (it nil: none), applies op at t with

@@ -186,11 +186,7 @@ func TestAlgorithmRoundTrips(t *testing.T) {
 		t.Run(p.Algorithm.String(), func(t *testing.T) {
 			f := newFakeClient()
 			b := mustNew(t, f, nil)
-			steps := []struct {
-				name string
-				do   func() error
-				want want
-			}{
+			checkCalls(t, f, []callStep{
 				{"peek, no state", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, want{"get": 1}},
 				{"refund, no state", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, want{"get": 1}},
 				{"first take", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, want{"get": 1, "add": 1}},
@@ -198,17 +194,29 @@ func TestAlgorithmRoundTrips(t *testing.T) {
 				{"denied take", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, want{"get": 1}},
 				{"peek", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, want{"get": 1}},
 				{"refund", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, want{"get": 1, "cas": 1}},
-			}
-			for _, s := range steps {
-				f.callCounts()
-				if err := s.do(); err != nil {
-					t.Fatalf("%s: %v", s.name, err)
-				}
-				if got := f.callCounts(); !maps.Equal(got, s.want) {
-					t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
-				}
-			}
+			})
 		})
+	}
+}
+
+// callStep is a call and the server commands it must make, by name.
+type callStep struct {
+	name string
+	do   func() error
+	want map[string]int
+}
+
+// checkCalls makes each step's call and checks the commands it made on f.
+func checkCalls(t *testing.T, f *fakeClient, steps []callStep) {
+	t.Helper()
+	for _, s := range steps {
+		f.callCounts()
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if got := f.callCounts(); !maps.Equal(got, s.want) {
+			t.Errorf("%s: calls %v, want %v", s.name, got, s.want)
+		}
 	}
 }
 

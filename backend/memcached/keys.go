@@ -68,7 +68,12 @@ type itemKeys struct {
 // newItemKeys encodes (p's identity, key) under prefix. prefix must have
 // passed validPrefix; the name and key may be anything.
 func newItemKeys(prefix string, p throttler.Policy, key string) itemKeys {
-	name := backend.Identity(p)
+	return identityKeys(prefix, backend.Identity(p), key)
+}
+
+// identityKeys encodes (name, key) under prefix, name being a storage
+// identity (of a rate policy, or of a concurrency policy for leases).
+func identityKeys(prefix, name, key string) itemKeys {
 	id := strconv.Itoa(len(name)) + ":" + name + ":" + key
 	if len(prefix)+counterTagLen+len(id) > maxItemKeyLen || !printable(name) || !printable(key) {
 		sum := sha256.Sum256([]byte(id))

@@ -177,7 +177,8 @@ var (
 	// ErrContention reports that a call lost MaxAttempts rounds to other
 	// processes writing the same key: opening a fixed window, or the
 	// compare-and-swap of a token bucket, sliding log or sliding-window
-	// counter. Nothing was counted.
+	// counter, or of a key's leases. Nothing was counted, acquired or
+	// released.
 	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
@@ -194,8 +195,9 @@ type Options struct {
 	Prefix string
 	// MaxAttempts bounds the rounds a Take makes when it loses a race to
 	// open a window (then it fails with ErrContention) or is denied while
-	// its cost would have fit (then it stays denied). Negative is an
-	// error. default: 8
+	// its cost would have fit (then it stays denied), and the rounds of a
+	// compare-and-swap (the other algorithms, Acquire, Release). Negative
+	// is an error. default: 8
 	MaxAttempts int
 	// CacheFor is how long, in the callers' time (the now they pass), a
 	// process trusts the reset-at it last read for a pair, so that a Take
@@ -687,13 +689,19 @@ func (b *Backend) serverName(addr string) string {
 // (backend.ErrKeyState) when it is known to be either; anything else, a
 // context's end included, is left as it is for the caller to judge.
 func (b *Backend) classify(key string, p throttler.Policy, err error) error {
+	return b.classifyAt(func() string { return b.homeItem(key, p) }, err)
+}
+
+// classifyAt is classify for a call whose first item home names (asked
+// only when a failure is blamed on a server).
+func (b *Backend) classifyAt(home func() string, err error) error {
 	switch {
 	case throttler.IsInputError(err), errors.Is(err, backend.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
 		return err
 	case clientError(err):
 		return backend.KeyFailure(err)
 	case serverFailure(err):
-		return backend.StoreFailure(b.failedServer(key, p, err), err)
+		return backend.StoreFailure(b.failedServer(home, err), err)
 	}
 	return err
 }
@@ -701,7 +709,7 @@ func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 // failedServer names the server a failure came from: the address in a
 // network error when it is one of the selector's servers (a call may reach
 // two: a head and a counter), else the server of the call's first item.
-func (b *Backend) failedServer(key string, p throttler.Policy, err error) string {
+func (b *Backend) failedServer(home func() string, err error) string {
 	if b.opts.Selector == nil {
 		return ""
 	}
@@ -724,7 +732,7 @@ func (b *Backend) failedServer(key string, p throttler.Policy, err error) string
 			return b.serverName(addr.String())
 		}
 	}
-	return b.serverOf(b.homeItem(key, p))
+	return b.serverOf(home())
 }
 
 // gomemcache reports what a server answered in the text of its errors; the

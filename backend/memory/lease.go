@@ -40,7 +40,6 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	defer s.mu.Unlock()
 	if s.observe(ms) {
 		b.sweep(s, ms, true)
 	}
@@ -50,6 +49,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 		// No leases: this one is admitted (Limit >= 1) and needs a slot.
 		var err error
 		if w, err = b.makeSlot(s, h, nil, key, pid, ms); err != nil {
+			s.mu.Unlock()
 			return throttler.Decision{}, err
 		}
 		w.leases, w.end = new(backend.LeaseSet), ms
@@ -58,6 +58,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if d.Allowed {
 		w.end = max(w.end, ms+p.TTL.Milliseconds())
 	}
+	s.mu.Unlock()
 	return d, nil
 }
 
@@ -69,7 +70,6 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	defer s.mu.Unlock()
 	if s.observe(ms) {
 		b.sweep(s, ms, true)
 	}
@@ -79,5 +79,6 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 		set = w.leases
 	}
 	held, d, _ := set.Release(p, id, ms)
+	s.mu.Unlock()
 	return held, d, nil
 }
