@@ -11,10 +11,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-var (
-	core   = throttler.Policy{Name: "core", Limit: 10, Window: time.Minute}
-	search = throttler.Policy{Name: "search", Limit: 10, Window: time.Second}.WithBurst(20)
-)
+var core = throttler.Policy{Name: "core", Limit: 10, Window: time.Minute}
 
 var inspectArgs = []string{"inspect", "--policy", "name=core,limit=10,window=1m", "--key", "user:42",
 	"--memcached", "10.0.0.5:11211", "--redis", "10.0.1.5:6379", "--redis-replica", "10.0.1.6:6379"}
