@@ -217,20 +217,21 @@ from it, with the kinds and tolerances of package shadow: allowed, used
 match. A replica that lags its primary shows here as used or reset_at.`,
 	sections: []section{{"POLICIES", policiesSection}, {"STORES", storesSection}},
 	exits:    []int{exitOK, exitDiffer, exitUsage, exitUnreachable, exitFailed},
-	examples: `Compare a client's core limit on both stores during a migration:
+	examples: `Compare a client's core limit on both stores and a replica during a
+migration; the replica has not received the last take yet:
 
-    $ throttlekit inspect --policy name=core,limit=5000,window=1h --key user:42 \
+    $ throttlekit inspect --policy name=core,limit=10,window=1m --key user:42 \
         --memcached 10.0.0.5:11211 --redis 10.0.1.5:6379 --redis-replica 10.0.1.6:6379
     key: user:42
-    at:  2026-03-01T12:00:01.000Z
+    at:  2026-03-01T12:00:00.000Z
 
-    policy name=core,limit=5000,window=1h
-    STORE          ADDRESS          ALLOWED  USED  REMAINING  RESET AT                  RETRY AFTER  VS memcached
-    memcached      10.0.0.5:11211   yes      120   4880       2026-03-01T12:41:07.250Z  0s           -
-    redis          10.0.1.5:6379    yes      120   4880       2026-03-01T12:41:07.250Z  0s           match
-    redis-replica  10.0.1.6:6379    yes      119   4881       2026-03-01T12:41:07.250Z  0s           used
+    policy name=core,limit=10,window=1m
+    STORE          ADDRESS         ALLOWED  USED  REMAINING  RESET AT                  RETRY AFTER  VS memcached
+    memcached      10.0.0.5:11211  yes      3     7          2026-03-01T12:00:50.000Z  0s           -
+    redis          10.0.1.5:6379   yes      3     7          2026-03-01T12:00:50.000Z  0s           match
+    redis-replica  10.0.1.6:6379   yes      2     8          2026-03-01T12:00:50.000Z  0s           used
 
-    redis-replica differs from memcached (used) under name=core,limit=5000,window=1h
+    redis-replica differs from memcached (used) under name=core,limit=10,window=1m
 
 The same as JSON, for a script:
 

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -126,4 +128,22 @@ func spaced(s string) string {
 		lines[i] = strings.Join(strings.Fields(l), " ")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// The manual's example is the output of TestInspectDiffer, so that it shows
+// what the program prints.
+func TestInspectManualExample(t *testing.T) {
+	want, err := os.ReadFile(filepath.Join("testdata", "inspect_differ.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(want), "\n"), "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = "    " + l
+		}
+	}
+	if !strings.Contains(inspectPage.examples, strings.Join(lines, "\n")) {
+		t.Errorf("the inspect manual's example is not testdata/inspect_differ.txt")
+	}
 }
