@@ -46,7 +46,7 @@ func inspectCommand() *command {
 			}
 			st, err := e.open(cfg)
 			if err != nil {
-				return e.usage(cmd, "%v", err)
+				return e.openError(cmd, err)
 			}
 			defer st.Close()
 			rep := inspectReport{Key: *key, At: e.now()}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -288,5 +289,44 @@ func TestRolloutInvalidFile(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(path); string(data) != `{"percent":0,"mirror":true}`+"\n" {
 		t.Errorf("file holds %q", data)
+	}
+}
+
+// TestRunReal goes through run and the real stores' construction, without
+// a call that would dial: a prefix a backend refuses is a usage error.
+func TestRunReal(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--help"}, &out, &errb); code != exitOK || !strings.HasPrefix(out.String(), "NAME\n") {
+		t.Errorf("run --help: exit %d, stdout %.40q", code, out.String())
+	}
+	out.Reset()
+	code := run([]string{"inspect", "--key", "k", "--policy", "limit=1,window=1s", "--redis", "127.0.0.1:1", "--redis-prefix", "a{b"}, &out, &errb)
+	if code != exitUsage || !strings.Contains(errb.String(), `redis: Options.Prefix "a{b" holds a brace`) {
+		t.Errorf("a bad prefix: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+func TestOpenStores(t *testing.T) {
+	s, err := openStores(storeConfig{
+		memcached: []string{"127.0.0.1:1"}, redis: []string{"127.0.0.1:2", "127.0.0.1:3"},
+		redisReplicas: [][]string{{"127.0.0.1:4", "127.0.0.1:5"}, {"127.0.0.1:6", "127.0.0.1:7"}},
+		redisPrefix:   "throttlekit:", memcachedPrefix: "throttlekit:", timeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var got []string
+	for _, st := range s.list {
+		got = append(got, fmt.Sprintf("%s %v ro=%v", st.name, st.addrs, st.readOnly))
+	}
+	want := []string{
+		"memcached [127.0.0.1:1] ro=false",
+		"redis [127.0.0.1:2 127.0.0.1:3] ro=false",
+		"redis-replica [127.0.0.1:4 127.0.0.1:5] ro=true",
+		"redis-replica-2 [127.0.0.1:6 127.0.0.1:7] ro=true",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("stores:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -287,7 +287,7 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 	}
 	st, err := e.open(o.cfg)
 	if err != nil {
-		return e.usage(cmd, "%v", err)
+		return e.openError(cmd, err)
 	}
 	defer st.Close()
 	control, candidate := st.get(o.control), st.get(o.candidate)

@@ -158,7 +158,9 @@ func (s *stores) Close() {
 }
 
 // openStores builds a backend for every store of c. Nothing is dialled yet:
-// go-redis and gomemcache connect on the first call.
+// go-redis and gomemcache connect on the first call (gomemcache resolves
+// host names here: a failure matches throttler.ErrUnavailable). Any other
+// error is the configuration's (a prefix the backend refuses).
 func openStores(c storeConfig) (*stores, error) {
 	s := &stores{}
 	redisClient := func(addr string) *goredis.Client {
@@ -176,7 +178,9 @@ func openStores(c storeConfig) (*stores, error) {
 	if c.memcached != nil {
 		var sel memcache.ServerList
 		if err := sel.SetServers(c.memcached...); err != nil {
-			return nil, fmt.Errorf("--memcached: %w", err)
+			// The addresses were checked; what fails here is resolving a
+			// host name: the store cannot be reached.
+			return nil, fmt.Errorf("--memcached: %w: %w", throttler.ErrUnavailable, err)
 		}
 		mc := memcache.NewFromSelector(&sel)
 		mc.Timeout = c.timeout
@@ -219,6 +223,14 @@ func redisBackend(addrs []string, prefix string, client func(string) *goredis.Cl
 		shards[i] = redis.Shard{Primary: client(a)}
 	}
 	return redis.NewSharded(shards, opts)
+}
+
+// openError reports an error of openStores, returning its exit status.
+func (e *env) openError(cmd string, err error) int {
+	if errors.Is(err, throttler.ErrUnavailable) {
+		return e.fail(cmd, exitUnreachable, err)
+	}
+	return e.usage(cmd, "%v", err)
 }
 
 // exitFor is the exit status for a store's error: unreachable when the
