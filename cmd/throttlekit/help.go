@@ -245,8 +245,9 @@ var shadowPage = manPage{
 		"throttlekit shadow --control store --candidate store --policy spec...",
 		"                   [--duration d] [--keys n] [--rate r] [--ops list]",
 		"                   [--cost n] [store options] [--json]",
-		"throttlekit shadow --control store --candidate store --policy spec",
-		"                   (--key key... | --keys-file file) [--live] [store options] [--json]",
+		"throttlekit shadow --control store --candidate store --policy spec...",
+		"                   (--key key... | --keys-file file) [--live]",
+		"                   [store options] [--json]",
 	},
 	description: `Runs what a migration's shadow stage runs (package shadow), for a short
 while, and reports the mismatches by kind: every call is served by the

@@ -57,15 +57,15 @@ func shadowCommand() *command {
 		fs.StringVar(&o.candidate, "candidate", "", "The `store` compared with the control (required).")
 		fs.Var(&o.policies, "policy", "A `policy` to send the calls under (see POLICIES); required. Repeat it to spread the calls over several policies.")
 		fs.DurationVar(&o.duration, "duration", 10*time.Second, "How long the synthetic traffic runs.")
-		fs.IntVar(&o.keys, "keys", 100, "How many synthetic `keys` the traffic goes round.")
-		fs.Float64Var(&o.rate, "rate", 100, "Calls per second, over all keys: the pace of the traffic, and of the Peeks of given keys. The calls are made one at a time, so a store slower than 1/rate lowers it.")
+		fs.IntVar(&o.keys, "keys", 100, "How many synthetic keys (`n`) the traffic goes round.")
+		fs.Float64Var(&o.rate, "rate", 100, "The `calls` per second, over all keys: the pace of the traffic, and of the Peeks of given keys. The calls are made one at a time, so a store slower than 1/rate lowers it.")
 		fs.Func("ops", "The operations each key goes through in turn, a comma-separated `list` of take, peek and refund. (default take,take,peek,refund)", func(s string) error {
 			ops, err := parseOps(s)
 			o.ops = ops
 			return err
 		})
 		fs.Int64Var(&o.cost, "cost", 1, "The `units` of each take and refund.")
-		fs.StringVar(&o.keyPrefix, "key-prefix", defaultKeyPrefix, "What every synthetic key starts with; the run's id and the key's number follow.")
+		fs.StringVar(&o.keyPrefix, "key-prefix", defaultKeyPrefix, "The `prefix` every synthetic key starts with; the run's id and the key's number follow.")
 		fs.Func("key", "Compare the live `key` by Peek alone, writing nothing (repeat it for several keys). With --live, send the synthetic traffic to it instead.", func(s string) error {
 			if err := throttler.ValidateKey(s); err != nil {
 				return err
@@ -75,9 +75,9 @@ func shadowCommand() *command {
 		})
 		fs.StringVar(&o.keysFile, "keys-file", "", "Compare the live keys listed in `file`, one per line (- for standard input; blank lines and lines starting with # are skipped), as --key does.")
 		fs.BoolVar(&o.live, "live", false, "Send the synthetic traffic (takes and refunds) to the keys of --key and --keys-file: it spends those clients' budget. Only when asked.")
-		fs.Int64Var(&o.usedTolerance, "used-tolerance", 0, "How far used and remaining may differ before a pair is a mismatch (shadow.Options.UsedTolerance).")
+		fs.Int64Var(&o.usedTolerance, "used-tolerance", 0, "How many `units` used and remaining may differ by before a pair is a mismatch (shadow.Options.UsedTolerance).")
 		fs.DurationVar(&o.resetTolerance, "reset-tolerance", time.Millisecond, "How far reset-at and retry-after may differ before a pair is a mismatch (shadow.Options.ResetAtTolerance).")
-		fs.IntVar(&o.show, "show", 10, "How many of the latest mismatches to list.")
+		fs.IntVar(&o.show, "show", 10, "How many (`n`) of the latest mismatches to list.")
 		fs.BoolVar(&o.asJSON, "json", false, "Print the report as JSON.")
 		addStoreFlags(fs, &o.cfg)
 		return func(ctx context.Context, args []string) int {
