@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bradfitz/gomemcache/memcache"
+
 	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/backend/redis"
 	"github.com/throttlekit/throttlekit/flags"
@@ -204,6 +206,21 @@ func TestCLI(t *testing.T) {
 		}
 		if d := time.Since(start); d > 20*time.Second {
 			t.Errorf("took %v", d)
+		}
+	})
+
+	t.Run("inspect corrupt item", func(t *testing.T) {
+		head, _ := memcachedItems("core", "user:bad", time.Now())
+		mcRaw := memcachedClient(t, 2*time.Second, mc.addr)
+		if err := mcRaw.Set(&memcache.Item{Key: head, Value: []byte("garbage"), Expiration: 3600}); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := cliRun(t, bin, append([]string{"inspect", "--key", "user:bad", "--policy", "name=core,limit=10,window=1h"}, stores...)...)
+		if code != 4 {
+			t.Fatalf("exit status %d, want 4; stderr %s\n%s", code, errOut, out)
+		}
+		if !strings.Contains(out, "unexpected item value") || !strings.Contains(out, "a store failed") {
+			t.Errorf("output does not say why:\n%s", out)
 		}
 	})
 
