@@ -227,7 +227,7 @@ func TestCLI(t *testing.T) {
 	t.Run("shadow synthetic agree", func(t *testing.T) {
 		keysBefore := rdb.DBSize(ctx).Val()
 		out, errOut, code := cliRun(t, bin, append(append([]string{"shadow", "--control", "memcached", "--candidate", "redis",
-			"--duration", "2s", "--rate", "100", "--keys", "10", "--json",
+			"--duration", "2s", "--rate", "100", "--keys", "10", "--concurrency", "4", "--json",
 			"--policy", "name=hooks,limit=5,window=1m,algorithm=sliding-log"}, policyArgs...), stores...)...)
 		if code != 0 {
 			t.Fatalf("exit status %d, want 0; stderr %s\n%s", code, errOut, out)

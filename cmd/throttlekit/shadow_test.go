@@ -172,3 +172,38 @@ func TestShadowCutShort(t *testing.T) {
 		}
 	})
 }
+
+// With calls in flight on several workers, each key's calls still reach the
+// stores in order: the same counts as one at a time, and the same
+// mismatches on the key the candidate lost.
+func TestShadowConcurrency(t *testing.T) {
+	p := throttler.Policy{Name: "core", Limit: 3, Window: time.Minute}
+	sequential := newTestEnv(t)
+	sequential.take(t, storeMemcached, syntheticKey(0), p, 2, t0.Add(-time.Second))
+	if code := sequential.run(withArgs(shadowArgs, "--json")...); code != exitDiffer {
+		t.Fatalf("one at a time: exit %d; %s", code, sequential.errb.String())
+	}
+	for _, n := range []string{"2", "4", "9"} {
+		t.Run(n, func(t *testing.T) {
+			te := newTestEnv(t)
+			te.take(t, storeMemcached, syntheticKey(0), p, 2, t0.Add(-time.Second))
+			if code := te.run(withArgs(shadowArgs, "--json", "--concurrency", n)...); code != exitDiffer {
+				t.Fatalf("exit %d; %s", code, te.errb.String())
+			}
+			// Everything but the concurrency is the sequential run's.
+			want := strings.Replace(sequential.out.String(), `"concurrency": 1,`, `"concurrency": `+map[string]string{"2": "2", "4": "4", "9": "4"}[n]+`,`, 1)
+			if te.out.String() != want {
+				t.Errorf("report differs from the sequential run's:\n%s\nwant:\n%s", te.out.String(), want)
+			}
+			for i := range 4 {
+				for _, s := range []string{storeMemcached, storeRedis} {
+					got, _ := te.backends[s].Peek(context.Background(), syntheticKey(i), p, t0.Add(2*time.Second))
+					seq, _ := sequential.backends[s].Peek(context.Background(), syntheticKey(i), p, t0.Add(2*time.Second))
+					if got != seq {
+						t.Errorf("%s key %d: %+v, one at a time %+v", s, i, got, seq)
+					}
+				}
+			}
+		})
+	}
+}

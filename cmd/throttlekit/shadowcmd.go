@@ -36,6 +36,7 @@ type shadowOpts struct {
 	given              []string // --key
 	keysFile           string
 	live               bool
+	concurrency        int
 	usedTolerance      int64
 	resetTolerance     time.Duration
 	show               int
@@ -48,7 +49,7 @@ const maxCalls = 1_000_000
 
 // syntheticOnly are the options that shape synthetic traffic, refused in a
 // Peek-only comparison of given keys.
-var syntheticOnly = []string{"duration", "keys", "ops", "cost", "key-prefix"}
+var syntheticOnly = []string{"duration", "keys", "ops", "cost", "key-prefix", "concurrency"}
 
 func shadowCommand() *command {
 	return &command{name: "shadow", page: shadowPage, flags: func(e *env, fs *flag.FlagSet) func(context.Context, []string) int {
@@ -58,12 +59,13 @@ func shadowCommand() *command {
 		fs.Var(&o.policies, "policy", "A `policy` to send the calls under (see POLICIES); required. Repeat it to spread the calls over several policies.")
 		fs.DurationVar(&o.duration, "duration", 10*time.Second, "How long the synthetic traffic runs.")
 		fs.IntVar(&o.keys, "keys", 100, "How many synthetic keys (`n`) the traffic goes round.")
-		fs.Float64Var(&o.rate, "rate", 100, "The `calls` per second, over all keys: the pace of the traffic, and of the Peeks of given keys. The calls are made one at a time, so a store slower than 1/rate lowers it.")
+		fs.Float64Var(&o.rate, "rate", 100, "The `calls` per second, over all keys: the pace of the traffic, and of the Peeks of given keys (one at a time). A store slower than --concurrency/rate per call lowers it.")
 		fs.Func("ops", "The operations each key goes through in turn, a comma-separated `list` of take, peek and refund. (default take,take,peek,refund)", func(s string) error {
 			ops, err := parseOps(s)
 			o.ops = ops
 			return err
 		})
+		fs.IntVar(&o.concurrency, "concurrency", 1, "How many synthetic calls (`n`) may be in flight at once, for a rate above what one call at a time reaches; each key's calls stay in order.")
 		fs.Int64Var(&o.cost, "cost", 1, "The `units` of each take and refund.")
 		fs.StringVar(&o.keyPrefix, "key-prefix", defaultKeyPrefix, "The `prefix` every synthetic key starts with; the run's id and the key's number follow.")
 		fs.Func("key", "Compare the live `key` by Peek alone, writing nothing (repeat it for several keys). With --live, send the synthetic traffic to it instead.", func(s string) error {
@@ -182,6 +184,8 @@ func (o *shadowOpts) check(set map[string]bool, readKeys func(string) ([]string,
 		return fmt.Errorf("--keys is %d; want 1 or more", o.keys)
 	case o.cost < 1:
 		return fmt.Errorf("--cost is %d; want 1 or more", o.cost)
+	case o.concurrency < 1:
+		return fmt.Errorf("--concurrency is %d; want 1 or more", o.concurrency)
 	case o.keyPrefix == "" && !o.live:
 		return errors.New("--key-prefix is empty; synthetic keys need a prefix of their own")
 	case o.planned() < 1:
@@ -271,6 +275,7 @@ type shadowReport struct {
 	duration           time.Duration
 	rate               float64
 	planned, made      int
+	concurrency        int
 	byOp               map[throttler.Op]int
 	interrupted        bool
 	stats              shadow.Stats
@@ -330,19 +335,25 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 		return e.usage(cmd, "%v", err)
 	}
 	interval := time.Duration(float64(time.Second) / o.rate)
-	call := func(op throttler.Op, key string, p throttler.Policy, at time.Time) {
-		c, cancel := context.WithTimeout(ctx, o.cfg.timeout)
+	// A call runs to its own timeout even after an interrupt, so that the
+	// calls already handed to a worker are answered, not failed.
+	callCtx := context.WithoutCancel(ctx)
+	var mu sync.Mutex // rep.made and rep.byOp, counted by the workers
+	call := func(j job) {
+		c, cancel := context.WithTimeout(callCtx, o.cfg.timeout)
 		defer cancel()
-		switch op {
+		switch j.op {
 		case throttler.OpTake:
-			sh.Take(c, key, p, o.cost, at)
+			sh.Take(c, j.key, j.p, o.cost, j.at)
 		case throttler.OpPeek:
-			sh.Peek(c, key, p, at)
+			sh.Peek(c, j.key, j.p, j.at)
 		case throttler.OpRefund:
-			sh.Refund(c, key, p, o.cost, at)
+			sh.Refund(c, j.key, j.p, o.cost, j.at)
 		}
+		mu.Lock()
 		rep.made++
-		rep.byOp[op]++
+		rep.byOp[j.op]++
+		mu.Unlock()
 	}
 	if rep.peekOnly {
 		rep.planned = len(keys) * len(o.policies)
@@ -352,28 +363,11 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 				rep.interrupted = true
 				break
 			}
-			call(throttler.OpPeek, keys[i/len(o.policies)], o.policies[i%len(o.policies)], e.now())
+			call(job{throttler.OpPeek, keys[i/len(o.policies)], o.policies[i%len(o.policies)], e.now()})
 		}
 	} else {
-		rep.duration, rep.planned = o.duration, o.planned()
-		deadline := start.Add(o.duration)
-		for i := range rep.planned {
-			// Call i goes to key i mod keys; each round of the keys takes
-			// the next operation, each cycle of the operations the next
-			// policy. Its now is the instant it is due.
-			at := start.Add(time.Duration(i) * interval)
-			if e.sleepUntil(ctx, at); ctx.Err() != nil {
-				rep.interrupted = true
-				break
-			}
-			if e.now().After(deadline) {
-				break // behind schedule: the calls left are reported as not made
-			}
-			round := i / len(keys)
-			op := o.ops[round%len(o.ops)]
-			p := o.policies[(round/len(o.ops))%len(o.policies)]
-			call(op, keys[i%len(keys)], p, at)
-		}
+		rep.duration, rep.planned, rep.concurrency = o.duration, o.planned(), min(o.concurrency, len(keys))
+		rep.interrupted = e.synthetic(ctx, o, keys, start, interval, rep.concurrency, call)
 	}
 	// Every mirrored call is compared before the report, within a bound
 	// that a stuck candidate cannot stretch: each call has its timeout.
@@ -397,6 +391,61 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 	return code
 }
 
+// job is one call of the traffic.
+type job struct {
+	op  throttler.Op
+	key string
+	p   throttler.Policy
+	at  time.Time
+}
+
+// synthetic paces the synthetic traffic and hands each call to one of
+// workers goroutines, always the same one for a key, so that a key's calls
+// reach the stores in order while several keys' calls are in flight at
+// once. Call i goes to key i mod keys; each round of the keys takes the
+// next operation, each cycle of the operations the next policy; its now is
+// the instant it is due. It stops at the end of the duration, even with
+// calls left (a worker behind holds the pacing up), and reports whether it
+// was interrupted.
+func (e *env) synthetic(ctx context.Context, o *shadowOpts, keys []string, start time.Time, interval time.Duration, workers int, call func(job)) (interrupted bool) {
+	queues := make([]chan job, workers)
+	var wg sync.WaitGroup
+	for w := range queues {
+		queues[w] = make(chan job, 16)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range queues[w] {
+				call(j)
+			}
+		}()
+	}
+	defer func() {
+		for _, q := range queues {
+			close(q)
+		}
+		wg.Wait()
+	}()
+	deadline := start.Add(o.duration)
+	for i := range o.planned() {
+		at := start.Add(time.Duration(i) * interval)
+		if e.sleepUntil(ctx, at); ctx.Err() != nil {
+			return true
+		}
+		if e.now().After(deadline) {
+			return false // behind schedule: the calls left are reported as not made
+		}
+		round := i / len(keys)
+		j := job{o.ops[round%len(o.ops)], keys[i%len(keys)], o.policies[(round/len(o.ops))%len(o.policies)], at}
+		select {
+		case queues[(i%len(keys))%workers] <- j:
+		case <-ctx.Done():
+			return true
+		}
+	}
+	return false
+}
+
 // exitCode: unreachable if a store failed as a store; otherwise agreement
 // is every call compared and matched, nothing dropped or failed.
 func (r *shadowReport) exitCode() int {
@@ -414,6 +463,14 @@ func (r *shadowReport) exitCode() int {
 // reportKinds are the kinds a report lists, in its order.
 var reportKinds = []shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers,
 	shadow.RetryAfterDiffers, shadow.CandidateError, shadow.ControlError, shadow.Dropped}
+
+// inFlight says how many calls the traffic had in flight, when more than one.
+func (r *shadowReport) inFlight() string {
+	if r.concurrency > 1 {
+		return fmt.Sprintf(", %d in flight", r.concurrency)
+	}
+	return ""
+}
 
 func describeStore(s *store) string { return s.name + " (" + strings.Join(s.addrs, ",") + ")" }
 
@@ -434,9 +491,9 @@ func (r *shadowReport) writeText(w io.Writer, code int) {
 	case r.peekOnly:
 		fmt.Fprintf(w, "traffic:   peek only, %d given keys\n", r.keys)
 	case r.keyPrefix == "":
-		fmt.Fprintf(w, "traffic:   LIVE keys (%d given), %v at %v calls/s, each key %s\n", r.keys, r.duration, r.rate, formatOps(r.ops))
+		fmt.Fprintf(w, "traffic:   LIVE keys (%d given), %v at %v calls/s, each key %s%s\n", r.keys, r.duration, r.rate, formatOps(r.ops), r.inFlight())
 	default:
-		fmt.Fprintf(w, "traffic:   %d synthetic keys %s*, %v at %v calls/s, each key %s\n", r.keys, r.keyPrefix, r.duration, r.rate, formatOps(r.ops))
+		fmt.Fprintf(w, "traffic:   %d synthetic keys %s*, %v at %v calls/s, each key %s%s\n", r.keys, r.keyPrefix, r.duration, r.rate, formatOps(r.ops), r.inFlight())
 	}
 	var ops []string
 	for _, op := range []throttler.Op{throttler.OpTake, throttler.OpPeek, throttler.OpRefund} {
@@ -504,6 +561,7 @@ type shadowJSON struct {
 	Keys         int               `json:"keys"`
 	DurationMS   int64             `json:"duration_ms,omitempty"`
 	Rate         float64           `json:"rate"`
+	Concurrency  int               `json:"concurrency,omitempty"`
 	Planned      int               `json:"planned"`
 	Made         int               `json:"made"`
 	Ops          map[string]int    `json:"ops"`
@@ -553,7 +611,7 @@ func (r *shadowReport) toJSON(code int) shadowJSON {
 		Control:   storeJSON{r.control.name, r.control.addrs},
 		Candidate: storeJSON{r.candidate.name, r.candidate.addrs},
 		Mode:      "synthetic", KeyPrefix: r.keyPrefix, Keys: r.keys, DurationMS: r.duration.Milliseconds(),
-		Rate: r.rate, Planned: r.planned, Made: r.made, Ops: map[string]int{}, Interrupted: r.interrupted,
+		Rate: r.rate, Concurrency: r.concurrency, Planned: r.planned, Made: r.made, Ops: map[string]int{}, Interrupted: r.interrupted,
 		Compared: s.Compared, Mismatched: s.Mismatched, MismatchRate: s.MismatchRate(), Ignored: s.Ignored,
 		ByKind: map[string]uint64{}, Mismatches: []mismatchJSON{}, Errors: r.errs, Exit: code,
 	}
