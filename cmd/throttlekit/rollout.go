@@ -1,0 +1,165 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"strconv"
+	"strings"
+
+	"github.com/throttlekit/throttlekit/flags"
+)
+
+// onOff is a --mirror: on or off, and whether it was given.
+type onOff struct {
+	set, on bool
+}
+
+func (o *onOff) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return onOffWord(o.on)
+}
+
+func (o *onOff) Set(s string) error {
+	switch strings.ToLower(s) {
+	case "on", "true":
+		o.on = true
+	case "off", "false":
+		o.on = false
+	default:
+		return fmt.Errorf("%q: want on or off", s)
+	}
+	o.set = true
+	return nil
+}
+
+func onOffWord(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+func rolloutGetCommand() *command {
+	return &command{name: "rollout get", page: rolloutGetPage, flags: func(e *env, fs *flag.FlagSet) func(context.Context, []string) int {
+		file := fs.String("file", "", "The rollout `file` (required): the path the application's flags.NewFile reads.")
+		asJSON := fs.Bool("json", false, "Print the settings as the JSON object the file holds, in its canonical form.")
+		return func(_ context.Context, args []string) int {
+			const cmd = "rollout get"
+			switch {
+			case *file == "":
+				return e.usage(cmd, "--file is required")
+			case len(args) > 0:
+				return e.usage(cmd, "unexpected argument %q", args[0])
+			}
+			s, err := flags.ReadSettings(*file)
+			if err != nil {
+				return e.fail(cmd, exitFailed, err)
+			}
+			if *asJSON {
+				data, _ := flags.MarshalSettings(s) // s was read, so it is valid
+				e.stdout.Write(data)
+				return exitOK
+			}
+			fmt.Fprintf(e.stdout, "file:    %s\npercent: %d\nmirror:  %s\n", *file, s.Percent, onOffWord(s.Mirror))
+			return exitOK
+		}
+	}}
+}
+
+func rolloutSetCommand() *command {
+	return &command{name: "rollout set", page: rolloutSetPage, flags: func(e *env, fs *flag.FlagSet) func(context.Context, []string) int {
+		file := fs.String("file", "", "The rollout `file` (required). It is created if it does not exist.")
+		var mirror onOff
+		fs.Var(&mirror, "mirror", "Set mirroring `on|off` as well. Without it the file's mirror setting is kept; it is required when the file does not exist or cannot be read.")
+		asJSON := fs.Bool("json", false, "Print the settings before and after as JSON.")
+		return func(_ context.Context, args []string) int {
+			const cmd = "rollout set"
+			switch {
+			case *file == "":
+				return e.usage(cmd, "--file is required")
+			case len(args) == 0:
+				return e.usage(cmd, "missing the percentage, a whole number from 0 to 100")
+			case len(args) > 1:
+				return e.usage(cmd, "unexpected argument %q after the percentage", args[1])
+			}
+			pct, err := parsePercent(args[0])
+			if err != nil {
+				return e.usage(cmd, "%v", err)
+			}
+			old, readErr := flags.ReadSettings(*file)
+			if readErr != nil && !mirror.set {
+				hint := "the mirror setting cannot be kept"
+				if errors.Is(readErr, iofs.ErrNotExist) {
+					hint = "the file does not exist"
+				}
+				return e.fail(cmd, exitFailed, fmt.Errorf("%v\n%s: give --mirror on or --mirror off", readErr, hint))
+			}
+			next := flags.Settings{Percent: pct, Mirror: old.Mirror}
+			if mirror.set {
+				next.Mirror = mirror.on
+			}
+			if err := flags.WriteSettings(*file, next); err != nil {
+				return e.fail(cmd, exitFailed, err)
+			}
+			// Read back as the application will, so that what is printed
+			// is what is on disk.
+			got, err := flags.ReadSettings(*file)
+			if err != nil {
+				return e.fail(cmd, exitFailed, fmt.Errorf("written, but reading it back failed: %w", err))
+			}
+			if *asJSON {
+				out := struct {
+					File   string          `json:"file"`
+					Before *flags.Settings `json:"before"` // null: no valid file before
+					After  flags.Settings  `json:"after"`
+				}{File: *file, After: got}
+				if readErr == nil {
+					out.Before = &old
+				}
+				if err := writeJSON(e.stdout, out); err != nil {
+					return e.fail(cmd, exitFailed, err)
+				}
+				return exitOK
+			}
+			before := func(now, was string) string {
+				if readErr != nil || now == was {
+					return now
+				}
+				return was + " -> " + now
+			}
+			fmt.Fprintf(e.stdout, "file:    %s\npercent: %s\nmirror:  %s\n", *file,
+				before(strconv.Itoa(got.Percent), strconv.Itoa(old.Percent)),
+				before(onOffWord(got.Mirror), onOffWord(old.Mirror)))
+			return exitOK
+		}
+	}}
+}
+
+// parsePercent reads "25" or "25%", a whole number from 0 to 100.
+func parsePercent(s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSuffix(s, "%"))
+	if err != nil {
+		return 0, fmt.Errorf("percentage %q is not a whole number from 0 to 100", s)
+	}
+	if n < 0 || n > 100 {
+		return 0, fmt.Errorf("percentage %d is outside 0 to 100", n)
+	}
+	return n, nil
+}
+
+// writeJSON writes v indented, as every --json output is.
+func writeJSON(w io.Writer, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(data, '\n'))
+	return err
+}
