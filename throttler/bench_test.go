@@ -34,6 +34,28 @@ func BenchmarkAllow(b *testing.B) {
 			}
 		}
 	})
+	b.Run("remote", func(b *testing.B) { // a backend called under the Timeout's context
+		th := newThrottler(b, remote{m}, nil)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := th.Allow(ctx, "client", p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("observed", func(b *testing.B) {
+		var seen int
+		th := newThrottler(b, m, &throttler.Options{Observe: func(throttler.Observation) { seen++ }})
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := th.Allow(ctx, "client", p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if seen == 0 {
+			b.Fatal("nothing observed")
+		}
+	})
 	b.Run("unnamed", func(b *testing.B) { // the identity is built from the definition
 		th := newThrottler(b, m, nil)
 		unnamed := throttler.Policy{Limit: 1 << 40, Window: time.Hour}
@@ -60,3 +82,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		h.ServeHTTP(w, r)
 	}
 }
+
+// remote hides the memory backend's InProcess, as a network backend has
+// none: its calls get the Timeout's context.
+type remote struct{ throttler.Backend }
