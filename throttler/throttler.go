@@ -470,7 +470,8 @@ func (t *Throttler) detachedCall(ctx context.Context, tg *target, r *request, no
 		err  error
 	}
 	done := make(chan result, 1) // buffered: an abandoned call never blocks
-	go func(r request) { // a copy: the caller's may be gone when this ends
+	// The goroutine gets a copy of r: the caller's may be gone when it ends.
+	go func(r request) {
 		defer t.detached.Add(-1)
 		d, err := dispatch(ctx, tg, &r, now)
 		done <- result{d, r.held, err}
