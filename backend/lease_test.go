@@ -30,7 +30,9 @@ func (r *leaseRecorder) Release(_ context.Context, key string, p throttler.Concu
 	return r.held, throttler.Decision{Limit: p.Limit, Used: int64(id)}, nil
 }
 
-func (r *leaseRecorder) LeaseStore(key string, _ throttler.ConcurrencyPolicy) string { return "store of " + key }
+func (r *leaseRecorder) LeaseStore(key string, _ throttler.ConcurrencyPolicy) string {
+	return "store of " + key
+}
 
 // holder is a leaseRecorder that says whether what it wraps holds leases.
 type holder struct {
