@@ -363,6 +363,11 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string
 // make returns w, or when it is nil a new slot for (key, p) in the locked
 // shard s, for a call at ms: ErrFull (b.errFull) when the table is full.
 func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, ms int64) (*slot, error) {
+	return b.makeSlot(s, h, w, key, ident(*p), ms)
+}
+
+// makeSlot is make for a slot of identity id.
+func (b *Backend) makeSlot(s *shard, h uint64, w *slot, key string, id policyID, ms int64) (*slot, error) {
 	if w != nil {
 		return w, nil
 	}
@@ -373,7 +378,7 @@ func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Pol
 		b.makeRoom(s, ms)
 	}
 	s.peak = max(s.peak, s.table.live+1)
-	return s.table.insert(h, key, ident(*p)), nil
+	return s.table.insert(h, key, id), nil
 }
 
 // ident is the storage identity of p in a slot, without an allocation: a

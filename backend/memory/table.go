@@ -33,6 +33,7 @@ type slot struct {
 	window  int64              // a bucket's or counter's window (ms) when written
 	end     int64              // Unix ms from which the state answers like none: a sweep may drop it
 	log     *backend.LogBuffer // a sliding log's entries, apart so that other algorithms' slots stay small
+	leases  *backend.LeaseSet  // a concurrency limit's leases (lease.go), apart likewise
 }
 
 // policyID is a policy's storage identity: its name and algorithm, or for

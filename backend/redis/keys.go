@@ -53,8 +53,14 @@ const algorithmMarker = "+"
 // shard and the Cluster slot, are storageKey's.
 func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen]byte
+	return b.identityKey(backend.AppendIdentity(idBuf[:0], p), key, marker)
+}
+
+// identityKey is markedKey for the storage identity id (a concurrency
+// limit's is backend.LeaseIdentity).
+func (b *Backend) identityKey(id []byte, key, marker string) (string, uint64) {
 	var lenBuf [20]byte
-	id, idLen, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0])
+	idLen, h := b.identityHash(id, key, lenBuf[:0])
 
 	var tag [tagLen]byte
 	const hexDigits = "0123456789abcdef"
@@ -81,13 +87,19 @@ func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uin
 // appended to idBuf and lenBuf, for markedKey to build it from.
 func (b *Backend) keyHash(p throttler.Policy, key string, idBuf, lenBuf []byte) (id, idLen []byte, h uint64) {
 	id = backend.AppendIdentity(idBuf, p)
+	idLen, h = b.identityHash(id, key, lenBuf)
+	return id, idLen, h
+}
+
+// identityHash is keyHash for the storage identity id.
+func (b *Backend) identityHash(id []byte, key string, lenBuf []byte) (idLen []byte, h uint64) {
 	idLen = strconv.AppendInt(lenBuf, int64(len(id)), 10)
 	h = fnv1aString(fnvOffset, b.prefix)
 	h = fnv1a(h, idLen)
 	h = fnv1aString(h, ":")
 	h = fnv1a(h, id)
 	h = fnv1aString(h, ":")
-	return id, idLen, fmix64(fnv1aString(h, key))
+	return idLen, fmix64(fnv1aString(h, key))
 }
 
 const (

@@ -1,0 +1,83 @@
+package memory
+
+import (
+	"context"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Leases (throttler.LeaseBackend): a concurrency limit's leases live in a
+// slot of the key's shard like any window, as a backend.LeaseSet whose
+// array the slot keeps, so that a steady Acquire and Release on a live key
+// allocate nothing. The slot's end is the latest expiry it ever held (an
+// upper bound of the set's End, which drops only lower it): cleanup drops
+// it Lag after that, as it drops an ended window, and MaxKeys counts it.
+// An emptied set keeps its slot until then, so that a key that is released
+// and acquired again reuses it.
+
+var _ throttler.LeaseBackend = (*Backend)(nil)
+
+// leaseAlg marks a concurrency limit's identity in a slot: no rate
+// algorithm has it, so a lease set never meets a window of the same name.
+const leaseAlg = throttler.Algorithm(255)
+
+// leaseIdent is the storage identity of p in a slot, without an
+// allocation: (Name, key) for a named policy, the whole definition for an
+// unnamed one (see backend.LeaseIdentity).
+func leaseIdent(p throttler.ConcurrencyPolicy) policyID {
+	if p.Name != "" {
+		return policyID{name: p.Name, alg: leaseAlg}
+	}
+	return policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg}
+}
+
+// Acquire takes a lease of id on key under p, by the lease contract.
+func (b *Backend) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	if err := throttler.ValidateLease(key, p, id); err != nil {
+		return throttler.Decision{}, err
+	}
+	ms := now.UnixMilli()
+	s, h := b.lock(key)
+	defer s.mu.Unlock()
+	if s.observe(ms) {
+		b.sweep(s, ms, true)
+	}
+	pid := leaseIdent(p)
+	w := s.table.find(h, key, pid)
+	if w == nil {
+		// No leases: this one is admitted (Limit >= 1) and needs a slot.
+		var err error
+		if w, err = b.makeSlot(s, h, nil, key, pid, ms); err != nil {
+			return throttler.Decision{}, err
+		}
+		w.leases, w.end = new(backend.LeaseSet), ms
+	}
+	d, _ := w.leases.Acquire(p, id, ms)
+	if d.Allowed {
+		w.end = max(w.end, ms+p.TTL.Milliseconds())
+	}
+	return d, nil
+}
+
+// Release gives back the lease of id on key under p, by the lease
+// contract; a key with no leases stored answers without storing any.
+func (b *Backend) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
+	if err := throttler.ValidateLease(key, p, id); err != nil {
+		return false, throttler.Decision{}, err
+	}
+	ms := now.UnixMilli()
+	s, h := b.lock(key)
+	defer s.mu.Unlock()
+	if s.observe(ms) {
+		b.sweep(s, ms, true)
+	}
+	var none backend.LeaseSet
+	set := &none
+	if w := s.table.find(h, key, leaseIdent(p)); w != nil {
+		set = w.leases
+	}
+	held, d, _ := set.Release(p, id, ms)
+	return held, d, nil
+}

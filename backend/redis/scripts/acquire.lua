@@ -1,0 +1,60 @@
+-- acquire.lua takes a lease in KEYS[1], in one atomic step, by the lease
+-- contract (throttler/lease.go) with the answers of backend.LeaseSet's
+-- Acquire. Stripe's concurrent-requests limiter is the model: a sorted set
+-- of the leases held, scored by time.
+--
+-- KEYS[1]  the leases: a sorted set, member the lease ID (decimal), score
+--          its expiry in Unix ms
+-- ARGV[1]  now (t), Unix ms, from the application's clock
+-- ARGV[2]  the lease ID, decimal (up to 2^64 - 1: never a Lua number)
+-- ARGV[3]  its expiry, t + TTL, Unix ms
+-- ARGV[4]  the policy's limit (<= 10,000)
+-- ARGV[5]  expiry margin, ms
+--
+-- Returns {allowed (0|1), used, earliest expiry (Unix ms; 0 when none is
+-- held)}.
+--
+-- Leases whose expiry is <= t are not held: they are dropped first, which
+-- a steady key skips after one look at the earliest. An ID already held is
+-- admitted again with its new expiry, counted once, even above a lowered
+-- limit. Key expiry is a duration, for cleanup only: until the latest
+-- lease ends, plus the margin. Scores are doubles, exact up to 2^53 ms.
+local set, t, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
+local expiry, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+local stale = false
+if first[1] ~= nil and tonumber(first[2]) <= t then
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
+  stale = true
+end
+local used = redis.call('ZCARD', set)
+
+local allowed = 0
+if used < limit then
+  used = used + redis.call('ZADD', set, ARGV[3], id)
+  allowed = 1
+elseif redis.call('ZSCORE', set, id) then
+  redis.call('ZADD', set, ARGV[3], id)
+  allowed = 1
+end
+
+local earliest = 0
+if used > 0 then
+  if first[1] == nil then
+    earliest = expiry -- the set was empty: this lease alone
+  elseif stale or first[1] == id then
+    -- The earliest may have gone or moved: look again.
+    earliest = tonumber(redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')[2])
+  else
+    earliest = tonumber(first[2])
+    if allowed == 1 and expiry < earliest then
+      earliest = expiry
+    end
+  end
+end
+if allowed == 1 then
+  local latest = tonumber(redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')[2])
+  redis.call('PEXPIRE', set, latest - t + tonumber(ARGV[5]))
+end
+return {allowed, used, earliest}
