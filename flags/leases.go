@@ -119,6 +119,29 @@ func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
 // to be held already (a retried Acquire) is renewed where it was granted.
 // The router does not validate: the backend does.
 func (r *Router) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	return r.acquire(ctx, routeByRollout, key, p, id, now)
+}
+
+// AcquireOn is Acquire on the backend the caller chose (useNew), for a
+// wrapper that routes by its own reading of the rollout, as package
+// migration does: the lease is remembered as Acquire remembers it, and a
+// lease known to be held already is renewed where it was granted.
+func (r *Router) AcquireOn(ctx context.Context, useNew bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	route := routeOld
+	if useNew {
+		route = routeNew
+	}
+	return r.acquire(ctx, route, key, p, id, now)
+}
+
+// Where an Acquire of a lease the router does not hold goes.
+const (
+	routeByRollout = iota
+	routeOld
+	routeNew
+)
+
+func (r *Router) acquire(ctx context.Context, route int, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
 	l := &r.leases
 	if l.old == nil {
 		return throttler.Decision{}, r.noLeases()
@@ -131,7 +154,7 @@ func (r *Router) Acquire(ctx context.Context, key string, p throttler.Concurrenc
 	sh.mu.Unlock()
 	isNew := g.isNew
 	if !known || g.expires <= ms {
-		isNew = r.rollout.UseNew(key)
+		isNew = route == routeNew || route == routeByRollout && r.rollout.UseNew(key)
 	}
 	lb := l.old
 	if isNew {
@@ -196,22 +219,13 @@ func (sh *leaseShard) sweep(ms int64) {
 // Decision that one's, or, when neither did, the one of the backend the
 // key is routed to now. The router does not validate: the backends do.
 func (r *Router) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
-	l := &r.leases
-	if l.old == nil {
-		return false, throttler.Decision{}, r.noLeases()
+	held, d, known, err := r.ReleaseKnown(ctx, key, p, id, now)
+	if known || err != nil {
+		return held, d, err
 	}
-	ref := refOf(key, p, id)
-	sh := &l.shards[uint64(id)%leaseShards]
-	sh.mu.Lock()
-	g, known := sh.m[ref]
-	delete(sh.m, ref)
-	sh.mu.Unlock()
-	if known {
-		return r.releaseTo(ctx, g.isNew, key, p, id, now)
-	}
-	l.unknown.Add(1)
+	r.leases.unknown.Add(1)
 	first := r.rollout.UseNew(key)
-	held, d, err := r.releaseTo(ctx, first, key, p, id, now)
+	held, d, err = r.releaseTo(ctx, first, key, p, id, now)
 	if held || throttler.IsInputError(err) {
 		return held, d, err
 	}
@@ -223,6 +237,30 @@ func (r *Router) Release(ctx context.Context, key string, p throttler.Concurrenc
 		return false, throttler.Decision{}, errors.Join(err, oerr)
 	}
 	return false, d, nil
+}
+
+// ReleaseKnown is Release for a lease the router remembers: it releases it
+// on the backend that granted it, forgets it, and reports known. For a
+// lease it does not know it calls nothing and reports known false, for a
+// wrapper that knows better than Release where such a lease may be (package
+// migration: both its stores hold mirrored copies of every lease, so
+// "either held it" would report a copy).
+func (r *Router) ReleaseKnown(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (held bool, d throttler.Decision, known bool, err error) {
+	l := &r.leases
+	if l.old == nil {
+		return false, throttler.Decision{}, false, r.noLeases()
+	}
+	ref := refOf(key, p, id)
+	sh := &l.shards[uint64(id)%leaseShards]
+	sh.mu.Lock()
+	g, known := sh.m[ref]
+	delete(sh.m, ref)
+	sh.mu.Unlock()
+	if !known {
+		return false, throttler.Decision{}, false, nil
+	}
+	held, d, err = r.releaseTo(ctx, g.isNew, key, p, id, now)
+	return held, d, true, err
 }
 
 // releaseTo releases on one backend, counting the call.
