@@ -276,7 +276,7 @@ type Stats struct {
 	Reverse shadow.Stats
 	// Routed counts the calls served by each store: a moving key's call
 	// counts for the store that serves it now.
-	Routed flags.Stats
+	Routed flags.Stats // lease calls included, and counted in its Leases
 	// Moving counts the calls for moving keys, made on both stores.
 	Moving MovingStats
 }
@@ -287,7 +287,7 @@ func (m *Migration) Stats() Stats {
 	return Stats{
 		Forward: m.forward.Stats(),
 		Reverse: m.reverse.Stats(),
-		Routed:  flags.Stats{Old: m.oldCalls.Load(), New: m.newCalls.Load()},
+		Routed:  m.routed(),
 		Moving:  m.movingStats(),
 	}
 }
