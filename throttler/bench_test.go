@@ -116,3 +116,41 @@ func BenchmarkMiddleware(b *testing.B) {
 // remote hides the memory backend's InProcess, as a network backend has
 // none: its calls get the Timeout's context.
 type remote struct{ throttler.Backend }
+
+// BenchmarkAcquireRelease is one request's lease through the Throttler over
+// the memory backend: what the Throttler adds to the backend's pair.
+func BenchmarkAcquireRelease(b *testing.B) {
+	p := throttler.Concurrent(1<<10, time.Minute).Named("bench")
+	ctx := context.Background()
+	m := newMemory(b)
+	b.Run("backend", func(b *testing.B) {
+		now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+		b.ReportAllocs()
+		report := measureCPU(b)
+		for b.Loop() {
+			id := throttler.NewLeaseID()
+			if _, err := m.Acquire(ctx, "client", p, id, now); err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := m.Release(ctx, "client", p, id, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report()
+	})
+	b.Run("throttler", func(b *testing.B) {
+		th := newThrottler(b, m, nil)
+		b.ReportAllocs()
+		report := measureCPU(b)
+		for b.Loop() {
+			l, d, err := th.Acquire(ctx, "client", p)
+			if err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+			if _, err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report()
+	})
+}
