@@ -217,7 +217,8 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 	if t.leaseStores != nil {
 		store = t.leaseStores.LeaseStore(key, p)
 	}
-	r := request{op: OpAcquire, key: key, cp: p, id: NewLeaseID()}
+	var r request // filled in place, as in do
+	r.op, r.key, r.cp, r.id = OpAcquire, key, p, NewLeaseID()
 	if t.primary.lb == nil {
 		err := fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
 		if t.opts.Observe != nil {
@@ -248,7 +249,8 @@ func (l Lease) Release(ctx context.Context) (bool, error) {
 	if t == nil {
 		return false, nil
 	}
-	r := request{op: OpRelease, key: l.key, cp: l.policy, id: l.id}
+	var r request // filled in place, as in do
+	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
 	if l.source == SourceFailureMode {
 		if t.opts.Observe != nil {
 			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil, time.Now())

@@ -273,7 +273,10 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	if t.opts.Observe != nil {
 		started = time.Now()
 	}
-	r := request{op: op, key: key, p: p, n: n}
+	// Filled in place: a composite literal is built aside and copied, and
+	// the copy's loads of what was just stored cost more than the fields.
+	var r request
+	r.op, r.key, r.p, r.n = op, key, p, n
 	d, src, primaryErr, err := t.decide(ctx, &r, store, SourcePrimary)
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
