@@ -104,10 +104,7 @@ func (r *Router) HoldsLeases() bool { return r.leases.old != nil }
 // LeaseStore names the store a lease call for key under p reaches now, as
 // Store does for rate calls.
 func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	b, name := r.old, r.oldName
-	if r.rollout.UseNew(key) {
-		b, name = r.new, r.newName
-	}
+	b, name := r.routed(key)
 	if s := backend.LeaseStoreOf(b, key, p); s != "" {
 		return s
 	}
@@ -156,16 +153,7 @@ func (r *Router) acquire(ctx context.Context, route int, key string, p throttler
 	if !known || g.expires <= ms {
 		isNew = route == routeNew || route == routeByRollout && r.rollout.UseNew(key)
 	}
-	lb := l.old
-	if isNew {
-		lb = l.new
-		r.newCalls.Add(1)
-		l.newAcquires.Add(1)
-	} else {
-		r.oldCalls.Add(1)
-		l.oldAcquires.Add(1)
-	}
-	d, err := lb.Acquire(ctx, key, p, id, now)
+	d, err := r.leaseSide(isNew, &l.oldAcquires, &l.newAcquires).Acquire(ctx, key, p, id, now)
 	if err != nil {
 		return d, r.wrap(err, isNew)
 	}
@@ -266,20 +254,24 @@ func (r *Router) ReleaseKnown(ctx context.Context, key string, p throttler.Concu
 // releaseTo releases on one backend, counting the call.
 func (r *Router) releaseTo(ctx context.Context, isNew bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
 	l := &r.leases
-	lb := l.old
-	if isNew {
-		lb = l.new
-		r.newCalls.Add(1)
-		l.newReleases.Add(1)
-	} else {
-		r.oldCalls.Add(1)
-		l.oldReleases.Add(1)
-	}
-	held, d, err := lb.Release(ctx, key, p, id, now)
+	held, d, err := r.leaseSide(isNew, &l.oldReleases, &l.newReleases).Release(ctx, key, p, id, now)
 	if err != nil {
 		return held, d, r.wrap(err, isNew)
 	}
 	return held, d, nil
+}
+
+// leaseSide returns the old or the new backend's leases, counting the call
+// among the backend's calls and in its counter of the operation's.
+func (r *Router) leaseSide(isNew bool, oldOps, newOps *atomic.Uint64) throttler.LeaseBackend {
+	if isNew {
+		r.newCalls.Add(1)
+		newOps.Add(1)
+		return r.leases.new
+	}
+	r.oldCalls.Add(1)
+	oldOps.Add(1)
+	return r.leases.old
 }
 
 // noLeases is the error of a lease call on a Router whose backends do not

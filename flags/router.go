@@ -128,14 +128,19 @@ func (r *Router) IgnoresContext() bool {
 // a backend that names none, that backend (RouterOptions.OldName or
 // NewName), so that a Throttler keeps the two backends' breakers apart.
 func (r *Router) Store(key string, p throttler.Policy) string {
-	b, name := r.old, r.oldName
-	if r.rollout.UseNew(key) {
-		b, name = r.new, r.newName
-	}
+	b, name := r.routed(key)
 	if s := backend.StoreOf(b, key, p); s != "" {
 		return s
 	}
 	return name
+}
+
+// routed returns the backend key is routed to now, and its name.
+func (r *Router) routed(key string) (throttler.Backend, string) {
+	if r.rollout.UseNew(key) {
+		return r.new, r.newName
+	}
+	return r.old, r.oldName
 }
 
 // Stats counts the calls a Router has sent to each backend.
