@@ -169,9 +169,7 @@ func leaseBackendOf(b Backend) LeaseBackend {
 }
 
 // Lease is a lease acquired through a Throttler. Release it when the work it
-// covers ends, with a context that has not ended with the work (a request's
-// context is cancelled when its client goes away: use
-// context.WithoutCancel). The zero Lease releases nothing.
+// covers ends. The zero Lease releases nothing.
 //
 // A Lease is a value: releasing it again (or a copy of it) sends the
 // Release again, which the store answers with held false and nothing
@@ -244,10 +242,18 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 // did not grant the lease: when the primary fails to release its lease,
 // the FailureMode answers (the lease then counts until its TTL). Releasing
 // a lease granted by the failure mode calls no store, and is observed.
+//
+// A context cancelled already does not stop the Release (it is made
+// without the cancellation, still bounded by the Timeout): a request's
+// context ends when its client goes away, often just as the work ends, and
+// a lease not released would hold a slot until its TTL.
 func (l Lease) Release(ctx context.Context) (bool, error) {
 	t := l.t
 	if t == nil {
 		return false, nil
+	}
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
 	}
 	var r request // filled in place, as in do
 	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id

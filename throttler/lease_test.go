@@ -49,6 +49,9 @@ func (f *fakeLeases) enter(ctx context.Context, op *int, id throttler.LeaseID) e
 	f.ids = append(f.ids, id)
 	err, hang := f.err, f.hang
 	f.mu.Unlock()
+	if ctx.Err() != nil { // as a network client fails a call whose context ended
+		return ctx.Err()
+	}
 	if hang {
 		<-ctx.Done()
 		return ctx.Err()
@@ -550,4 +553,21 @@ func (o *observations) count() int {
 func withoutLatency(o throttler.Observation) throttler.Observation {
 	o.Latency = 0
 	return o
+}
+
+// A request's context is often cancelled by the time its work ends: the
+// Release still reaches the store.
+func TestReleaseWithACancelledContext(t *testing.T) {
+	f := newFakeLeases()
+	th, obs := leaseThrottler(t, f, nil)
+	l, _, err := th.Acquire(context.Background(), "k", conc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	held, err := l.Release(ctx)
+	require.NoError(t, err)
+	assert.True(t, held)
+	assert.Equal(t, throttler.SourcePrimary, obs.last().Source)
+	_, releases := f.counts()
+	assert.Equal(t, 1, releases)
 }
