@@ -35,6 +35,7 @@ import (
 var (
 	_ throttler.LeaseBackend = (*Migration)(nil)
 	_ backend.LeaseHolder    = (*Migration)(nil)
+	_ backend.LeaseStores    = (*Migration)(nil)
 )
 
 // Acquire takes lease id on key under p: through the serving store's
