@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -339,5 +340,57 @@ func TestRouterAcquireOnAndReleaseKnown(t *testing.T) {
 	ok, _, known, err = r.ReleaseKnown(ctx, "k", exports, 4, t0.Add(2*time.Second))
 	if err != nil || ok || known || r.Stats().Old+r.Stats().New != calls {
 		t.Fatalf("ReleaseKnown of a forgotten lease = %v, %v, %v; want nothing called", ok, known, err)
+	}
+}
+
+// Through a Throttler, a Router's lease calls have a breaker per backend:
+// the old store failing opens its own, and keys on the new store keep their
+// limit.
+func TestOldStoreDownKeepsTheNewOnesLeasesLimited(t *testing.T) {
+	down := failingLeases{failing{backend.StoreFailure("", errors.New("old store: connection refused"))}}
+	rt := router(t, down, mem(t), percent(t, 50), nil)
+	var obs []throttler.Observation
+	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 1,
+		Observe: func(o throttler.Observation) { obs = append(obs, o) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.Concurrent(2, time.Minute).Named("exports")
+	ctx := context.Background()
+	var onNew []string
+	for i := range 50 {
+		key := "user-" + strconv.Itoa(i)
+		if rt.UseNew(key) {
+			onNew = append(onNew, key)
+			continue
+		}
+		_, d, err := th.Acquire(ctx, key, p)
+		if err != nil || !d.Degraded {
+			t.Fatalf("%q on the failing store: %+v, %v; want failed open", key, d, err)
+		}
+		if o := obs[len(obs)-1]; o.Store != "old" || o.Source != throttler.SourceFailureMode {
+			t.Fatalf("observed %+v; want old's failure", o)
+		}
+	}
+	if len(onNew) == 0 {
+		t.Fatal("no key on the new store")
+	}
+	for _, key := range onNew {
+		granted := 0
+		for range 3 {
+			_, d, err := th.Acquire(ctx, key, p)
+			if err != nil || d.Degraded {
+				t.Fatalf("%q on the healthy store: %+v, %v", key, d, err)
+			}
+			if d.Allowed {
+				granted++
+			}
+		}
+		if granted != 2 {
+			t.Errorf("%q: %d granted, want 2", key, granted)
+		}
+		if o := obs[len(obs)-1]; o.Store != "new" {
+			t.Fatalf("observed store %q, want new", o.Store)
+		}
 	}
 }
