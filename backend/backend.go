@@ -36,6 +36,14 @@ func ValidateCall(op throttler.Op, key string, p throttler.Policy, cost int64) e
 	return p.ValidateCost(op, cost)
 }
 
+// ValidateLease reports why a lease operation cannot be made, as an error
+// matching throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or
+// nil. Every LeaseBackend runs it first in Acquire and Release, as
+// ValidateCall in the rate operations; wrappers forward without it.
+func ValidateLease(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID) error {
+	return throttler.ValidateLease(key, p, id)
+}
+
 // Do runs op on b: Take or Refund of cost, or Peek (cost unused). Code that
 // forwards, replays or tabulates calls (a shadow's mirror, a test's steps)
 // names the operation as a value and calls Do. An op that names no

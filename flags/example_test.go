@@ -40,19 +40,19 @@ func Example() {
 		}
 	}
 	take()
-	fmt.Printf("0%%:  %+v\n", router.Stats())
+	fmt.Printf("0%%:  old %d, new %d\n", router.Stats().Old, router.Stats().New)
 
 	pct.Set(25) // ramp: a quarter of the clients move on their next call
 	take()
-	fmt.Printf("25%%: %+v\n", router.Stats())
+	fmt.Printf("25%%: old %d, new %d\n", router.Stats().Old, router.Stats().New)
 
 	pct.Set(0) // rollback: every client is back on the old backend
 	take()
-	fmt.Printf("0%%:  %+v\n", router.Stats())
+	fmt.Printf("0%%:  old %d, new %d\n", router.Stats().Old, router.Stats().New)
 	// Output:
-	// 0%:  {Old:1000 New:0}
-	// 25%: {Old:1751 New:249}
-	// 0%:  {Old:2751 New:249}
+	// 0%:  old 1000, new 0
+	// 25%: old 1751, new 249
+	// 0%:  old 2751, new 249
 }
 
 func ExampleNewFile() {

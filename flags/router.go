@@ -17,12 +17,25 @@ type RouterOptions struct {
 	OldName string
 	// NewName names the new backend in errors. default: "new"
 	NewName string
+	// MaxLeases bounds how many held leases the router remembers the
+	// granting backend of, so that a Release reaches it even after the
+	// rollout moved the key (see Router.Release). A lease granted while the
+	// table is full, or forgotten since, is released to both backends.
+	// default: 65536
+	MaxLeases int
 }
 
-func (o *RouterOptions) withDefaults() RouterOptions {
+// defaultMaxLeases holds the leases of a busy process (each entry is about
+// a hundred bytes, and the key).
+const defaultMaxLeases = 1 << 16
+
+func (o *RouterOptions) withDefaults() (RouterOptions, error) {
 	var r RouterOptions
 	if o != nil {
 		r = *o
+	}
+	if r.MaxLeases < 0 {
+		return r, fmt.Errorf("flags: RouterOptions.MaxLeases is %d; want 0 (default %d) or more", r.MaxLeases, defaultMaxLeases)
 	}
 	if r.OldName == "" {
 		r.OldName = "old"
@@ -30,7 +43,10 @@ func (o *RouterOptions) withDefaults() RouterOptions {
 	if r.NewName == "" {
 		r.NewName = "new"
 	}
-	return r
+	if r.MaxLeases == 0 {
+		r.MaxLeases = defaultMaxLeases
+	}
+	return r, nil
 }
 
 // opFunc is backend.OpFunc under a name that is not exported, so that
@@ -54,6 +70,8 @@ type Router struct {
 	_        [56]byte
 	newCalls atomic.Uint64
 	_        [56]byte
+
+	leases routerLeases // leases.go
 }
 
 var (
@@ -75,9 +93,13 @@ func NewRouter(old, new throttler.Backend, r Rollout, opts *RouterOptions) (*Rou
 	if err := requiredRollout("flags: rollout", r); err != nil {
 		return nil, err
 	}
-	o := opts.withDefaults()
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
 	rt := &Router{old: old, new: new, rollout: r, oldName: o.OldName, newName: o.NewName}
 	rt.opFunc = rt.do()
+	rt.initLeases(o.MaxLeases)
 	return rt, nil
 }
 
@@ -106,25 +128,33 @@ func (r *Router) IgnoresContext() bool {
 // a backend that names none, that backend (RouterOptions.OldName or
 // NewName), so that a Throttler keeps the two backends' breakers apart.
 func (r *Router) Store(key string, p throttler.Policy) string {
-	b, name := r.old, r.oldName
-	if r.rollout.UseNew(key) {
-		b, name = r.new, r.newName
-	}
+	b, name := r.routed(key)
 	if s := backend.StoreOf(b, key, p); s != "" {
 		return s
 	}
 	return name
 }
 
+// routed returns the backend key is routed to now, and its name.
+func (r *Router) routed(key string) (throttler.Backend, string) {
+	if r.rollout.UseNew(key) {
+		return r.new, r.newName
+	}
+	return r.old, r.oldName
+}
+
 // Stats counts the calls a Router has sent to each backend.
 type Stats struct {
+	// Old and New count every call, lease calls included.
 	Old, New uint64
+	// Leases counts the lease calls among them.
+	Leases LeaseStats
 }
 
 // Stats returns how many calls have gone to each backend so far, including
 // those the backend rejected as bad input.
 func (r *Router) Stats() Stats {
-	return Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load()}
+	return Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load(), Leases: r.leaseStats()}
 }
 
 // UseNew reports whether key would be sent to the new backend now.

@@ -87,7 +87,9 @@ type opFunc = backend.OpFunc
 // Migration is a throttler.Backend: Router(Shadow(old→new), Shadow(new→old)),
 // plus both stores at once for the keys a change of percentage is moving.
 // Its Take, Peek and Refund go to the store that serves the key now, through
-// its shadow; a moving key's go to both stores (see Options.Settle). UseNew
+// its shadow; a moving key's go to both stores (see Options.Settle). When
+// both stores hold leases, so does a Migration: see Acquire (the router's
+// AcquireOn and ReleaseKnown, promoted, skip the moving keys). UseNew
 // reports which store serves a key, InProcess whether both stores' calls
 // never block, and Store (backend.Stores) the store a call reaches: the
 // serving store's own name for it (a shard, a server), or "old" or "new"
@@ -276,7 +278,7 @@ type Stats struct {
 	Reverse shadow.Stats
 	// Routed counts the calls served by each store: a moving key's call
 	// counts for the store that serves it now.
-	Routed flags.Stats
+	Routed flags.Stats // lease calls included, and counted in its Leases
 	// Moving counts the calls for moving keys, made on both stores.
 	Moving MovingStats
 }
@@ -287,7 +289,7 @@ func (m *Migration) Stats() Stats {
 	return Stats{
 		Forward: m.forward.Stats(),
 		Reverse: m.reverse.Stats(),
-		Routed:  flags.Stats{Old: m.oldCalls.Load(), New: m.newCalls.Load()},
+		Routed:  m.routed(),
 		Moving:  m.movingStats(),
 	}
 }

@@ -142,6 +142,12 @@ func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duratio
 // elsewhere under a percentage seen within horizon(p) + Settle. h is the
 // history the caller loaded; pct the percentage it read.
 func (mv *mover) route(h *history, pct int, key string, p throttler.Policy) (toNew, moving bool) {
+	return mv.routeWithin(h, pct, key, horizon(p))
+}
+
+// routeWithin is route for a limit whose old state can change an answer
+// for horizon after a change (a policy's horizon, a lease's TTL).
+func (mv *mover) routeWithin(h *history, pct int, key string, horizon time.Duration) (toNew, moving bool) {
 	if pct != h.cur {
 		h = mv.observe(pct)
 	}
@@ -149,7 +155,7 @@ func (mv *mover) route(h *history, pct int, key string, p throttler.Policy) (toN
 	// either may be the current route.
 	lo, hi := min(pct, h.cur), max(pct, h.cur)
 	if n := len(h.marks); n > 0 {
-		now, span := mv.clock(), addSat(horizon(p), mv.settle)
+		now, span := mv.clock(), addSat(horizon, mv.settle)
 		for i := n - 1; i >= 0 && now-h.marks[i].until < span; i-- {
 			lo, hi = min(lo, h.marks[i].lo), max(hi, h.marks[i].hi)
 		}
@@ -253,9 +259,12 @@ type MovingStats struct {
 	// Calls counts the calls for moving keys, each made on both stores.
 	Calls uint64
 	// Compensated counts the Takes that one store admitted and the other
-	// denied (or failed): the admitting store was refunded the cost.
+	// denied (or failed): the admitting store was refunded the cost; and
+	// the Acquires one store granted and the other did not: the lease was
+	// released there.
 	Compensated uint64
-	// RefundFailed counts the compensating Refunds that failed: their
+	// RefundFailed counts the compensating Refunds (and Releases) that
+	// failed: their
 	// store keeps units nobody was given (it is stricter, never laxer);
 	// and, for a fixed window, those that reached a window opened
 	// meanwhile and could not be taken back from it (that window is a

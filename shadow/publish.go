@@ -166,7 +166,9 @@ func (b *Backend) deliver(w *worker, spare *[]call) int {
 			break
 		}
 		c := &list[i]
-		b.publish(&Result{Op: c.op, Key: c.key, Policy: c.p, Cost: c.cost, Now: c.now, Control: c.control, ControlErr: c.controlErr, Kinds: Dropped})
+		r := c.result()
+		r.Kinds = Dropped
+		b.publish(&r)
 	}
 	// The entries are not cleared: the list is reused, and holds at most
 	// QueueSize keys alive meanwhile.

@@ -72,11 +72,15 @@ func (k Kind) String() string {
 // Result is one comparison: the call, both answers and how they differ. It
 // is a value; nothing in it changes after it is published.
 type Result struct {
-	Op     throttler.Op
-	Key    string
-	Policy throttler.Policy
-	Cost   int64
-	Now    time.Time
+	Op  throttler.Op
+	Key string
+	// Policy and Cost are a rate operation's (OpTake, OpPeek, OpRefund);
+	// Concurrency and Lease a lease operation's (OpAcquire, OpRelease).
+	Policy      throttler.Policy
+	Cost        int64
+	Concurrency throttler.ConcurrencyPolicy
+	Lease       throttler.LeaseID
+	Now         time.Time
 
 	// Control is what the caller received.
 	Control    throttler.Decision
@@ -85,6 +89,10 @@ type Result struct {
 	// call was dropped or the candidate failed.
 	Candidate    throttler.Decision
 	CandidateErr error
+	// ControlHeld and CandidateHeld are a Release's answers: whether each
+	// store held the lease. When they differ, the stores disagreed on the
+	// leases held before the call, and the pair counts as UsedDiffers.
+	ControlHeld, CandidateHeld bool
 
 	// Kinds says how the pair differs; zero means it matched.
 	Kinds Kind

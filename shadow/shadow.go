@@ -175,11 +175,13 @@ type opFunc = backend.OpFunc
 type Backend struct {
 	opFunc             // b.do(): Take, Peek and Refund
 	control, candidate throttler.Backend
-	opts               Options
-	seed               maphash.Seed
-	workers            []*worker
-	wakeLen            int
-	pub                *publisher // nil without Options.Publish
+	// The two as lease backends (see lease.go); nil when they hold none.
+	controlLeases, candidateLeases throttler.LeaseBackend
+	opts                           Options
+	seed                           maphash.Seed
+	workers                        []*worker
+	wakeLen                        int
+	pub                            *publisher // nil without Options.Publish
 
 	ctx       context.Context // cancelled when Close gives up draining
 	cancel    context.CancelFunc
@@ -213,6 +215,9 @@ type call struct {
 	now        time.Time
 	control    throttler.Decision
 	controlErr error
+	// lease is a lease operation's; a rate operation leaves it as the
+	// slot's last user did, and nothing reads it.
+	lease leaseCall
 }
 
 type worker struct {
@@ -274,6 +279,8 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 		ctx:     ctx, cancel: cancel,
 	}
 	b.opFunc = b.do()
+	b.controlLeases, _ = backend.Leases(control)
+	b.candidateLeases, _ = backend.Leases(candidate)
 	b.mismatches.init(o.KeepMismatches)
 	if o.Publish != nil {
 		b.pub = newPublisher(o.Workers)
@@ -318,15 +325,15 @@ func (b *Backend) do() backend.OpFunc {
 		if err != nil && throttler.IsInputError(err) {
 			return d, err
 		}
-		b.mirror(op, key, p, cost, now, &d, err)
+		b.mirror(op, key, p, cost, now, &d, err, nil)
 		return d, err
 	}
 }
 
 // mirror queues the call for the key's worker, or drops it. It is the whole
 // cost that shadowing adds to the control path: one hash, one uncontended
-// lock, one copy.
-func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error) {
+// lock, one copy. lc is a lease operation's part, nil for a rate one's.
+func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error, lc *leaseCall) {
 	if b.opts.Enabled != nil && !b.opts.Enabled() {
 		return
 	}
@@ -349,6 +356,9 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 			} else {
 				c := grow(&w.outbox)
 				c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+				if lc != nil {
+					c.lease = *lc
+				}
 				wake, force = b.pub.wakeFor(n, n+1, b.wakeLen)
 			}
 		}
@@ -360,6 +370,9 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 	}
 	c := grow(&w.queue)
 	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+	if lc != nil {
+		c.lease = *lc
+	}
 	signal := w.sleeping || len(w.queue) == b.wakeLen
 	w.sleeping = false
 	w.mu.Unlock()
@@ -454,14 +467,14 @@ func (b *Backend) finishBatch(w *worker, batch []call) {
 
 // process calls the candidate for c and records the comparison.
 func (b *Backend) process(w *worker, c *call) {
-	r := Result{Op: c.op, Key: c.key, Policy: c.p, Cost: c.cost, Now: c.now, Control: c.control, ControlErr: c.controlErr}
+	r := c.result()
 	if b.discard.Load() {
 		b.discarded.Add(1)
 		r.Kinds = Dropped
 		b.record(w, &r)
 		return
 	}
-	r.Candidate, r.CandidateErr = b.callCandidate(w, c)
+	r.Candidate, r.CandidateHeld, r.CandidateErr = b.callCandidate(w, c)
 	if r.ControlErr != nil {
 		r.Kinds |= ControlError
 	}
@@ -470,36 +483,58 @@ func (b *Backend) process(w *worker, c *call) {
 	}
 	if r.Kinds == 0 {
 		r.Kinds = compare(r.Control, r.Candidate, b.opts.UsedTolerance, b.opts.ResetAtTolerance)
+		if r.ControlHeld != r.CandidateHeld {
+			// The stores disagreed on the leases held before the call.
+			r.Kinds |= UsedDiffers
+		}
 		if r.Kinds != 0 && b.opts.Ignore != nil {
 			r.Ignored = b.ignore(r)
 		}
 	}
+	if c.op == throttler.OpAcquire && r.CandidateErr == nil && r.Candidate.Allowed && (r.ControlErr != nil || !r.Control.Allowed) {
+		b.undoAcquire(w, c)
+	}
 	b.record(w, &r)
 }
 
+// result is the Result of c before the candidate answers.
+func (c *call) result() Result {
+	r := Result{Op: c.op, Key: c.key, Now: c.now, Control: c.control, ControlErr: c.controlErr}
+	if c.op == throttler.OpAcquire || c.op == throttler.OpRelease {
+		r.Concurrency, r.Lease, r.ControlHeld = c.lease.p, c.lease.id, c.lease.held
+	} else {
+		r.Policy, r.Cost = c.p, c.cost
+	}
+	return r
+}
+
 // callCandidate makes the call with a deadline, turning a timeout or a
-// panic into an error.
-func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, err error) {
+// panic into an error; held is a Release's answer.
+func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held bool, err error) {
 	ctx := w.callContext(b.ctx, b.opts.Timeout)
 	defer func() {
 		if v := recover(); v != nil {
-			d, err = throttler.Decision{}, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
+			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
 		}
 	}()
-	d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.now)
+	if c.op == throttler.OpAcquire || c.op == throttler.OpRelease {
+		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
+	} else {
+		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.now)
+	}
 	if err == nil {
 		// A call that answered is compared, even if it answered late.
-		return d, nil
+		return d, held, nil
 	}
 	switch cerr := ctx.Err(); {
 	case errors.Is(cerr, context.DeadlineExceeded):
 		w.stale.Store(true)
-		return throttler.Decision{}, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
+		return throttler.Decision{}, false, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
 	case cerr != nil:
 		w.stale.Store(true)
-		return throttler.Decision{}, fmt.Errorf("candidate %s %q cancelled by Close: %w", c.op, c.key, err)
+		return throttler.Decision{}, false, fmt.Errorf("candidate %s %q cancelled by Close: %w", c.op, c.key, err)
 	}
-	return throttler.Decision{}, fmt.Errorf("candidate %s %q: %w", c.op, c.key, err)
+	return throttler.Decision{}, false, fmt.Errorf("candidate %s %q: %w", c.op, c.key, err)
 }
 
 // callContext returns a context whose deadline is Timeout after it was

@@ -35,6 +35,12 @@ type storeNamer interface {
 	Store(key string, p Policy) string
 }
 
+// leaseStoreNamer is package backend's LeaseStores: the store of a lease
+// call. A backend with Stores but without it is one store for lease calls.
+type leaseStoreNamer interface {
+	LeaseStore(key string, p ConcurrencyPolicy) string
+}
+
 // maxBreakers bounds the stores a Throttler tracks. Stores are few and fixed
 // by configuration; a backend that names more (a bug, such as a name per
 // key) gets its excess counted by the shared breaker rather than growing

@@ -463,11 +463,13 @@ func BenchmarkBreaker(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			th := newThrottler(b, bc.b, nil)
 			b.ReportAllocs()
+			report := measureCPU(b)
 			for b.Loop() {
 				if _, err := th.Allow(ctx, "a:client", p); err != nil {
 					b.Fatal(err)
 				}
 			}
+			report()
 		})
 	}
 }

@@ -74,6 +74,16 @@
 // Options.Clock, and when it ends exactly one call probes the store (see
 // Options.BreakerThreshold and BreakerCooldown).
 //
+// # Concurrency
+//
+// Acquire takes a lease under a ConcurrencyPolicy: at most Limit leases of
+// one key held at once, each released when its work ends (Lease.Release)
+// or counting no longer after its TTL, so that a crashed process never
+// holds capacity for good. Leases go through the same failure handling as
+// Allow (breakers, Timeout, fallback, FailureMode, Observe with OpAcquire
+// and OpRelease); a Release always goes back to whoever granted its lease.
+// Backends that hold leases implement LeaseBackend (SupportsLeases).
+//
 // # Waiting
 //
 // Allow answers at once. Wait and WaitN block instead until the units are

@@ -179,3 +179,39 @@ func (d downBackend) Peek(ctx context.Context, k string, p throttler.Policy, now
 func (d downBackend) Refund(ctx context.Context, k string, p throttler.Policy, n int64, now time.Time) (throttler.Decision, error) {
 	return d.Take(ctx, k, p, n, now)
 }
+
+// At most two exports of one account run at once: each acquires a lease
+// and releases it when it ends; a third is refused until one ends. A lease
+// never released (a crashed worker) stops counting after its TTL.
+func ExampleThrottler_Acquire() {
+	store, err := memory.New(nil) // memory, Redis and Memcached hold leases
+	if err != nil {
+		log.Fatal(err)
+	}
+	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		log.Fatal(err)
+	}
+	exports := throttler.Concurrent(2, time.Minute).Named("exports")
+	ctx := context.Background()
+
+	first, d, _ := th.Acquire(ctx, "account:7", exports)
+	fmt.Println("first:", d.Allowed, "in flight:", d.Used)
+	_, d, _ = th.Acquire(ctx, "account:7", exports)
+	fmt.Println("second:", d.Allowed, "in flight:", d.Used)
+	third, d, _ := th.Acquire(ctx, "account:7", exports)
+	fmt.Println("third:", d.Allowed, "retry after:", d.RetryAfter)
+	_, _ = third.Release(ctx) // a refused lease releases nothing
+
+	held, _ := first.Release(ctx)
+	fmt.Println("first released:", held)
+	_, d, _ = th.Acquire(ctx, "account:7", exports)
+	fmt.Println("fourth:", d.Allowed)
+	// Output:
+	// first: true in flight: 1
+	// second: true in flight: 2
+	// third: false retry after: 1m0s
+	// first released: true
+	// fourth: true
+}

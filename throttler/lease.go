@@ -149,13 +149,32 @@ type LeaseBackend interface {
 }
 
 // ErrLeasesUnsupported is the error of a lease operation on a Throttler
-// whose backend is not a LeaseBackend: a configuration error, never an
-// outage, so no failure mode ever answers it.
+// whose backend holds no leases: a configuration error, never an outage, so
+// no failure mode ever answers it (IsInputError reports it).
 var ErrLeasesUnsupported = errors.New("throttler: the backend does not hold leases")
 
+// leaseBackendOf returns b as a LeaseBackend, or nil when it holds no
+// leases: it lacks the methods, or it is a wrapper that has them but says
+// (package backend's LeaseHolder, matched by its method) that what it wraps
+// holds none.
+func leaseBackendOf(b Backend) LeaseBackend {
+	lb, ok := b.(LeaseBackend)
+	if !ok {
+		return nil
+	}
+	if h, ok := b.(interface{ HoldsLeases() bool }); ok && !h.HoldsLeases() {
+		return nil
+	}
+	return lb
+}
+
 // Lease is a lease acquired through a Throttler. Release it when the work it
-// covers ends; releasing it again is harmless. The zero Lease releases
-// nothing.
+// covers ends. The zero Lease releases nothing.
+//
+// A Lease is a value: releasing it again (or a copy of it) sends the
+// Release again, which the store answers with held false and nothing
+// changed, since Release is idempotent and a Throttler never reuses a
+// LeaseID.
 type Lease struct {
 	t      *Throttler
 	key    string
@@ -164,6 +183,10 @@ type Lease struct {
 	// source is who granted it: a lease granted by the fallback is released
 	// there, one granted by the failure mode nowhere.
 	source Source
+	// store is the store that granted it, as the backend named it at
+	// Acquire: its breaker covers the Release, wherever the backend routes
+	// the key by then.
+	store string
 }
 
 // ID returns the lease's ID (zero for a lease that no store holds).
@@ -172,47 +195,74 @@ func (l Lease) ID() LeaseID { return l.id }
 // SupportsLeases reports whether t's backend holds leases: whether Acquire
 // can work. Constructors that need leases check it when they are built.
 func (t *Throttler) SupportsLeases() bool {
-	if t == nil {
-		return false
-	}
-	_, ok := t.backend.(LeaseBackend)
-	return ok
+	return t != nil && t.primary.lb != nil
 }
 
 // Acquire takes a lease on key under p. Release the returned Lease when the
-// work ends, also when the Decision was denied or degraded (it is then a
-// no-op). The Throttler's failure handling applies as for Allow: a failing
-// store is answered by the fallback (if it holds leases) or the failure
-// mode, and observed with OpAcquire.
+// work ends; a denied Acquire returns the zero Lease, whose Release does
+// nothing. The Throttler's failure handling applies as for Allow: the call
+// goes to the backend under Timeout, unless the breaker of its store is
+// open; a failing store is answered by the fallback if the fallback holds
+// leases (the lease is then the fallback's, and Degraded), else by the
+// FailureMode (FailOpen grants a lease that no store holds); every call is
+// observed with OpAcquire. A backend that holds no leases is an error
+// matching ErrLeasesUnsupported, never a failure mode.
 func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy) (Lease, Decision, error) {
 	if t == nil || t.backend == nil {
 		return Lease{}, Decision{}, errNotBuilt
 	}
-	lb, ok := t.backend.(LeaseBackend)
-	if !ok {
-		return Lease{}, Decision{}, fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
+	var store string
+	if t.leaseStores != nil {
+		store = t.leaseStores.LeaseStore(key, p)
 	}
-	// TODO(lease-core): breakers, fallback, failure mode, detach, observe.
-	id := NewLeaseID()
-	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
-	defer cancel()
-	d, err := lb.Acquire(ctx, key, p, id, t.opts.Clock())
+	var r request // filled in place, as in do
+	r.op, r.key, r.cp, r.id = OpAcquire, key, p, NewLeaseID()
+	if t.primary.lb == nil {
+		err := fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
+		if t.opts.Observe != nil {
+			t.observe(&r, store, Decision{}, SourceNone, err, time.Now())
+		}
+		return Lease{}, Decision{}, err
+	}
+	d, src, err := t.run(ctx, &r, store, SourcePrimary)
 	if err != nil || !d.Allowed {
 		return Lease{}, d, err
 	}
-	return Lease{t: t, key: key, policy: p, id: id, source: SourcePrimary}, d, nil
+	l := Lease{t: t, key: key, policy: p, id: r.id, source: src, store: store}
+	if src == SourceFailureMode {
+		l.id = 0
+	}
+	return l, d, nil
 }
 
 // Release gives the lease back to the store that granted it, and reports
 // whether that store still held it (false: it expired, or was released
-// already).
+// already). It goes through the Throttler's failure handling as Acquire
+// does (observed with OpRelease), except that it never goes to a store that
+// did not grant the lease: when the primary fails to release its lease,
+// the FailureMode answers (the lease then counts until its TTL). Releasing
+// a lease granted by the failure mode calls no store, and is observed.
+//
+// A context cancelled already does not stop the Release (it is made
+// without the cancellation, still bounded by the Timeout): a request's
+// context ends when its client goes away, often just as the work ends, and
+// a lease not released would hold a slot until its TTL.
 func (l Lease) Release(ctx context.Context) (bool, error) {
-	if l.t == nil || l.id == 0 || l.source != SourcePrimary {
+	t := l.t
+	if t == nil {
 		return false, nil
 	}
-	lb := l.t.backend.(LeaseBackend)
-	ctx, cancel := context.WithTimeout(ctx, l.t.opts.Timeout)
-	defer cancel()
-	held, _, err := lb.Release(ctx, l.key, l.policy, l.id, l.t.opts.Clock())
-	return held, err
+	if ctx.Err() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	var r request // filled in place, as in do
+	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
+	if l.source == SourceFailureMode {
+		if t.opts.Observe != nil {
+			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil, time.Now())
+		}
+		return false, nil
+	}
+	_, _, err := t.run(ctx, &r, l.store, l.source)
+	return r.held, err
 }

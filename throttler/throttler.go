@@ -173,17 +173,27 @@ func (o *Options) withDefaults() (Options, error) {
 type Throttler struct {
 	backend Backend
 	opts    Options
-	// stores names the store of each call; nil: the backend is one store.
-	stores storeNamer
-	// Whether the primary and the fallback are InProcess: called without a
-	// timeout context.
-	primaryLocal, fallbackLocal bool
-	// detach: the primary's calls run detached (Options.Detach, or a
-	// primary that ignores its context).
-	detach bool
+	// stores names the store of each rate call, leaseStores of each lease
+	// call; nil: the backend is one store (for that kind of call).
+	stores      storeNamer
+	leaseStores leaseStoreNamer
+	// primary is the backend, fallback Options.Fallback (b nil without one).
+	primary, fallback target
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
+}
+
+// target is a backend as the Throttler calls it.
+type target struct {
+	b Backend
+	// lb is b as a LeaseBackend; nil when b holds no leases (see
+	// leaseBackendOf).
+	lb LeaseBackend
+	// local: b is InProcess, called without a timeout context. detach: its
+	// calls run detached (Options.Detach, or a backend that ignores its
+	// context; never the fallback).
+	local, detach bool
 }
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
@@ -202,11 +212,13 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	}
 	t := &Throttler{backend: b, opts: o}
 	t.stores, _ = b.(storeNamer)
+	t.leaseStores, _ = b.(leaseStoreNamer)
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
-	t.primaryLocal = inProcess(b)
-	t.detach = o.Detach || ignoresContext(b)
-	t.fallbackLocal = o.Fallback != nil && inProcess(o.Fallback)
+	t.primary = target{b: b, lb: leaseBackendOf(b), local: inProcess(b), detach: o.Detach || ignoresContext(b)}
+	if o.Fallback != nil {
+		t.fallback = target{b: o.Fallback, lb: leaseBackendOf(o.Fallback), local: inProcess(o.Fallback)}
+	}
 	return t, nil
 }
 
@@ -252,26 +264,89 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
-	var started time.Time
-	if t.opts.Observe != nil {
-		started = time.Now()
-	}
 	var store string
 	if t.stores != nil {
 		store = t.stores.Store(key, p)
 	}
-	d, src, primaryErr, err := t.decide(ctx, op, key, p, n, store)
+	// run, written out: one frame less on every rate call's path.
+	var started time.Time
+	if t.opts.Observe != nil {
+		started = time.Now()
+	}
+	// Filled in place: a composite literal is built aside and copied, and
+	// the copy's loads of what was just stored cost more than the fields.
+	var r request
+	r.op, r.key, r.p, r.n = op, key, p, n
+	d, src, primaryErr, err := t.decide(ctx, &r, store, SourcePrimary)
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
 		}
-		t.opts.Observe(Observation{Op: op, Key: key, Policy: p, Cost: n, Decision: d, Err: primaryErr, Source: src, Store: store, Latency: time.Since(started)})
+		t.observe(&r, store, d, src, primaryErr, started)
 	}
 	return d, err
 }
 
+// request is one call through the Throttler: a rate operation (OpTake,
+// OpPeek, OpRefund) of n units under p, or a lease operation (OpAcquire,
+// OpRelease) of lease id under cp. Every operation takes the one path of
+// run, decide, call and dispatch, which pass it by pointer.
+type request struct {
+	op  Op
+	key string
+	p   Policy
+	n   int64
+	cp  ConcurrencyPolicy
+	id  LeaseID
+	// held is a Release's answer, set by dispatch: carried here rather
+	// than returned, so that no rate call pays for passing it back.
+	held bool
+}
+
+// isLease reports whether r is a LeaseBackend's operation.
+func (r *request) isLease() bool { return r.op == OpAcquire || r.op == OpRelease }
+
+// validate reports why r cannot be made, as the backend would.
+func (r *request) validate() error {
+	if r.isLease() {
+		return ValidateLease(r.key, r.cp, r.id)
+	}
+	return validateCall(r.op, r.key, r.p, r.n)
+}
+
+// run decides r, starting at from (SourcePrimary, or SourceFallback for the
+// release of a lease the fallback granted), and observes it.
+func (t *Throttler) run(ctx context.Context, r *request, store string, from Source) (Decision, Source, error) {
+	var started time.Time
+	if t.opts.Observe != nil {
+		started = time.Now()
+	}
+	d, src, primaryErr, err := t.decide(ctx, r, store, from)
+	if t.opts.Observe != nil {
+		if primaryErr == nil {
+			primaryErr = err
+		}
+		t.observe(r, store, d, src, primaryErr, started)
+	}
+	return d, src, err
+}
+
+// observe calls Options.Observe. It stays out of line, and so does the
+// Observation, off the path of a Throttler that observes nothing.
+//
+//go:noinline
+func (t *Throttler) observe(r *request, store string, d Decision, src Source, err error, started time.Time) {
+	o := Observation{Op: r.op, Key: r.key, Decision: d, Err: err, Source: src, Store: store, Latency: time.Since(started)}
+	if r.isLease() {
+		o.Concurrency = r.cp
+	} else {
+		o.Policy, o.Cost = r.p, r.n
+	}
+	t.opts.Observe(o)
+}
+
 // decide returns the decision, who made it, the primary's failure (if any)
-// and the error for the caller.
+// and the error for the caller; a Release's answer is left in r.held.
 //
 // The primary validates the input itself (every Backend does, once per
 // call, however many wrappers it passes through); the Throttler validates
@@ -282,39 +357,49 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 // a failure of the store itself counts toward that breaker (see
 // Options.BreakerThreshold), and a failure the backend blames on another of
 // its stores counts toward that one's.
-func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n int64, store string) (Decision, Source, error, error) {
+//
+// The fallback answers rate operations, and Acquire if it holds leases. A
+// Release goes where its lease was granted: from is SourceFallback for a
+// lease of the fallback's, and a lease of the primary's is never released
+// to the fallback, which does not hold it.
+func (t *Throttler) decide(ctx context.Context, r *request, store string, from Source) (Decision, Source, error, error) {
 	now := t.opts.Clock()
-	br := t.breakerFor(store)
 	var primaryErr error
-	if ok, probe := br.admit(t.mono); ok {
-		d, timedOut, err := t.call(ctx, t.backend, t.primaryLocal, t.detach, op, key, p, n, now)
-		if err == nil {
-			br.succeeded(probe)
-			return d, SourcePrimary, nil, nil
+	if from == SourcePrimary {
+		br := t.breakerFor(store)
+		if ok, probe := br.admit(t.mono); ok {
+			d, timedOut, err := t.call(ctx, &t.primary, r, now)
+			if err == nil {
+				br.succeeded(probe)
+				return d, SourcePrimary, nil, nil
+			}
+			if IsInputError(err) || ctx.Err() != nil {
+				// Neither is the store's fault: a backend refusing the key
+				// (e.g. too long for it), or a caller that gave up.
+				br.inconclusive(probe)
+				return Decision{}, SourceNone, nil, err
+			}
+			t.record(br, probe, store, err, timedOut)
+			primaryErr = err
+		} else {
+			primaryErr = t.skipped(store)
 		}
-		if IsInputError(err) || ctx.Err() != nil {
-			// Neither is the store's fault: a backend refusing the key
-			// (e.g. too long for it), or a caller that gave up.
-			br.inconclusive(probe)
+		if err := r.validate(); err != nil {
 			return Decision{}, SourceNone, nil, err
 		}
-		t.record(br, probe, store, err, timedOut)
-		primaryErr = err
-	} else {
-		primaryErr = t.skipped(store)
 	}
-	if err := validateCall(op, key, p, n); err != nil {
-		return Decision{}, SourceNone, nil, err
-	}
-	if t.opts.Fallback != nil {
-		d, _, err := t.call(ctx, t.opts.Fallback, t.fallbackLocal, false, op, key, p, n, now)
+	if t.fallback.b != nil && (from == SourceFallback || r.op != OpRelease && (!r.isLease() || t.fallback.lb != nil)) {
+		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
 			return d, SourceFallback, primaryErr, nil
 		}
+		if from == SourceFallback && (IsInputError(err) || ctx.Err() != nil) {
+			return Decision{}, SourceNone, nil, err
+		}
 		primaryErr = errors.Join(primaryErr, fmt.Errorf("fallback: %w", err))
 	}
-	d := Decision{Allowed: t.opts.FailureMode == FailOpen, Limit: p.Limit, Degraded: true}
+	d := t.failureMode(r)
 	if d.Allowed {
 		return d, SourceFailureMode, primaryErr, nil
 	}
@@ -322,6 +407,15 @@ func (t *Throttler) decide(ctx context.Context, op Op, key string, p Policy, n i
 		primaryErr = fmt.Errorf("%w: %w", ErrUnavailable, primaryErr)
 	}
 	return d, SourceFailureMode, primaryErr, primaryErr
+}
+
+// failureMode is the decision of FailureMode for r, made without any store.
+func (t *Throttler) failureMode(r *request) Decision {
+	limit := r.p.Limit
+	if r.isLease() {
+		limit = r.cp.Limit
+	}
+	return Decision{Allowed: t.opts.FailureMode == FailOpen, Limit: limit, Degraded: true}
 }
 
 // record counts a failed primary call toward the breaker it concerns: br,
@@ -349,51 +443,77 @@ func (t *Throttler) skipped(store string) error {
 		ErrUnavailable, store, t.opts.BreakerThreshold, t.opts.BreakerCooldown)
 }
 
-// call runs the operation on b, under the Timeout unless b is in process;
-// timedOut says that this Throttler's own deadline expired.
-func (t *Throttler) call(ctx context.Context, b Backend, local, detach bool, op Op, key string, p Policy, n int64, now time.Time) (d Decision, timedOut bool, err error) {
-	if local {
-		d, err = dispatch(ctx, b, op, key, p, n, now)
+// call runs r on tg, under the Timeout unless tg is in process; timedOut
+// says that this Throttler's own deadline expired.
+func (t *Throttler) call(ctx context.Context, tg *target, r *request, now time.Time) (d Decision, timedOut bool, err error) {
+	if tg.local {
+		d, err = dispatch(ctx, tg, r, now)
 		return d, false, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
-	if !detach {
-		d, err = dispatch(ctx, b, op, key, p, n, now)
+	if !tg.detach {
+		d, err = dispatch(ctx, tg, r, now)
 		return d, err != nil && ctx.Err() == context.DeadlineExceeded, err
 	}
+	return t.detachedCall(ctx, tg, r, now)
+}
+
+// detachedCall runs r on tg on a goroutine of its own and stops waiting
+// when ctx ends (see Options.Detach). It allocates, so it stays apart from
+// call, whose other paths allocate nothing.
+func (t *Throttler) detachedCall(ctx context.Context, tg *target, r *request, now time.Time) (d Decision, timedOut bool, err error) {
 	if t.detached.Add(1) > int64(t.opts.MaxDetached) {
 		t.detached.Add(-1)
 		return Decision{}, false, fmt.Errorf("%w (%d)", errTooManyDetached, t.opts.MaxDetached)
 	}
 	type result struct {
-		d   Decision
-		err error
+		d    Decision
+		held bool
+		err  error
 	}
 	done := make(chan result, 1) // buffered: an abandoned call never blocks
-	go func() {
+	// The goroutine gets a copy of r: the caller's may be gone when it ends.
+	go func(r request) {
 		defer t.detached.Add(-1)
-		d, err := dispatch(ctx, b, op, key, p, n, now)
-		done <- result{d, err}
-	}()
+		d, err := dispatch(ctx, tg, &r, now)
+		done <- result{d, r.held, err}
+	}(*r)
 	select {
-	case r := <-done:
-		return r.d, r.err != nil && ctx.Err() == context.DeadlineExceeded, r.err
+	case res := <-done:
+		r.held = res.held
+		return res.d, res.err != nil && ctx.Err() == context.DeadlineExceeded, res.err
 	case <-ctx.Done():
 		return Decision{}, ctx.Err() == context.DeadlineExceeded, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
 	}
 }
 
-// dispatch calls b's method for op, one of the Throttler's own three.
-func dispatch(ctx context.Context, b Backend, op Op, key string, p Policy, n int64, now time.Time) (Decision, error) {
-	switch op {
+// dispatch calls tg's method for r's op, one of the Throttler's own five.
+func dispatch(ctx context.Context, tg *target, r *request, now time.Time) (Decision, error) {
+	switch r.op {
 	case OpPeek:
-		return b.Peek(ctx, key, p, now)
+		return tg.b.Peek(ctx, r.key, r.p, now)
 	case OpRefund:
-		return b.Refund(ctx, key, p, n, now)
-	default:
-		return b.Take(ctx, key, p, n, now)
+		return tg.b.Refund(ctx, r.key, r.p, r.n, now)
+	case OpAcquire, OpRelease:
+		return dispatchLease(ctx, tg, r, now)
 	}
+	return tg.b.Take(ctx, r.key, r.p, r.n, now)
+}
+
+// dispatchLease is dispatch for the lease operations, out of line so that
+// the rate operations' frame stays as small as it was before leases.
+//
+//go:noinline
+func dispatchLease(ctx context.Context, tg *target, r *request, now time.Time) (d Decision, err error) {
+	if tg.lb == nil {
+		return Decision{}, fmt.Errorf("%w: %T", ErrLeasesUnsupported, tg.b)
+	}
+	if r.op == OpAcquire {
+		return tg.lb.Acquire(ctx, r.key, r.cp, r.id, now)
+	}
+	r.held, d, err = tg.lb.Release(ctx, r.key, r.cp, r.id, now)
+	return d, err
 }
 
 // validateCall reports why a call cannot be made, as package backend's

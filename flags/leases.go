@@ -1,0 +1,316 @@
+package flags
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// Leases through a Router.
+//
+// A Router holds leases when both its backends do (HoldsLeases; a Throttler
+// over it then reports SupportsLeases). An Acquire goes where the rollout
+// sends the key, as a Take does; a Release must reach the backend that
+// granted the lease, even if the rollout moved the key in between, or the
+// lease would count there until its TTL. So the router remembers, per held
+// lease (key, policy identity and LeaseID), which backend granted it, in a
+// bounded table: an entry goes at the Release, or once its lease has
+// expired (swept by later Acquires), and a lease the table does not know
+// (granted while it was full, or expired and swept) is released to both
+// backends, which is harmless: Release is idempotent and a LeaseID is
+// random, so the other backend never holds it.
+
+// leaseShards spreads the table's lock: lease IDs are random, so the
+// shards fill evenly.
+const leaseShards = 16
+
+// sweepEvery is the least time, on the calls' clock, between two sweeps of
+// a shard that is not full: expired entries go within it.
+const sweepEvery = int64(time.Second / time.Millisecond)
+
+// routerLeases is a Router's lease state; old and new are nil unless both
+// backends hold leases.
+type routerLeases struct {
+	old, new throttler.LeaseBackend
+	shards   [leaseShards]leaseShard
+	perShard int
+
+	oldAcquires, newAcquires, oldReleases, newReleases atomic.Uint64
+	unknown, untracked                                 atomic.Uint64
+}
+
+// leaseRef names one held lease: its key, its policy's storage identity
+// (the Name of a named policy; the definition of an unnamed one) and its ID.
+type leaseRef struct {
+	key, name  string
+	limit, ttl int64 // zero for a named policy
+	id         throttler.LeaseID
+}
+
+func refOf(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID) leaseRef {
+	r := leaseRef{key: key, name: p.Name, id: id}
+	if p.Name == "" {
+		r.limit, r.ttl = p.Limit, int64(p.TTL)
+	}
+	return r
+}
+
+// grant is who granted a lease, and until when (Unix ms) it holds.
+type grant struct {
+	isNew   bool
+	expires int64
+}
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[leaseRef]grant
+	// earliest is at or before every entry's expiry: no sweep frees
+	// anything before it. swept is when the last sweep ran.
+	earliest, swept int64
+	_               [64]byte
+}
+
+func (r *Router) initLeases(maxLeases int) {
+	l := &r.leases
+	old, okOld := backend.Leases(r.old)
+	new, okNew := backend.Leases(r.new)
+	if !okOld || !okNew {
+		return
+	}
+	l.old, l.new = old, new
+	l.perShard = max(1, maxLeases/leaseShards)
+	for i := range l.shards {
+		l.shards[i].m = make(map[leaseRef]grant)
+	}
+}
+
+var (
+	_ throttler.LeaseBackend = (*Router)(nil)
+	_ backend.LeaseHolder    = (*Router)(nil)
+	_ backend.LeaseStores    = (*Router)(nil)
+)
+
+// HoldsLeases reports whether both backends hold leases (see
+// backend.LeaseHolder): a Router over a backend without them has the lease
+// methods, but answers them with throttler.ErrLeasesUnsupported.
+func (r *Router) HoldsLeases() bool { return r.leases.old != nil }
+
+// LeaseStore names the store a lease call for key under p reaches now, as
+// Store does for rate calls.
+func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
+	b, name := r.routed(key)
+	if s := backend.LeaseStoreOf(b, key, p); s != "" {
+		return s
+	}
+	return name
+}
+
+// Acquire takes lease id on key under p from the backend the rollout sends
+// the key to, and remembers which one granted it. A lease the router knows
+// to be held already (a retried Acquire) is renewed where it was granted.
+// The router does not validate: the backend does.
+func (r *Router) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	return r.acquire(ctx, routeByRollout, key, p, id, now)
+}
+
+// AcquireOn is Acquire on the backend the caller chose (useNew), for a
+// wrapper that routes by its own reading of the rollout, as package
+// migration does: the lease is remembered as Acquire remembers it, and a
+// lease known to be held already is renewed where it was granted.
+func (r *Router) AcquireOn(ctx context.Context, useNew bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	route := routeOld
+	if useNew {
+		route = routeNew
+	}
+	return r.acquire(ctx, route, key, p, id, now)
+}
+
+// Where an Acquire of a lease the router does not hold goes.
+const (
+	routeByRollout = iota
+	routeOld
+	routeNew
+)
+
+func (r *Router) acquire(ctx context.Context, route int, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	l := &r.leases
+	if l.old == nil {
+		return throttler.Decision{}, r.noLeases()
+	}
+	ref := refOf(key, p, id)
+	sh := &l.shards[uint64(id)%leaseShards]
+	ms := now.UnixMilli()
+	sh.mu.Lock()
+	g, known := sh.m[ref]
+	sh.mu.Unlock()
+	isNew := g.isNew
+	if !known || g.expires <= ms {
+		isNew = route == routeNew || route == routeByRollout && r.rollout.UseNew(key)
+	}
+	d, err := r.leaseSide(isNew, &l.oldAcquires, &l.newAcquires).Acquire(ctx, key, p, id, now)
+	if err != nil {
+		return d, r.wrap(err, isNew)
+	}
+	if d.Allowed {
+		l.remember(sh, ref, grant{isNew: isNew, expires: ms + p.TTL.Milliseconds()}, ms)
+	} else if known {
+		sh.mu.Lock()
+		delete(sh.m, ref) // a denied Acquire holds nothing
+		sh.mu.Unlock()
+	}
+	return d, nil
+}
+
+// remember records g for ref, sweeping the shard's expired entries first
+// when it is due; a shard still full leaves the lease untracked.
+func (l *routerLeases) remember(sh *leaseShard, ref leaseRef, g grant, ms int64) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	full := len(sh.m) >= l.perShard
+	if ms >= sh.earliest && (full || ms-sh.swept >= sweepEvery) {
+		sh.sweep(ms)
+		full = len(sh.m) >= l.perShard
+	}
+	if _, held := sh.m[ref]; full && !held {
+		l.untracked.Add(1)
+		return
+	}
+	sh.m[ref] = g
+	if len(sh.m) == 1 || g.expires < sh.earliest {
+		sh.earliest = g.expires
+	}
+}
+
+// sweep drops the entries whose lease has expired at ms. sh.mu is held.
+func (sh *leaseShard) sweep(ms int64) {
+	earliest := int64(1<<63 - 1)
+	for ref, g := range sh.m {
+		if g.expires <= ms {
+			delete(sh.m, ref)
+		} else {
+			earliest = min(earliest, g.expires)
+		}
+	}
+	sh.earliest, sh.swept = earliest, ms
+}
+
+// Release gives lease id back to the backend that granted it, and forgets
+// it. A lease the router does not know (granted while its table was full,
+// expired and swept, released already, or never granted through it) is
+// released to both backends: held is then whether either held it, and the
+// Decision that one's, or, when neither did, the one of the backend the
+// key is routed to now. The router does not validate: the backends do.
+func (r *Router) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
+	held, d, known, err := r.ReleaseKnown(ctx, key, p, id, now)
+	if known || err != nil {
+		return held, d, err
+	}
+	r.leases.unknown.Add(1)
+	first := r.rollout.UseNew(key)
+	held, d, err = r.releaseTo(ctx, first, key, p, id, now)
+	if held || throttler.IsInputError(err) {
+		return held, d, err
+	}
+	oheld, od, oerr := r.releaseTo(ctx, !first, key, p, id, now)
+	switch {
+	case oheld:
+		return true, od, nil
+	case err != nil || oerr != nil:
+		return false, throttler.Decision{}, errors.Join(err, oerr)
+	}
+	return false, d, nil
+}
+
+// ReleaseKnown is Release for a lease the router remembers: it releases it
+// on the backend that granted it, forgets it, and reports known. For a
+// lease it does not know it calls nothing and reports known false, for a
+// wrapper that knows better than Release where such a lease may be (package
+// migration: both its stores hold mirrored copies of every lease, so
+// "either held it" would report a copy).
+func (r *Router) ReleaseKnown(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (held bool, d throttler.Decision, known bool, err error) {
+	l := &r.leases
+	if l.old == nil {
+		return false, throttler.Decision{}, false, r.noLeases()
+	}
+	ref := refOf(key, p, id)
+	sh := &l.shards[uint64(id)%leaseShards]
+	sh.mu.Lock()
+	g, known := sh.m[ref]
+	delete(sh.m, ref)
+	sh.mu.Unlock()
+	if !known {
+		return false, throttler.Decision{}, false, nil
+	}
+	held, d, err = r.releaseTo(ctx, g.isNew, key, p, id, now)
+	return held, d, true, err
+}
+
+// releaseTo releases on one backend, counting the call.
+func (r *Router) releaseTo(ctx context.Context, isNew bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
+	l := &r.leases
+	held, d, err := r.leaseSide(isNew, &l.oldReleases, &l.newReleases).Release(ctx, key, p, id, now)
+	if err != nil {
+		return held, d, r.wrap(err, isNew)
+	}
+	return held, d, nil
+}
+
+// leaseSide returns the old or the new backend's leases, counting the call
+// among the backend's calls and in its counter of the operation's.
+func (r *Router) leaseSide(isNew bool, oldOps, newOps *atomic.Uint64) throttler.LeaseBackend {
+	if isNew {
+		r.newCalls.Add(1)
+		newOps.Add(1)
+		return r.leases.new
+	}
+	r.oldCalls.Add(1)
+	oldOps.Add(1)
+	return r.leases.old
+}
+
+// noLeases is the error of a lease call on a Router whose backends do not
+// both hold leases.
+func (r *Router) noLeases() error {
+	name, b := r.oldName, r.old
+	if _, ok := backend.Leases(b); ok {
+		name, b = r.newName, r.new
+	}
+	return fmt.Errorf("%w: the router's %s backend (%T)", throttler.ErrLeasesUnsupported, name, b)
+}
+
+// LeaseStats counts a Router's lease calls.
+type LeaseStats struct {
+	// Acquires and releases sent to each backend.
+	OldAcquires, NewAcquires, OldReleases, NewReleases uint64
+	// Unknown counts the Releases of leases the router did not remember,
+	// each sent to both backends (see Router.Release).
+	Unknown uint64
+	// Untracked counts the leases granted while the table was full
+	// (RouterOptions.MaxLeases): their Release goes to both backends.
+	// Healthy: 0.
+	Untracked uint64
+	// Held is how many leases the router remembers now.
+	Held int
+}
+
+func (r *Router) leaseStats() LeaseStats {
+	l := &r.leases
+	s := LeaseStats{
+		OldAcquires: l.oldAcquires.Load(), NewAcquires: l.newAcquires.Load(),
+		OldReleases: l.oldReleases.Load(), NewReleases: l.newReleases.Load(),
+		Unknown: l.unknown.Load(), Untracked: l.untracked.Load(),
+	}
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		s.Held += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return s
+}
