@@ -411,8 +411,7 @@ func (b *Backend) shardFor(h uint64) *shard {
 	return b.shards[jumpHash(h, len(b.shards))]
 }
 
-// opError wraps a failure with the operation and the policy (a rate or a
-// concurrency policy),
+// opError wraps a failure with the operation and the policy (rate or lease),
 // and marks it as the shard's (backend.StoreFailure) or the key's
 // (backend.ErrKeyState) when it is known to be either. Long keys are cut:
 // the error is for logs (a Throttler never writes it into a response).
