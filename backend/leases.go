@@ -37,9 +37,19 @@ type LeaseSet []LeaseEntry
 // whether the set changed (a drop, a lease taken or refreshed): the state
 // to write.
 func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64) (d throttler.Decision, changed bool) {
+	used, earliest, allowed, changed := s.Hold(p, id, t)
+	return LeaseDecision(p, used, earliest, t, allowed), changed
+}
+
+// Hold is Acquire without building its Decision: the leases held after the
+// call, the earliest expiry among them, and whether id was admitted
+// (LeaseDecision makes the Decision of them). Hot paths call it to build
+// the Decision once, outside their lock.
+func (s *LeaseSet) Hold(p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64) (used, earliest int64, allowed, changed bool) {
 	expiry := t + p.TTL.Milliseconds()
 	e := *s
-	n, found, earliest := 0, -1, int64(math.MaxInt64)
+	n, found := 0, -1
+	earliest = math.MaxInt64
 	for i := range e {
 		x := e[i]
 		if x.Expiry <= t {
@@ -58,7 +68,7 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	changed = n != len(e)
 	clear(e[n:])
 	e = e[:n]
-	allowed := true
+	allowed = true
 	switch {
 	case found >= 0:
 		changed = changed || e[found].Expiry != expiry
@@ -73,15 +83,22 @@ func (s *LeaseSet) Acquire(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	if allowed {
 		earliest = min(earliest, expiry)
 	}
-	return LeaseDecision(p, int64(len(e)), earliest, t, allowed), changed
+	return int64(len(e)), earliest, allowed, changed
 }
 
 // Release applies a Release of id at t under p: it drops the leases
 // expired by t, then drops id and reports whether it was held. changed
 // reports whether the set changed.
 func (s *LeaseSet) Release(p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64) (held bool, d throttler.Decision, changed bool) {
+	held, used, earliest, changed := s.Drop(id, t)
+	return held, LeaseDecision(p, used, earliest, t, used < p.Limit), changed
+}
+
+// Drop is Release without building its Decision, as Hold is Acquire's.
+func (s *LeaseSet) Drop(id throttler.LeaseID, t int64) (held bool, used, earliest int64, changed bool) {
 	e := *s
-	n, earliest := 0, int64(math.MaxInt64)
+	n := 0
+	earliest = math.MaxInt64
 	for i := range e {
 		x := e[i]
 		if x.Expiry <= t {
@@ -100,7 +117,7 @@ func (s *LeaseSet) Release(p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 	changed = n != len(e)
 	clear(e[n:]) // no stale entries behind the length
 	*s = e[:n]
-	return held, LeaseDecision(p, int64(n), earliest, t, int64(n) < p.Limit), changed
+	return held, int64(n), earliest, changed
 }
 
 // End is when the set stops mattering, in Unix ms: its latest expiry, from
@@ -119,11 +136,12 @@ func (s LeaseSet) End() int64 {
 // (unused when none is held: ResetAt is then t + TTL). RetryAfter is
 // ResetAt - t whenever Allowed is false, after a Release too (as after a
 // Peek), so that every Decision reads alike.
-func LeaseDecision(p throttler.ConcurrencyPolicy, used, earliest, t int64, allowed bool) throttler.Decision {
+func LeaseDecision(p throttler.ConcurrencyPolicy, used, earliest, t int64, allowed bool) (d throttler.Decision) {
 	if used == 0 {
 		earliest = t + p.TTL.Milliseconds()
 	}
-	d := throttler.Decision{Allowed: allowed, Limit: p.Limit, Used: used, Remaining: max(0, p.Limit-used), ResetAt: time.UnixMilli(earliest)}
+	d.Allowed, d.Limit, d.Used, d.Remaining = allowed, p.Limit, used, max(0, p.Limit-used)
+	d.ResetAt = time.UnixMilli(earliest)
 	if !allowed {
 		d.RetryAfter = time.Duration(earliest-t) * time.Millisecond
 	}

@@ -1,6 +1,7 @@
 package backend_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -135,4 +137,45 @@ func TestLeaseIdentity(t *testing.T) {
 			assert.NotEqual(t, backend.Identity(r), backend.LeaseIdentity(c), "%v and %v", r, c)
 		}
 	}
+}
+
+// FuzzLeaseSetMatchesModel: any sequence of calls (each 4 bytes: which
+// call, which ID, how far the clock moves, back or forward, and which of
+// two policies sharing a name) answers as backendtest.LeaseModel, and Hold
+// and Drop agree with Acquire and Release.
+func FuzzLeaseSetMatchesModel(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 0, 2, 1, 0, 1, 1, 200, 1})
+	f.Add([]byte{0, 1, 0, 0, 0, 1, 0, 1, 0, 2, 130, 0, 1, 1, 255, 1})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		policies := []throttler.ConcurrencyPolicy{
+			{Name: "f", Limit: 2, TTL: 50 * time.Millisecond},
+			{Name: "f", Limit: 3, TTL: 20 * time.Millisecond},
+		}
+		m := backendtest.NewLeaseModel()
+		var s, twin backend.LeaseSet
+		now := backendtest.T0.UnixMilli()
+		for i := 0; i+4 <= len(ops); i += 4 {
+			op, id, step, pi := ops[i], throttler.LeaseID(1+ops[i+1]%6), int64(int8(ops[i+2])), ops[i+3]%2
+			now += step
+			p := policies[pi]
+			at := time.UnixMilli(now)
+			if op%2 == 0 {
+				want, err := m.Acquire(context.Background(), "k", p, id, at)
+				require.NoError(t, err)
+				got, _ := s.Acquire(p, id, now)
+				require.Equal(t, want, got, "call %d", i/4)
+				used, earliest, allowed, _ := twin.Hold(p, id, now)
+				require.Equal(t, got, backend.LeaseDecision(p, used, earliest, now, allowed))
+			} else {
+				wantHeld, want, err := m.Release(context.Background(), "k", p, id, at)
+				require.NoError(t, err)
+				held, got, _ := s.Release(p, id, now)
+				require.Equal(t, want, got, "call %d", i/4)
+				require.Equal(t, wantHeld, held, "call %d", i/4)
+				held, used, earliest, _ := twin.Drop(id, now)
+				require.Equal(t, wantHeld, held)
+				require.Equal(t, got, backend.LeaseDecision(p, used, earliest, now, used < p.Limit))
+			}
+		}
+	})
 }

@@ -263,9 +263,11 @@ func TestMiddlewareErrors(t *testing.T) {
 }
 
 // TestMiddlewareReleaseError: a release that fails is reported to
-// OnReleaseError.
+// OnReleaseError. Under FailClosed: a Throttler that fails open answers a
+// failed Release with (false, nil), reporting the failure only to its
+// Observe, as it does every failure it answers.
 func TestMiddlewareReleaseError(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, throttler.FailClosed)
 	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
 	var released []error
 	g.opts.OnReleaseError = func(r *http.Request, err error) { released = append(released, err) }

@@ -54,12 +54,12 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 		}
 		w.leases, w.end = new(backend.LeaseSet), ms
 	}
-	d, _ := w.leases.Acquire(p, id, ms)
-	if d.Allowed {
+	used, earliest, allowed, _ := w.leases.Hold(p, id, ms)
+	if allowed {
 		w.end = max(w.end, ms+p.TTL.Milliseconds())
 	}
 	s.mu.Unlock()
-	return d, nil
+	return backend.LeaseDecision(p, used, earliest, ms, allowed), nil
 }
 
 // Release gives back the lease of id on key under p, by the lease
@@ -78,7 +78,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	if w := s.table.find(h, key, leaseIdent(p)); w != nil {
 		set = w.leases
 	}
-	held, d, _ := set.Release(p, id, ms)
+	held, used, earliest, _ := set.Drop(id, ms)
 	s.mu.Unlock()
-	return held, d, nil
+	return held, backend.LeaseDecision(p, used, earliest, ms, used < p.Limit), nil
 }

@@ -54,7 +54,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 		err = checkLeaseReply(res, t, true)
 	}
 	if err != nil {
-		return throttler.Decision{}, leaseError("acquire", key, p, err)
+		return throttler.Decision{}, opError("acquire", key, p, err)
 	}
 	return backend.LeaseDecision(p, res[1], res[2], t, res[0] == 1), nil
 }
@@ -74,7 +74,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 		err = checkLeaseReply(res, t, false)
 	}
 	if err != nil {
-		return false, throttler.Decision{}, leaseError("release", key, p, err)
+		return false, throttler.Decision{}, opError("release", key, p, err)
 	}
 	return res[0] == 1, backend.LeaseDecision(p, res[1], res[2], t, res[1] < p.Limit), nil
 }
@@ -121,21 +121,4 @@ func checkLeaseReply(res [3]int64, t int64, acquired bool) error {
 		return fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 	}
 	return nil
-}
-
-// leaseError is opError for a lease call: it names the operation and the
-// concurrency policy, and classifies the failure as the store's or the
-// key's.
-func leaseError(op, key string, p throttler.ConcurrencyPolicy, err error) error {
-	if len(key) > 64 {
-		key = key[:64] + "..."
-	}
-	wrapped := fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
-	switch {
-	case keyFailure(err):
-		return backend.KeyFailure(wrapped)
-	case storeFailure(err):
-		return backend.StoreFailure("", wrapped)
-	}
-	return wrapped
 }

@@ -411,11 +411,11 @@ func (b *Backend) shardFor(h uint64) *shard {
 	return b.shards[jumpHash(h, len(b.shards))]
 }
 
-// opError wraps a failure with the operation and the window's identity,
+// opError wraps a failure with the operation and the policy (rate or lease),
 // and marks it as the shard's (backend.StoreFailure) or the key's
 // (backend.ErrKeyState) when it is known to be either. Long keys are cut:
 // the error is for logs (a Throttler never writes it into a response).
-func opError(op, key string, p throttler.Policy, err error) error {
+func opError(op, key string, p fmt.Stringer, err error) error {
 	if len(key) > 64 {
 		key = key[:64] + "..."
 	}

@@ -11,11 +11,12 @@
 -- ARGV[4]  the policy's limit (<= 10,000)
 -- ARGV[5]  expiry margin, ms
 --
--- Returns {allowed (0|1), used, earliest expiry (Unix ms; 0 when none is
--- held)}.
+-- Returns {allowed (0|1), used, earliest expiry (Unix ms)}: a lease is
+-- always held after an Acquire, the new one or those that denied it.
 --
 -- Leases whose expiry is <= t are not held: they are dropped first, which
--- a steady key skips after one look at the earliest. An ID already held is
+-- a steady key skips after one look at the earliest. A key with no leases
+-- (no set) takes three commands, one with leases five. An ID already held is
 -- admitted again with its new expiry, counted once, even above a lowered
 -- limit. Key expiry is a duration, for cleanup only: until the latest
 -- lease ends, plus the margin. Scores are doubles, exact up to 2^53 ms.
@@ -23,8 +24,14 @@ local set, t, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 local expiry, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 
 local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+if first[1] == nil then
+  -- No leases (most keys, most of the time): this one is admitted alone.
+  redis.call('ZADD', set, ARGV[3], id)
+  redis.call('PEXPIRE', set, expiry - t + tonumber(ARGV[5]))
+  return {1, 1, expiry}
+end
 local stale = false
-if first[1] ~= nil and tonumber(first[2]) <= t then
+if tonumber(first[2]) <= t then
   redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
   stale = true
 end
@@ -39,18 +46,15 @@ elseif redis.call('ZSCORE', set, id) then
   allowed = 1
 end
 
-local earliest = 0
-if used > 0 then
-  if first[1] == nil then
-    earliest = expiry -- the set was empty: this lease alone
-  elseif stale or first[1] == id then
-    -- The earliest may have gone or moved: look again.
-    earliest = tonumber(redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')[2])
-  else
-    earliest = tonumber(first[2])
-    if allowed == 1 and expiry < earliest then
-      earliest = expiry
-    end
+-- A lease is held now (this one, or the Limit that denied it).
+local earliest
+if stale or first[1] == id then
+  -- The earliest may have gone or moved: look again.
+  earliest = tonumber(redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')[2])
+else
+  earliest = tonumber(first[2])
+  if allowed == 1 and expiry < earliest then
+    earliest = expiry
   end
 end
 if allowed == 1 then
