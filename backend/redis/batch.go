@@ -95,6 +95,7 @@ type lane struct {
 	stats *counters
 
 	always bool // tests: every request goes through batch.lua (redisbatch.Always)
+	perOp  bool // benchmarks: a batch is a pipeline of one script per request
 
 	mu       sync.Mutex
 	inFlight int
@@ -246,12 +247,12 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
 		return
 	}
-	if l.kind == laneOne {
+	if l.kind == laneOne && !l.perOp {
 		multi(ctx, l.c, live)
 		return
 	}
 	groups := l.group(live)
-	if len(groups) == 1 {
+	if len(groups) == 1 && !l.perOp {
 		multi(ctx, l.c, groups[0])
 		return
 	}
@@ -292,9 +293,11 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 func (l *lane) group(live []*pending) [][]*pending {
 	at := make(map[uint64]int, len(live))
 	var groups [][]*pending
-	for _, p := range live {
+	for i, p := range live {
 		g := p.req.h
-		if l.kind == laneSlots {
+		if l.perOp {
+			g = uint64(i)
+		} else if l.kind == laneSlots {
 			g = uint64(slot(p.req.h))
 		}
 		i, ok := at[g]

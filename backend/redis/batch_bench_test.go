@@ -1,0 +1,114 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// BenchmarkBatchDesigns compares the two ways a batch can go to Redis, at
+// 64 goroutines on one client: one batch.lua call running every operation
+// ("script", the one kept), or a pipeline of one EVALSHA per operation
+// ("pipeline"); and batching off (MaxBatch 1). Each iteration is one round
+// in which every design runs for 200 ms in turn, so all see the same
+// machine; run it with -benchtime Nx. It reports calls/s and the ratios.
+func BenchmarkBatchDesigns(b *testing.B) {
+	rdb, port := startRedis(b)
+	_ = rdb
+	const goroutines = 64
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), PoolSize: goroutines, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { _ = c.Close() })
+	now := t0
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket} {
+		for _, keys := range []int{1, 10_000} {
+			b.Run(fmt.Sprintf("%v/keys=%d", alg, keys), func(b *testing.B) {
+				p := throttler.Policy{Name: "bench", Limit: 1 << 30, Window: time.Hour, Algorithm: alg}
+				script := newBackend(b, c, &Options{Prefix: "s:"})
+				pipeline := newBackend(b, c, &Options{Prefix: "p:"})
+				pipeline.shards[0].primaryLane.perOp = true
+				off := newBackend(b, c, &Options{Prefix: "o:", MaxBatch: 1})
+				designs := []struct {
+					name string
+					b    *Backend
+				}{{"script", script}, {"pipeline", pipeline}, {"unbatched", off}}
+				calls := make([]int64, len(designs))
+				usec := make([]int64, len(designs))
+				const burst = 100 * time.Millisecond
+				var elapsed time.Duration
+				for b.Loop() {
+					for i, d := range designs {
+						if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
+							b.Fatal(err)
+						}
+						var n atomic.Int64
+						var wg sync.WaitGroup
+						stop := make(chan struct{})
+						for g := range goroutines {
+							wg.Add(1)
+							go func() {
+								defer wg.Done()
+								for j := g; ; j += goroutines {
+									select {
+									case <-stop:
+										return
+									default:
+									}
+									if _, err := d.b.Take(context.Background(), strconv.Itoa(j%keys), p, 1, now); err != nil {
+										b.Error(err)
+										return
+									}
+									n.Add(1)
+								}
+							}()
+						}
+						time.Sleep(burst)
+						close(stop)
+						wg.Wait()
+						calls[i] += n.Load()
+						usec[i] += serverUsec(b, c)
+					}
+					elapsed += burst
+				}
+				for i, d := range designs {
+					b.ReportMetric(float64(calls[i])/elapsed.Seconds(), d.name+"-calls/s")
+				}
+				for i, d := range designs {
+					b.ReportMetric(float64(usec[i])/float64(calls[i]), d.name+"-server-µs/op")
+				}
+				b.ReportMetric(float64(calls[0])/float64(calls[1]), "script/pipeline")
+				b.ReportMetric(float64(calls[0])/float64(calls[2]), "script/unbatched")
+			})
+		}
+	}
+}
+
+// serverUsec is the server's time in commands since its stats were reset
+// (INFO commandstats, all commands).
+func serverUsec(b *testing.B, c *goredis.Client) int64 {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_") || strings.HasPrefix(line, "cmdstat_info") || strings.HasPrefix(line, "cmdstat_config") {
+			continue
+		}
+		for _, f := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
