@@ -62,9 +62,9 @@ func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) 
 // bucket runs op on a token bucket: bucket.lua, on the primary for a Take
 // or Refund, on a replica (then the primary) for a Peek. A denied Take
 // leaves the state it read in denial, when given.
-func (b *Backend) bucket(ctx context.Context, s *shard, sk string, h uint64, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
 	var d throttler.Decision
-	req := &request{fn: fnBucket, sk: sk, h: h,
+	req := &request{fn: fnBucket, sk: sk,
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [7]int64
@@ -95,9 +95,9 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, h uint64, op 
 // counter runs op on a sliding-window counter: counter.lua, on the primary
 // for a Take or Refund, on a replica (then the primary) for a Peek. A
 // denied Take leaves the state it read in denial, when given.
-func (b *Backend) counter(ctx context.Context, s *shard, sk string, h uint64, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
 	var d throttler.Decision
-	req := &request{fn: fnCounter, sk: sk, h: h,
+	req := &request{fn: fnCounter, sk: sk,
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [9]int64
@@ -127,10 +127,10 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, h uint64, op
 
 // log runs op on a sliding log: log.lua, on the primary for a Take or
 // Refund, on a replica (then the primary) for a Peek.
-func (b *Backend) log(ctx context.Context, s *shard, sk string, h uint64, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
+func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
 	w := p.Window.Milliseconds()
-	req := &request{fn: fnLog, sk: sk, h: h, args: []any{int(op), t, w, p.Limit, cost, b.marginMS, t - w}}
+	req := &request{fn: fnLog, sk: sk, args: []any{int(op), t, w, p.Limit, cost, b.marginMS, t - w}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		err := parseInts(reply, res[:])
 		if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -19,46 +18,35 @@ import (
 // with fewer than maxInFlight round trips under way is sent at once, in
 // the caller's goroutine, with the caller's context: a call alone on an
 // idle client costs what it did before batching. Otherwise it queues, and
-// the next round trip of the lane carries every queued request, up to
-// Options.MaxBatch: one batch.lua call that runs them all in order, or,
-// on a Cluster or a Ring, one pipeline of one such call per hash slot (per
-// key on a Ring), since a script's keys must share a node.
+// the lane's next round trip carries every queued request, up to
+// Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
+// client splits it by node. One batch.lua call running every operation of
+// a batch was measured against it (BenchmarkBatchDesigns at commit
+// 2f3c06f): the same server time per operation and the same calls/s
+// within noise, so the simpler pipeline was kept; each operation's error
+// is its own there without catching errors in Lua, and a Cluster needs no
+// grouping by slot.
 //
 // A queued caller waits for its reply or for its own context, whichever
 // ends first. One that leaves before its batch is sent is skipped (its
-// operation never runs); one that leaves after its operation ran; its
-// result is dropped, and a unit it took stays taken. A batch is sent with
+// operation never runs); one that leaves after it was sent has it run,
+// its result dropped, and a unit it took stays taken. A batch is sent with
 // the latest deadline of its callers (none if one of them has none), so
 // it never outlives the patience of all of them.
 
-// A script's number in batch.lua.
+// A request's script.
 const (
 	fnTake = 1 + iota
 	fnRefund
 	fnBucket
 	fnCounter
 	fnLog
-	fnPeek // a fixed window's HMGET u r; not a script of its own
+	fnPeek // a fixed window's HMGET u r; no script
 )
 
-var (
-	//go:embed scripts/batch.lua
-	batchDispatch string
-	batchScript   = goredis.NewScript(numbersSource +
-		function("take", takeSource) + function("refund", refundSource) +
-		function("bucket", bucketSource) + function("counter", counterSource) +
-		function("log", logSource) +
-		"local function peek(KEYS, ARGV)\n  return redis.call('HMGET', KEYS[1], 'u', 'r')\nend\n" +
-		batchDispatch)
-	// scripts are the scripts of single requests, by number.
-	scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
-		fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
-)
-
-// function wraps a script's source as a local Lua function of (KEYS, ARGV).
-func function(name, source string) string {
-	return "local function " + name + "(KEYS, ARGV)\n" + source + "\nend\n"
-}
+// scripts are the requests' scripts, by number.
+var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
+	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
 
 // maxInFlight is how many round trips a lane has under way before the
 // requests that arrive queue for the next batch: two, so that Redis runs
@@ -72,30 +60,17 @@ const maxBatchLimit = 4096
 type request struct {
 	fn   int
 	sk   string
-	h    uint64 // sk's hash: its Cluster slot's and its Ring shard's
 	args []any
 }
-
-// laneKind is how a lane's client routes keys, and so how a batch is cut.
-type laneKind uint8
-
-const (
-	laneDirect laneKind = iota // never batched: the AutoPipeliner, a client the backend does not know
-	laneOne                    // one server: one script call per batch
-	laneSlots                  // a Cluster: one call per hash slot, in a pipeline
-	laneKeys                   // a Ring: one call per key hash, in a pipeline
-)
 
 // lane batches the requests of one client.
 type lane struct {
 	c     Client
-	kind  laneKind
-	pipe  func() goredis.Pipeliner
+	pipe  func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
 	max   int
 	stats *counters
 
-	always bool // tests: every request goes through batch.lua (redisbatch.Always)
-	perOp  bool // benchmarks: a batch is a pipeline of one script per request
+	always bool // tests: every request goes through a batch (redisbatch.Always)
 
 	mu       sync.Mutex
 	inFlight int
@@ -106,14 +81,14 @@ func newLane(c Client, maxBatch int, stats *counters) *lane {
 	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load()}
 	switch x := c.(type) {
 	case *goredis.Client:
-		l.kind, l.pipe = laneOne, x.Pipeline
+		l.pipe = x.Pipeline
 	case *goredis.ClusterClient:
-		l.kind, l.pipe = laneSlots, x.Pipeline
+		l.pipe = x.Pipeline
 	case *goredis.Ring:
-		l.kind, l.pipe = laneKeys, x.Pipeline
+		l.pipe = x.Pipeline
 	}
 	if maxBatch <= 1 {
-		l.kind = laneDirect
+		l.pipe = nil
 	}
 	return l
 }
@@ -137,7 +112,7 @@ const (
 // do runs req on the lane: at once when fewer than maxInFlight round trips
 // are under way, else in the next batch.
 func (l *lane) do(ctx context.Context, req *request) (any, error) {
-	if l.kind == laneDirect {
+	if l.pipe == nil {
 		l.stats.roundTrip(1)
 		return single(ctx, l.c, req)
 	}
@@ -240,75 +215,41 @@ func (l *lane) send(batch []*pending) {
 	}
 }
 
-// run sends live as one script call, or as a pipeline of one call per
-// group of keys that must share a node, and sets each one's reply.
+// run sends live as one pipeline and sets each one's reply: an error of
+// the round trip (the store's) is every command's, an error of one script
+// (its key's) that one's alone.
 func (l *lane) run(ctx context.Context, live []*pending) {
 	if len(live) == 1 && !l.always {
 		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
 		return
 	}
-	if l.kind == laneOne && !l.perOp {
-		multi(ctx, l.c, live)
-		return
-	}
-	groups := l.group(live)
-	if len(groups) == 1 && !l.perOp {
-		multi(ctx, l.c, groups[0])
-		return
-	}
+	cmds := make([]goredis.Cmder, len(live))
 	pipe := l.pipe()
-	cmds := make([]goredis.Cmder, len(groups))
-	for i, g := range groups {
-		if len(g) == 1 {
-			cmds[i] = queue(ctx, pipe, g[0].req)
-		} else {
-			keys, args := multiArgs(g)
-			cmds[i] = batchScript.EvalSha(ctx, pipe, keys, args...)
-		}
+	for i, p := range live {
+		cmds[i] = queue(ctx, pipe, p.req, false)
 	}
 	_, _ = pipe.Exec(ctx) // each command holds its own error
-	for i, g := range groups {
-		err := cmds[i].Err()
-		if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			// A server that lost its scripts (a restart, a failover):
-			// once per group, with the source.
-			if len(g) == 1 {
-				g[0].reply, g[0].err = single(ctx, l.c, g[0].req)
-			} else {
-				multi(ctx, l.c, g)
-			}
+	var again []int
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			again = append(again, i)
 			continue
 		}
-		if len(g) == 1 {
-			g[0].reply, g[0].err = cmdReply(cmds[i])
-		} else {
-			reply, err := cmds[i].(*goredis.Cmd).Result()
-			spread(g, reply, err)
-		}
+		live[i].reply, live[i].err = cmdReply(c)
 	}
-}
-
-// group cuts a batch by the node its keys must share, keeping the order
-// of each group's requests.
-func (l *lane) group(live []*pending) [][]*pending {
-	at := make(map[uint64]int, len(live))
-	var groups [][]*pending
-	for i, p := range live {
-		g := p.req.h
-		if l.perOp {
-			g = uint64(i)
-		} else if l.kind == laneSlots {
-			g = uint64(slot(p.req.h))
-		}
-		i, ok := at[g]
-		if !ok {
-			i = len(groups)
-			at[g] = i
-			groups = append(groups, nil)
-		}
-		groups[i] = append(groups[i], p)
+	if len(again) == 0 {
+		return
 	}
-	return groups
+	// A server that lost its scripts (a restart, a failover): once more
+	// with their sources, which EVAL caches.
+	pipe = l.pipe()
+	for _, i := range again {
+		cmds[i] = queue(ctx, pipe, live[i].req, true)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, i := range again {
+		live[i].reply, live[i].err = cmdReply(cmds[i])
+	}
 }
 
 // single runs one request on its own.
@@ -319,10 +260,13 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.args...).Result()
 }
 
-// queue adds one request to a pipeline.
-func queue(ctx context.Context, pipe goredis.Pipeliner, req *request) goredis.Cmder {
+// queue adds one request to a pipeline: EVALSHA, or EVAL with source.
+func queue(ctx context.Context, pipe goredis.Pipeliner, req *request, source bool) goredis.Cmder {
 	if req.fn == fnPeek {
 		return pipe.HMGet(ctx, req.sk, "u", "r")
+	}
+	if source {
+		return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.args...)
 	}
 	return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.args...)
 }
@@ -336,100 +280,6 @@ func cmdReply(c goredis.Cmder) (any, error) {
 	}
 	return nil, fmt.Errorf("%w: command %T", ErrUnexpectedReply, c)
 }
-
-// multi runs a group as one batch.lua call (EVALSHA, then EVAL on
-// NOSCRIPT) and spreads its replies.
-func multi(ctx context.Context, c Client, g []*pending) {
-	keys, args := multiArgs(g)
-	reply, err := batchScript.Run(ctx, c, keys, args...).Result()
-	spread(g, reply, err)
-}
-
-func multiArgs(g []*pending) ([]string, []any) {
-	keys := make([]string, len(g))
-	n := 0
-	for _, p := range g {
-		n += 2 + len(p.req.args)
-	}
-	args := make([]any, 0, n)
-	for i, p := range g {
-		keys[i] = p.req.sk
-		args = append(args, p.req.fn, len(p.req.args))
-		args = append(args, p.req.args...)
-	}
-	return keys, args
-}
-
-// spread hands each request of a group its part of batch.lua's reply: an
-// error of the call (the store's) goes to all of them, an error that one
-// operation raised (its key's) to that one alone.
-func spread(g []*pending, reply any, err error) {
-	var replies []any
-	if err == nil {
-		var ok bool
-		if replies, ok = reply.([]any); !ok || len(replies) != len(g) {
-			err = fmt.Errorf("%w: a batch of %d gave %T", ErrUnexpectedReply, len(g), reply)
-		}
-	}
-	for i, p := range g {
-		if err != nil {
-			p.err = err
-			continue
-		}
-		switch r := replies[i].(type) {
-		case string:
-			p.err = scriptError(r)
-		default:
-			p.reply = r
-		}
-	}
-}
-
-// scriptError is the error one operation of a batch raised in Redis,
-// a Redis error as if its script had run alone (goredis.Error), so that
-// it is classified alike (a WRONGTYPE is the key's).
-type scriptError string
-
-func (e scriptError) Error() string { return string(e) }
-func (scriptError) RedisError()     {}
-
-var _ goredis.Error = scriptError("")
-
-// slot is the Cluster hash slot of a storage key of hash h: that of its
-// tag's 16 hex digits.
-func slot(h uint64) uint16 {
-	const hexDigits = "0123456789abcdef"
-	var tag [16]byte
-	for i := range tag {
-		tag[i] = hexDigits[(h>>(60-4*i))&0xf]
-	}
-	return keySlot(tag[:])
-}
-
-// keySlot is Redis Cluster's slot of a hash tag's content: CRC16 mod 16384.
-func keySlot(s []byte) uint16 {
-	var crc uint16
-	for _, c := range s {
-		crc = crc<<8 ^ crc16tab[byte(crc>>8)^c]
-	}
-	return crc & 16383
-}
-
-// crc16tab is CRC16-CCITT (XModem), polynomial 0x1021, as Redis Cluster.
-var crc16tab = func() (t [256]uint16) {
-	for i := range t {
-		crc := uint16(i) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-		t[i] = crc
-	}
-	return t
-}()
 
 // counters are a Backend's batching and cache counts (Stats).
 type counters struct {

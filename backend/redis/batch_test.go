@@ -246,16 +246,3 @@ func TestBatchLoadWithCallersLeaving(t *testing.T) {
 		})
 	}
 }
-
-func TestKeySlot(t *testing.T) {
-	// CRC16/XMODEM's check value, and Redis's documented CLUSTER KEYSLOT.
-	for s, want := range map[string]uint16{"123456789": 0x31c3, "foo": 12182, "somekey": 11058} {
-		if got := keySlot([]byte(s)); got != want {
-			t.Errorf("keySlot(%q) = %d, want %d", s, got, want)
-		}
-	}
-	h := uint64(0x0123456789abcdef)
-	if got, want := slot(h), keySlot([]byte("0123456789abcdef")); got != want {
-		t.Errorf("slot(%x) = %d, want %d", h, got, want)
-	}
-}

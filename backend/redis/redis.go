@@ -367,13 +367,13 @@ func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uin
 	)
 	switch p.Algorithm {
 	case throttler.FixedWindow:
-		d, err = b.window(ctx, s, sk, h, op, p, cost, now)
+		d, err = b.window(ctx, s, sk, op, p, cost, now)
 	case throttler.TokenBucket:
-		d, err = b.bucket(ctx, s, sk, h, op, p, cost, now.UnixMilli(), denial)
+		d, err = b.bucket(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
 	case throttler.SlidingWindow:
-		d, err = b.counter(ctx, s, sk, h, op, p, cost, now.UnixMilli(), denial)
+		d, err = b.counter(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
 	case throttler.SlidingLog:
-		d, err = b.log(ctx, s, sk, h, op, p, cost, now.UnixMilli())
+		d, err = b.log(ctx, s, sk, op, p, cost, now.UnixMilli())
 	default: // unreachable after validation
 		err = fmt.Errorf("%w: algorithm %v", throttler.ErrInvalidPolicy, p.Algorithm)
 	}
@@ -385,13 +385,13 @@ func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uin
 
 // window runs op on a fixed window: take.lua or refund.lua on the primary,
 // HMGET on a replica (then the primary) for a Peek.
-func (b *Backend) window(ctx context.Context, s *shard, sk string, h uint64, op throttler.Op, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	nowMS := now.UnixMilli()
 	switch op {
 	case throttler.OpTake:
 		winMS := p.Window.Milliseconds()
 		var res [3]int64
-		err := b.exec(ctx, s, op, &request{fn: fnTake, sk: sk, h: h,
+		err := b.exec(ctx, s, op, &request{fn: fnTake, sk: sk,
 			args: []any{nowMS, nowMS + winMS, p.Limit, cost, winMS + b.marginMS}}, func(reply any) error {
 			err := parseInts(reply, res[:])
 			if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
@@ -405,7 +405,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, h uint64, op 
 		return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
 	case throttler.OpRefund:
 		var res [2]int64
-		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, h: h, args: []any{nowMS, cost}}, func(reply any) error {
+		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost}}, func(reply any) error {
 			err := parseInts(reply, res[:])
 			if err == nil && res[0] < 0 {
 				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
@@ -421,7 +421,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, h uint64, op 
 		used    int64
 		resetAt time.Time
 	)
-	err := b.exec(ctx, s, op, &request{fn: fnPeek, sk: sk, h: h}, func(reply any) (err error) {
+	err := b.exec(ctx, s, op, &request{fn: fnPeek, sk: sk}, func(reply any) (err error) {
 		used, resetAt, err = parseWindow(reply)
 		return err
 	})
