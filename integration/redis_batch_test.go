@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -124,9 +123,13 @@ func redisTestCallersLeaving(t *testing.T, b *redis.Backend, replicate func(cont
 					ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(2000))*time.Microsecond)
 				}
 				d, err := b.Take(ctx, key, p, cost, redisT0)
+				ended := ctx.Err() != nil
 				cancel()
 				if err != nil {
-					if !assert.True(t, errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled), "%s: %v", key, err) {
+					// A call sent at once fails as its client's socket
+					// deadline does (i/o timeout), a queued one with its
+					// context's error: either way, its caller's context ended.
+					if !assert.True(t, ended, "%s: %v", key, err) {
 						return
 					}
 					left.Add(1)

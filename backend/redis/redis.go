@@ -34,11 +34,14 @@
 // Without it a stalled server holds a call for the client's ReadTimeout
 // (3s by default) whatever the Throttler's timeout.
 //
-// Many goroutines on one client get several times the throughput from
-// go-redis's AutoPipeliner (rdb.AutoPipeline()), passed to New as the
-// client (ExampleNew_autoPipeline). Its blocking calls ignore the context,
-// though (go-redis v9.23): bound them with the client's ReadTimeout,
-// WriteTimeout and DialTimeout, each a quarter of the Throttler's timeout.
+// Batching is built in (Options.MaxBatch): a call alone on an idle client
+// is sent at once; calls that arrive while a client has round trips under
+// way go together in its next one, a pipeline, each caller still bounded
+// by its own context. go-redis's AutoPipeliner is accepted as a client too
+// (ExampleNew_autoPipeline), and is then left to batch; its blocking calls
+// ignore the context (go-redis v9.23). An opt-in over-limit cache
+// (Options.OverLimitCache) answers Takes of keys Redis denied until a
+// known instant without a round trip. Stats counts both.
 package redis
 
 import (
