@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -20,7 +21,9 @@ import (
 // idle client costs what it did before batching. Otherwise it queues, and
 // the lane's next round trip carries every queued request, up to
 // Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
-// client splits it by node. One batch.lua call running every operation of
+// client splits it by node. The Takes of one fixed window in a batch (a
+// hot key's) go as one takes.lua call that answers each in turn, with
+// nothing of that window between them. One batch.lua call running every operation of
 // a batch was measured against it (BenchmarkBatchDesigns at commit
 // 2f3c06f): the same server time per operation and the same calls/s
 // within noise, so the simpler pipeline was kept; each operation's error
@@ -42,6 +45,13 @@ const (
 	fnCounter
 	fnLog
 	fnPeek // a fixed window's HMGET u r; no script
+)
+
+var (
+	//go:embed scripts/takes.lua
+	takesSource string
+	// takesScript runs the Takes of one fixed window in one batch.
+	takesScript = goredis.NewScript(numbersSource + takesSource)
 )
 
 // scripts are the requests' scripts, by number.
@@ -217,16 +227,17 @@ func (l *lane) send(batch []*pending) {
 
 // run sends live as one pipeline and sets each one's reply: an error of
 // the round trip (the store's) is every command's, an error of one script
-// (its key's) that one's alone.
+// (its key's) that one's alone (and its window's Takes').
 func (l *lane) run(ctx context.Context, live []*pending) {
 	if len(live) == 1 && !l.always {
 		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
 		return
 	}
-	cmds := make([]goredis.Cmder, len(live))
+	calls := coalesce(live)
+	cmds := make([]goredis.Cmder, len(calls))
 	pipe := l.pipe()
-	for i, p := range live {
-		cmds[i] = queue(ctx, pipe, p.req, false)
+	for i, g := range calls {
+		cmds[i] = queue(ctx, pipe, g, false)
 	}
 	_, _ = pipe.Exec(ctx) // each command holds its own error
 	var again []int
@@ -235,7 +246,7 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 			again = append(again, i)
 			continue
 		}
-		live[i].reply, live[i].err = cmdReply(c)
+		deliver(calls[i], c)
 	}
 	if len(again) == 0 {
 		return
@@ -244,11 +255,78 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 	// with their sources, which EVAL caches.
 	pipe = l.pipe()
 	for _, i := range again {
-		cmds[i] = queue(ctx, pipe, live[i].req, true)
+		cmds[i] = queue(ctx, pipe, calls[i], true)
 	}
 	_, _ = pipe.Exec(ctx)
 	for _, i := range again {
-		live[i].reply, live[i].err = cmdReply(cmds[i])
+		deliver(calls[i], cmds[i])
+	}
+}
+
+// coalesce cuts a batch into its commands: the Takes of one fixed window
+// together (takes.lua), in their order, every other request alone.
+func coalesce(live []*pending) [][]*pending {
+	calls := make([][]*pending, 0, len(live))
+	var at map[string]int
+	for _, p := range live {
+		switch {
+		case p.req.fn == fnTake:
+			if at == nil {
+				at = make(map[string]int)
+			}
+			if i, ok := at[p.req.sk]; ok {
+				calls[i] = append(calls[i], p)
+				continue
+			}
+			at[p.req.sk] = len(calls)
+		case at != nil:
+			// A Peek or a Refund of the window comes between the Takes
+			// before it and those after: they are not put together.
+			delete(at, p.req.sk)
+		}
+		calls = append(calls, []*pending{p})
+	}
+	return calls
+}
+
+// queue adds one command to a pipeline: EVALSHA (or EVAL with the source),
+// HMGET for a fixed window's Peek, takes.lua for Takes of one window.
+func queue(ctx context.Context, pipe goredis.Pipeliner, g []*pending, source bool) goredis.Cmder {
+	req := g[0].req
+	if req.fn == fnPeek {
+		return pipe.HMGet(ctx, req.sk, "u", "r")
+	}
+	script, keys, args := scripts[req.fn], []string{req.sk}, req.args
+	if len(g) > 1 {
+		script, args = takesScript, make([]any, 0, 5*len(g))
+		for _, p := range g {
+			args = append(args, p.req.args...)
+		}
+	}
+	if source {
+		return script.Eval(ctx, pipe, keys, args...)
+	}
+	return script.EvalSha(ctx, pipe, keys, args...)
+}
+
+// deliver hands a command's reply to its callers: takes.lua's is three
+// values per Take.
+func deliver(g []*pending, c goredis.Cmder) {
+	if len(g) == 1 {
+		g[0].reply, g[0].err = cmdReply(c)
+		return
+	}
+	reply, err := c.(*goredis.Cmd).Result()
+	vals, ok := reply.([]any)
+	if err == nil && (!ok || len(vals) != 3*len(g)) {
+		err = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), reply)
+	}
+	for i, p := range g {
+		if err != nil {
+			p.err = err
+			continue
+		}
+		p.reply = vals[3*i : 3*i+3 : 3*i+3]
 	}
 }
 
@@ -258,17 +336,6 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 		return c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
 	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.args...).Result()
-}
-
-// queue adds one request to a pipeline: EVALSHA, or EVAL with source.
-func queue(ctx context.Context, pipe goredis.Pipeliner, req *request, source bool) goredis.Cmder {
-	if req.fn == fnPeek {
-		return pipe.HMGet(ctx, req.sk, "u", "r")
-	}
-	if source {
-		return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.args...)
-	}
-	return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.args...)
 }
 
 func cmdReply(c goredis.Cmder) (any, error) {
