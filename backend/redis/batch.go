@@ -16,19 +16,19 @@ import (
 // Batching (docs/backends-redis.md, "Batching"). Every operation is a
 // request: one script (or a fixed window's HMGET) on one key. A lane is one
 // client of one shard (its primary, or one replica). A request on a lane
-// with fewer than maxInFlight round trips under way is sent at once, in
-// the caller's goroutine, with the caller's context: a call alone on an
-// idle client costs what it did before batching. Otherwise it queues, and
-// the lane's next round trip carries every queued request, up to
-// Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
-// client splits it by node. The Takes of one fixed window in a batch (a
-// hot key's) go as one takes.lua call that answers each in turn, with
-// nothing of that window between them. One batch.lua call running every operation of
-// a batch was measured against it (BenchmarkBatchDesigns at commit
-// 2f3c06f): the same server time per operation and the same calls/s
-// within noise, so the simpler pipeline was kept; each operation's error
-// is its own there without catching errors in Lua, and a Cluster needs no
-// grouping by slot.
+// with no round trip under way is sent at once, in the caller's goroutine,
+// with the caller's context: a call alone on an idle client costs what it
+// did before batching. Otherwise it queues, and the lane's next round trip
+// carries every queued request, up to Options.MaxBatch, as one pipeline of
+// EVALSHAs; a Cluster's or a Ring's client splits it by node. The Takes of
+// one fixed window in a batch (a hot key's) go as one takes.lua call that
+// answers each in turn, with nothing of that window between them.
+//
+// One script call running every operation of a batch was measured against
+// the pipeline (BenchmarkBatchDesigns at commit 2f3c06f): the same server
+// time per operation and the same calls/s within noise, so the simpler
+// pipeline was kept; each operation's error is its own there without
+// catching errors in Lua, and a Cluster needs no grouping by slot.
 //
 // A queued caller waits for its reply or for its own context, whichever
 // ends first. One that leaves before its batch is sent is skipped (its
@@ -59,9 +59,12 @@ var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
 	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
 
 // maxInFlight is how many round trips a lane has under way before the
-// requests that arrive queue for the next batch: two, so that Redis runs
-// one batch while the next is on its way or being answered.
-const maxInFlight = 2
+// requests that arrive queue for the next batch: one. Callers answered by
+// a round trip come back while the next batch is under way and queue for
+// the one after, so batches stay deep; with two, a returning caller often
+// found the second round trip free and went alone (BenchmarkBatching:
+// one did 0.99-1.19x the calls/s of two, and four 0.92-1.05x of two).
+const maxInFlight = 1
 
 // maxBatchLimit bounds Options.MaxBatch.
 const maxBatchLimit = 4096
@@ -81,6 +84,7 @@ type lane struct {
 	stats *counters
 
 	always bool // tests: every request goes through a batch (redisbatch.Always)
+	slots  int  // maxInFlight; benchmarks compare others
 
 	mu       sync.Mutex
 	inFlight int
@@ -88,7 +92,7 @@ type lane struct {
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
-	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load()}
+	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(), slots: maxInFlight}
 	switch x := c.(type) {
 	case *goredis.Client:
 		l.pipe = x.Pipeline
@@ -127,7 +131,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		return single(ctx, l.c, req)
 	}
 	l.mu.Lock()
-	if !l.always && l.inFlight < maxInFlight && len(l.queue) == 0 {
+	if !l.always && l.inFlight < l.slots && len(l.queue) == 0 {
 		l.inFlight++
 		l.mu.Unlock()
 		l.stats.roundTrip(1)
@@ -140,7 +144,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		p.deadline = d
 	}
 	l.queue = append(l.queue, p)
-	start := l.inFlight < maxInFlight // no round trip would take it
+	start := l.inFlight < l.slots // no round trip would take it
 	if start {
 		l.inFlight++
 	}

@@ -34,11 +34,15 @@ func BenchmarkBatching(b *testing.B) {
 			b.Run(fmt.Sprintf("%v/keys=%d", alg, keys), func(b *testing.B) {
 				p := throttler.Policy{Name: "bench", Limit: 1 << 30, Window: time.Hour, Algorithm: alg}
 				on := newBackend(b, c, &Options{Prefix: "on:"})
+				one := newBackend(b, c, &Options{Prefix: "one:"})
+				one.shards[0].primaryLane.slots = 1
+				four := newBackend(b, c, &Options{Prefix: "four:"})
+				four.shards[0].primaryLane.slots = 4
 				off := newBackend(b, c, &Options{Prefix: "off:", MaxBatch: 1})
 				designs := []struct {
 					name string
 					b    *Backend
-				}{{"batched", on}, {"unbatched", off}}
+				}{{"batched", on}, {"unbatched", off}, {"inflight1", one}, {"inflight4", four}}
 				calls := make([]int64, len(designs))
 				usec := make([]int64, len(designs))
 				const burst = 100 * time.Millisecond
@@ -84,6 +88,8 @@ func BenchmarkBatching(b *testing.B) {
 					b.ReportMetric(float64(usec[i])/float64(calls[i]), d.name+"-server-µs/op")
 				}
 				b.ReportMetric(float64(calls[0])/float64(calls[1]), "batched/unbatched")
+				b.ReportMetric(float64(calls[2])/float64(calls[0]), "inflight1/batched")
+				b.ReportMetric(float64(calls[3])/float64(calls[0]), "inflight4/batched")
 			})
 		}
 	}

@@ -41,10 +41,10 @@ func TestConformanceThroughBatches(t *testing.T) {
 // returned func sends the queue as one batch and gives them back.
 func hold(l *lane) (release func()) {
 	l.mu.Lock()
-	l.inFlight = maxInFlight
+	l.inFlight = l.slots
 	l.mu.Unlock()
 	return func() {
-		for range maxInFlight {
+		for range l.slots {
 			l.finish() // the first sends the queue, the second frees its slot
 		}
 	}
