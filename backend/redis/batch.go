@@ -16,9 +16,9 @@ import (
 // Batching (docs/backends-redis.md, "Batching"). Every operation is a
 // request: one script (or a fixed window's HMGET) on one key. A lane is one
 // client of one shard (its primary, or one replica). A request on a lane
-// with no round trip under way is sent at once, in the caller's goroutine,
-// with the caller's context: a call alone on an idle client costs what it
-// did before batching. Otherwise it queues, and the lane's next round trip
+// with no batch and fewer than maxInFlight round trips under way is sent
+// at once, in the caller's goroutine, with the caller's context: a call
+// alone on an idle client costs what it did before batching. Otherwise it queues, and the lane's next round trip
 // carries every queued request, up to Options.MaxBatch, as one pipeline of
 // EVALSHAs; a Cluster's or a Ring's client splits it by node. The Takes of
 // one fixed window in a batch (a hot key's) go as one takes.lua call that
@@ -59,12 +59,13 @@ var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
 	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
 
 // maxInFlight is how many round trips a lane has under way before the
-// requests that arrive queue for the next batch: one. Callers answered by
-// a round trip come back while the next batch is under way and queue for
-// the one after, so batches stay deep; with two, a returning caller often
-// found the second round trip free and went alone (BenchmarkBatching:
-// one did 0.99-1.19x the calls/s of two, and four 0.92-1.05x of two).
-const maxInFlight = 1
+// requests that arrive queue: two, so that at low concurrency two callers
+// are answered in parallel as on a plain client. Once a batch is under
+// way, though, every arrival queues for the next one: callers answered by
+// one batch come back while the next is under way and queue for the one
+// after, so batches stay deep instead of a returning caller going alone
+// on the free round trip (BenchmarkBatching compares 1, 2 and 4 slots).
+const maxInFlight = 2
 
 // maxBatchLimit bounds Options.MaxBatch.
 const maxBatchLimit = 4096
@@ -88,6 +89,7 @@ type lane struct {
 
 	mu       sync.Mutex
 	inFlight int
+	flushers int // goroutines sending batches
 	queue    []*pending
 }
 
@@ -124,14 +126,14 @@ const (
 )
 
 // do runs req on the lane: at once when fewer than maxInFlight round trips
-// are under way, else in the next batch.
+// and no batch are under way, else in the next batch.
 func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	if l.pipe == nil {
 		l.stats.roundTrip(1)
 		return single(ctx, l.c, req)
 	}
 	l.mu.Lock()
-	if !l.always && l.inFlight < l.slots && len(l.queue) == 0 {
+	if !l.always && l.inFlight < l.slots && l.flushers == 0 && len(l.queue) == 0 {
 		l.inFlight++
 		l.mu.Unlock()
 		l.stats.roundTrip(1)
@@ -147,6 +149,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	start := l.inFlight < l.slots // no round trip would take it
 	if start {
 		l.inFlight++
+		l.flushers++
 	}
 	l.mu.Unlock()
 	if start {
@@ -172,6 +175,7 @@ func (l *lane) finish() {
 		l.mu.Unlock()
 		return
 	}
+	l.flushers++
 	l.mu.Unlock()
 	go l.flush() // keeps this round trip's place
 }
@@ -184,6 +188,7 @@ func (l *lane) flush() {
 		n := min(len(l.queue), l.max)
 		if n == 0 {
 			l.inFlight--
+			l.flushers--
 			l.mu.Unlock()
 			return
 		}
