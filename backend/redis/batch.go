@@ -61,11 +61,17 @@ var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
 // maxInFlight is how many round trips a lane has under way before the
 // requests that arrive queue: two, so that at low concurrency two callers
 // are answered in parallel as on a plain client. Once a batch is under
-// way, though, every arrival queues for the next one: callers answered by
-// one batch come back while the next is under way and queue for the one
-// after, so batches stay deep instead of a returning caller going alone
-// on the free round trip (BenchmarkBatching compares 1, 2 and 4 slots).
+// way, or the last one carried deepBatch requests or more (high
+// concurrency), a second round trip is not started alone: callers
+// answered by one batch come back while the next is under way and queue
+// for the one after, so batches stay deep instead of a returning caller
+// going alone on the free round trip (BenchmarkBatching compares one slot,
+// this rule and four).
 const maxInFlight = 2
+
+// deepBatch is the size of a batch that says the lane is under high
+// concurrency.
+const deepBatch = 4
 
 // maxBatchLimit bounds Options.MaxBatch.
 const maxBatchLimit = 4096
@@ -87,10 +93,11 @@ type lane struct {
 	always bool // tests: every request goes through a batch (redisbatch.Always)
 	slots  int  // maxInFlight; benchmarks compare others
 
-	mu       sync.Mutex
-	inFlight int
-	flushers int // goroutines sending batches
-	queue    []*pending
+	mu        sync.Mutex
+	inFlight  int
+	flushers  int // goroutines sending batches
+	lastBatch int // requests the last batch carried
+	queue     []*pending
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
@@ -133,7 +140,8 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		return single(ctx, l.c, req)
 	}
 	l.mu.Lock()
-	if !l.always && l.inFlight < l.slots && l.flushers == 0 && len(l.queue) == 0 {
+	if !l.always && l.flushers == 0 && len(l.queue) == 0 &&
+		(l.inFlight == 0 || l.inFlight < l.slots && l.lastBatch < deepBatch) {
 		l.inFlight++
 		l.mu.Unlock()
 		l.stats.roundTrip(1)
@@ -192,6 +200,7 @@ func (l *lane) flush() {
 			l.mu.Unlock()
 			return
 		}
+		l.lastBatch = n
 		batch = append(batch[:0], l.queue[:n]...)
 		rest := copy(l.queue, l.queue[n:])
 		clear(l.queue[rest:])
