@@ -68,7 +68,7 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [7]int64
-		if err := parseInts(reply, res[:]); err != nil {
+		if err := parseReply(reply, res[:]); err != nil {
 			return err
 		}
 		wrote, stored, err := scriptFlags(res[0], res[1], res[2:5])
@@ -101,7 +101,7 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [9]int64
-		if err := parseInts(reply, res[:]); err != nil {
+		if err := parseReply(reply, res[:]); err != nil {
 			return err
 		}
 		wrote, stored, err := scriptFlags(res[0], res[1], res[2:6])
@@ -132,7 +132,7 @@ func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op,
 	w := p.Window.Milliseconds()
 	req := &request{fn: fnLog, sk: sk, args: []any{int(op), t, w, p.Limit, cost, b.marginMS, t - w}}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
-		err := parseInts(reply, res[:])
+		err := parseReply(reply, res[:])
 		if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
 			err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 		}

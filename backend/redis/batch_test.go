@@ -310,3 +310,32 @@ func TestBatchTakesOfOneWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestParseInts: the reply reader of scripts run outside batches (the
+// lease scripts) refuses every shape but an array of len(out) integers,
+// and passes a failure of the call through.
+func TestParseInts(t *testing.T) {
+	down := errors.New("down")
+	for _, tt := range []struct {
+		val     any
+		err     error
+		want    []int64
+		wantErr error
+	}{
+		{val: []any{int64(1), int64(-2)}, want: []int64{1, -2}},
+		{err: goredis.Nil, wantErr: ErrUnexpectedReply},
+		{err: down, wantErr: down},
+		{val: "x", wantErr: ErrUnexpectedReply},
+		{val: []any{int64(1)}, wantErr: ErrUnexpectedReply},
+		{val: []any{int64(1), "2"}, wantErr: ErrUnexpectedReply},
+	} {
+		cmd := goredis.NewCmd(context.Background())
+		cmd.SetVal(tt.val)
+		cmd.SetErr(tt.err)
+		out := make([]int64, 2)
+		err := parseInts(cmd, out)
+		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && fmt.Sprint(out) != fmt.Sprint(tt.want)) {
+			t.Errorf("%v, %v: got %v, %v; want %v, %v", tt.val, tt.err, out, err, tt.want, tt.wantErr)
+		}
+	}
+}

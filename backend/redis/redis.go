@@ -396,7 +396,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 		var res [3]int64
 		err := b.exec(ctx, s, op, &request{fn: fnTake, sk: sk,
 			args: []any{nowMS, nowMS + winMS, p.Limit, cost, winMS + b.marginMS}}, func(reply any) error {
-			err := parseInts(reply, res[:])
+			err := parseReply(reply, res[:])
 			if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
 				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 			}
@@ -409,7 +409,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 	case throttler.OpRefund:
 		var res [2]int64
 		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost}}, func(reply any) error {
-			err := parseInts(reply, res[:])
+			err := parseReply(reply, res[:])
 			if err == nil && res[0] < 0 {
 				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 			}
@@ -499,8 +499,20 @@ func parseWindow(reply any) (used int64, resetAt time.Time, err error) {
 }
 
 // parseInts fills out from a script's reply, which must be an array of
-// exactly len(out) integers.
-func parseInts(reply any, out []int64) error {
+// exactly len(out) integers, for a script run outside batches (Script.Run).
+func parseInts(cmd *goredis.Cmd, out []int64) error {
+	reply, err := cmd.Result()
+	if errors.Is(err, goredis.Nil) {
+		return fmt.Errorf("%w: nil", ErrUnexpectedReply)
+	}
+	if err != nil {
+		return err
+	}
+	return parseReply(reply, out)
+}
+
+// parseReply is parseInts for a reply already read.
+func parseReply(reply any, out []int64) error {
 	if reply == nil {
 		return fmt.Errorf("%w: nil", ErrUnexpectedReply)
 	}
