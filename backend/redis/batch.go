@@ -18,9 +18,10 @@ import (
 // client of one shard (its primary, or one replica). A request on a lane
 // with no batch and fewer than maxInFlight round trips under way is sent
 // at once, in the caller's goroutine, with the caller's context: a call
-// alone on an idle client costs what it did before batching. Otherwise it queues, and the lane's next round trip
-// carries every queued request, up to Options.MaxBatch, as one pipeline of
-// EVALSHAs; a Cluster's or a Ring's client splits it by node. The Takes of
+// alone on an idle client costs what it did before batching. Otherwise it
+// queues, and the lane's next round trip carries every queued request, up
+// to Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a
+// Ring's client splits it by node. The Takes of
 // one fixed window in a batch (a hot key's) go as one takes.lua call that
 // answers each in turn, with nothing of that window between them.
 //
