@@ -53,32 +53,6 @@ var (
 // so a script never returns one.
 const maxStored = 1 << 53
 
-// apply runs op under p's algorithm, which is not FixedWindow. The input
-// has been validated.
-func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	sk, h := b.algorithmKey(p, key)
-	s := b.shardFor(h)
-	t := now.UnixMilli()
-	var (
-		d   throttler.Decision
-		err error
-	)
-	switch p.Algorithm {
-	case throttler.TokenBucket:
-		d, err = b.bucket(ctx, s, sk, op, p, cost, t)
-	case throttler.SlidingWindow:
-		d, err = b.counter(ctx, s, sk, op, p, cost, t)
-	case throttler.SlidingLog:
-		d, err = b.log(ctx, s, sk, op, p, cost, t)
-	default: // unreachable after validation
-		err = fmt.Errorf("%w: algorithm %v", throttler.ErrInvalidPolicy, p.Algorithm)
-	}
-	if err != nil {
-		return throttler.Decision{}, opError(op.String(), key, p, err)
-	}
-	return d, nil
-}
-
 // algorithmKey is the storage key of (p, key): the layout of keys.go, named
 // by backend.Identity, which holds the algorithm, and marked (see keys.go).
 func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) {
@@ -86,58 +60,69 @@ func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) 
 }
 
 // bucket runs op on a token bucket: bucket.lua, on the primary for a Take
-// or Refund, on a replica (then the primary) for a Peek.
-func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
-	var res [7]int64
-	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
-		return parseInts(bucketScript.Run(ctx, c, []string{sk},
-			int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS), res[:])
+// or Refund, on a replica (then the primary) for a Peek. A denied Take
+// leaves the state it read in denial, when given.
+func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+	var d throttler.Decision
+	req := &request{fn: fnBucket, sk: sk,
+		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS}}
+	err := b.exec(ctx, s, op, req, func(reply any) error {
+		var res [7]int64
+		if err := parseReply(reply, res[:]); err != nil {
+			return err
+		}
+		wrote, stored, err := scriptFlags(res[0], res[1], res[2:5])
+		if err != nil {
+			return err
+		}
+		st := backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
+		var (
+			next  backend.BucketState
+			write bool
+		)
+		d, next, write = backend.Bucket(p, st, stored, op, cost, t)
+		if write != wrote || next.Tokens != res[5] || next.At != res[6] {
+			return disagree(res[:], write, next)
+		}
+		if denial != nil {
+			denial.bucket, denial.stored = st, stored
+		}
+		return nil
 	})
-	if err != nil {
-		return throttler.Decision{}, err
-	}
-	wrote, stored, err := scriptFlags(res[0], res[1], res[2:5])
-	if err != nil {
-		return throttler.Decision{}, err
-	}
-	st := backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
-	d, next, write := backend.Bucket(p, st, stored, op, cost, t)
-	if write != wrote || next.Tokens != res[5] || next.At != res[6] {
-		return throttler.Decision{}, disagree(res[:], write, next)
-	}
-	return d, nil
+	return d, err
 }
 
 // counter runs op on a sliding-window counter: counter.lua, on the primary
-// for a Take or Refund, on a replica (then the primary) for a Peek.
-func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
-	var res [9]int64
-	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
-		return parseInts(counterScript.Run(ctx, c, []string{sk},
-			int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS), res[:])
+// for a Take or Refund, on a replica (then the primary) for a Peek. A
+// denied Take leaves the state it read in denial, when given.
+func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+	var d throttler.Decision
+	req := &request{fn: fnCounter, sk: sk,
+		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS}}
+	err := b.exec(ctx, s, op, req, func(reply any) error {
+		var res [9]int64
+		if err := parseReply(reply, res[:]); err != nil {
+			return err
+		}
+		wrote, stored, err := scriptFlags(res[0], res[1], res[2:6])
+		if err != nil {
+			return err
+		}
+		st := backend.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
+		var (
+			next  backend.CounterState
+			write bool
+		)
+		d, next, write = backend.Counter(p, st, stored, op, cost, t)
+		if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
+			return disagree(res[:], write, next)
+		}
+		if denial != nil {
+			denial.counter, denial.stored = st, stored
+		}
+		return nil
 	})
-	if err != nil {
-		return throttler.Decision{}, err
-	}
-	wrote, stored, err := scriptFlags(res[0], res[1], res[2:6])
-	if err != nil {
-		return throttler.Decision{}, err
-	}
-	st := backend.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
-	d, next, write := backend.Counter(p, st, stored, op, cost, t)
-	if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
-		return throttler.Decision{}, disagree(res[:], write, next)
-	}
-	return d, nil
-}
-
-// run runs a script call f for op: a Peek on a replica (see read), a Take
-// or Refund on the primary.
-func (b *Backend) run(ctx context.Context, s *shard, op throttler.Op, f func(context.Context, Client) error) error {
-	if op == throttler.OpPeek {
-		return b.read(ctx, s, f)
-	}
-	return f(ctx, s.primary)
+	return d, err
 }
 
 // log runs op on a sliding log: log.lua, on the primary for a Take or
@@ -145,13 +130,14 @@ func (b *Backend) run(ctx context.Context, s *shard, op throttler.Op, f func(con
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
 	var res [4]int64
 	w := p.Window.Milliseconds()
-	err := b.run(ctx, s, op, func(ctx context.Context, c Client) error {
-		return parseInts(logScript.Run(ctx, c, []string{sk},
-			int(op), t, w, p.Limit, cost, b.marginMS, t-w), res[:])
+	req := &request{fn: fnLog, sk: sk, args: []any{int(op), t, w, p.Limit, cost, b.marginMS, t - w}}
+	err := b.exec(ctx, s, op, req, func(reply any) error {
+		err := parseReply(reply, res[:])
+		if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
+			err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+		}
+		return err
 	})
-	if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
-		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
-	}
 	if err != nil {
 		return throttler.Decision{}, err
 	}

@@ -25,7 +25,7 @@ import (
 // persistence, for the test's lifetime, and returns a client on it; args
 // are added to the server's command line. It skips the test when
 // redis-server is not on PATH.
-func startRedis(t *testing.T, args ...string) (*goredis.Client, int) {
+func startRedis(t testing.TB, args ...string) (*goredis.Client, int) {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {

@@ -63,9 +63,9 @@ func ExampleNewSharded() {
 	}
 }
 
-// Many goroutines sharing one client: go-redis's AutoPipeliner batches
-// their scripts into pipelines, for several times the throughput on one
-// connection (see docs/performance.md).
+// go-redis's AutoPipeliner is accepted as the client; the backend then
+// leaves batching to it. Its own batching, on by default over a plain
+// client, does as well without one (see docs/performance.md).
 func ExampleNew_autoPipeline() {
 	const timeout = 100 * time.Millisecond
 	rdb := goredis.NewClient(&goredis.Options{
@@ -88,4 +88,19 @@ func ExampleNew_autoPipeline() {
 	if _, err := throttler.New(b, &throttler.Options{Timeout: timeout}); err != nil {
 		panic(err)
 	}
+}
+
+// The over-limit cache: Takes of keys Redis denied until a known instant
+// are denied here until then, without a round trip (see its limits in
+// docs/backends-redis.md); Stats counts what it and batching saved.
+func ExampleOptions_overLimitCache() {
+	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	b, err := redis.New(rdb, &redis.Options{OverLimitCache: 100_000})
+	if err != nil {
+		panic(err)
+	}
+	// ... serve traffic, then report:
+	s := b.Stats()
+	_ = fmt.Sprintf("%d operations in %d round trips, %d Takes denied locally", s.Ops, s.RoundTrips, s.CacheHits)
 }

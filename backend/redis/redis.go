@@ -34,11 +34,14 @@
 // Without it a stalled server holds a call for the client's ReadTimeout
 // (3s by default) whatever the Throttler's timeout.
 //
-// Many goroutines on one client get several times the throughput from
-// go-redis's AutoPipeliner (rdb.AutoPipeline()), passed to New as the
-// client (ExampleNew_autoPipeline). Its blocking calls ignore the context,
-// though (go-redis v9.23): bound them with the client's ReadTimeout,
-// WriteTimeout and DialTimeout, each a quarter of the Throttler's timeout.
+// Batching is built in (Options.MaxBatch): a call alone on an idle client
+// is sent at once; calls that arrive while a client has round trips under
+// way go together in its next one, a pipeline, each caller still bounded
+// by its own context. go-redis's AutoPipeliner is accepted as a client too
+// (ExampleNew_autoPipeline), and is then left to batch; its blocking calls
+// ignore the context (go-redis v9.23). An opt-in over-limit cache
+// (Options.OverLimitCache) answers Takes of keys Redis denied until a
+// known instant without a round trip. Stats counts both.
 package redis
 
 import (
@@ -109,6 +112,19 @@ type Options struct {
 	// then, purely to reclaim memory. Negative is an error; below a
 	// millisecond counts as one. default: 1s
 	ExpiryMargin time.Duration
+	// MaxBatch bounds how many operations one round trip to a Redis
+	// carries. Operations that arrive while a client has round trips under
+	// way wait for the next one and go together (see Batching in
+	// docs/backends-redis.md); a call alone is sent at once. 1 sends every
+	// operation on its own; at most 4096. default: 128
+	MaxBatch int
+	// OverLimitCache is how many keys this process remembers as denied:
+	// a Take that Redis denied until a known instant (a fixed window's
+	// reset, a RetryAfter) makes further Takes of that policy and key
+	// denied here until then, without a round trip. It can deny what Redis
+	// would admit after another process refunds units or raises the Limit
+	// (see the over-limit cache in docs/backends-redis.md). default: 0, off
+	OverLimitCache int
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -128,6 +144,15 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.ExpiryMargin == 0 {
 		out.ExpiryMargin = time.Second
 	}
+	if out.MaxBatch < 0 || out.MaxBatch > maxBatchLimit {
+		return out, fmt.Errorf("redis: Options.MaxBatch must be 0 (the default, 128) to %d, got %d", maxBatchLimit, out.MaxBatch)
+	}
+	if out.MaxBatch == 0 {
+		out.MaxBatch = 128
+	}
+	if out.OverLimitCache < 0 {
+		return out, fmt.Errorf("redis: Options.OverLimitCache must be >= 0 (0: off), got %d", out.OverLimitCache)
+	}
 	return out, nil
 }
 
@@ -139,19 +164,24 @@ type Shard struct {
 }
 
 type shard struct {
-	primary  Client
-	replicas []Client
-	next     atomic.Uint32 // round robin over replicas
-	name     string        // the store, for a Throttler's breakers
+	primary      Client
+	replicas     []Client
+	primaryLane  *lane         // batches primary's requests
+	replicaLanes []*lane       // and each replica's
+	next         atomic.Uint32 // round robin over replicas
+	name         string        // the store, for a Throttler's breakers
 }
 
-// Backend stores fixed windows in Redis. It is safe for concurrent use and
-// starts no goroutines; the clients it was given remain the caller's to
-// close. Create it with New or NewSharded.
+// Backend stores rate limits in Redis. It is safe for concurrent use. It
+// keeps no goroutine running: one that sends queued batches (batch.go)
+// ends when its client's queue is empty. The clients it was given remain
+// the caller's to close. Create it with New or NewSharded.
 type Backend struct {
 	shards   []*shard
 	prefix   string
 	marginMS int64
+	cache    *overLimitCache // nil: off
+	counters counters
 }
 
 var (
@@ -212,7 +242,15 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 				return nil, err
 			}
 		}
-		b.shards[i] = &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...), name: storeName(i, len(shards), s.Primary)}
+		sh := &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...), name: storeName(i, len(shards), s.Primary)}
+		sh.primaryLane = newLane(s.Primary, o.MaxBatch, &b.counters)
+		for _, r := range sh.replicas {
+			sh.replicaLanes = append(sh.replicaLanes, newLane(r, o.MaxBatch, &b.counters))
+		}
+		b.shards[i] = sh
+	}
+	if o.OverLimitCache > 0 {
+		b.cache = newOverLimitCache(o.OverLimitCache)
 	}
 	return b, nil
 }
@@ -253,74 +291,166 @@ func required(what string, c Client) error {
 	return nilness.Check("redis: "+what, c)
 }
 
-// Take counts cost against the key's window if it fits: one script, one
-// round trip, on the shard's primary.
+// Take counts cost against the key's window if it fits: one script on the
+// shard's primary, alone or in a batch (batch.go). With the over-limit
+// cache on, a Take that Redis would deny by what it last answered this
+// process is denied here (cache.go).
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
+	sk, h := b.keyOf(p, key)
+	if b.cache == nil {
+		return b.op(ctx, throttler.OpTake, key, sk, h, p, cost, now, nil)
 	}
-	sk, h := b.storageKey(p, key)
-	nowMS := now.UnixMilli()
-	winMS := p.Window.Milliseconds()
-	var res [3]int64
-	err := parseInts(takeScript.Run(ctx, b.shardFor(h).primary, []string{sk},
-		nowMS, nowMS+winMS, p.Limit, cost, winMS+b.marginMS), res[:])
-	if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
-		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+	if d, ok := b.cache.take(sk, h, p, cost, now); ok {
+		b.counters.cacheHits.Add(1)
+		return d, nil
 	}
-	if err != nil {
-		return throttler.Decision{}, opError("take", key, p, err)
+	var denial overLimit
+	d, err := b.op(ctx, throttler.OpTake, key, sk, h, p, cost, now, &denial)
+	switch {
+	case err != nil:
+	case d.Allowed:
+		b.cache.drop(sk, h)
+	case p.Algorithm == throttler.SlidingLog && d.Used+cost-p.Limit != 1:
+		// Units that end before the one this cost waits for would change
+		// Used: only a wait for one unit is kept, the hot key's case.
+	default:
+		t := now.UnixMilli()
+		denial.p, denial.cost, denial.d, denial.at = p, cost, d, t
+		denial.until = t + d.RetryAfter.Milliseconds()
+		if p.Algorithm == throttler.FixedWindow {
+			denial.until = d.ResetAt.UnixMilli()
+		}
+		b.cache.put(sk, h, &denial, t)
 	}
-	return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+	return d, err
 }
 
-// Refund gives cost back to the key's open window, never below zero: one
-// script, one round trip, on the shard's primary.
+// Refund gives cost back to the key's state, never below empty: one
+// script on the shard's primary, alone or in a batch.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
+	sk, h := b.keyOf(p, key)
+	if b.cache != nil {
+		b.cache.drop(sk, h)
 	}
-	sk, h := b.storageKey(p, key)
-	var res [2]int64
-	err := parseInts(refundScript.Run(ctx, b.shardFor(h).primary, []string{sk}, now.UnixMilli(), cost), res[:])
-	if err == nil && res[0] < 0 {
-		err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
-	}
-	if err != nil {
-		return throttler.Decision{}, opError("refund", key, p, err)
-	}
-	return backend.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+	return b.op(ctx, throttler.OpRefund, key, sk, h, p, cost, now, nil)
 }
 
-// Peek reports the key's window without counting. It reads a replica when
+// Peek reports the key's state without counting. It reads a replica when
 // the shard has one, and the primary when that read fails (see read); a
 // window that ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
 	}
-	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpPeek, key, p, 0, now)
+	sk, h := b.keyOf(p, key)
+	return b.op(ctx, throttler.OpPeek, key, sk, h, p, 0, now, nil)
+}
+
+// keyOf is the storage key of (p, key) and its hash.
+func (b *Backend) keyOf(p throttler.Policy, key string) (string, uint64) {
+	if p.Algorithm == throttler.FixedWindow {
+		return b.storageKey(p, key)
 	}
-	sk, h := b.storageKey(p, key)
+	return b.algorithmKey(p, key)
+}
+
+// op runs op under p on the key's shard; the input has been validated.
+// A denied Take fills denial, when given, with the state the cache needs.
+func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uint64, p throttler.Policy, cost int64, now time.Time, denial *overLimit) (throttler.Decision, error) {
+	s := b.shardFor(h)
+	var (
+		d   throttler.Decision
+		err error
+	)
+	switch p.Algorithm {
+	case throttler.FixedWindow:
+		d, err = b.window(ctx, s, sk, op, p, cost, now)
+	case throttler.TokenBucket:
+		d, err = b.bucket(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
+	case throttler.SlidingWindow:
+		d, err = b.counter(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
+	case throttler.SlidingLog:
+		d, err = b.log(ctx, s, sk, op, p, cost, now.UnixMilli())
+	default: // unreachable after validation
+		err = fmt.Errorf("%w: algorithm %v", throttler.ErrInvalidPolicy, p.Algorithm)
+	}
+	if err != nil {
+		return throttler.Decision{}, opError(op.String(), key, p, err)
+	}
+	return d, nil
+}
+
+// window runs op on a fixed window: take.lua or refund.lua on the primary,
+// HMGET on a replica (then the primary) for a Peek.
+func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	nowMS := now.UnixMilli()
+	switch op {
+	case throttler.OpTake:
+		winMS := p.Window.Milliseconds()
+		var res [3]int64
+		err := b.exec(ctx, s, op, &request{fn: fnTake, sk: sk,
+			args: []any{nowMS, nowMS + winMS, p.Limit, cost, winMS + b.marginMS}}, func(reply any) error {
+			err := parseReply(reply, res[:])
+			if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
+				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+			}
+			return err
+		})
+		if err != nil {
+			return throttler.Decision{}, err
+		}
+		return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+	case throttler.OpRefund:
+		var res [2]int64
+		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost}}, func(reply any) error {
+			err := parseReply(reply, res[:])
+			if err == nil && res[0] < 0 {
+				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+			}
+			return err
+		})
+		if err != nil {
+			return throttler.Decision{}, err
+		}
+		return backend.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+	}
 	var (
 		used    int64
 		resetAt time.Time
 	)
-	err := b.read(ctx, b.shardFor(h), func(ctx context.Context, c Client) (err error) {
-		used, resetAt, err = readWindow(ctx, c, sk)
+	err := b.exec(ctx, s, op, &request{fn: fnPeek, sk: sk}, func(reply any) (err error) {
+		used, resetAt, err = parseWindow(reply)
 		return err
 	})
 	if err != nil {
-		return throttler.Decision{}, opError("peek", key, p, err)
+		return throttler.Decision{}, err
 	}
 	return backend.PeekState(p, used, resetAt, now), nil
+}
+
+// exec runs req for op and checks its reply with parse: a Peek on a
+// replica (see read), a Take or a Refund on the primary.
+func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *request, parse func(reply any) error) error {
+	f := func(ctx context.Context, l *lane) error {
+		reply, err := l.do(ctx, req)
+		if errors.Is(err, goredis.Nil) {
+			return fmt.Errorf("%w: nil", ErrUnexpectedReply)
+		}
+		if err != nil {
+			return err
+		}
+		return parse(reply)
+	}
+	if op == throttler.OpPeek {
+		return b.read(ctx, s, f)
+	}
+	return f(ctx, s.primaryLane)
 }
 
 // read runs f on one of the shard's replicas, round robin, and on the
@@ -330,12 +460,12 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // the primary the other half: it costs a Peek some latency, never its
 // answer, and its failure is never the primary's (a Throttler never hears
 // of it). Only the caller's own context ending stops the fallback.
-func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, Client) error) error {
-	n := len(s.replicas)
+func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *lane) error) error {
+	n := len(s.replicaLanes)
 	if n == 0 {
-		return f(ctx, s.primary)
+		return f(ctx, s.primaryLane)
 	}
-	r := s.replicas[(s.next.Add(1)-1)%uint32(n)]
+	r := s.replicaLanes[(s.next.Add(1)-1)%uint32(n)]
 	rctx := ctx
 	if deadline, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
@@ -344,18 +474,18 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, Cl
 	}
 	err := f(rctx, r)
 	if err != nil && ctx.Err() == nil {
-		err = f(ctx, s.primary)
+		err = f(ctx, s.primaryLane)
 	}
 	return err
 }
 
-// readWindow reads a window's hash; a zero resetAt means none is stored.
-// Fields that do not parse as integers read as absent, as in the scripts,
-// which overwrite them on the next Take.
-func readWindow(ctx context.Context, c Client, sk string) (used int64, resetAt time.Time, err error) {
-	vals, err := c.HMGet(ctx, sk, "u", "r").Result()
-	if err != nil {
-		return 0, time.Time{}, err
+// parseWindow reads a window's hash from HMGET u r; a zero resetAt means
+// none is stored. Fields that do not parse as integers read as absent, as
+// in the scripts, which overwrite them on the next Take.
+func parseWindow(reply any) (used int64, resetAt time.Time, err error) {
+	vals, ok := reply.([]any)
+	if !ok {
+		return 0, time.Time{}, fmt.Errorf("%w: HMGET gave %T", ErrUnexpectedReply, reply)
 	}
 	if len(vals) != 2 {
 		return 0, time.Time{}, fmt.Errorf("%w: HMGET gave %d values for 2 fields", ErrUnexpectedReply, len(vals))
@@ -369,7 +499,7 @@ func readWindow(ctx context.Context, c Client, sk string) (used int64, resetAt t
 }
 
 // parseInts fills out from a script's reply, which must be an array of
-// exactly len(out) integers.
+// exactly len(out) integers, for a script run outside batches (Script.Run).
 func parseInts(cmd *goredis.Cmd, out []int64) error {
 	reply, err := cmd.Result()
 	if errors.Is(err, goredis.Nil) {
@@ -377,6 +507,14 @@ func parseInts(cmd *goredis.Cmd, out []int64) error {
 	}
 	if err != nil {
 		return err
+	}
+	return parseReply(reply, out)
+}
+
+// parseReply is parseInts for a reply already read.
+func parseReply(reply any, out []int64) error {
+	if reply == nil {
+		return fmt.Errorf("%w: nil", ErrUnexpectedReply)
 	}
 	vals, ok := reply.([]any)
 	if !ok {

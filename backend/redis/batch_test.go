@@ -1,0 +1,341 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/redisbatch"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// alwaysBatch makes the backends built during the test send every
+// operation through batch.lua.
+func alwaysBatch(t *testing.T) {
+	redisbatch.Always.Store(true)
+	t.Cleanup(func() { redisbatch.Always.Store(false) })
+}
+
+// TestConformanceThroughBatches runs the conformance suite (tables,
+// differential traces, exactness under concurrency) with every operation
+// answered by batch.lua: alone, or with whatever the suite's goroutines
+// sent meanwhile.
+func TestConformanceThroughBatches(t *testing.T) {
+	rdb, _ := startRedis(t)
+	alwaysBatch(t)
+	backendtest.Run(t, func(t *testing.T) throttler.Backend {
+		return newBackend(t, rdb, &Options{Prefix: "batch:"})
+	})
+}
+
+// hold makes l's round trips all busy, so that what arrives queues; the
+// returned func sends the queue as one batch and gives them back.
+func hold(l *lane) (release func()) {
+	l.mu.Lock()
+	l.inFlight = l.slots
+	l.mu.Unlock()
+	return func() {
+		for range l.slots {
+			l.finish() // the first sends the queue, the second frees its slot
+		}
+	}
+}
+
+type result struct {
+	d   throttler.Decision
+	err error
+}
+
+// inOrder starts the calls one after the other, each once the previous one
+// has queued on l (whose round trips are held), and returns a func that
+// waits for their results.
+func inOrder(t *testing.T, l *lane, calls ...func() (throttler.Decision, error)) (wait func() []result) {
+	t.Helper()
+	out := make([]result, len(calls))
+	var wg sync.WaitGroup
+	for i, call := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i].d, out[i].err = call()
+		}()
+		queued(t, l, i+1)
+	}
+	return func() []result {
+		wg.Wait()
+		return out
+	}
+}
+
+// queued waits until n requests wait on l.
+func queued(t *testing.T, l *lane, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		q := len(l.queue)
+		l.mu.Unlock()
+		if q == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests queued, want %d", q, n)
+		}
+		time.Sleep(100 * time.Microsecond) // the callers' goroutines queueing
+	}
+}
+
+// TestBatchErrorsGoToTheirCallers: a key of another type fails its own
+// operation only, and the batch's others are answered as if sent alone; a
+// store that cannot be reached fails every operation of the batch, each as
+// a store failure.
+func TestBatchErrorsGoToTheirCallers(t *testing.T) {
+	rdb, _ := startRedis(t)
+	ctx := context.Background()
+	b := newBackend(t, rdb, &Options{Prefix: "errs:"})
+	p := throttler.Policy{Name: "e", Limit: 5, Window: time.Minute}
+	bad, _ := b.storageKey(p, "bad")
+	if err := rdb.Set(ctx, bad, "a string", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := b.shards[0].primaryLane
+	release := hold(l)
+	wait := inOrder(t, l,
+		func() (throttler.Decision, error) { return b.Take(ctx, "a", p, 2, t0) },
+		func() (throttler.Decision, error) { return b.Take(ctx, "bad", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Take(ctx, "a", p, 3, t0) },
+	)
+	release()
+	res := wait()
+	if res[0].err != nil || res[2].err != nil {
+		t.Fatalf("the good keys failed: %v, %v", res[0].err, res[2].err)
+	}
+	if !res[0].d.Allowed || res[0].d.Used != 2 || !res[2].d.Allowed || res[2].d.Used != 5 {
+		t.Errorf("answers %+v, %+v; want used 2 then 5", res[0].d, res[2].d)
+	}
+	if !errors.Is(res[1].err, backend.ErrKeyState) || errors.Is(res[1].err, throttler.ErrUnavailable) {
+		t.Errorf("the bad key: %v, want the key's failure", res[1].err)
+	}
+	if s := b.Stats(); s.BatchSizes[1] != 1 || s.Batched != 3 {
+		t.Errorf("stats %+v: want one batch of 3", s)
+	}
+
+	// A server that is gone: every caller of the batch hears of it.
+	gone := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { _ = gone.Close() })
+	b = newBackend(t, gone, nil)
+	l = b.shards[0].primaryLane
+	release = hold(l)
+	wait = inOrder(t, l,
+		func() (throttler.Decision, error) { return b.Take(ctx, "a", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Peek(ctx, "b", p, t0) },
+		func() (throttler.Decision, error) { return b.Refund(ctx, "c", p, 1, t0) },
+	)
+	release()
+	for i, r := range wait() {
+		if !errors.Is(r.err, throttler.ErrUnavailable) {
+			t.Errorf("call %d: %v, want a store failure", i, r.err)
+		}
+	}
+}
+
+// TestBatchCallerThatLeaves: a caller whose context ends while it waits for
+// its batch returns at once, and its operation never runs; one that stays
+// in the same batch is answered.
+func TestBatchCallerThatLeaves(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b := newBackend(t, rdb, &Options{Prefix: "leave:"})
+	p := throttler.Policy{Name: "l", Limit: 5, Window: time.Minute}
+	l := b.shards[0].primaryLane
+	release := hold(l)
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error)
+	go func() {
+		_, err := b.Take(ctx, "k", p, 1, t0)
+		left <- err
+	}()
+	stay := make(chan result)
+	queued(t, l, 1)
+	go func() {
+		d, err := b.Take(context.Background(), "k", p, 2, t0)
+		stay <- result{d, err}
+	}()
+	queued(t, l, 2)
+	cancel()
+	if err := <-left; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the caller that left got %v", err)
+	}
+	release()
+	r := <-stay
+	if r.err != nil || !r.d.Allowed || r.d.Used != 2 {
+		t.Fatalf("the caller that stayed: %+v, %v; want used 2 (the other never ran)", r.d, r.err)
+	}
+	if s := b.Stats(); s.Abandoned != 1 {
+		t.Errorf("stats %+v, want 1 abandoned", s)
+	}
+}
+
+// TestBatchLoadWithCallersLeaving: 64 goroutines, each call on a key of its
+// own with a cost of its own, a third of them on contexts that end at a
+// random instant: every caller gets its own answer or its context's error,
+// a call that returned an answer was counted once, batches were formed, and
+// no goroutine is left behind.
+func TestBatchLoadWithCallersLeaving(t *testing.T) {
+	rdb, _ := startRedis(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingWindow, throttler.SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			b := newBackend(t, rdb, &Options{Prefix: "load:" + alg.String() + ":"})
+			p := throttler.Policy{Name: "load", Limit: 1000, Window: time.Hour, Algorithm: alg}
+			const goroutines, calls = 64, 60
+			var wg sync.WaitGroup
+			errs := make(chan error, goroutines)
+			for g := range goroutines {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 7))
+					for i := range calls {
+						key := fmt.Sprintf("g%d-%d", g, i)
+						cost := int64(1 + (g*calls+i)%47)
+						ctx, cancel := context.Background(), context.CancelFunc(func() {})
+						if rng.IntN(3) == 0 {
+							ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(300))*time.Microsecond)
+						}
+						d, err := b.Take(ctx, key, p, cost, t0)
+						// go-redis's own check of the deadline can fire a
+						// moment before the context's timer.
+						deadline, ok := ctx.Deadline()
+						ended := ctx.Err() != nil || ok && !time.Now().Before(deadline)
+						cancel()
+						if err != nil {
+							if !ended {
+								errs <- fmt.Errorf("%s: %v", key, err)
+								return
+							}
+							continue
+						}
+						if !d.Allowed || d.Used != cost {
+							errs <- fmt.Errorf("%s cost %d: got %+v", key, cost, d)
+							return
+						}
+						// The answer was this call's: Redis holds its cost once.
+						pd, err := b.Peek(context.Background(), key, p, t0)
+						if err != nil || pd.Used != cost {
+							errs <- fmt.Errorf("%s cost %d: peek %+v, %v", key, cost, pd, err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			s := b.Stats()
+			if s.Batched == 0 {
+				t.Errorf("no batch was formed: %+v", s)
+			}
+			t.Logf("%+v", s)
+		})
+	}
+}
+
+// TestBatchTakesOfOneWindow: the Takes of one fixed window in a batch go
+// as one takes.lua call; its answers and what it leaves in Redis must be
+// those of the same Takes sent one by one, windows ending in the middle, a
+// Refund between Takes and costs above the limit's remainder included.
+func TestBatchTakesOfOneWindow(t *testing.T) {
+	rdb, _ := startRedis(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(5, 5))
+	for round := range 40 {
+		batched := newBackend(t, rdb, &Options{Prefix: fmt.Sprintf("tb%d:", round)})
+		alone := newBackend(t, rdb, &Options{Prefix: fmt.Sprintf("ta%d:", round), MaxBatch: 1})
+		p := throttler.Policy{Name: "w", Limit: 10, Window: 100 * time.Millisecond}
+		type step struct {
+			refund bool
+			key    string
+			cost   int64
+			now    time.Time
+		}
+		var steps []step
+		now := t0
+		for range 2 + rng.IntN(20) {
+			now = now.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
+			steps = append(steps, step{rng.IntN(8) == 0, fmt.Sprint("k", rng.IntN(2)), int64(1 + rng.IntN(6)), now})
+		}
+		do := func(b *Backend, s step) (throttler.Decision, error) {
+			if s.refund {
+				return b.Refund(ctx, s.key, p, s.cost, s.now)
+			}
+			return b.Take(ctx, s.key, p, s.cost, s.now)
+		}
+		l := batched.shards[0].primaryLane
+		release := hold(l)
+		calls := make([]func() (throttler.Decision, error), len(steps))
+		for i, s := range steps {
+			calls[i] = func() (throttler.Decision, error) { return do(batched, s) }
+		}
+		wait := inOrder(t, l, calls...)
+		release()
+		got := wait()
+		for i, s := range steps {
+			want, err := do(alone, s)
+			if err != nil || got[i].err != nil {
+				t.Fatalf("round %d step %d: %v, %v", round, i, got[i].err, err)
+			}
+			if !sameDecision(got[i].d, want) {
+				t.Fatalf("round %d step %d %+v: batched %+v, alone %+v", round, i, s, got[i].d, want)
+			}
+		}
+		for _, key := range []string{"k0", "k1"} {
+			sb, _ := batched.storageKey(p, key)
+			sa, _ := alone.storageKey(p, key)
+			hb, err1 := rdb.HGetAll(ctx, sb).Result()
+			ha, err2 := rdb.HGetAll(ctx, sa).Result()
+			if err1 != nil || err2 != nil || fmt.Sprint(hb) != fmt.Sprint(ha) {
+				t.Fatalf("round %d %s: batched left %v, alone %v (%v, %v)", round, key, hb, ha, err1, err2)
+			}
+		}
+	}
+}
+
+// TestParseInts: the reply reader of scripts run outside batches (the
+// lease scripts) refuses every shape but an array of len(out) integers,
+// and passes a failure of the call through.
+func TestParseInts(t *testing.T) {
+	down := errors.New("down")
+	for _, tt := range []struct {
+		val     any
+		err     error
+		want    []int64
+		wantErr error
+	}{
+		{val: []any{int64(1), int64(-2)}, want: []int64{1, -2}},
+		{err: goredis.Nil, wantErr: ErrUnexpectedReply},
+		{err: down, wantErr: down},
+		{val: "x", wantErr: ErrUnexpectedReply},
+		{val: []any{int64(1)}, wantErr: ErrUnexpectedReply},
+		{val: []any{int64(1), "2"}, wantErr: ErrUnexpectedReply},
+	} {
+		cmd := goredis.NewCmd(context.Background())
+		cmd.SetVal(tt.val)
+		cmd.SetErr(tt.err)
+		out := make([]int64, 2)
+		err := parseInts(cmd, out)
+		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && fmt.Sprint(out) != fmt.Sprint(tt.want)) {
+			t.Errorf("%v, %v: got %v, %v; want %v, %v", tt.val, tt.err, out, err, tt.want, tt.wantErr)
+		}
+	}
+}

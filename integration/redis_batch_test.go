@@ -1,0 +1,226 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/backend/redis"
+	"github.com/throttlekit/throttlekit/internal/redisbatch"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// redisBatched builds a backend whose every operation goes through a batch
+// (a pipeline), a lone one included: the conformance suite's sequential
+// calls then check the answers of batches.
+func redisBatched[B any](build func() B) B {
+	redisbatch.Always.Store(true)
+	defer redisbatch.Always.Store(false)
+	return build()
+}
+
+// TestRedisBatch proves batching (issue 16) on every topology: the
+// conformance suite (tables, differential traces, exactness under
+// concurrency) with every answer from a batch, exactness across clients
+// with batching as built by default, and a load whose callers leave at
+// random instants, each answered with its own operation's decision.
+func TestRedisBatch(t *testing.T) {
+	t.Run("Standalone", func(t *testing.T) {
+		rc := redisStart(t)
+		c := redisClient(t, rc.Addr)
+		t.Run("Conformance", func(t *testing.T) {
+			backendtest.Run(t, func(t *testing.T) throttler.Backend {
+				return redisBatched(func() *redis.Backend { return redisNew(t, c, &redis.Options{Prefix: "b:"}) })
+			})
+		})
+		t.Run("ExactAcrossProcesses", func(t *testing.T) {
+			redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClient(t, rc.Addr), nil) })
+		})
+		t.Run("CallersLeaving", func(t *testing.T) {
+			redisTestCallersLeaving(t, redisNew(t, c, &redis.Options{Prefix: "leave:"}), nil)
+		})
+	})
+	t.Run("Cluster", func(t *testing.T) {
+		addrs := redisCluster(t, 3)
+		c := redisClusterClient(t, addrs)
+		t.Run("Conformance", func(t *testing.T) {
+			backendtest.Run(t, func(t *testing.T) throttler.Backend {
+				return redisBatched(func() *redis.Backend { return redisNew(t, c, &redis.Options{Prefix: "b:"}) })
+			})
+		})
+		t.Run("ExactAcrossProcesses", func(t *testing.T) {
+			redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClusterClient(t, addrs), nil) })
+		})
+		t.Run("CallersLeaving", func(t *testing.T) {
+			redisTestCallersLeaving(t, redisNew(t, c, &redis.Options{Prefix: "leave:"}), nil)
+		})
+	})
+	t.Run("ShardsWithReplicas", func(t *testing.T) {
+		var shards []redis.Shard
+		var primaries []*goredis.Client
+		for range 2 {
+			p, rs := redisReplicaSet(t, 2)
+			s := redis.Shard{Primary: redisClient(t, p.Addr)}
+			for _, r := range rs {
+				s.Replicas = append(s.Replicas, redisClient(t, r.Addr))
+			}
+			shards = append(shards, s)
+			primaries = append(primaries, s.Primary.(*goredis.Client))
+		}
+		newBackend := func(t *testing.T) *redis.Backend {
+			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:"})
+			require.NoError(t, err)
+			return b
+		}
+		t.Run("Conformance", func(t *testing.T) {
+			backendtest.Run(t, func(t *testing.T) throttler.Backend {
+				return &redisReplicated{Backend: redisBatched(func() *redis.Backend { return newBackend(t) }), primaries: primaries, replicas: 2}
+			})
+		})
+		t.Run("ExactAcrossProcesses", func(t *testing.T) {
+			redisTestExactAcrossClients(t, func() throttler.Backend { return newBackend(t) })
+		})
+		t.Run("CallersLeaving", func(t *testing.T) {
+			redisTestCallersLeaving(t, newBackend(t), (&redisReplicated{primaries: primaries, replicas: 2}).sync)
+		})
+	})
+}
+
+// redisTestCallersLeaving: 64 goroutines, each call a Take on a key of its
+// own with a cost of its own, then a Peek, a third of the Takes on contexts
+// that end at a random instant. A Take that answers must answer for its own
+// key and cost, and Redis must hold that cost once; one whose caller left
+// returns its context's error. Batches must have formed, and no goroutine
+// is left behind.
+func redisTestCallersLeaving(t *testing.T, b *redis.Backend, replicate func(context.Context) error) {
+	defer goleak.VerifyNone(t, faultLeaks()...)
+	p := throttler.Policy{Name: "leave", Limit: 100, Window: time.Hour}
+	const goroutines, calls = 64, 40
+	var left atomic.Int64
+	var wg sync.WaitGroup
+	answered := make([]map[string]int64, goroutines)
+	for g := range goroutines {
+		answered[g] = map[string]int64{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			for i := range calls {
+				key := fmt.Sprintf("g%d-%d", g, i)
+				cost := int64(1 + (g*calls+i)%97)
+				ctx, cancel := context.WithCancel(context.Background())
+				if rng.IntN(3) == 0 {
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(2000))*time.Microsecond)
+				}
+				d, err := b.Take(ctx, key, p, cost, redisT0)
+				// A socket deadline, or go-redis's own check of the
+				// context's, can fire a moment before the context's timer.
+				deadline, ok := ctx.Deadline()
+				ended := ctx.Err() != nil || ok && !time.Now().Before(deadline)
+				cancel()
+				if err != nil {
+					// A call sent at once fails as its client's socket
+					// deadline does (i/o timeout), a queued one with its
+					// context's error: either way, its caller's context ended.
+					if !assert.True(t, ended, "%s: %v", key, err) {
+						return
+					}
+					left.Add(1)
+					continue
+				}
+				if !assert.True(t, d.Allowed && d.Used == cost, "%s cost %d: %+v", key, cost, d) {
+					return
+				}
+				answered[g][key] = cost
+			}
+		}()
+	}
+	wg.Wait()
+	if replicate != nil {
+		require.NoError(t, replicate(context.Background())) // Peek reads replicas
+	}
+	for _, m := range answered {
+		for key, cost := range m {
+			d, err := b.Peek(context.Background(), key, p, redisT0)
+			require.NoError(t, err)
+			require.Equal(t, cost, d.Used, "%s: Redis holds", key)
+		}
+	}
+	s := b.Stats()
+	t.Logf("%d callers left; %+v", left.Load(), s)
+	assert.NotZero(t, s.Batched, "no batch formed")
+}
+
+// TestRedisBatchPaused pauses Redis while 64 goroutines have batches in
+// flight: every caller must return within its own timeout (plus the
+// margin a loaded 2-core machine needs), whatever its batch waits for; once
+// Redis is back, calls are answered again and no goroutine is left.
+func TestRedisBatchPaused(t *testing.T) {
+	rc := redisStart(t)
+	leaks := faultLeaks()
+	c := goredis.NewClient(&goredis.Options{Addr: rc.Addr, ContextTimeoutEnabled: true, PoolSize: 64, MaxRetries: -1})
+	b := redisNew(t, c, nil)
+	p := throttler.Policy{Name: "paused", Limit: 1 << 40, Window: time.Hour}
+	const goroutines = 64
+	var (
+		wg              sync.WaitGroup
+		stop            atomic.Bool
+		calls, failures atomic.Int64
+		slowest         atomic.Int64
+	)
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				// Timeouts differ from caller to caller, so that one batch
+				// holds callers of several.
+				timeout := redisFaultTimeout + time.Duration(g%4)*25*time.Millisecond
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				start := time.Now()
+				_, err := b.Take(ctx, fmt.Sprint("k", (g+i)%16), p, 1, redisT0)
+				over := time.Since(start) - timeout
+				cancel()
+				calls.Add(1)
+				if err != nil {
+					failures.Add(1)
+				}
+				for {
+					old := slowest.Load()
+					if int64(over) <= old || slowest.CompareAndSwap(old, int64(over)) {
+						break
+					}
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // load before the pause
+	before := b.Stats()
+	redisPause(t, rc)
+	time.Sleep(time.Second) // paused: every call times out
+	failed := failures.Load()
+	redisUnpause(t, rc)
+	time.Sleep(500 * time.Millisecond) // recovered
+	stop.Store(true)
+	wg.Wait()
+	assert.NotZero(t, before.Batched, "no batches before the pause: %+v", before)
+	assert.NotZero(t, failed, "no call failed while Redis was paused")
+	over := time.Duration(slowest.Load())
+	t.Logf("%d calls, %d failed; the slowest returned %v after its timeout; %+v", calls.Load(), failures.Load(), over, b.Stats())
+	assert.LessOrEqual(t, over, redisFaultMargin, "a caller outlived its timeout")
+	d, err := b.Take(context.Background(), "after", p, 1, redisT0)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed)
+	require.NoError(t, c.Close())
+	goleak.VerifyNone(t, leaks...)
+}
