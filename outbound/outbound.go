@@ -309,7 +309,8 @@ func (t *Transport) admit(ctx context.Context, r Route) error {
 			}
 			continue
 		}
-		if err := t.take(ctx, r); err != nil {
+		taken, err := t.take(ctx, r)
+		if err != nil {
 			return err
 		}
 		// Checked after the unit was taken, so that a pause that began
@@ -318,7 +319,7 @@ func (t *Transport) admit(ctx context.Context, r Route) error {
 		if left <= 0 {
 			d, err := t.th.Peek(ctx, r.Key, pausePolicy(t.opts.PauseName, time.Millisecond))
 			if err != nil {
-				t.refund(ctx, r)
+				t.refund(ctx, r, taken)
 				return rename("checking for a pause", err)
 			}
 			if !d.Allowed && d.RetryAfter > 0 {
@@ -330,31 +331,32 @@ func (t *Transport) admit(ctx context.Context, r Route) error {
 		if left <= 0 {
 			return nil
 		}
-		t.refund(ctx, r) // the unit goes back: nothing is sent until the pause ends
+		t.refund(ctx, r, taken) // the unit goes back: nothing is sent until the pause ends
 	}
 }
 
-// take takes one unit of r's policy, waiting for it unless FailFast.
-func (t *Transport) take(ctx context.Context, r Route) error {
+// take takes one unit of r's policy, waiting for it unless FailFast, and
+// returns the decision that took it.
+func (t *Transport) take(ctx context.Context, r Route) (throttler.Decision, error) {
 	if !t.opts.FailFast {
-		_, err := t.th.Wait(ctx, r.Key, r.Policy)
-		return rename("waiting for capacity", err)
+		d, err := t.th.Wait(ctx, r.Key, r.Policy)
+		return d, rename("waiting for capacity", err)
 	}
 	d, err := t.th.Allow(ctx, r.Key, r.Policy)
 	if err != nil {
-		return rename("taking capacity", err)
+		return d, rename("taking capacity", err)
 	}
 	if !d.Allowed {
-		return &LimitedError{RetryAfter: d.RetryAfter}
+		return d, &LimitedError{RetryAfter: d.RetryAfter}
 	}
-	return nil
+	return d, nil
 }
 
 // refund gives back a unit taken for a request that is not sent. It is
 // best effort: a failure leaves the unit counted, which only errs on the
 // side of the remote's limit.
-func (t *Transport) refund(ctx context.Context, r Route) {
-	_, _ = t.th.Refund(context.WithoutCancel(ctx), r.Key, r.Policy, 1)
+func (t *Transport) refund(ctx context.Context, r Route, taken throttler.Decision) {
+	_, _ = t.th.Refund(context.WithoutCancel(ctx), r.Key, r.Policy, 1, taken)
 }
 
 // waitPause sleeps until a pause that has left to run is over, plus a

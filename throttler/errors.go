@@ -25,3 +25,8 @@ func IsInputError(err error) bool {
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidCost) ||
 		errors.Is(err, ErrInvalidLease) || errors.Is(err, ErrLeasesUnsupported)
 }
+
+// ErrNotRefunded is the error of a Throttler.Refund that refunded nothing:
+// the Take it names counted nothing in the store, or what counted its units
+// has ended. It is neither bad input nor an outage.
+var ErrNotRefunded = errors.New("throttler: nothing refunded")

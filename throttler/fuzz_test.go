@@ -26,13 +26,15 @@ func FuzzBadInputNeverFailsOpen(f *testing.F) {
 			t.Fatal(err)
 		}
 		var d throttler.Decision
+		// A Take that counted units in a window still open.
+		taken := throttler.Decision{Allowed: true, ResetAt: time.Now().Add(time.Hour)}
 		switch o {
 		case throttler.OpTake:
 			d, err = th.AllowN(context.Background(), key, p, cost)
 		case throttler.OpPeek:
 			d, err = th.Peek(context.Background(), key, p)
 		case throttler.OpRefund:
-			d, err = th.Refund(context.Background(), key, p, cost)
+			d, err = th.Refund(context.Background(), key, p, cost, taken)
 		}
 		want := backend.ValidateCall(o, key, p, cost)
 		switch {

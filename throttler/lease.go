@@ -220,7 +220,8 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 	if t.primary.lb == nil {
 		err := fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
 		if t.opts.Observe != nil {
-			t.observe(&r, store, Decision{}, SourceNone, err, time.Now())
+			t.start(&r)
+			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
 		return Lease{}, Decision{}, err
 	}
@@ -259,7 +260,8 @@ func (l Lease) Release(ctx context.Context) (bool, error) {
 	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
 	if l.source == SourceFailureMode {
 		if t.opts.Observe != nil {
-			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil, time.Now())
+			t.start(&r)
+			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil)
 		}
 		return false, nil
 	}

@@ -149,7 +149,7 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 				}
 				// The unit goes back before the headers are sent, so they
 				// show the count after the refund.
-				if d, err := t.Refund(r.Context(), k, p, 1); err == nil {
+				if d, err := t.Refund(r.Context(), k, p, 1, d); err == nil {
 					t.setHeaders(w.Header(), p, d, o.IETFHeaders)
 				}
 			}), r)

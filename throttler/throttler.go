@@ -180,6 +180,9 @@ type Throttler struct {
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
+	// wallClock: Options.Clock is time.Now (the default).
+	wallClock bool
+
 	breakersState
 	detached atomic.Int64 // detached calls still running
 }
@@ -210,7 +213,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Throttler{backend: b, opts: o}
+	t := &Throttler{backend: b, opts: o, wallClock: opts == nil || opts.Clock == nil}
 	t.stores, _ = b.(storeNamer)
 	t.leaseStores, _ = b.(leaseStoreNamer)
 	epoch := time.Now()
@@ -254,35 +257,103 @@ func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, e
 	return t.do(ctx, OpPeek, key, p, 1)
 }
 
-// Refund gives n units back to key's open window under p, for work that
-// turned out free (a 304 Not Modified).
-func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
-	return t.do(ctx, OpRefund, key, p, n)
+// Refund gives n units back to what counted them, for work that turned out
+// free (a 304 Not Modified, a request never sent). taken is the Decision of
+// the Take that took them (Allow, AllowN, Wait or WaitN): the units go back
+// only while what counted them is still current, so that a refund never
+// credits a later window with units the earlier one counted (20 admitted
+// against a limit of 10, when 304s finished after their window ended).
+// Nothing is refunded, and the error matches ErrNotRefunded, when
+//   - taken was denied: it counted nothing;
+//   - taken is Degraded: the fallback or the failure mode admitted it, and
+//     the primary store's count never held the units;
+//   - the Throttler's clock has reached taken.ResetAt: the fixed window
+//     or the sliding-window counter's window that counted the units has
+//     ended, the token bucket is full again (the units came back by
+//     refill), or the sliding log's entries of that instant have ended.
+//
+// The store itself refunds what is open at the Throttler's instant, so the
+// bound is exact while the processes' clocks agree: a process whose clock
+// runs ahead by d can open the next window up to d before this one sees
+// its ResetAt, and a refund in that span credits the new window (at most
+// the units refunded, within d of the boundary). A sliding log refunds its
+// newest live units, which are the Take's own unless a clock behind logged
+// later ones.
+func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
+	if t == nil || t.backend == nil {
+		return Decision{}, errNotBuilt
+	}
+	var r request // filled in place, as in do
+	r.op, r.key, r.p, r.n = OpRefund, key, p, n
+	t.start(&r)
+	if why := unrefundable(taken, r.now); why != "" {
+		// Bad input is still reported as such, whatever the take was.
+		err := r.validate()
+		if err == nil {
+			err = fmt.Errorf("%w: %s", ErrNotRefunded, why)
+		}
+		if t.opts.Observe != nil {
+			var store string
+			if t.stores != nil {
+				store = t.stores.Store(key, p)
+			}
+			t.observe(&r, store, Decision{}, SourceNone, err)
+		}
+		return Decision{}, err
+	}
+	return t.doAt(ctx, &r)
 }
 
 func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
-	var store string
-	if t.stores != nil {
-		store = t.stores.Store(key, p)
-	}
-	// run, written out: one frame less on every rate call's path.
-	var started time.Time
-	if t.opts.Observe != nil {
-		started = time.Now()
-	}
 	// Filled in place: a composite literal is built aside and copied, and
 	// the copy's loads of what was just stored cost more than the fields.
 	var r request
 	r.op, r.key, r.p, r.n = op, key, p, n
-	d, src, primaryErr, err := t.decide(ctx, &r, store, SourcePrimary)
+	t.start(&r)
+	return t.doAt(ctx, &r)
+}
+
+// unrefundable says why the units of taken cannot be refunded at now, or "".
+func unrefundable(taken Decision, now time.Time) string {
+	switch {
+	case !taken.Allowed:
+		return "the take was denied, so it counted nothing"
+	case taken.Degraded:
+		return "the take was answered by the fallback or the failure mode, not counted by the store"
+	case !now.Before(taken.ResetAt):
+		return fmt.Sprintf("what counted the units ended at %v", taken.ResetAt)
+	}
+	return ""
+}
+
+// start reads the clock for r.
+func (t *Throttler) start(r *request) {
+	r.now = t.opts.Clock()
+	if t.opts.Observe != nil {
+		if t.wallClock {
+			r.started = r.now // time.Now: it carries the monotonic reading
+		} else {
+			r.started = time.Now()
+		}
+	}
+}
+
+// doAt decides the rate operation r at r.now and observes it: run, written
+// out, one frame less on every rate call's path.
+func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
+	var store string
+	if t.stores != nil {
+		store = t.stores.Store(r.key, r.p)
+	}
+	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
 		}
-		t.observe(&r, store, d, src, primaryErr, started)
+		t.observe(r, store, d, src, primaryErr)
 	}
 	return d, err
 }
@@ -298,6 +369,12 @@ type request struct {
 	n   int64
 	cp  ConcurrencyPolicy
 	id  LeaseID
+	// now is the instant of the call, read from Options.Clock once.
+	now time.Time
+	// started is when the call started, for Observe's Latency: now itself
+	// under the default clock (a second reading of the clock would cost
+	// more than everything an observer adds), time.Now under another.
+	started time.Time
 	// held is a Release's answer, set by dispatch: carried here rather
 	// than returned, so that no rate call pays for passing it back.
 	held bool
@@ -317,16 +394,13 @@ func (r *request) validate() error {
 // run decides r, starting at from (SourcePrimary, or SourceFallback for the
 // release of a lease the fallback granted), and observes it.
 func (t *Throttler) run(ctx context.Context, r *request, store string, from Source) (Decision, Source, error) {
-	var started time.Time
-	if t.opts.Observe != nil {
-		started = time.Now()
-	}
+	t.start(r)
 	d, src, primaryErr, err := t.decide(ctx, r, store, from)
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
 		}
-		t.observe(r, store, d, src, primaryErr, started)
+		t.observe(r, store, d, src, primaryErr)
 	}
 	return d, src, err
 }
@@ -335,8 +409,9 @@ func (t *Throttler) run(ctx context.Context, r *request, store string, from Sour
 // Observation, off the path of a Throttler that observes nothing.
 //
 //go:noinline
-func (t *Throttler) observe(r *request, store string, d Decision, src Source, err error, started time.Time) {
-	o := Observation{Op: r.op, Key: r.key, Decision: d, Err: err, Source: src, Store: store, Latency: time.Since(started)}
+func (t *Throttler) observe(r *request, store string, d Decision, src Source, err error) {
+	o := Observation{Op: r.op, Key: r.key, Decision: d, Err: err, Source: src, Store: store}
+	o.Latency = time.Since(r.started)
 	if r.isLease() {
 		o.Concurrency = r.cp
 	} else {
@@ -363,7 +438,7 @@ func (t *Throttler) observe(r *request, store string, d Decision, src Source, er
 // lease of the fallback's, and a lease of the primary's is never released
 // to the fallback, which does not hold it.
 func (t *Throttler) decide(ctx context.Context, r *request, store string, from Source) (Decision, Source, error, error) {
-	now := t.opts.Clock()
+	now := r.now
 	var primaryErr error
 	if from == SourcePrimary {
 		br := t.breakerFor(store)

@@ -204,7 +204,7 @@ func TestBadInputIsAnInputErrorNeverAnOutage(t *testing.T) {
 			return th.AllowN(context.Background(), "k", p, 11)
 		}, throttler.ErrInvalidCost},
 		{"negative refund", func(th *throttler.Throttler) (throttler.Decision, error) {
-			return th.Refund(context.Background(), "k", p, -2)
+			return th.Refund(context.Background(), "k", p, -2, throttler.Decision{Allowed: true, ResetAt: time.Now().Add(time.Hour)})
 		}, throttler.ErrInvalidCost},
 		{"zero policy", func(th *throttler.Throttler) (throttler.Decision, error) {
 			return th.Peek(context.Background(), "k", throttler.Policy{})
@@ -553,7 +553,7 @@ func TestZeroThrottlerErrsNeverPanics(t *testing.T) {
 			},
 			func() (throttler.Decision, error) { return th.Peek(context.Background(), "k", throttler.PerSecond(1)) },
 			func() (throttler.Decision, error) {
-				return th.Refund(context.Background(), "k", throttler.PerSecond(1), 1)
+				return th.Refund(context.Background(), "k", throttler.PerSecond(1), 1, throttler.Decision{})
 			},
 		} {
 			d, err := call()

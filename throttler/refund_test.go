@@ -1,0 +1,161 @@
+package throttler_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// TestRefundBoundToWhatCountedTheUnits: a refund goes back only while what
+// counted the units is current, for every algorithm, at fixed instants.
+func TestRefundBoundToWhatCountedTheUnits(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name string
+		p    throttler.Policy
+		// after is how long after the Take the refund comes; used is the
+		// count a Peek at that instant shows after the refund.
+		after    time.Duration
+		refunded bool
+		used     int64
+	}{
+		{"fixed window, open", throttler.PerSecond(3), 999 * ms, true, 1},
+		{"fixed window, ended at its reset", throttler.PerSecond(3), time.Second, false, 0},
+		{"sliding window, in its window", throttler.PerSecond(3).With(throttler.SlidingWindow), 999 * ms, true, 1},
+		{"sliding window, in the next", throttler.PerSecond(3).With(throttler.SlidingWindow), time.Second, false, 2},
+		{"token bucket, refilling", throttler.PerSecond(3).With(throttler.TokenBucket), 300 * ms, true, 1},
+		{"token bucket, full again", throttler.PerSecond(3).With(throttler.TokenBucket), 667 * ms, false, 0},
+		{"sliding log, entry live", throttler.PerSecond(3).With(throttler.SlidingLog), 999 * ms, true, 1},
+		{"sliding log, entry ended", throttler.PerSecond(3).With(throttler.SlidingLog), time.Second, false, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The window-aligned start keeps the sliding window's epoch
+			// windows where the table says: [t, t+1s).
+			start := time.Unix(1_900_000_000, 0)
+			clock := &fakeClock{now: start}
+			th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+			ctx := context.Background()
+			var taken throttler.Decision
+			for range 2 {
+				d, err := th.Allow(ctx, "k", tc.p)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+				taken = d
+			}
+			clock.Add(tc.after)
+			_, err := th.Refund(ctx, "k", tc.p, 1, taken)
+			if tc.refunded {
+				require.NoError(t, err)
+			} else {
+				require.ErrorIs(t, err, throttler.ErrNotRefunded)
+			}
+			d, err := th.Peek(ctx, "k", tc.p)
+			require.NoError(t, err)
+			assert.Equal(t, tc.used, d.Used, "Used after the refund")
+		})
+	}
+}
+
+// The case: 304s that finish after their window ended credited the
+// next window, which then admitted 20 against a limit of 10.
+func TestRefundNeverCreditsTheNextWindow(t *testing.T) {
+	clock := &fakeClock{now: t0}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+	p, ctx := throttler.PerMinute(10), context.Background()
+	var first []throttler.Decision
+	for range 10 {
+		d, err := th.Allow(ctx, "k", p)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		first = append(first, d)
+	}
+	clock.Add(time.Minute) // the window ended while the requests ran
+	admitted := 0
+	for i := range 10 {
+		if d, err := th.Allow(ctx, "k", p); err == nil && d.Allowed {
+			admitted++
+		}
+		_, err := th.Refund(ctx, "k", p, 1, first[i]) // each finishes with a 304
+		assert.ErrorIs(t, err, throttler.ErrNotRefunded)
+	}
+	for range 10 {
+		if d, err := th.Allow(ctx, "k", p); err == nil && d.Allowed {
+			admitted++
+		}
+	}
+	assert.Equal(t, 10, admitted, "admitted in the second window")
+}
+
+func TestRefundOfAnUncountedTake(t *testing.T) {
+	clock := &fakeClock{now: t0}
+	stub := &stubBackend{next: newMemory(t)}
+	th := newThrottler(t, stub, &throttler.Options{Clock: clock.Now, BreakerThreshold: 100})
+	p, ctx := throttler.PerMinute(1), context.Background()
+	d, err := th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	denied, err := th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	require.False(t, denied.Allowed)
+	stub.set(errDown)
+	degraded, err := th.Allow(ctx, "k", p) // fails open
+	require.NoError(t, err)
+	require.True(t, degraded.Allowed && degraded.Degraded)
+	stub.set(nil)
+	calls := stub.count()
+	for name, taken := range map[string]throttler.Decision{"denied": denied, "degraded": degraded, "zero": {}} {
+		_, err := th.Refund(ctx, "k", p, 1, taken)
+		assert.ErrorIs(t, err, throttler.ErrNotRefunded, name)
+		assert.False(t, throttler.IsInputError(err), name)
+	}
+	assert.Equal(t, calls, stub.count(), "a refund of nothing reaches no store")
+	_, err = th.Refund(ctx, "k", p, 1, d)
+	require.NoError(t, err)
+	after, err := th.Peek(ctx, "k", p)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), after.Used)
+	// Bad input is reported as such, whatever the take was.
+	_, err = th.Refund(ctx, "", p, 1, denied)
+	assert.True(t, errors.Is(err, throttler.ErrInvalidKey), "%v", err)
+}
+
+// A 304 whose handler ran past the window's end is not refunded into the
+// next window by the middleware.
+func TestMiddlewareRefundsOnlyInTheTakesWindow(t *testing.T) {
+	clock := &fakeClock{now: t0}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+	p := throttler.PerMinute(2)
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Slow") != "" {
+			// The window ends, and another request opens the next one.
+			clock.Add(time.Minute)
+			d, err := th.Allow(r.Context(), "alice", p)
+			require.NoError(t, err)
+			require.Equal(t, int64(1), d.Used)
+		}
+		w.WriteHeader(http.StatusNotModified)
+	})
+	h := newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(slow)
+	do := func(slow bool) int {
+		req := httptest.NewRequest(http.MethodGet, "/", nil)
+		req.Header.Set("X-Client", "alice")
+		if slow {
+			req.Header.Set("X-Slow", "1")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	assert.Equal(t, 304, do(false)) // refunded: Used 0
+	assert.Equal(t, 304, do(true))  // ends in the next window: not refunded there
+	d, err := th.Peek(context.Background(), "alice", p)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), d.Used, "the next window was credited a unit it never counted")
+}
