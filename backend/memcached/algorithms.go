@@ -56,7 +56,7 @@ const (
 func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	k := newItemKeys(b.opts.Prefix, p, key)
 	var d throttler.Decision
-	err := b.update(ctx, k.state(), k.id, "state", now, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
+	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
 		d, value, end, write, err = compute(p, it, op, cost, now.UnixMilli())
 		return value, end, write, err
 	})
@@ -71,17 +71,17 @@ type step func(it *memcache.Item) (value []byte, end int64, write bool, err erro
 // update is the read-modify-write of one item (ik, of the pair id) shared
 // by the state items and the lease items: gets, step, then cas over the
 // version read (add when there was none), from the top again when another
-// process wrote first, at most MaxAttempts rounds, then ErrContention.
+// process wrote first, at most attempts rounds, then ErrContention.
 // what names the item in errors. The step's last run is the one whose
 // value was written, or whose read needed no write.
-func (b *Backend) update(ctx context.Context, ik, id, what string, now time.Time, f step) error {
+func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int, now time.Time, f step) error {
 	unlock, err := b.locks.lock(ctx, ik)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	var round time.Duration // how long the last lost round took
-	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
+	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
 			if err := backoff(ctx, attempt, round); err != nil {
 				return err
@@ -124,7 +124,7 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, now time.Time
 			return fmt.Errorf("memcached: write %s of %q: %w", what, id, err)
 		}
 	}
-	return fmt.Errorf("%w: %s of %q changed under each of %d attempts", ErrContention, what, id, b.opts.MaxAttempts)
+	return fmt.Errorf("%w: %s of %q changed under each of %d attempts", ErrContention, what, id, attempts)
 }
 
 // compute decodes the stored state (it nil: none), applies op at t with
@@ -179,10 +179,9 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int
 // backoff waits before attempt (>= 1), or until ctx is done: a random
 // moment below a bound that starts at the duration of the round just lost
 // (at least contentionBackoff), so it scales with the server's latency,
-// and doubles with each attempt.
+// and doubles with each attempt up to maxContentionBackoff.
 func backoff(ctx context.Context, attempt int, round time.Duration) error {
-	limit := min(max(round, contentionBackoff)<<(attempt-1), maxContentionBackoff)
-	timer := time.NewTimer(rand.N(limit) + 1)
+	timer := time.NewTimer(rand.N(backoffLimit(attempt, round)) + 1)
 	defer timer.Stop()
 	select {
 	case <-timer.C:
@@ -190,6 +189,18 @@ func backoff(ctx context.Context, attempt int, round time.Duration) error {
 	case <-ctx.Done():
 		return fmt.Errorf("memcached: %w", ctx.Err())
 	}
+}
+
+// backoffLimit is the bound of backoff's wait before attempt. It doubles
+// step by step: shifted by attempt-1 at once, a bound overflows to a
+// negative one once attempts pass the forties (or sooner after a slow
+// round), and rand.N panics on it.
+func backoffLimit(attempt int, round time.Duration) time.Duration {
+	limit := max(round, contentionBackoff)
+	for i := 1; i < attempt && limit < maxContentionBackoff; i++ {
+		limit <<= 1
+	}
+	return min(limit, maxContentionBackoff)
 }
 
 // stateLocks lets one caller at a time work on a state item. The zero

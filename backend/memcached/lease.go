@@ -20,11 +20,12 @@ import (
 // state items (update): gets, the lease contract's arithmetic at now
 // (backend.LeaseSet), then cas over the version read, or add when there
 // was none. Losing to another process starts again, at most MaxAttempts
-// rounds, then ErrContention, having changed nothing: the Throttler's
-// failure mode answers it like an outage of the key's server. A call
-// that changes nothing (a denied Acquire, a Release of a lease not held,
-// with no lease expired since the last write) is one round trip (gets);
-// one that changes the leases is two.
+// rounds for an Acquire and releaseAttemptsFactor times as many for a
+// Release (below), then ErrContention, having changed nothing: the
+// Throttler's failure mode answers it like an outage of the key's server.
+// A call that changes nothing (a denied Acquire, a Release of a lease not
+// held, with no lease expired since the last write) is one round trip
+// (gets); one that changes the leases is two.
 //
 // The item expires with its latest lease (plus the margin, rounded up to
 // seconds, and not at all beyond 30 days: the rule of every item), for
@@ -41,6 +42,16 @@ import (
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
 
+// releaseAttemptsFactor is how many times MaxAttempts a Release may make
+// rounds. A Release that runs out leaves its lease held for its whole TTL,
+// taking a slot from every caller of the key, where an Acquire that runs
+// out costs its one request; so a Release keeps trying longer, with the
+// same jittered backoff, within the caller's context (a Throttler bounds it
+// by its Timeout). With 8 processes on one key, about 1 call in 200 lost
+// all of 8 rounds; 32 make that vanishingly rare (docs/performance.md,
+// "Leases on Memcached").
+const releaseAttemptsFactor = 4
+
 // leases is the item holding the pair's leases.
 func (k itemKeys) leases() string { return k.prefix + "l:" + k.id }
 
@@ -53,7 +64,7 @@ func (b *Backend) leaseKeys(key string, p throttler.ConcurrencyPolicy) itemKeys 
 // are held, or refreshes it if it is held already.
 func (b *Backend) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
 	var d throttler.Decision
-	err := b.leaseCall(ctx, key, p, id, now, func(set *backend.LeaseSet, t int64) bool {
+	err := b.leaseCall(ctx, key, p, id, b.opts.MaxAttempts, now, func(set *backend.LeaseSet, t int64) bool {
 		var changed bool
 		d, changed = set.Acquire(p, id, t)
 		return changed
@@ -70,7 +81,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 func (b *Backend) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
 	var held bool
 	var d throttler.Decision
-	err := b.leaseCall(ctx, key, p, id, now, func(set *backend.LeaseSet, t int64) bool {
+	err := b.leaseCall(ctx, key, p, id, b.releaseAttempts(), now, func(set *backend.LeaseSet, t int64) bool {
 		var changed bool
 		held, d, changed = set.Release(p, id, t)
 		return changed
@@ -81,16 +92,19 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	return held, d, nil
 }
 
+// releaseAttempts bounds a Release's rounds (see releaseAttemptsFactor).
+func (b *Backend) releaseAttempts() int { return releaseAttemptsFactor * b.opts.MaxAttempts }
+
 // leaseCall validates a lease operation and runs op, which applies it to
 // the decoded leases at t (Unix ms) and reports whether they changed, as
-// one read-modify-write of the pair's item.
-func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time, op func(set *backend.LeaseSet, t int64) bool) error {
+// one read-modify-write of the pair's item, in at most attempts rounds.
+func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, attempts int, now time.Time, op func(set *backend.LeaseSet, t int64) bool) error {
 	if err := throttler.ValidateLease(key, p, id); err != nil {
 		return err
 	}
 	k := b.leaseKeys(key, p)
 	t := now.UnixMilli()
-	err := b.update(ctx, k.leases(), k.id, "leases", now, func(it *memcache.Item) ([]byte, int64, bool, error) {
+	err := b.update(ctx, k.leases(), k.id, "leases", attempts, now, func(it *memcache.Item) ([]byte, int64, bool, error) {
 		var set backend.LeaseSet
 		if it != nil {
 			entries, err := decodeLeases(it.Value)

@@ -71,67 +71,83 @@ func TestLeaseRoundTrips(t *testing.T) {
 	})
 }
 
-// TestLeaseContention: a cas that keeps losing is retried up to
-// MaxAttempts rounds, then the call fails with ErrContention, which is
-// neither a server's nor the key's failure, and has changed nothing;
-// losing fewer times than that still succeeds, once.
+// TestLeaseContention: a cas that keeps losing is retried, up to
+// MaxAttempts rounds for an Acquire and four times as many for a Release
+// (a Release that gives up holds a slot for the lease's TTL), then the
+// call fails with ErrContention, which is neither a server's nor the
+// key's failure, and has changed nothing; losing fewer times than that
+// still succeeds, once.
 func TestLeaseContention(t *testing.T) {
 	ctx := context.Background()
 	p := leasePolicy
-	for _, release := range []bool{false, true} {
-		for _, tt := range []struct {
-			losses  int
-			wantErr bool
-		}{{0, false}, {1, false}, {3, false}, {4, true}, {100, true}} {
-			maxAttempts := 4
-			if !tt.wantErr {
-				maxAttempts = tt.losses + 1
+	for _, tt := range []struct {
+		release     bool
+		maxAttempts int // 0: the default, 8
+		losses      int
+		wantRounds  int
+		wantErr     bool
+	}{
+		{false, 4, 0, 1, false},
+		{false, 4, 3, 4, false},
+		{false, 4, 4, 4, true},
+		{false, 4, 100, 4, true},
+		{false, 0, 7, 8, false},
+		{false, 0, 8, 8, true},
+		{true, 4, 0, 1, false},
+		{true, 4, 3, 4, false},
+		{true, 4, 4, 5, false}, // where an Acquire gives up
+		{true, 4, 15, 16, false},
+		{true, 4, 16, 16, true},
+		{true, 4, 100, 16, true},
+		{true, 0, 8, 9, false},
+		{true, 0, 31, 32, false},
+		{true, 0, 32, 32, true},
+	} {
+		t.Run(fmt.Sprintf("release %v/MaxAttempts %d/lose %d", tt.release, tt.maxAttempts, tt.losses), func(t *testing.T) {
+			f := newFakeClient()
+			b := mustNew(t, f, &Options{MaxAttempts: tt.maxAttempts})
+			if _, err := b.Acquire(ctx, "k", p, 1, t0); err != nil { // later writes are cas
+				t.Fatal(err)
 			}
-			t.Run(fmt.Sprintf("release %v/lose %d", release, tt.losses), func(t *testing.T) {
-				f := newFakeClient()
-				b := mustNew(t, f, &Options{MaxAttempts: maxAttempts})
-				if _, err := b.Acquire(ctx, "k", p, 1, t0); err != nil { // later writes are cas
-					t.Fatal(err)
+			before, _ := f.value(leaseItem("k"))
+			var lost int
+			f.setBefore(func(op, key string) error {
+				if op == "cas" && lost < tt.losses {
+					lost++
+					return memcache.ErrCASConflict
 				}
-				before, _ := f.value(leaseItem("k"))
-				var lost int
-				f.setBefore(func(op, key string) error {
-					if op == "cas" && lost < tt.losses {
-						lost++
-						return memcache.ErrCASConflict
-					}
-					return nil
-				})
-				f.callCounts()
-				var ok bool
-				var err error
-				if release {
-					ok, _, err = b.Release(ctx, "k", p, 1, t0)
-				} else {
-					var d throttler.Decision
-					d, err = b.Acquire(ctx, "k", p, 2, t0)
-					ok = d.Allowed
-				}
-				calls := f.callCounts()
-				f.setBefore(nil)
-				rounds := tt.losses + 1
-				if tt.wantErr {
-					rounds = maxAttempts
-					if !errors.Is(err, ErrContention) || !strings.HasPrefix(err.Error(), "memcached: ") ||
-						errors.Is(err, throttler.ErrUnavailable) || errors.Is(err, backend.ErrKeyState) {
-						t.Fatalf("err %v, want only ErrContention", err)
-					}
-					if after, _ := f.value(leaseItem("k")); after != before {
-						t.Errorf("the item changed to %x", after)
-					}
-				} else if err != nil || !ok {
-					t.Fatalf("got %v, %v; want success", ok, err)
-				}
-				if calls["get"] != rounds || calls["cas"] != rounds {
-					t.Errorf("calls %v, want %d gets and cas", calls, rounds)
-				}
+				return nil
 			})
-		}
+			f.callCounts()
+			var ok bool
+			var err error
+			if tt.release {
+				ok, _, err = b.Release(ctx, "k", p, 1, t0)
+			} else {
+				var d throttler.Decision
+				d, err = b.Acquire(ctx, "k", p, 2, t0)
+				ok = d.Allowed
+			}
+			calls := f.callCounts()
+			f.setBefore(nil)
+			if tt.wantErr {
+				if !errors.Is(err, ErrContention) || !strings.HasPrefix(err.Error(), "memcached: ") ||
+					errors.Is(err, throttler.ErrUnavailable) || errors.Is(err, backend.ErrKeyState) {
+					t.Fatalf("err %v, want only ErrContention", err)
+				}
+				if !strings.Contains(err.Error(), fmt.Sprintf("each of %d attempts", tt.wantRounds)) {
+					t.Errorf("err %v does not name its %d attempts", err, tt.wantRounds)
+				}
+				if after, _ := f.value(leaseItem("k")); after != before {
+					t.Errorf("the item changed to %x", after)
+				}
+			} else if err != nil || !ok {
+				t.Fatalf("got %v, %v; want success", ok, err)
+			}
+			if calls["get"] != tt.wantRounds || calls["cas"] != tt.wantRounds {
+				t.Errorf("calls %v, want %d gets and cas", calls, tt.wantRounds)
+			}
+		})
 	}
 	// A lost add (another process created the item first) is a lost round:
 	// the next one counts the other's lease.
@@ -152,6 +168,78 @@ func TestLeaseContention(t *testing.T) {
 	}
 	if v, _ := f.value(ik); v != string(other) {
 		t.Errorf("stored %x", v)
+	}
+}
+
+// TestLeaseReleaseContext: a Release's larger budget of rounds stays
+// within the caller's context: cancelled after its third lost round, it
+// stops there with the context's error (not ErrContention), the lease
+// still held.
+func TestLeaseReleaseContext(t *testing.T) {
+	f := newFakeClient()
+	b := mustNew(t, f, nil)
+	if _, err := b.Acquire(context.Background(), "k", leasePolicy, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := f.value(leaseItem("k"))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var lost int
+	f.setBefore(func(op, key string) error {
+		if op != "cas" {
+			return nil
+		}
+		if lost++; lost == 3 {
+			cancel()
+		}
+		return memcache.ErrCASConflict
+	})
+	f.callCounts()
+	held, _, err := b.Release(ctx, "k", leasePolicy, 1, t0)
+	calls := f.callCounts()
+	f.setBefore(nil)
+	if held || !errors.Is(err, context.Canceled) || errors.Is(err, ErrContention) {
+		t.Errorf("got %v, %v; want the context's error", held, err)
+	}
+	if calls["cas"] != 3 {
+		t.Errorf("calls %v, want 3 rounds", calls)
+	}
+	if after, _ := f.value(leaseItem("k")); after != before {
+		t.Errorf("the item changed to %x", after)
+	}
+}
+
+// TestBackoffLimit pins the bound of the wait before each attempt: the
+// round just lost (at least contentionBackoff), doubled per attempt, at
+// most maxContentionBackoff, and never negative however many attempts a
+// Release or a large MaxAttempts makes (shifting by the attempt overflowed
+// from the forties on, and rand.N panicked).
+func TestBackoffLimit(t *testing.T) {
+	for _, tt := range []struct {
+		attempt int
+		round   time.Duration
+		want    time.Duration
+	}{
+		{1, 0, contentionBackoff},
+		{2, 0, 2 * contentionBackoff},
+		{4, 0, 8 * contentionBackoff},
+		{1, 3 * time.Millisecond, 3 * time.Millisecond},
+		{2, 3 * time.Millisecond, 6 * time.Millisecond},
+		{3, 3 * time.Millisecond, maxContentionBackoff},
+		{1, time.Hour, maxContentionBackoff},
+		{31, 0, maxContentionBackoff},
+		{48, 0, maxContentionBackoff},
+		{64, 2 * time.Second, maxContentionBackoff},
+		{1 << 20, time.Hour, maxContentionBackoff},
+	} {
+		if got := backoffLimit(tt.attempt, tt.round); got != tt.want {
+			t.Errorf("backoffLimit(%d, %v) = %v, want %v", tt.attempt, tt.round, got, tt.want)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := backoff(ctx, 64, 2*time.Second); !errors.Is(err, context.Canceled) {
+		t.Errorf("backoff at attempt 64: %v", err)
 	}
 }
 

@@ -196,8 +196,9 @@ type Options struct {
 	// MaxAttempts bounds the rounds a Take makes when it loses a race to
 	// open a window (then it fails with ErrContention) or is denied while
 	// its cost would have fit (then it stays denied), and the rounds of a
-	// compare-and-swap (the other algorithms, Acquire, Release). Negative
-	// is an error. default: 8
+	// compare-and-swap (the other algorithms, Acquire; a lease Release,
+	// whose failure holds a slot for the lease's TTL, makes up to four
+	// times as many). Negative is an error. default: 8
 	MaxAttempts int
 	// CacheFor is how long, in the callers' time (the now they pass), a
 	// process trusts the reset-at it last read for a pair, so that a Take
