@@ -18,24 +18,6 @@ import (
 
 var one = throttler.Concurrent(1, time.Minute).Named("exports")
 
-// holds returns how many leases b holds on key under p at now: an Acquire
-// of a new lease, taken back.
-func holds(t *testing.T, b throttler.LeaseBackend, key string, p throttler.ConcurrencyPolicy, now time.Time) int64 {
-	t.Helper()
-	const probe = throttler.LeaseID(1<<63 + 77)
-	d, err := b.Acquire(context.Background(), key, p, probe, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !d.Allowed {
-		return d.Used
-	}
-	if _, _, err := b.Release(context.Background(), key, p, probe, now); err != nil {
-		t.Fatal(err)
-	}
-	return d.Used - 1
-}
-
 func TestLeaseConformance(t *testing.T) {
 	for _, pct := range []int{0, 50, 100} {
 		t.Run(fmt.Sprint(pct), func(t *testing.T) {
@@ -106,7 +88,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 			if mirror {
 				wantNew = 1
 			}
-			if o, n := holds(t, old, "k", one, t0), holds(t, new, "k", one, t0); o != 1 || n != wantNew {
+			if o, n := backendtest.Holds(t, old, "k", one, t0), backendtest.Holds(t, new, "k", one, t0); o != 1 || n != wantNew {
 				t.Fatalf("old holds %d, new %d; want 1, %d", o, n, wantNew)
 			}
 			_ = r.Set(100)
@@ -115,7 +97,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 				t.Fatalf("Release = %v, %v; want held", held, err)
 			}
 			flushed(t, m)
-			if o, n := holds(t, old, "k", one, t0.Add(time.Second)), holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
+			if o, n := backendtest.Holds(t, old, "k", one, t0.Add(time.Second)), backendtest.Holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
 				t.Fatalf("old holds %d, new %d after the Release; want none", o, n)
 			}
 			st := m.Stats()
@@ -162,7 +144,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || d.Allowed {
 		t.Fatalf("Acquire of the moving key = %+v, %v; want denied: old holds the limit", d, err)
 	}
-	if n := holds(t, new, key, one, t0); n != 0 {
+	if n := backendtest.Holds(t, new, key, one, t0); n != 0 {
 		t.Fatalf("new holds %d leases; want the one it granted alone released", n)
 	}
 	if st := m.Stats().Moving; st.Calls != 1 || st.Compensated != 1 {
@@ -176,7 +158,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("Acquire = %+v, %v; want granted on both", d, err)
 	}
-	if o, n := holds(t, old, key, one, t0.Add(time.Second)), holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
+	if o, n := backendtest.Holds(t, old, key, one, t0.Add(time.Second)), backendtest.Holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
 		t.Fatalf("old holds %d, new %d; want the lease on both", o, n)
 	}
 	// Moving until TTL + Settle after the change. The lease granted on both
@@ -193,7 +175,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !held {
 		t.Fatalf("Release = %v, %v", held, err)
 	}
-	if o, n := holds(t, old, key, one, t0.Add(2*time.Second)), holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
+	if o, n := backendtest.Holds(t, old, key, one, t0.Add(2*time.Second)), backendtest.Holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
 		t.Fatalf("old holds %d, new %d; want the lease released on both", o, n)
 	}
 }
