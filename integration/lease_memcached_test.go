@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -141,22 +140,9 @@ func TestLeaseMemcachedCrashedClient(t *testing.T) {
 // failure (throttler.ErrUnavailable naming it), which a Throttler's breaker
 // for that server alone counts.
 func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
-	healthy, paused := memcachedStart(t), memcachedStart(t)
-	sel := new(memcache.ServerList)
-	require.NoError(t, sel.SetServers(healthy.addr, paused.addr))
-	c := memcache.NewFromSelector(sel)
-	c.Timeout = memcachedClientTimeout
-	c.MaxIdleConns = 64
-	t.Cleanup(func() { _ = c.Close() })
-	b := memcachedNew(t, c, &memcached.Options{Selector: sel})
-
+	b, _, healthy, paused := memcachedTwoServers(t)
 	p := throttler.ConcurrencyPolicy{Name: "two", Limit: 8, TTL: time.Hour}
-	resolved := func(addr string) string {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		require.NoError(t, err)
-		return "memcached " + a.String()
-	}
-	healthyStore, pausedStore := resolved(healthy.addr), resolved(paused.addr)
+	healthyStore, pausedStore := "memcached "+resolvedAddr(t, healthy.addr), "memcached "+resolvedAddr(t, paused.addr)
 	run := fmt.Sprint(time.Now().UnixNano())
 	var onHealthy, onPaused []string
 	for i := 0; len(onHealthy) < 4 || len(onPaused) < 4; i++ {
