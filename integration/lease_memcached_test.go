@@ -13,83 +13,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// TestLeaseMemcachedExactness: 4 clients (own connections, as 4 processes
-// would have) x 32 goroutines acquire and release leases on one key. The
-// test counts the leases it holds, adding one after an admitted Acquire
-// returns and taking it away before the Release is sent, so its count never
-// exceeds what Memcached holds, and checks at every acquire that it is at
-// most Limit. A call that runs out of rounds (ErrContention) is counted:
-// a denied Acquire for the caller, and a Release the caller sends again,
-// as the lease would otherwise hold its slot for the TTL.
+// TestLeaseMemcachedExactness: leaseExactness on 4 clients of one server,
+// with ErrContention (a call out of rounds) retried.
 func TestLeaseMemcachedExactness(t *testing.T) {
-	const clients, goroutines, perGoroutine, work = 4, 32, 10, 200 * time.Millisecond
 	s := memcachedStart(t)
-	backends := memcachedBackends(t, clients, s.addr)
-	p := throttler.ConcurrencyPolicy{Name: "exact", Limit: 20, TTL: time.Hour}
-	ctx := context.Background()
-	t0 := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
-	var held, peak, admitted, denied, contended, calls atomic.Int64
-	var wg sync.WaitGroup
-	for c := range clients {
-		for g := range goroutines {
-			wg.Go(func() {
-				b := backends[c]
-				for i := range perGoroutine {
-					now := t0.Add(time.Duration(g*perGoroutine+i) * time.Millisecond)
-					id := throttler.NewLeaseID()
-					calls.Add(1)
-					d, err := b.Acquire(ctx, "hot", p, id, now)
-					if errors.Is(err, memcached.ErrContention) {
-						contended.Add(1)
-						continue
-					}
-					if err != nil {
-						t.Errorf("Acquire: %v", err)
-						return
-					}
-					if !d.Allowed {
-						denied.Add(1)
-						continue
-					}
-					admitted.Add(1)
-					n := held.Add(1)
-					for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
-					}
-					if n > p.Limit || d.Used > p.Limit {
-						t.Errorf("%d leases held by the test, Memcached says %d: more than Limit %d", n, d.Used, p.Limit)
-					}
-					// The request's work, long beside a call's queueing,
-					// so that the test's count comes close to the store's.
-					time.Sleep(work)
-					held.Add(-1)
-					for {
-						calls.Add(1)
-						ok, _, err := b.Release(ctx, "hot", p, id, now)
-						if errors.Is(err, memcached.ErrContention) {
-							contended.Add(1)
-							continue
-						}
-						if err != nil || !ok {
-							t.Errorf("Release: %v, %v; want held", ok, err)
-						}
-						break
-					}
-				}
-			})
-		}
+	var backends []throttler.LeaseBackend
+	for _, b := range memcachedBackends(t, 4, s.addr) {
+		backends = append(backends, b)
 	}
-	wg.Wait()
-	t.Logf("%d calls: %d acquires admitted, %d denied, %d ErrContention (%.3f%% of calls), at most %d leases held at once",
-		calls.Load(), admitted.Load(), denied.Load(), contended.Load(), 100*float64(contended.Load())/float64(calls.Load()), peak.Load())
-	assert.Positive(t, denied.Load(), "the limit was reached")
-	assert.Greater(t, peak.Load(), p.Limit/2, "the test's count came near Limit, so the check at every acquire had teeth")
-	_, d, err := memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil).Release(ctx, "hot", p, throttler.NewLeaseID(), t0.Add(time.Minute))
-	require.NoError(t, err)
-	assert.Zero(t, d.Used, "every lease was released")
+	leaseExactness(t, backends, "hot", 200*time.Millisecond, isContention)
 }
 
 // TestLeaseMemcachedCrashedClient: a client that acquires every slot and
