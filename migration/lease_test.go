@@ -5,14 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
-	"github.com/throttlekit/throttlekit/flags"
-	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -187,56 +184,9 @@ func TestMovingKeysLeases(t *testing.T) {
 // moving keys) the same run grants more, which proves the check can fail.
 // Run with -race.
 func TestLeasesExactUnderARamp(t *testing.T) {
-	for _, hide := range []bool{false, true} {
-		t.Run(fmt.Sprint("hidden=", hide), func(t *testing.T) {
-			ctx := context.Background()
-			p := throttler.Concurrent(5, time.Hour)
-			r := percent(t, 0)
-			r.SetMirror(true)
-			var rollout flags.Rollout = r
-			if hide {
-				rollout = opaque{r}
-			}
-			small := &shadow.Options{Workers: 1, QueueSize: 1}
-			m := newMigration(t, mem(t), mem(t), rollout, &Options{Forward: small, Reverse: small})
-			const keys, goroutines = 50, 8
-			var granted [keys]atomic.Int64
-			var calls sync.WaitGroup
-			for g := range goroutines {
-				calls.Go(func() {
-					for i := range 400 {
-						if g < 2 && i%20 == 10 {
-							_ = r.Set(100 * (i / 20 % 2))
-						}
-						k := (g*7 + i) % keys
-						d, err := m.Acquire(ctx, fmt.Sprint("client-", k), p, throttler.LeaseID(g*1000+i+1), t0)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if d.Allowed {
-							granted[k].Add(1)
-						}
-					}
-				})
-			}
-			calls.Wait()
-			over := 0
-			for k := range granted {
-				if n := granted[k].Load(); n > p.Limit {
-					over++
-					if !hide {
-						t.Errorf("client-%d granted %d leases, limit %d", k, n, p.Limit)
-					}
-				}
-			}
-			st := m.Stats().Moving
-			switch {
-			case hide && over == 0:
-				t.Error("with the percentage hidden no key got more than its limit: the check cannot fail")
-			case !hide && (st.Calls == 0 || st.Changes == 0):
-				t.Errorf("the race exercised no moving key: %+v", st)
-			}
-		})
-	}
+	p := throttler.Concurrent(5, time.Hour)
+	flipRace(t, p.Limit, "more leases than its limit", func(m *Migration, key string, n int) (bool, error) {
+		d, err := m.Acquire(context.Background(), key, p, throttler.LeaseID(n), t0)
+		return d.Allowed, err
+	})
 }
