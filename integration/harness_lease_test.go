@@ -95,3 +95,40 @@ func leaseExactness(t *testing.T, backends []throttler.LeaseBackend, key string,
 // isContention reports Memcached's ErrContention, which leaseExactness's
 // callers retry.
 func isContention(err error) bool { return errors.Is(err, memcached.ErrContention) }
+
+// leaseCrashedClient: crashed acquires all p.Limit (5) slots of key, at
+// start plus 0 to 4 ms, and crash ends its client without releasing them;
+// then other's Acquires find them held until their TTL, to the millisecond
+// by the callers' clock, and not a moment longer.
+func leaseCrashedClient(t *testing.T, crashed, other throttler.LeaseBackend, crash func() error, key string, p throttler.ConcurrencyPolicy, start time.Time) {
+	t.Helper()
+	require.EqualValues(t, 5, p.Limit, "the table below is for 5 leases")
+	ctx := context.Background()
+	for i := range p.Limit {
+		d, err := crashed.Acquire(ctx, key, p, throttler.NewLeaseID(), start.Add(time.Duration(i)*time.Millisecond))
+		require.NoError(t, err)
+		require.True(t, d.Allowed, "lease %d", i)
+	}
+	require.NoError(t, crash()) // gone, its leases never released
+
+	firstEnd := start.Add(p.TTL)
+	for _, tt := range []struct {
+		at          time.Time
+		wantAllowed bool
+		wantUsed    int64
+		wantRetry   time.Duration
+	}{
+		{start.Add(p.TTL / 2), false, 5, p.TTL / 2},
+		{firstEnd.Add(-time.Millisecond), false, 5, time.Millisecond},
+		{firstEnd, true, 5, 0},                           // the first expired: a new lease takes its slot
+		{firstEnd.Add(time.Millisecond), true, 5, 0},     // and the second's
+		{firstEnd.Add(4 * time.Millisecond), true, 3, 0}, // all five expired: the two new ones and this one
+	} {
+		d, err := other.Acquire(ctx, key, p, throttler.NewLeaseID(), tt.at)
+		require.NoError(t, err)
+		at := tt.at.Sub(start)
+		assert.Equal(t, tt.wantAllowed, d.Allowed, "at +%v", at)
+		assert.Equal(t, tt.wantUsed, d.Used, "at +%v", at)
+		assert.Equal(t, tt.wantRetry, d.RetryAfter, "at +%v", at)
+	}
+}

@@ -33,40 +33,10 @@ func TestLeaseMemcachedExactness(t *testing.T) {
 func TestLeaseMemcachedCrashedClient(t *testing.T) {
 	s := memcachedStart(t)
 	p := throttler.ConcurrencyPolicy{Name: "crash", Limit: 5, TTL: 30 * time.Second}
-	ctx := context.Background()
-	start := time.Now().Truncate(time.Millisecond)
-
 	crashed := memcache.New(s.addr)
 	crashed.Timeout = time.Second
-	b := memcachedNew(t, crashed, nil)
-	for i := range p.Limit {
-		d, err := b.Acquire(ctx, "k", p, throttler.NewLeaseID(), start.Add(time.Duration(i)*time.Millisecond))
-		require.NoError(t, err)
-		require.True(t, d.Allowed, "lease %d", i)
-	}
-	require.NoError(t, crashed.Close()) // gone, its leases never released
-
-	other := memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil)
-	firstEnd := start.Add(p.TTL)
-	for _, tt := range []struct {
-		at          time.Time
-		wantAllowed bool
-		wantUsed    int64
-		wantRetry   time.Duration
-	}{
-		{start.Add(p.TTL / 2), false, 5, p.TTL / 2},
-		{firstEnd.Add(-time.Millisecond), false, 5, time.Millisecond},
-		{firstEnd, true, 5, 0},                           // the first expired: a new lease takes its slot
-		{firstEnd.Add(time.Millisecond), true, 5, 0},     // and the second's
-		{firstEnd.Add(4 * time.Millisecond), true, 3, 0}, // all five expired: the two new ones and this one
-	} {
-		d, err := other.Acquire(ctx, "k", p, throttler.NewLeaseID(), tt.at)
-		require.NoError(t, err)
-		at := tt.at.Sub(start)
-		assert.Equal(t, tt.wantAllowed, d.Allowed, "at +%v", at)
-		assert.Equal(t, tt.wantUsed, d.Used, "at +%v", at)
-		assert.Equal(t, tt.wantRetry, d.RetryAfter, "at +%v", at)
-	}
+	leaseCrashedClient(t, memcachedNew(t, crashed, nil), memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil),
+		crashed.Close, "k", p, time.Now().Truncate(time.Millisecond))
 }
 
 // TestLeaseMemcachedOneOfTwoServersPaused: with one of two servers paused,
