@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -145,14 +143,7 @@ func BenchmarkRedisLeaseServerTime(b *testing.B) {
 		}
 	}
 	reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
-	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "1000000"}} {
-		if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := c.SlowLogReset(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
+	slowLogAll(b, ctx, c)
 	n := 0
 	for b.Loop() {
 		now := start.Add(time.Duration(n) * time.Millisecond)
@@ -169,41 +160,18 @@ func BenchmarkRedisLeaseServerTime(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	logs, err := c.SlowLogGet(ctx, -1).Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	// The floor by its key; the lease scripts by their argument count
 	// (acquire.lua has 5, release.lua 2).
-	us := map[string][]float64{}
-	for _, e := range logs {
-		if len(e.Args) < 4 || !strings.EqualFold(e.Args[0], "evalsha") && !strings.EqualFold(e.Args[0], "eval") {
-			continue
-		}
-		name := "floor"
+	reportScriptServerTime(b, ctx, c, []string{"floor", "acquire", "release"}, func(args []string) string {
 		switch {
-		case e.Args[3] == "floor":
-		case len(e.Args) == 4+5:
-			name = "acquire"
-		case len(e.Args) == 4+2:
-			name = "release"
-		default:
-			continue
+		case args[3] == "floor":
+			return "floor"
+		case len(args) == 4+5:
+			return "acquire"
+		case len(args) == 4+2:
+			return "release"
 		}
-		us[name] = append(us[name], float64(e.Duration.Nanoseconds())/1e3)
-	}
-	for _, name := range []string{"floor", "acquire", "release"} {
-		v := us[name]
-		if len(v) == 0 {
-			b.Fatalf("%s: no calls in the slow log", name)
-		}
-		slices.Sort(v)
-		v = v[:max(1, len(v)*9/10)]
-		sum := 0.0
-		for _, x := range v {
-			sum += x
-		}
-		b.ReportMetric(sum/float64(len(v)), name+"-server-us")
-	}
+		return ""
+	})
 	b.ReportMetric(0, "ns/op")
 }

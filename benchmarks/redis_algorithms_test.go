@@ -3,7 +3,6 @@ package benchmarks
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -430,14 +429,7 @@ func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
 		}
 	}
 	reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
-	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "1000000"}} {
-		if err := c.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := c.SlowLogReset(ctx).Err(); err != nil {
-		b.Fatal(err)
-	}
+	slowLogAll(b, ctx, c)
 	n := 0
 	for b.Loop() {
 		now := start.Add(time.Duration(n) * time.Millisecond)
@@ -458,41 +450,20 @@ func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	logs, err := c.SlowLogGet(ctx, -1).Result()
-	if err != nil {
-		b.Fatal(err)
-	}
 	// Each script's calls, by the key they name (the storage keys end in
 	// the policy's name and key).
 	names := []string{"floor", "zset", "redis_rate"}
 	for _, p := range policies {
 		names = append(names, p.name)
 	}
-	us := map[string][]float64{}
-	for _, e := range logs {
-		if len(e.Args) < 4 || !strings.EqualFold(e.Args[0], "evalsha") && !strings.EqualFold(e.Args[0], "eval") {
-			continue
-		}
+	reportScriptServerTime(b, ctx, c, names, func(args []string) string {
 		for _, name := range names {
-			if strings.HasSuffix(e.Args[3], name) {
-				us[name] = append(us[name], float64(e.Duration.Nanoseconds())/1e3)
-				break
+			if strings.HasSuffix(args[3], name) {
+				return name
 			}
 		}
-	}
-	for _, name := range names {
-		v := us[name]
-		if len(v) == 0 {
-			b.Fatalf("%s: no calls in the slow log", name)
-		}
-		slices.Sort(v)
-		v = v[:max(1, len(v)*9/10)]
-		sum := 0.0
-		for _, x := range v {
-			sum += x
-		}
-		b.ReportMetric(sum/float64(len(v)), name+"-server-us")
-	}
+		return ""
+	})
 }
 
 // burst calls f from the given number of goroutines for d and returns how

@@ -74,23 +74,6 @@ func TestRouterHoldsLeasesOnlyWhenBothBackendsDo(t *testing.T) {
 	}
 }
 
-// held reports whether b holds a lease of key under p: an Acquire of a new
-// ID is denied (p's limit is 1), and taken back.
-func held(t *testing.T, b throttler.LeaseBackend, key string, p throttler.ConcurrencyPolicy, now time.Time) bool {
-	t.Helper()
-	const probe = throttler.LeaseID(1<<63 + 12345)
-	d, err := b.Acquire(context.Background(), key, p, probe, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Allowed {
-		if _, _, err := b.Release(context.Background(), key, p, probe, now); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return !d.Allowed
-}
-
 // A Release reaches the backend that granted the lease, whichever way the
 // rollout has moved the key since; a retried Acquire renews it there.
 func TestRouterReleasesWhereTheLeaseWasGranted(t *testing.T) {
@@ -116,14 +99,14 @@ func TestRouterReleasesWhereTheLeaseWasGranted(t *testing.T) {
 			if err != nil || !d.Allowed || !d.ResetAt.Equal(t0.Add(time.Second+time.Minute)) {
 				t.Fatalf("retried Acquire = %+v, %v; want it renewed", d, err)
 			}
-			if held(t, other, "k", exports, t0.Add(time.Second)) {
+			if backendtest.Holds(t, other, "k", exports, t0.Add(time.Second)) > 0 {
 				t.Fatal("the retried Acquire went to the backend the key moved to")
 			}
 			ok, d, err := r.Release(ctx, "k", exports, 7, t0.Add(2*time.Second))
 			if err != nil || !ok {
 				t.Fatalf("Release = %v, %+v, %v; want held", ok, d, err)
 			}
-			if held(t, granter, "k", exports, t0.Add(2*time.Second)) {
+			if backendtest.Holds(t, granter, "k", exports, t0.Add(2*time.Second)) > 0 {
 				t.Fatal("the granting backend still holds the lease")
 			}
 			s := r.Stats()
@@ -322,14 +305,14 @@ func TestRouterAcquireOnAndReleaseKnown(t *testing.T) {
 	if d, err := r.AcquireOn(ctx, true, "k", exports, 4, t0); err != nil || !d.Allowed {
 		t.Fatalf("AcquireOn = %+v, %v", d, err)
 	}
-	if !held(t, new, "k", exports, t0) || held(t, old, "k", exports, t0) {
+	if backendtest.Holds(t, new, "k", exports, t0) == 0 || backendtest.Holds(t, old, "k", exports, t0) > 0 {
 		t.Fatal("AcquireOn(useNew) did not acquire on new alone")
 	}
 	// A retry renews where the lease is held, whichever side is asked.
 	if d, err := r.AcquireOn(ctx, false, "k", exports, 4, t0.Add(time.Second)); err != nil || !d.Allowed || !d.ResetAt.Equal(t0.Add(time.Second+time.Minute)) {
 		t.Fatalf("retried AcquireOn = %+v, %v", d, err)
 	}
-	if held(t, old, "k", exports, t0) {
+	if backendtest.Holds(t, old, "k", exports, t0) > 0 {
 		t.Fatal("the retry went to old")
 	}
 	ok, _, known, err := r.ReleaseKnown(ctx, "k", exports, 4, t0.Add(2*time.Second))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,14 +35,7 @@ func memcachedItems(name, key string, resetAt time.Time) (head, counter string) 
 // now: the healthy server's keys are limited exactly throughout, and the
 // paused server's keys stop paying a timeout once its breaker opens.
 func TestBreakerMemcachedOneOfTwoServersPaused(t *testing.T) {
-	healthy, paused := memcachedStart(t), memcachedStart(t)
-	sel := new(memcache.ServerList)
-	require.NoError(t, sel.SetServers(healthy.addr, paused.addr))
-	c := memcache.NewFromSelector(sel)
-	c.Timeout = memcachedClientTimeout
-	c.MaxIdleConns = 64
-	t.Cleanup(func() { _ = c.Close() })
-	b := memcachedNew(t, c, &memcached.Options{Selector: sel})
+	b, sel, healthy, paused := memcachedTwoServers(t)
 
 	now := time.Now()
 	p := throttler.Policy{Name: "two", Limit: 20, Window: time.Hour}
@@ -53,12 +45,7 @@ func TestBreakerMemcachedOneOfTwoServersPaused(t *testing.T) {
 		require.NoError(t, err)
 		return addr.String()
 	}
-	resolved := func(addr string) string {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		require.NoError(t, err)
-		return a.String()
-	}
-	healthyAddr, pausedAddr := resolved(healthy.addr), resolved(paused.addr)
+	healthyAddr, pausedAddr := resolvedAddr(t, healthy.addr), resolvedAddr(t, paused.addr)
 	var onHealthy, onPaused []string
 	for i := 0; len(onHealthy) < 6 || len(onPaused) < 6; i++ {
 		key := fmt.Sprint(run, "-", i)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,83 +13,18 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// TestLeaseMemcachedExactness: 4 clients (own connections, as 4 processes
-// would have) x 32 goroutines acquire and release leases on one key. The
-// test counts the leases it holds, adding one after an admitted Acquire
-// returns and taking it away before the Release is sent, so its count never
-// exceeds what Memcached holds, and checks at every acquire that it is at
-// most Limit. A call that runs out of rounds (ErrContention) is counted:
-// a denied Acquire for the caller, and a Release the caller sends again,
-// as the lease would otherwise hold its slot for the TTL.
+// TestLeaseMemcachedExactness: leaseExactness on 4 clients of one server,
+// with ErrContention (a call out of rounds) retried.
 func TestLeaseMemcachedExactness(t *testing.T) {
-	const clients, goroutines, perGoroutine, work = 4, 32, 10, 200 * time.Millisecond
 	s := memcachedStart(t)
-	backends := memcachedBackends(t, clients, s.addr)
-	p := throttler.ConcurrencyPolicy{Name: "exact", Limit: 20, TTL: time.Hour}
-	ctx := context.Background()
-	t0 := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
-	var held, peak, admitted, denied, contended, calls atomic.Int64
-	var wg sync.WaitGroup
-	for c := range clients {
-		for g := range goroutines {
-			wg.Go(func() {
-				b := backends[c]
-				for i := range perGoroutine {
-					now := t0.Add(time.Duration(g*perGoroutine+i) * time.Millisecond)
-					id := throttler.NewLeaseID()
-					calls.Add(1)
-					d, err := b.Acquire(ctx, "hot", p, id, now)
-					if errors.Is(err, memcached.ErrContention) {
-						contended.Add(1)
-						continue
-					}
-					if err != nil {
-						t.Errorf("Acquire: %v", err)
-						return
-					}
-					if !d.Allowed {
-						denied.Add(1)
-						continue
-					}
-					admitted.Add(1)
-					n := held.Add(1)
-					for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
-					}
-					if n > p.Limit || d.Used > p.Limit {
-						t.Errorf("%d leases held by the test, Memcached says %d: more than Limit %d", n, d.Used, p.Limit)
-					}
-					// The request's work, long beside a call's queueing,
-					// so that the test's count comes close to the store's.
-					time.Sleep(work)
-					held.Add(-1)
-					for {
-						calls.Add(1)
-						ok, _, err := b.Release(ctx, "hot", p, id, now)
-						if errors.Is(err, memcached.ErrContention) {
-							contended.Add(1)
-							continue
-						}
-						if err != nil || !ok {
-							t.Errorf("Release: %v, %v; want held", ok, err)
-						}
-						break
-					}
-				}
-			})
-		}
+	var backends []throttler.LeaseBackend
+	for _, b := range memcachedBackends(t, 4, s.addr) {
+		backends = append(backends, b)
 	}
-	wg.Wait()
-	t.Logf("%d calls: %d acquires admitted, %d denied, %d ErrContention (%.3f%% of calls), at most %d leases held at once",
-		calls.Load(), admitted.Load(), denied.Load(), contended.Load(), 100*float64(contended.Load())/float64(calls.Load()), peak.Load())
-	assert.Positive(t, denied.Load(), "the limit was reached")
-	assert.Greater(t, peak.Load(), p.Limit/2, "the test's count came near Limit, so the check at every acquire had teeth")
-	_, d, err := memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil).Release(ctx, "hot", p, throttler.NewLeaseID(), t0.Add(time.Minute))
-	require.NoError(t, err)
-	assert.Zero(t, d.Used, "every lease was released")
+	leaseExactness(t, backends, "hot", 200*time.Millisecond, isContention)
 }
 
 // TestLeaseMemcachedCrashedClient: a client that acquires every slot and
@@ -99,40 +33,10 @@ func TestLeaseMemcachedExactness(t *testing.T) {
 func TestLeaseMemcachedCrashedClient(t *testing.T) {
 	s := memcachedStart(t)
 	p := throttler.ConcurrencyPolicy{Name: "crash", Limit: 5, TTL: 30 * time.Second}
-	ctx := context.Background()
-	start := time.Now().Truncate(time.Millisecond)
-
 	crashed := memcache.New(s.addr)
 	crashed.Timeout = time.Second
-	b := memcachedNew(t, crashed, nil)
-	for i := range p.Limit {
-		d, err := b.Acquire(ctx, "k", p, throttler.NewLeaseID(), start.Add(time.Duration(i)*time.Millisecond))
-		require.NoError(t, err)
-		require.True(t, d.Allowed, "lease %d", i)
-	}
-	require.NoError(t, crashed.Close()) // gone, its leases never released
-
-	other := memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil)
-	firstEnd := start.Add(p.TTL)
-	for _, tt := range []struct {
-		at          time.Time
-		wantAllowed bool
-		wantUsed    int64
-		wantRetry   time.Duration
-	}{
-		{start.Add(p.TTL / 2), false, 5, p.TTL / 2},
-		{firstEnd.Add(-time.Millisecond), false, 5, time.Millisecond},
-		{firstEnd, true, 5, 0},                           // the first expired: a new lease takes its slot
-		{firstEnd.Add(time.Millisecond), true, 5, 0},     // and the second's
-		{firstEnd.Add(4 * time.Millisecond), true, 3, 0}, // all five expired: the two new ones and this one
-	} {
-		d, err := other.Acquire(ctx, "k", p, throttler.NewLeaseID(), tt.at)
-		require.NoError(t, err)
-		at := tt.at.Sub(start)
-		assert.Equal(t, tt.wantAllowed, d.Allowed, "at +%v", at)
-		assert.Equal(t, tt.wantUsed, d.Used, "at +%v", at)
-		assert.Equal(t, tt.wantRetry, d.RetryAfter, "at +%v", at)
-	}
+	leaseCrashedClient(t, memcachedNew(t, crashed, nil), memcachedNew(t, memcachedClient(t, time.Second, s.addr), nil),
+		crashed.Close, "k", p, time.Now().Truncate(time.Millisecond))
 }
 
 // TestLeaseMemcachedOneOfTwoServersPaused: with one of two servers paused,
@@ -141,22 +45,9 @@ func TestLeaseMemcachedCrashedClient(t *testing.T) {
 // failure (throttler.ErrUnavailable naming it), which a Throttler's breaker
 // for that server alone counts.
 func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
-	healthy, paused := memcachedStart(t), memcachedStart(t)
-	sel := new(memcache.ServerList)
-	require.NoError(t, sel.SetServers(healthy.addr, paused.addr))
-	c := memcache.NewFromSelector(sel)
-	c.Timeout = memcachedClientTimeout
-	c.MaxIdleConns = 64
-	t.Cleanup(func() { _ = c.Close() })
-	b := memcachedNew(t, c, &memcached.Options{Selector: sel})
-
+	b, _, healthy, paused := memcachedTwoServers(t)
 	p := throttler.ConcurrencyPolicy{Name: "two", Limit: 8, TTL: time.Hour}
-	resolved := func(addr string) string {
-		a, err := net.ResolveTCPAddr("tcp", addr)
-		require.NoError(t, err)
-		return "memcached " + a.String()
-	}
-	healthyStore, pausedStore := resolved(healthy.addr), resolved(paused.addr)
+	healthyStore, pausedStore := "memcached "+resolvedAddr(t, healthy.addr), "memcached "+resolvedAddr(t, paused.addr)
 	run := fmt.Sprint(time.Now().UnixNano())
 	var onHealthy, onPaused []string
 	for i := 0; len(onHealthy) < 4 || len(onPaused) < 4; i++ {

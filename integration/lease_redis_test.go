@@ -50,65 +50,13 @@ func TestLeaseRedis(t *testing.T) {
 	}
 }
 
-// leaseRedisExactness: 4 clients x 32 goroutines acquire and release
-// leases on one key. The test counts the leases it holds, adding one after
-// an admitted Acquire returns and taking it away before the Release is
-// sent, so its count never exceeds what Redis holds, and checks at every
-// acquire that it is at most Limit.
+// leaseRedisExactness: leaseExactness on 4 clients of their own.
 func leaseRedisExactness(t *testing.T, newClient func(t *testing.T) redis.Client) {
-	const clients, goroutines, perGoroutine, work = 4, 32, 10, 20 * time.Millisecond
-	backends := make([]*redis.Backend, clients)
+	backends := make([]throttler.LeaseBackend, 4)
 	for i := range backends {
 		backends[i] = redisNew(t, newClient(t), nil)
 	}
-	p := throttler.ConcurrencyPolicy{Name: "exact", Limit: 20, TTL: time.Hour}
-	key := fmt.Sprint("exact-", time.Now().UnixNano())
-	ctx := context.Background()
-	t0 := backendtest.T0
-	var held, peak, admitted, denied atomic.Int64
-	var wg sync.WaitGroup
-	for c := range clients {
-		for g := range goroutines {
-			wg.Go(func() {
-				b := backends[c]
-				for i := range perGoroutine {
-					now := t0.Add(time.Duration(g*perGoroutine+i) * time.Millisecond)
-					id := throttler.NewLeaseID()
-					d, err := b.Acquire(ctx, key, p, id, now)
-					if err != nil {
-						t.Errorf("Acquire: %v", err)
-						return
-					}
-					if !d.Allowed {
-						denied.Add(1)
-						continue
-					}
-					admitted.Add(1)
-					n := held.Add(1)
-					for m := peak.Load(); n > m && !peak.CompareAndSwap(m, n); m = peak.Load() {
-					}
-					if n > p.Limit || d.Used > p.Limit {
-						t.Errorf("%d leases held by the test, Redis says %d: more than Limit %d", n, d.Used, p.Limit)
-					}
-					// The request's work, long beside a call's round
-					// trip, so that the test's count comes near the store's.
-					time.Sleep(work)
-					held.Add(-1)
-					ok, _, err := b.Release(ctx, key, p, id, now)
-					if err != nil || !ok {
-						t.Errorf("Release: %v, %v; want held", ok, err)
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
-	t.Logf("%d acquires admitted, %d denied, at most %d leases held at once", admitted.Load(), denied.Load(), peak.Load())
-	assert.Positive(t, denied.Load(), "the limit was reached")
-	assert.Greater(t, peak.Load(), p.Limit/2, "the test's count came near Limit, so the check at every acquire had teeth")
-	_, d, err := backends[0].Release(ctx, key, p, throttler.NewLeaseID(), t0.Add(time.Minute))
-	require.NoError(t, err)
-	assert.Zero(t, d.Used, "every lease was released")
+	leaseExactness(t, backends, fmt.Sprint("exact-", time.Now().UnixNano()), 20*time.Millisecond, nil)
 }
 
 // leaseRedisCrashedClient: a client that acquires every slot and dies
@@ -124,36 +72,9 @@ func leaseRedisCrashedClient(t *testing.T, newClient func(t *testing.T) redis.Cl
 	margin := 200 * time.Millisecond
 
 	crashed := newClient(t)
-	b := redisNew(t, crashed, &redis.Options{ExpiryMargin: margin})
-	for i := range p.Limit {
-		d, err := b.Acquire(ctx, key, p, throttler.NewLeaseID(), start.Add(time.Duration(i)*time.Millisecond))
-		require.NoError(t, err)
-		require.True(t, d.Allowed, "lease %d", i)
-	}
-	require.NoError(t, crashed.(interface{ Close() error }).Close()) // gone, its leases never released
-	gone := time.Now()
-
-	other := redisNew(t, newClient(t), &redis.Options{ExpiryMargin: margin})
-	firstEnd := start.Add(p.TTL)
-	for _, tt := range []struct {
-		at          time.Time
-		wantAllowed bool
-		wantUsed    int64
-		wantRetry   time.Duration
-	}{
-		{start.Add(p.TTL / 2), false, 5, p.TTL / 2},
-		{firstEnd.Add(-time.Millisecond), false, 5, time.Millisecond},
-		{firstEnd, true, 5, 0},                           // the first expired: a new lease takes its slot
-		{firstEnd.Add(time.Millisecond), true, 5, 0},     // and the second's
-		{firstEnd.Add(4 * time.Millisecond), true, 3, 0}, // all five expired: the two new ones and this one
-	} {
-		d, err := other.Acquire(ctx, key, p, throttler.NewLeaseID(), tt.at)
-		require.NoError(t, err)
-		at := tt.at.Sub(start)
-		assert.Equal(t, tt.wantAllowed, d.Allowed, "at +%v", at)
-		assert.Equal(t, tt.wantUsed, d.Used, "at +%v", at)
-		assert.Equal(t, tt.wantRetry, d.RetryAfter, "at +%v", at)
-	}
+	var gone time.Time
+	leaseCrashedClient(t, redisNew(t, crashed, &redis.Options{ExpiryMargin: margin}), redisNew(t, newClient(t), &redis.Options{ExpiryMargin: margin}),
+		func() error { err := crashed.(interface{ Close() error }).Close(); gone = time.Now(); return err }, key, p, start)
 	// Cleanup is Redis's, in real time: the key outlives its latest lease
 	// by the margin, then goes. (The leases above were taken at instants
 	// up to TTL ahead of the real clock, so allow for that too.)

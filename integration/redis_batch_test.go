@@ -66,17 +66,7 @@ func TestRedisBatch(t *testing.T) {
 		})
 	})
 	t.Run("ShardsWithReplicas", func(t *testing.T) {
-		var shards []redis.Shard
-		var primaries []*goredis.Client
-		for range 2 {
-			p, rs := redisReplicaSet(t, 2)
-			s := redis.Shard{Primary: redisClient(t, p.Addr)}
-			for _, r := range rs {
-				s.Replicas = append(s.Replicas, redisClient(t, r.Addr))
-			}
-			shards = append(shards, s)
-			primaries = append(primaries, s.Primary.(*goredis.Client))
-		}
+		shards, primaries := redisShardsWithReplicas(t)
 		newBackend := func(t *testing.T) *redis.Backend {
 			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:"})
 			require.NoError(t, err)

@@ -185,17 +185,7 @@ func TestRedisCluster(t *testing.T) {
 // TestRedisShardsWithReplicas runs GitHub's layout: two independent shards,
 // each a primary with two replicas that serve Peek.
 func TestRedisShardsWithReplicas(t *testing.T) {
-	var shards []redis.Shard
-	var primaries []*goredis.Client
-	for range 2 {
-		p, rs := redisReplicaSet(t, 2)
-		s := redis.Shard{Primary: redisClient(t, p.Addr)}
-		for _, r := range rs {
-			s.Replicas = append(s.Replicas, redisClient(t, r.Addr))
-		}
-		shards = append(shards, s)
-		primaries = append(primaries, s.Primary.(*goredis.Client))
-	}
+	shards, primaries := redisShardsWithReplicas(t)
 	newBackend := func(t *testing.T) *redis.Backend {
 		b, err := redis.NewSharded(shards, nil)
 		require.NoError(t, err)

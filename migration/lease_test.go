@@ -5,36 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
-	"github.com/throttlekit/throttlekit/flags"
-	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 var one = throttler.Concurrent(1, time.Minute).Named("exports")
-
-// holds returns how many leases b holds on key under p at now: an Acquire
-// of a new lease, taken back.
-func holds(t *testing.T, b throttler.LeaseBackend, key string, p throttler.ConcurrencyPolicy, now time.Time) int64 {
-	t.Helper()
-	const probe = throttler.LeaseID(1<<63 + 77)
-	d, err := b.Acquire(context.Background(), key, p, probe, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !d.Allowed {
-		return d.Used
-	}
-	if _, _, err := b.Release(context.Background(), key, p, probe, now); err != nil {
-		t.Fatal(err)
-	}
-	return d.Used - 1
-}
 
 func TestLeaseConformance(t *testing.T) {
 	for _, pct := range []int{0, 50, 100} {
@@ -106,7 +85,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 			if mirror {
 				wantNew = 1
 			}
-			if o, n := holds(t, old, "k", one, t0), holds(t, new, "k", one, t0); o != 1 || n != wantNew {
+			if o, n := backendtest.Holds(t, old, "k", one, t0), backendtest.Holds(t, new, "k", one, t0); o != 1 || n != wantNew {
 				t.Fatalf("old holds %d, new %d; want 1, %d", o, n, wantNew)
 			}
 			_ = r.Set(100)
@@ -115,7 +94,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 				t.Fatalf("Release = %v, %v; want held", held, err)
 			}
 			flushed(t, m)
-			if o, n := holds(t, old, "k", one, t0.Add(time.Second)), holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
+			if o, n := backendtest.Holds(t, old, "k", one, t0.Add(time.Second)), backendtest.Holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
 				t.Fatalf("old holds %d, new %d after the Release; want none", o, n)
 			}
 			st := m.Stats()
@@ -162,7 +141,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || d.Allowed {
 		t.Fatalf("Acquire of the moving key = %+v, %v; want denied: old holds the limit", d, err)
 	}
-	if n := holds(t, new, key, one, t0); n != 0 {
+	if n := backendtest.Holds(t, new, key, one, t0); n != 0 {
 		t.Fatalf("new holds %d leases; want the one it granted alone released", n)
 	}
 	if st := m.Stats().Moving; st.Calls != 1 || st.Compensated != 1 {
@@ -176,7 +155,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("Acquire = %+v, %v; want granted on both", d, err)
 	}
-	if o, n := holds(t, old, key, one, t0.Add(time.Second)), holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
+	if o, n := backendtest.Holds(t, old, key, one, t0.Add(time.Second)), backendtest.Holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
 		t.Fatalf("old holds %d, new %d; want the lease on both", o, n)
 	}
 	// Moving until TTL + Settle after the change. The lease granted on both
@@ -193,7 +172,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !held {
 		t.Fatalf("Release = %v, %v", held, err)
 	}
-	if o, n := holds(t, old, key, one, t0.Add(2*time.Second)), holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
+	if o, n := backendtest.Holds(t, old, key, one, t0.Add(2*time.Second)), backendtest.Holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
 		t.Fatalf("old holds %d, new %d; want the lease released on both", o, n)
 	}
 }
@@ -205,56 +184,9 @@ func TestMovingKeysLeases(t *testing.T) {
 // moving keys) the same run grants more, which proves the check can fail.
 // Run with -race.
 func TestLeasesExactUnderARamp(t *testing.T) {
-	for _, hide := range []bool{false, true} {
-		t.Run(fmt.Sprint("hidden=", hide), func(t *testing.T) {
-			ctx := context.Background()
-			p := throttler.Concurrent(5, time.Hour)
-			r := percent(t, 0)
-			r.SetMirror(true)
-			var rollout flags.Rollout = r
-			if hide {
-				rollout = opaque{r}
-			}
-			small := &shadow.Options{Workers: 1, QueueSize: 1}
-			m := newMigration(t, mem(t), mem(t), rollout, &Options{Forward: small, Reverse: small})
-			const keys, goroutines = 50, 8
-			var granted [keys]atomic.Int64
-			var calls sync.WaitGroup
-			for g := range goroutines {
-				calls.Go(func() {
-					for i := range 400 {
-						if g < 2 && i%20 == 10 {
-							_ = r.Set(100 * (i / 20 % 2))
-						}
-						k := (g*7 + i) % keys
-						d, err := m.Acquire(ctx, fmt.Sprint("client-", k), p, throttler.LeaseID(g*1000+i+1), t0)
-						if err != nil {
-							t.Error(err)
-							return
-						}
-						if d.Allowed {
-							granted[k].Add(1)
-						}
-					}
-				})
-			}
-			calls.Wait()
-			over := 0
-			for k := range granted {
-				if n := granted[k].Load(); n > p.Limit {
-					over++
-					if !hide {
-						t.Errorf("client-%d granted %d leases, limit %d", k, n, p.Limit)
-					}
-				}
-			}
-			st := m.Stats().Moving
-			switch {
-			case hide && over == 0:
-				t.Error("with the percentage hidden no key got more than its limit: the check cannot fail")
-			case !hide && (st.Calls == 0 || st.Changes == 0):
-				t.Errorf("the race exercised no moving key: %+v", st)
-			}
-		})
-	}
+	p := throttler.Concurrent(5, time.Hour)
+	flipRace(t, p.Limit, "more leases than its limit", func(m *Migration, key string, n int) (bool, error) {
+		d, err := m.Acquire(context.Background(), key, p, throttler.LeaseID(n), t0)
+		return d.Allowed, err
+	})
 }

@@ -544,10 +544,26 @@ func TestFileRolloutTracked(t *testing.T) {
 // the percentage hidden (no moving keys) the same run hands out fresh
 // windows, which proves the check can fail. Run with -race.
 func TestMovingRace(t *testing.T) {
+	p := throttler.Policy{Name: "api", Limit: 5, Window: time.Hour}
+	flipRace(t, p.Limit, "a fresh window", func(m *Migration, key string, _ int) (bool, error) {
+		d, err := m.Take(context.Background(), key, p, 1, t0)
+		return d.Allowed, err
+	})
+}
+
+// flipRace is the race of TestMovingRace and TestLeasesExactUnderARamp:
+// 8 goroutines make 400 calls each over 50 keys, all at t0, while two of
+// them flip the percentage between 0 and 100 with the mirror on and its
+// one-call queues dropping; call (given the migration, a key and a number
+// unique to the call) reports whether a call was admitted. Without hiding
+// the percentage, no key may be admitted more than limit, and moving keys
+// must have been exercised; with it hidden (so that no key is moving),
+// some key must get more, what (fresh) says, which proves the check can
+// fail.
+func flipRace(t *testing.T, limit int64, fresh string, call func(m *Migration, key string, n int) (bool, error)) {
+	t.Helper()
 	for _, hide := range []bool{false, true} {
 		t.Run(fmt.Sprint("hidden=", hide), func(t *testing.T) {
-			ctx := context.Background()
-			p := throttler.Policy{Name: "api", Limit: 5, Window: time.Hour}
 			r := percent(t, 0)
 			r.SetMirror(true)
 			var rollout flags.Rollout = r
@@ -566,12 +582,12 @@ func TestMovingRace(t *testing.T) {
 							_ = r.Set(100 * (i / 20 % 2))
 						}
 						k := (g*7 + i) % keys
-						d, err := m.Take(ctx, fmt.Sprint("client-", k), p, 1, t0)
+						ok, err := call(m, fmt.Sprint("client-", k), g*1000+i+1)
 						if err != nil {
 							t.Error(err)
 							return
 						}
-						if d.Allowed {
+						if ok {
 							admitted[k].Add(1)
 						}
 					}
@@ -580,17 +596,17 @@ func TestMovingRace(t *testing.T) {
 			calls.Wait()
 			over := 0
 			for k := range admitted {
-				if n := admitted[k].Load(); n > p.Limit {
+				if n := admitted[k].Load(); n > limit {
 					over++
 					if !hide {
-						t.Errorf("client-%d admitted %d, limit %d", k, n, p.Limit)
+						t.Errorf("client-%d admitted %d, limit %d", k, n, limit)
 					}
 				}
 			}
 			st := m.Stats().Moving
 			switch {
 			case hide && over == 0:
-				t.Error("with the percentage hidden no key got a fresh window: the check cannot fail")
+				t.Errorf("with the percentage hidden no key got %s: the check cannot fail", fresh)
 			case !hide && (st.Calls == 0 || st.Changes == 0):
 				t.Errorf("the race exercised no moving key: %+v", st)
 			}

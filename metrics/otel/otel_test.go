@@ -110,11 +110,7 @@ func TestObservedCallsCollect(t *testing.T) {
 func TestPulledStatsCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
 	s := traffic.Drive(t)
-	require.NoError(t, m.AddRouter("r", s.Router))
-	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
-	require.NoError(t, m.AddShadow("failing", s.Failing))
-	require.NoError(t, m.AddShadow("closed", s.Closed))
-	require.NoError(t, m.AddMigration("sessions", s.Migration))
+	s.AddTo(t, m)
 	got := collect(t, reader)
 
 	side := func(v int64, router, side string) metricdata.DataPoint[int64] {

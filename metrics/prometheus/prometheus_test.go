@@ -88,11 +88,7 @@ func histogramCounts(t *testing.T, reg prometheus.Gatherer, name, label string) 
 func TestPulledStatsScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	s := traffic.Drive(t)
-	require.NoError(t, m.AddRouter("r", s.Router))
-	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
-	require.NoError(t, m.AddShadow("failing", s.Failing))
-	require.NoError(t, m.AddShadow("closed", s.Closed))
-	require.NoError(t, m.AddMigration("sessions", s.Migration))
+	s.AddTo(t, m)
 
 	want := `
 # HELP throttlekit_router_calls_total Calls a router (or a migration) sent to each side: its share of traffic per store.

@@ -123,6 +123,25 @@ type Sources struct {
 	Migration *migration.Migration
 }
 
+// Adapter is what each metrics adapter has for pulled sources.
+type Adapter interface {
+	AddRouter(name string, r *flags.Router) error
+	AddShadow(name string, b *shadow.Backend) error
+	AddMigration(name string, mg *migration.Migration) error
+}
+
+// AddTo adds every source to m under the names the adapters' tests expect:
+// router "r", shadows "mismatch", "failing" and "closed", migration
+// "sessions".
+func (s Sources) AddTo(t testing.TB, m Adapter) {
+	t.Helper()
+	require.NoError(t, m.AddRouter("r", s.Router))
+	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
+	require.NoError(t, m.AddShadow("failing", s.Failing))
+	require.NoError(t, m.AddShadow("closed", s.Closed))
+	require.NoError(t, m.AddMigration("sessions", s.Migration))
+}
+
 // Drive builds the sources and makes these calls:
 //
 //	Router: 3 takes to old at 0%, then 2 to new at 100%.
