@@ -77,6 +77,34 @@ type Options struct {
 	// keep milliseconds, so a finer tolerance would flag their rounding.
 	// default: 1ms
 	ResetAtTolerance time.Duration
+	// ReorderSpan and ReorderUnits bound the differences counted as
+	// Reordered rather than as mismatches. A pair of a Take, Peek or
+	// Refund whose decisions differ is Reordered when ReorderSpan is set
+	// and
+	//   - both stores answered the same Limit, and
+	//   - either the call's now is within ReorderSpan of the earlier of
+	//     the two ResetAts (one store may have counted it, or calls before
+	//     it, in the window that the other had already ended and
+	//     replaced): then ResetAt and RetryAfter differ by at most
+	//     Window + ReorderSpan, and Used by anything;
+	//   - or Used and Remaining differ by at most ReorderUnits, and
+	//     ResetAt and RetryAfter by at most ReorderSpan (a fixed window's
+	//     was opened by another of the calls within the span), plus, for
+	//     the other algorithms, the time ReorderUnits units take to refill
+	//     or age out (Window·ReorderUnits/Limit, at most Window).
+	// Set ReorderSpan to the spread of the processes' clocks plus how long
+	// a mirrored call waits before the candidate answers it (its queue and
+	// the candidate's round trip: Timeout bounds the latter), and
+	// ReorderUnits to the most units of one key that all processes can
+	// have counted in one store and not yet in the other: the requests one
+	// key can have in flight at once across the processes, times their
+	// cost, plus what the key is admitted within the mirror's lag.
+	// docs/migration.md explains the choice. A difference outside these
+	// bounds (a different Limit, a window lost mid-way, counts further
+	// apart) stays a mismatch. default: 0, nothing is Reordered
+	ReorderSpan time.Duration
+	// ReorderUnits: see ReorderSpan. default: 0
+	ReorderUnits int64
 	// Ignore, if set, is asked about every pair whose decisions differ;
 	// returning true marks a known, accepted difference: the Result is
 	// published with Ignored set and not counted as a mismatch. It runs on
@@ -128,6 +156,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return neg("UsedTolerance", out.UsedTolerance, "0, exact")
 	case out.ResetAtTolerance < 0:
 		return neg("ResetAtTolerance", out.ResetAtTolerance, "1ms")
+	case out.ReorderSpan < 0:
+		return neg("ReorderSpan", out.ReorderSpan, "0, nothing reordered")
+	case out.ReorderUnits < 0:
+		return neg("ReorderUnits", out.ReorderUnits, "0")
 	case out.KeepMismatches < 0:
 		return neg("KeepMismatches", out.KeepMismatches, "100")
 	}
@@ -178,6 +210,7 @@ type Backend struct {
 	// The two as lease backends (see lease.go); nil when they hold none.
 	controlLeases, candidateLeases throttler.LeaseBackend
 	opts                           Options
+	reorder                        reorder
 	seed                           maphash.Seed
 	workers                        []*worker
 	wakeLen                        int
@@ -274,7 +307,8 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{
 		control: control, candidate: candidate, opts: o,
-		seed: maphash.MakeSeed(), workers: make([]*worker, o.Workers),
+		reorder: reorder{span: o.ReorderSpan, units: o.ReorderUnits},
+		seed:    maphash.MakeSeed(), workers: make([]*worker, o.Workers),
 		wakeLen: max(1, o.QueueSize/wakeAt),
 		ctx:     ctx, cancel: cancel,
 	}
@@ -487,7 +521,11 @@ func (b *Backend) process(w *worker, c *call) {
 			// The stores disagreed on the leases held before the call.
 			r.Kinds |= UsedDiffers
 		}
-		if r.Kinds != 0 && b.opts.Ignore != nil {
+		switch {
+		case r.Kinds == 0:
+		case c.op != throttler.OpAcquire && c.op != throttler.OpRelease && b.reorder.explains(&r):
+			r.Kinds |= Reordered
+		case b.opts.Ignore != nil:
 			r.Ignored = b.ignore(r)
 		}
 	}
