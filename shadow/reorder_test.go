@@ -29,32 +29,35 @@ func TestReorderRule(t *testing.T) {
 		now                time.Time
 		control, candidate throttler.Decision
 		want               bool
+		lag                time.Duration
 	}{
-		{"Used apart by the bound", o, fw, mid, d(true, 5, end, 0), d(true, 9, end, 0), true},
-		{"Used apart by more", o, fw, mid, d(true, 5, end, 0), d(true, 10, end, 0), false},
-		{"Allowed flips within the bound", o, fw, mid, d(true, 10, end, 0), d(false, 11, end, 500*time.Millisecond), true},
-		{"another Limit", o, fw, mid, d(true, 5, end, 0), func() throttler.Decision { x := d(true, 5, end, 0); x.Limit, x.Remaining = 11, 6; return x }(), false},
-		{"window opened by another call within the span", o, fw, mid, d(true, 5, end, 0), d(true, 6, end.Add(100*time.Millisecond), 0), true},
-		{"window opened further apart", o, fw, mid, d(true, 5, end, 0), d(true, 5, end.Add(101*time.Millisecond), 0), false},
+		{"further apart, within the span and the call's lag", o, fw, mid, d(true, 5, end, 0), d(true, 5, end.Add(150*time.Millisecond), 0), true, 50 * time.Millisecond},
+		{"beyond the span and the call's lag", o, fw, mid, d(true, 5, end, 0), d(true, 5, end.Add(151*time.Millisecond), 0), false, 50 * time.Millisecond},
+		{"Used apart by the bound", o, fw, mid, d(true, 5, end, 0), d(true, 9, end, 0), true, 0},
+		{"Used apart by more", o, fw, mid, d(true, 5, end, 0), d(true, 10, end, 0), false, 0},
+		{"Allowed flips within the bound", o, fw, mid, d(true, 10, end, 0), d(false, 11, end, 500*time.Millisecond), true, 0},
+		{"another Limit", o, fw, mid, d(true, 5, end, 0), func() throttler.Decision { x := d(true, 5, end, 0); x.Limit, x.Remaining = 11, 6; return x }(), false, 0},
+		{"window opened by another call within the span", o, fw, mid, d(true, 5, end, 0), d(true, 6, end.Add(100*time.Millisecond), 0), true, 0},
+		{"window opened further apart", o, fw, mid, d(true, 5, end, 0), d(true, 5, end.Add(101*time.Millisecond), 0), false, 0},
 		{"counted in the next window at the end of one", o, fw, end.Add(-100 * time.Millisecond),
-			d(false, 10, end, 100*time.Millisecond), d(true, 1, end.Add(time.Second+100*time.Millisecond), 0), true},
+			d(false, 10, end, 100*time.Millisecond), d(true, 1, end.Add(time.Second+100*time.Millisecond), 0), true, 0},
 		{"the next window, beyond the span", o, fw, end.Add(-100 * time.Millisecond),
-			d(false, 10, end, 100*time.Millisecond), d(true, 1, end.Add(time.Second+101*time.Millisecond), 0), false},
-		{"a window lost mid-way", o, fw, mid, d(true, 9, end, 0), d(true, 1, mid.Add(time.Second), 0), false},
-		{"a window lost mid-way, early", o, fw, mid, d(true, 3, end, 0), d(true, 1, mid.Add(time.Second), 0), false},
+			d(false, 10, end, 100*time.Millisecond), d(true, 1, end.Add(time.Second+101*time.Millisecond), 0), false, 0},
+		{"a window lost mid-way", o, fw, mid, d(true, 9, end, 0), d(true, 1, mid.Add(time.Second), 0), false, 0},
+		{"a window lost mid-way, early", o, fw, mid, d(true, 3, end, 0), d(true, 1, mid.Add(time.Second), 0), false, 0},
 		// A bucket's times move by what 4 units take to refill: 400ms.
 		{"bucket RetryAfter within span + refill", o, tb, mid, d(false, 10, mid.Add(time.Second), 100*time.Millisecond),
-			d(false, 10, mid.Add(time.Second), 600*time.Millisecond), true},
+			d(false, 10, mid.Add(time.Second), 600*time.Millisecond), true, 0},
 		{"bucket RetryAfter beyond", o, tb, mid, d(false, 10, mid.Add(time.Second), 100*time.Millisecond),
-			d(false, 10, mid.Add(time.Second), 601*time.Millisecond), false},
+			d(false, 10, mid.Add(time.Second), 601*time.Millisecond), false, 0},
 		{"fixed window RetryAfter beyond the span", o, fw, mid, d(false, 10, end, 500*time.Millisecond),
-			d(false, 10, end, 601*time.Millisecond), false},
-		{"no span: nothing is reordered", reorder{units: 4}, fw, mid, d(true, 5, end, 0), d(true, 6, end, 0), false},
-		{"no units: only the boundary", reorder{span: 100 * time.Millisecond}, fw, mid, d(true, 5, end, 0), d(true, 6, end, 0), false},
+			d(false, 10, end, 601*time.Millisecond), false, 0},
+		{"no span: nothing is reordered", reorder{units: 4}, fw, mid, d(true, 5, end, 0), d(true, 6, end, 0), false, 0},
+		{"no units: only the boundary", reorder{span: 100 * time.Millisecond}, fw, mid, d(true, 5, end, 0), d(true, 6, end, 0), false, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := Result{Op: throttler.OpTake, Key: "k", Policy: tt.p, Cost: 1, Now: tt.now, Control: tt.control, Candidate: tt.candidate}
+			r := Result{Op: throttler.OpTake, Key: "k", Policy: tt.p, Cost: 1, Now: tt.now, Control: tt.control, Candidate: tt.candidate, Lag: tt.lag}
 			r.Kinds = compare(r.Control, r.Candidate, 0, time.Millisecond)
 			if r.Kinds&Differs == 0 {
 				t.Fatalf("the pair does not differ: %+v", r)

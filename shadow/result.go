@@ -110,6 +110,13 @@ type Result struct {
 	// leases held before the call, and the pair counts as UsedDiffers.
 	ControlHeld, CandidateHeld bool
 
+	// Lag, for a pair whose decisions differ, bounds how long the call
+	// took from the control's answer to the candidate's: at least the
+	// queue's wait and the candidate's round trip (measured from when
+	// the worker last found its queue, at most a nap of 0.5 ms or a
+	// wake-up before the call was queued). Zero when the pair matched
+	// or the candidate was not asked.
+	Lag time.Duration
 	// Kinds says how the pair differs; zero means it matched.
 	Kinds Kind
 	// Ignored reports that Options.Ignore accepted the difference: it is
@@ -162,14 +169,18 @@ func (o reorder) explains(r *Result) bool {
 	if o.span <= 0 || c.Limit != k.Limit {
 		return false
 	}
+	// Others' calls made up to span before or after this one at the
+	// control, and those it overtook or was overtaken by while it
+	// waited for the candidate.
+	span := o.span + r.Lag
 	used := max(abs(c.Used-k.Used), abs(c.Remaining-k.Remaining))
-	slack := o.span // how far ResetAt and RetryAfter may differ
+	slack := span // how far ResetAt and RetryAfter may differ
 	earlier := c.ResetAt
 	if k.ResetAt.Before(earlier) {
 		earlier = k.ResetAt
 	}
 	switch {
-	case !r.Now.Before(earlier.Add(-o.span)):
+	case !r.Now.Before(earlier.Add(-span)):
 		// At the end of the earlier window (or state): one store may
 		// have counted the call, or calls before it, in a window the
 		// other had already ended and replaced.

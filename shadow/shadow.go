@@ -445,6 +445,10 @@ func (b *Backend) run(w *worker) {
 	timer.Stop()
 	naps := 0
 	var batch []call // the batch just worked through
+	// looked is when the worker last found its queue (empty, or taken):
+	// every call it takes next was queued after it, so time since it
+	// bounds how long a call waited (see Result.Lag).
+	looked := time.Now()
 	for {
 		w.mu.Lock()
 		if batch != nil {
@@ -463,8 +467,11 @@ func (b *Backend) run(w *worker) {
 			w.mu.Unlock()
 			if sleep {
 				<-w.wake
+				// Woken by the first call queued since: about now.
+				looked = time.Now()
 				continue
 			}
+			looked = time.Now()
 			timer.Reset(nap)
 			select {
 			case <-w.wake:
@@ -480,8 +487,10 @@ func (b *Backend) run(w *worker) {
 		// The slots are not zeroed after use: the next caller overwrites
 		// every field, and a worker writing them would make each caller's
 		// write a cache miss. They keep at most QueueSize keys alive.
+		floor := looked
+		looked = time.Now()
 		for i := range next {
-			b.process(w, &next[i])
+			b.process(w, &next[i], floor)
 		}
 		w.counts.absorb(&w.tally) // in Stats before Flush hears of it
 		batch = next
@@ -499,8 +508,9 @@ func (b *Backend) finishBatch(w *worker, batch []call) {
 	w.spare = batch
 }
 
-// process calls the candidate for c and records the comparison.
-func (b *Backend) process(w *worker, c *call) {
+// process calls the candidate for c and records the comparison. c was
+// queued after queued (see run).
+func (b *Backend) process(w *worker, c *call, queued time.Time) {
 	r := c.result()
 	if b.discard.Load() {
 		b.discarded.Add(1)
@@ -520,6 +530,11 @@ func (b *Backend) process(w *worker, c *call) {
 		if r.ControlHeld != r.CandidateHeld {
 			// The stores disagreed on the leases held before the call.
 			r.Kinds |= UsedDiffers
+		}
+		if r.Kinds != 0 {
+			// Read only for differences: a clock read per call would
+			// be a visible share of an in-process candidate's cost.
+			r.Lag = time.Since(queued)
 		}
 		switch {
 		case r.Kinds == 0:
