@@ -14,7 +14,10 @@
 // Calls for one key reach the candidate in the order the control answered
 // them, as far as that order is known: each call is queued after its
 // control call returns, so two concurrent calls for one key may be queued
-// in either order (their totals agree; see Options.UsedTolerance). Candidate
+// in either order (their totals agree), and calls of other processes reach
+// the candidate in yet another order than the control: differences that
+// such reordering explains are their own kind, Reordered, not mismatches
+// (see Options.ReorderSpan). Candidate
 // calls run under the Backend's own context, not the caller's, which ends
 // with the request.
 package shadow
