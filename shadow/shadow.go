@@ -95,9 +95,11 @@ type Options struct {
 	//     was opened by another of the calls within the span), plus, for
 	//     the other algorithms, the time ReorderUnits units take to refill
 	//     or age out (Window·ReorderUnits/Limit, at most Window).
-	// Set ReorderSpan to the spread of the processes' clocks plus how long
-	// a mirrored call waits before the candidate answers it (its queue and
-	// the candidate's round trip: Timeout bounds the latter), and
+	// The shadow adds each call's own lag (Result.Lag) to the span. Set
+	// ReorderSpan to the spread of the processes' clocks plus how much
+	// longer another process's mirror may lag than this one's (a window
+	// one store opened while a mirror lagged stays offset while the key
+	// stays busy), and
 	// ReorderUnits to the most units of one key that all processes can
 	// have counted in one store and not yet in the other: the requests one
 	// key can have in flight at once across the processes, times their
