@@ -1,6 +1,7 @@
 package shadow
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -10,7 +11,7 @@ import (
 
 // Kind is a set of the ways one control/candidate pair can disagree. The
 // zero Kind means the pair matched.
-type Kind uint8
+type Kind uint16
 
 // The kinds of difference. A Result may carry several (Allowed and Used
 // usually differ together).
@@ -37,15 +38,30 @@ const (
 	// stores would send the client back at different times, which a token
 	// bucket's or a log's state can do while Allowed, Used and ResetAt agree.
 	RetryAfterDiffers
+	// Reordered: the decisions differ (the Result keeps the kinds of
+	// Differs that say how), but no more than two exact stores differ
+	// when they count the key's calls in different orders, within the
+	// bounds Options.ReorderSpan and Options.ReorderUnits (see
+	// Options.ReorderSpan for the rule). Calls of one key made by several
+	// processes reach the control in one order and the candidate in
+	// another, since each process mirrors its own calls after the
+	// control answers; so a call can be counted after more (or fewer) of
+	// the others' units, or, near the end of a window, in the next
+	// window by one store and in the last by the other. Such a pair is
+	// not a mismatch: it is counted apart (Stats.Count(Reordered)) and
+	// never passed to Options.Ignore. Only rate operations (Take, Peek,
+	// Refund) are ever Reordered.
+	Reordered
 
 	// Differs is every kind that means the two decisions disagree.
 	Differs = AllowedDiffers | UsedDiffers | ResetAtDiffers | RetryAfterDiffers
 )
 
-var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after"}
+// The names are exported as metric labels: never change one.
+var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after", "reordered"}
 
 // kinds lists every single-bit Kind, in bit order.
-var kinds = [...]Kind{AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped, RetryAfterDiffers}
+var kinds = [...]Kind{AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped, RetryAfterDiffers, Reordered}
 
 // Has reports whether k contains every kind in x.
 func (k Kind) Has(x Kind) bool { return k&x == x }
@@ -94,6 +110,13 @@ type Result struct {
 	// leases held before the call, and the pair counts as UsedDiffers.
 	ControlHeld, CandidateHeld bool
 
+	// Lag, for a pair whose decisions differ, bounds how long the call
+	// took from the control's answer to the candidate's: at least the
+	// queue's wait and the candidate's round trip (measured from when
+	// the worker last found its queue, at most a nap of 0.5 ms or a
+	// wake-up before the call was queued). Zero when the pair matched
+	// or the candidate was not asked.
+	Lag time.Duration
 	// Kinds says how the pair differs; zero means it matched.
 	Kinds Kind
 	// Ignored reports that Options.Ignore accepted the difference: it is
@@ -101,9 +124,9 @@ type Result struct {
 	Ignored bool
 }
 
-// Mismatch reports whether the decisions disagree and the difference was not
-// ignored.
-func (r Result) Mismatch() bool { return r.Kinds&Differs != 0 && !r.Ignored }
+// Mismatch reports whether the decisions disagree by a real difference: one
+// that was neither Reordered nor ignored.
+func (r Result) Mismatch() bool { return r.Kinds&Differs != 0 && r.Kinds&Reordered == 0 && !r.Ignored }
 
 // Compared reports whether both sides answered, so that their decisions
 // could be compared.
@@ -129,6 +152,52 @@ func compare(control, candidate throttler.Decision, usedTol int64, resetTol time
 		k |= RetryAfterDiffers
 	}
 	return k
+}
+
+// reorder holds the bounds of Options.ReorderSpan and ReorderUnits.
+type reorder struct {
+	span  time.Duration
+	units int64
+}
+
+// explains reports whether r's difference (r.Kinds within Differs, a rate
+// operation's) is one that exact stores give when they count the key's
+// calls in different orders, within the bounds; the rule is Options.
+// ReorderSpan's.
+func (o reorder) explains(r *Result) bool {
+	c, k := r.Control, r.Candidate
+	if o.span <= 0 || c.Limit != k.Limit {
+		return false
+	}
+	// Others' calls made up to span before or after this one at the
+	// control, and those it overtook or was overtaken by while it
+	// waited for the candidate.
+	span := o.span + r.Lag
+	used := max(abs(c.Used-k.Used), abs(c.Remaining-k.Remaining))
+	slack := span // how far ResetAt and RetryAfter may differ
+	earlier := c.ResetAt
+	if k.ResetAt.Before(earlier) {
+		earlier = k.ResetAt
+	}
+	switch {
+	case !r.Now.Before(earlier.Add(-span)):
+		// At the end of the earlier window (or state): one store may
+		// have counted the call, or calls before it, in a window the
+		// other had already ended and replaced.
+		slack += r.Policy.Window
+	case used > o.units:
+		return false
+	case r.Policy.Algorithm != throttler.FixedWindow && c.Limit > 0:
+		// A bucket's refill, a log's ages and a sliding window's wait
+		// depend on the units counted: the units of the bound move
+		// them by up to the time those units take to refill.
+		// (A tolerance, not an answer: a float cannot overflow here.)
+		slack += time.Duration(math.Ceil(float64(r.Policy.Window) * min(1, float64(o.units)/float64(c.Limit))))
+	}
+	// As in compare, a RetryAfter beside an Allowed difference says
+	// nothing: a decision that allows has no wait.
+	return abs(int64(c.ResetAt.Sub(k.ResetAt))) <= int64(slack) &&
+		(c.Allowed != k.Allowed || abs(int64(c.RetryAfter-k.RetryAfter)) <= int64(slack))
 }
 
 func abs(x int64) int64 {

@@ -14,7 +14,10 @@
 // Calls for one key reach the candidate in the order the control answered
 // them, as far as that order is known: each call is queued after its
 // control call returns, so two concurrent calls for one key may be queued
-// in either order (their totals agree; see Options.UsedTolerance). Candidate
+// in either order (their totals agree), and calls of other processes reach
+// the candidate in yet another order than the control: differences that
+// such reordering explains are their own kind, Reordered, not mismatches
+// (see Options.ReorderSpan). Candidate
 // calls run under the Backend's own context, not the caller's, which ends
 // with the request.
 package shadow
@@ -77,6 +80,36 @@ type Options struct {
 	// keep milliseconds, so a finer tolerance would flag their rounding.
 	// default: 1ms
 	ResetAtTolerance time.Duration
+	// ReorderSpan and ReorderUnits bound the differences counted as
+	// Reordered rather than as mismatches. A pair of a Take, Peek or
+	// Refund whose decisions differ is Reordered when ReorderSpan is set
+	// and
+	//   - both stores answered the same Limit, and
+	//   - either the call's now is within ReorderSpan of the earlier of
+	//     the two ResetAts (one store may have counted it, or calls before
+	//     it, in the window that the other had already ended and
+	//     replaced): then ResetAt and RetryAfter differ by at most
+	//     Window + ReorderSpan, and Used by anything;
+	//   - or Used and Remaining differ by at most ReorderUnits, and
+	//     ResetAt and RetryAfter by at most ReorderSpan (a fixed window's
+	//     was opened by another of the calls within the span), plus, for
+	//     the other algorithms, the time ReorderUnits units take to refill
+	//     or age out (Window·ReorderUnits/Limit, at most Window).
+	// The shadow adds each call's own lag (Result.Lag) to the span. Set
+	// ReorderSpan to the spread of the processes' clocks plus how much
+	// longer another process's mirror may lag than this one's (a window
+	// one store opened while a mirror lagged stays offset while the key
+	// stays busy), and
+	// ReorderUnits to the most units of one key that all processes can
+	// have counted in one store and not yet in the other: the requests one
+	// key can have in flight at once across the processes, times their
+	// cost, plus what the key is admitted within the mirror's lag.
+	// docs/migration.md explains the choice. A difference outside these
+	// bounds (a different Limit, a window lost mid-way, counts further
+	// apart) stays a mismatch. default: 0, nothing is Reordered
+	ReorderSpan time.Duration
+	// ReorderUnits: see ReorderSpan. default: 0
+	ReorderUnits int64
 	// Ignore, if set, is asked about every pair whose decisions differ;
 	// returning true marks a known, accepted difference: the Result is
 	// published with Ignored set and not counted as a mismatch. It runs on
@@ -128,6 +161,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return neg("UsedTolerance", out.UsedTolerance, "0, exact")
 	case out.ResetAtTolerance < 0:
 		return neg("ResetAtTolerance", out.ResetAtTolerance, "1ms")
+	case out.ReorderSpan < 0:
+		return neg("ReorderSpan", out.ReorderSpan, "0, nothing reordered")
+	case out.ReorderUnits < 0:
+		return neg("ReorderUnits", out.ReorderUnits, "0")
 	case out.KeepMismatches < 0:
 		return neg("KeepMismatches", out.KeepMismatches, "100")
 	}
@@ -178,6 +215,7 @@ type Backend struct {
 	// The two as lease backends (see lease.go); nil when they hold none.
 	controlLeases, candidateLeases throttler.LeaseBackend
 	opts                           Options
+	reorder                        reorder
 	seed                           maphash.Seed
 	workers                        []*worker
 	wakeLen                        int
@@ -274,7 +312,8 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{
 		control: control, candidate: candidate, opts: o,
-		seed: maphash.MakeSeed(), workers: make([]*worker, o.Workers),
+		reorder: reorder{span: o.ReorderSpan, units: o.ReorderUnits},
+		seed:    maphash.MakeSeed(), workers: make([]*worker, o.Workers),
 		wakeLen: max(1, o.QueueSize/wakeAt),
 		ctx:     ctx, cancel: cancel,
 	}
@@ -411,6 +450,10 @@ func (b *Backend) run(w *worker) {
 	timer.Stop()
 	naps := 0
 	var batch []call // the batch just worked through
+	// looked is when the worker last found its queue (empty, or taken):
+	// every call it takes next was queued after it, so time since it
+	// bounds how long a call waited (see Result.Lag).
+	looked := time.Now()
 	for {
 		w.mu.Lock()
 		if batch != nil {
@@ -429,8 +472,11 @@ func (b *Backend) run(w *worker) {
 			w.mu.Unlock()
 			if sleep {
 				<-w.wake
+				// Woken by the first call queued since: about now.
+				looked = time.Now()
 				continue
 			}
+			looked = time.Now()
 			timer.Reset(nap)
 			select {
 			case <-w.wake:
@@ -446,8 +492,10 @@ func (b *Backend) run(w *worker) {
 		// The slots are not zeroed after use: the next caller overwrites
 		// every field, and a worker writing them would make each caller's
 		// write a cache miss. They keep at most QueueSize keys alive.
+		floor := looked
+		looked = time.Now()
 		for i := range next {
-			b.process(w, &next[i])
+			b.process(w, &next[i], floor)
 		}
 		w.counts.absorb(&w.tally) // in Stats before Flush hears of it
 		batch = next
@@ -465,8 +513,9 @@ func (b *Backend) finishBatch(w *worker, batch []call) {
 	w.spare = batch
 }
 
-// process calls the candidate for c and records the comparison.
-func (b *Backend) process(w *worker, c *call) {
+// process calls the candidate for c and records the comparison. c was
+// queued after queued (see run).
+func (b *Backend) process(w *worker, c *call, queued time.Time) {
 	r := c.result()
 	if b.discard.Load() {
 		b.discarded.Add(1)
@@ -487,7 +536,16 @@ func (b *Backend) process(w *worker, c *call) {
 			// The stores disagreed on the leases held before the call.
 			r.Kinds |= UsedDiffers
 		}
-		if r.Kinds != 0 && b.opts.Ignore != nil {
+		if r.Kinds != 0 {
+			// Read only for differences: a clock read per call would
+			// be a visible share of an in-process candidate's cost.
+			r.Lag = time.Since(queued)
+		}
+		switch {
+		case r.Kinds == 0:
+		case c.op != throttler.OpAcquire && c.op != throttler.OpRelease && b.reorder.explains(&r):
+			r.Kinds |= Reordered
+		case b.opts.Ignore != nil:
 			r.Ignored = b.ignore(r)
 		}
 	}

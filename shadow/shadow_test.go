@@ -113,6 +113,8 @@ func TestNewErrors(t *testing.T) {
 		{"negative DrainTimeout", mem(t), mem(t), &Options{DrainTimeout: -time.Second}, "shadow: Options.DrainTimeout is -1s; want 0 (default 1s) or more"},
 		{"negative UsedTolerance", mem(t), mem(t), &Options{UsedTolerance: -1}, "shadow: Options.UsedTolerance is -1; want 0 (default 0, exact) or more"},
 		{"negative ResetAtTolerance", mem(t), mem(t), &Options{ResetAtTolerance: -time.Microsecond}, "shadow: Options.ResetAtTolerance is -1µs; want 0 (default 1ms) or more"},
+		{"negative ReorderSpan", mem(t), mem(t), &Options{ReorderSpan: -time.Millisecond}, "shadow: Options.ReorderSpan is -1ms; want 0 (default 0, nothing reordered) or more"},
+		{"negative ReorderUnits", mem(t), mem(t), &Options{ReorderUnits: -2}, "shadow: Options.ReorderUnits is -2; want 0 (default 0) or more"},
 		{"negative KeepMismatches", mem(t), mem(t), &Options{KeepMismatches: -100}, "shadow: Options.KeepMismatches is -100; want 0 (default 100) or more"},
 	}
 	for _, tt := range tests {
@@ -292,11 +294,12 @@ func TestKindString(t *testing.T) {
 		{AllowedDiffers | ResetAtDiffers, "allowed|reset_at"},
 		{CandidateError | Dropped, "candidate_error|dropped"},
 		{UsedDiffers | RetryAfterDiffers, "used|retry_after"},
-		{Kind(1 << 7), "kind(128)"},
+		{UsedDiffers | Reordered, "used|reordered"},
+		{Kind(1 << 8), "kind(256)"},
 	}
 	for _, tc := range cases {
 		if got := tc.k.String(); got != tc.want {
-			t.Errorf("%08b: got %q, want %q", uint8(tc.k), got, tc.want)
+			t.Errorf("%09b: got %q, want %q", uint16(tc.k), got, tc.want)
 		}
 	}
 }

@@ -12,13 +12,15 @@ type Stats struct {
 	Results uint64
 	// Compared counts the pairs where both sides answered without error.
 	Compared uint64
-	// Mismatched counts the compared pairs whose decisions differ and were
-	// not ignored.
+	// Mismatched counts the compared pairs whose decisions really differ:
+	// neither Reordered (counted in ByKind[Reordered]) nor ignored.
 	Mismatched uint64
 	// Ignored counts the differences that Options.Ignore accepted.
 	Ignored uint64
-	// ByKind counts the Results that carried each single kind (ignored
-	// differences are not counted here). Kinds never seen are absent.
+	// ByKind counts the Results that carried each single kind. The kinds
+	// of Differs count mismatches only: a Reordered pair counts under
+	// Reordered alone, and an ignored difference not at all. Kinds never
+	// seen are absent.
 	ByKind map[Kind]uint64
 	// LastMismatches holds the latest mismatches, oldest first, at most
 	// Options.KeepMismatches.
@@ -41,7 +43,8 @@ type Stats struct {
 }
 
 // MismatchRate is Mismatched / Compared: the share of answered pairs that
-// disagreed. Zero before anything was compared.
+// really disagreed (Reordered pairs are not mismatches). Zero before
+// anything was compared.
 func (s Stats) MismatchRate() float64 {
 	if s.Compared == 0 {
 		return 0
@@ -68,6 +71,9 @@ func (t *tally) add(r *Result) bool {
 	k := r.Kinds
 	if r.Ignored {
 		t.ignored++
+		k &^= Differs
+	}
+	if k&Reordered != 0 {
 		k &^= Differs
 	}
 	for i, x := range kinds {

@@ -5,9 +5,10 @@ import "sync"
 // headCache remembers, per pair, the reset-at this process last read from
 // (or wrote to) the head, and the caller's now when it did, so that a Take
 // inside an open window can go straight to the counter: one round trip
-// instead of two. An entry is trusted while the window is open and for
-// Options.CacheFor of the callers' time after the read, in either
-// direction (callers' nows are not ordered); then the head is read again.
+// instead of two. An entry is trusted for Options.CacheFor of the callers'
+// time after the read, in either direction (callers' nows are not
+// ordered), and only while more than CacheFor of the window is left (see
+// trusted); then the head is read again.
 //
 // Untrusted entries still serve as hints: the counter key to fetch along
 // with the head, at most once per fetchEvery of the callers' time (a
@@ -49,9 +50,14 @@ func (c *headCache) get(key string) (cachedHead, bool) {
 	return h, ok
 }
 
-// trusted reports whether h can stand for the head at nowMs.
+// trusted reports whether h can stand for the head at nowMs: only while
+// the window has more than ttl left. The head is replaced by a call whose
+// now has reached the reset-at, so a process whose clock is up to ttl ahead
+// of this caller's may already have opened the next window; the contract
+// counts this caller's call there (the stored window is open at its now),
+// and only a read of the head finds it.
 func (c *headCache) trusted(h cachedHead, nowMs int64) bool {
-	return h.resetAt > nowMs && nowMs-h.readAt < c.ttl && h.readAt-nowMs < c.ttl
+	return h.resetAt-nowMs > c.ttl && nowMs-h.readAt < c.ttl && h.readAt-nowMs < c.ttl
 }
 
 // needsFetch reports whether the counter should be fetched with the head.

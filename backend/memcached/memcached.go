@@ -46,8 +46,9 @@
 //
 // Step 1 costs a round trip on every call, yet a head changes once per
 // window. So each Backend remembers the reset-at it last read or wrote for a
-// pair and trusts it while the window is open and for Options.CacheFor (1s)
-// of the callers' time after reading it; then it reads the head again. The
+// pair and trusts it for Options.CacheFor (1s) of the callers' time after
+// reading it, while more than CacheFor of the window is left; then it reads
+// the head again. The
 // common case (an open window) is then one round trip, incr; without the
 // cache (Options.NoCache) it is two, gets and incr. Opening a window is three
 // (gets, add/cas, add); a denial adds a decr. Peek and Refund are one round
@@ -61,11 +62,23 @@
 // pair's counter warm (docs/backends.md has the measurement). It also makes
 // an uncached Peek one round trip.
 //
-// What the cache can get wrong, for at most CacheFor: if another process
-// replaced the head (its clock is ahead of this caller's, or the head was
-// evicted while the counter was not), this process keeps counting in the
-// window it knows, a window that is still exact in itself (its counter is
-// shared by everyone counting in it). A missing counter is never recreated
+// Only a call whose now has reached the reset-at replaces the head, so no
+// process whose clock is less than CacheFor ahead of this caller's can have
+// replaced a window with more than CacheFor left: the cache answers exactly
+// as the head would (the contract counts a call in the stored window while
+// it is open at the call's now, also when a clock ahead opened it). Trusting
+// the cache up to the reset-at instead made a process count calls in the
+// window another process's clock had already ended, which the other stores
+// count in the new one: a shadow comparing them found "ResetAt off by a
+// window" (issue 11, case 5). So the last CacheFor of every window, and
+// every window no longer than CacheFor, reads the head on each call.
+//
+// What the cache can still get wrong, for at most CacheFor: if another
+// process replaced the head early (its clock is more than CacheFor ahead of
+// this caller's, or the head was evicted while the counter was not), this
+// process keeps counting in the window it knows, a window that is still
+// exact in itself (its counter is shared by everyone counting in it). A
+// missing counter is never recreated
 // from the cache: the head is read first. Re-reading at least every CacheFor
 // also keeps an active pair's head warm in Memcached's LRU, as reading it on
 // every call would.
@@ -202,7 +215,10 @@ type Options struct {
 	MaxAttempts int
 	// CacheFor is how long, in the callers' time (the now they pass), a
 	// process trusts the reset-at it last read for a pair, so that a Take
-	// in an open window makes one round trip (incr) instead of two. It also
+	// in an open window makes one round trip (incr) instead of two, and
+	// the most that processes' clocks may be apart for the cache to answer
+	// as the head would: the cache is not used in the last CacheFor of a
+	// window (so not at all for windows of CacheFor or less). It also
 	// bounds how long this process may keep counting in a window after the
 	// head changed under it (see the package comment). Negative is an
 	// error. default: 1s
