@@ -504,7 +504,10 @@ func TestReleaseOfAFailureModeLease(t *testing.T) {
 // Never more than Limit leases held at once, whatever the concurrency.
 func TestLeasesExactUnderConcurrency(t *testing.T) {
 	f := newFakeLeases()
-	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }})
+	// A Timeout no scheduling delay reaches: a call that timed out would be
+	// answered by the failure mode, which this test is not about (a loaded
+	// CI machine under -race took over 100 ms).
+	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute, FailureMode: throttler.FailClosed})
 	p := throttler.Concurrent(3, time.Minute)
 	var inFlight, most atomic.Int64
 	var wg sync.WaitGroup
