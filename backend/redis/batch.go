@@ -18,14 +18,15 @@ import (
 // request: one script (or a fixed window's HMGET) on one key. A lane is one
 // client of one shard (its primary, or one replica). A request on a lane
 // with no batch and fewer than maxInFlight round trips under way (one
-// while batches are deep) is sent
-// at once, in the caller's goroutine, with the caller's context: a call
-// alone on an idle client costs what it did before batching. Otherwise it
-// queues, and the lane's next round trip carries every queued request, up
-// to Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a
-// Ring's client splits it by node. The Takes of
-// one fixed window in a batch (a hot key's) go as one takes.lua call that
-// answers each in turn, with nothing of that window between them.
+// while batches are deep) is sent at once, in the caller's goroutine,
+// with the caller's context: a call alone on an idle client costs what it
+// did before batching. Otherwise it queues, and the lane's next round trip
+// (one batch at a time) carries every queued request, up to
+// Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
+// client splits it by node. The Takes of one fixed window in a batch (a
+// hot key's) go as one takes.lua call that answers each in turn, with
+// nothing of that window between them; on a client of one server, so do
+// the Takes of every window nothing else in the batch touches.
 //
 // One script call running every operation of a batch was measured against
 // the pipeline (BenchmarkBatchDesigns at commit 2f3c06f): the same server
