@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,14 +17,16 @@ import (
 // Batching (docs/backends-redis.md, "Batching"). Every operation is a
 // request: one script (or a fixed window's HMGET) on one key. A lane is one
 // client of one shard (its primary, or one replica). A request on a lane
-// with no batch and fewer than maxInFlight round trips under way is sent
-// at once, in the caller's goroutine, with the caller's context: a call
-// alone on an idle client costs what it did before batching. Otherwise it
-// queues, and the lane's next round trip carries every queued request, up
-// to Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a
-// Ring's client splits it by node. The Takes of
-// one fixed window in a batch (a hot key's) go as one takes.lua call that
-// answers each in turn, with nothing of that window between them.
+// with no batch and fewer than maxInFlight round trips under way (one
+// while batches are deep) is sent at once, in the caller's goroutine,
+// with the caller's context: a call alone on an idle client costs what it
+// did before batching. Otherwise it queues, and the lane's next round trip
+// (one batch at a time) carries every queued request, up to
+// Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
+// client splits it by node. The Takes of one fixed window in a batch (a
+// hot key's) go as one takes.lua call that answers each in turn, with
+// nothing of that window between them; on a client of one server, so do
+// the Takes of every window nothing else in the batch touches.
 //
 // One script call running every operation of a batch was measured against
 // the pipeline (BenchmarkBatchDesigns at commit 2f3c06f): the same server
@@ -60,15 +63,23 @@ var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
 	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
 
 // maxInFlight is how many round trips a lane has under way before the
-// requests that arrive queue: two, so that at low concurrency two callers
-// are answered in parallel as on a plain client. Once a batch is under
-// way, or the last one carried deepBatch requests or more (high
-// concurrency), a second round trip is not started alone: callers
-// answered by one batch come back while the next is under way and queue
-// for the one after, so batches stay deep instead of a returning caller
-// going alone on the free round trip (BenchmarkBatching compares one slot,
-// this rule and four).
-const maxInFlight = 2
+// requests that arrive queue: four, so that at low concurrency four
+// callers are answered in parallel, as on a plain client (whose pool
+// gives each its own connection). A call goes alone onto a free one only
+// while no batch is under way and the last batch was shallow (fewer than
+// deepBatch requests): at high concurrency the callers one batch answers
+// come back while the next is under way and queue for the one after, so
+// batches stay deep instead of a returning caller going alone.
+const maxInFlight = 4
+
+// maxBatches is how many batches a lane sends at once: two, so that
+// Redis reads one while the client reads the other's replies; more cut
+// the queue into shallower batches (BenchmarkBatching compares).
+const maxBatches = 1
+
+// maxYields is how many scheduler turns a flusher gives the callers its
+// last batch answered to queue again before it sends the next batch.
+const maxYields = 4
 
 // deepBatch is the size of a batch that says the lane is under high
 // concurrency.
@@ -91,8 +102,11 @@ type lane struct {
 	max   int
 	stats *counters
 
-	always bool // tests: every request goes through a batch (redisbatch.Always)
-	slots  int  // maxInFlight; benchmarks compare others
+	one     bool // one server: a batch's windows go as one takes.lua call
+	always  bool // tests: every request goes through a batch (redisbatch.Always)
+	slots   int  // maxInFlight; benchmarks compare others
+	batches int  // maxBatches; benchmarks compare others
+	yields  int  // scheduler turns a flusher gives answered callers to queue again
 
 	mu        sync.Mutex
 	inFlight  int
@@ -102,10 +116,11 @@ type lane struct {
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
-	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(), slots: maxInFlight}
+	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
+		slots: maxInFlight, batches: maxBatches, yields: maxYields}
 	switch x := c.(type) {
 	case *goredis.Client:
-		l.pipe = x.Pipeline
+		l.pipe, l.one = x.Pipeline, true
 	case *goredis.ClusterClient:
 		l.pipe = x.Pipeline
 	case *goredis.Ring:
@@ -133,8 +148,9 @@ const (
 	abandoned
 )
 
-// do runs req on the lane: at once when fewer than maxInFlight round trips
-// and no batch are under way, else in the next batch.
+// do runs req on the lane: at once when no batch and fewer than
+// maxInFlight round trips are under way (one while batches are deep),
+// else in the next batch.
 func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	if l.pipe == nil {
 		l.stats.roundTrip(1)
@@ -155,7 +171,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		p.deadline = d
 	}
 	l.queue = append(l.queue, p)
-	start := l.inFlight < l.slots // no round trip would take it
+	start := l.inFlight < l.slots && l.flushers < l.batches // no round trip would take it
 	if start {
 		l.inFlight++
 		l.flushers++
@@ -175,11 +191,11 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	}
 }
 
-// finish ends a round trip; when requests queued meanwhile, it starts the
-// goroutine that sends them.
+// finish ends a round trip; when requests queued meanwhile and fewer than
+// maxBatches goroutines send batches, it starts one more.
 func (l *lane) finish() {
 	l.mu.Lock()
-	if len(l.queue) == 0 {
+	if len(l.queue) == 0 || l.flushers >= l.batches {
 		l.inFlight--
 		l.mu.Unlock()
 		return
@@ -192,8 +208,17 @@ func (l *lane) finish() {
 // flush sends the queue, batch after batch, until it is empty.
 func (l *lane) flush() {
 	var batch []*pending
+	sent := 0 // requests the previous batch of this loop answered
 	for {
 		l.mu.Lock()
+		// The callers the previous batch answered are runnable, most about
+		// to queue again: let them, a few scheduler turns at most (never a
+		// timer), so that the next batch carries them.
+		for y := 0; y < l.yields && len(l.queue) < min(sent, l.max); y++ {
+			l.mu.Unlock()
+			runtime.Gosched()
+			l.mu.Lock()
+		}
 		n := min(len(l.queue), l.max)
 		if n == 0 {
 			l.inFlight--
@@ -208,6 +233,7 @@ func (l *lane) flush() {
 		l.queue = l.queue[:rest]
 		l.mu.Unlock()
 		l.send(batch)
+		sent = n
 	}
 }
 
@@ -252,7 +278,7 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
 		return
 	}
-	calls := coalesce(live)
+	calls := coalesce(live, l.one)
 	cmds := make([]goredis.Cmder, len(calls))
 	pipe := l.pipe()
 	for i, g := range calls {
@@ -282,10 +308,17 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 	}
 }
 
+// command is the requests one command answers: one request, or the Takes
+// of one or more fixed windows (takes.lua), window by window.
+type command [][]*pending
+
 // coalesce cuts a batch into its commands: the Takes of one fixed window
-// together (takes.lua), in their order, every other request alone.
-func coalesce(live []*pending) [][]*pending {
-	calls := make([][]*pending, 0, len(live))
+// together, in their order, every other request alone. With one, for a
+// client of one server, the windows whose key nothing else in the batch
+// touches go as one command, answered by one takes.lua call: their
+// Takes commute with every other command of the batch.
+func coalesce(live []*pending, one bool) []command {
+	groups := make([][]*pending, 0, len(live))
 	var at map[string]int
 	for _, p := range live {
 		switch {
@@ -294,32 +327,60 @@ func coalesce(live []*pending) [][]*pending {
 				at = make(map[string]int)
 			}
 			if i, ok := at[p.req.sk]; ok {
-				calls[i] = append(calls[i], p)
+				groups[i] = append(groups[i], p)
 				continue
 			}
-			at[p.req.sk] = len(calls)
+			at[p.req.sk] = len(groups)
 		case at != nil:
 			// A Peek or a Refund of the window comes between the Takes
 			// before it and those after: they are not put together.
 			delete(at, p.req.sk)
 		}
-		calls = append(calls, []*pending{p})
+		groups = append(groups, []*pending{p})
+	}
+	calls := make([]command, 0, len(groups))
+	if !one || at == nil {
+		for _, g := range groups {
+			calls = append(calls, command{g})
+		}
+		return calls
+	}
+	seen := make(map[string]int, len(groups))
+	for _, g := range groups {
+		seen[g[0].req.sk]++
+	}
+	takes := -1 // the command of the windows put together
+	for _, g := range groups {
+		if g[0].req.fn != fnTake || seen[g[0].req.sk] > 1 {
+			calls = append(calls, command{g})
+			continue
+		}
+		if takes < 0 {
+			takes = len(calls)
+			calls = append(calls, nil)
+		}
+		calls[takes] = append(calls[takes], g)
 	}
 	return calls
 }
 
 // queue adds one command to a pipeline: EVALSHA (or EVAL with the source),
-// HMGET for a fixed window's Peek, takes.lua for Takes of one window.
-func queue(ctx context.Context, pipe goredis.Pipeliner, g []*pending, source bool) goredis.Cmder {
-	req := g[0].req
+// HMGET for a fixed window's Peek, takes.lua for Takes of fixed windows.
+func queue(ctx context.Context, pipe goredis.Pipeliner, c command, source bool) goredis.Cmder {
+	req := c[0][0].req
 	if req.fn == fnPeek {
 		return pipe.HMGet(ctx, req.sk, "u", "r")
 	}
 	script, keys, args := scripts[req.fn], []string{req.sk}, req.args
-	if len(g) > 1 {
-		script, args = takesScript, make([]any, 0, 5*len(g))
-		for _, p := range g {
-			args = append(args, p.req.args...)
+	if len(c) > 1 || len(c[0]) > 1 {
+		script, keys = takesScript, make([]string, len(c))
+		args = make([]any, 0, len(c)+5*count(c))
+		for j, g := range c {
+			keys[j] = g[0].req.sk
+			args = append(args, len(g))
+			for _, p := range g {
+				args = append(args, p.req.args...)
+			}
 		}
 	}
 	if source {
@@ -328,24 +389,48 @@ func queue(ctx context.Context, pipe goredis.Pipeliner, g []*pending, source boo
 	return script.EvalSha(ctx, pipe, keys, args...)
 }
 
-// deliver hands a command's reply to its callers: takes.lua's is three
-// values per Take.
-func deliver(g []*pending, c goredis.Cmder) {
-	if len(g) == 1 {
-		g[0].reply, g[0].err = cmdReply(c)
+// count counts a command's requests.
+func count(c command) (n int) {
+	for _, g := range c {
+		n += len(g)
+	}
+	return n
+}
+
+// deliver hands a command's reply to its callers: takes.lua's is, for
+// each window, three values per Take or the window's own error.
+func deliver(c command, cmd goredis.Cmder) {
+	if len(c) == 1 && len(c[0]) == 1 {
+		c[0][0].reply, c[0][0].err = cmdReply(cmd)
 		return
 	}
-	reply, err := c.(*goredis.Cmd).Result()
-	vals, ok := reply.([]any)
-	if err == nil && (!ok || len(vals) != 3*len(g)) {
-		err = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), reply)
+	reply, err := cmd.(*goredis.Cmd).Result()
+	wins, ok := reply.([]any)
+	if err == nil && (!ok || len(wins) != len(c)) {
+		err = fmt.Errorf("%w: %d windows' Takes gave %v", ErrUnexpectedReply, len(c), reply)
 	}
-	for i, p := range g {
-		if err != nil {
-			p.err = err
-			continue
+	for j, g := range c {
+		werr, vals := err, []any(nil)
+		if werr == nil {
+			switch w := wins[j].(type) {
+			case []any:
+				vals = w
+				if len(vals) != 3*len(g) {
+					werr = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), w)
+				}
+			case goredis.Error:
+				werr = w
+			default:
+				werr = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), w)
+			}
 		}
-		p.reply = vals[3*i : 3*i+3 : 3*i+3]
+		for i, p := range g {
+			if werr != nil {
+				p.err = werr
+				continue
+			}
+			p.reply = vals[3*i : 3*i+3 : 3*i+3]
+		}
 	}
 }
 

@@ -15,40 +15,59 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// BenchmarkBatching compares batching on and off (MaxBatch 1) at 64
-// goroutines on one client. Each iteration is one round in which each runs
-// for 100 ms in turn, so both see the same machine; run it with
-// -benchtime Nx. It reports calls/s, the server's time per operation
-// (INFO commandstats) and the ratio. At commit 2f3c06f it also measured a
-// batch as one script call running every operation, against the pipeline
-// of EVALSHAs kept.
+// BenchmarkBatching compares batching on and off (MaxBatch 1, one round
+// trip per call as on a plain client) and other rules for the round trips
+// a lane runs at once, on a fixed window, at several goroutine counts on
+// one client. Each iteration is one round in which each design runs for
+// 100 ms in turn, so all see the same machine; run it with -benchtime Nx.
+// It reports calls/s, the server's time per operation (INFO
+// commandstats) and the ratios to the default. At commit 2f3c06f it also
+// measured a batch as one script call running every operation, against
+// the pipeline of EVALSHAs kept.
 func BenchmarkBatching(b *testing.B) {
 	rdb, port := startRedis(b)
 	_ = rdb
-	const goroutines = 64
-	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), PoolSize: goroutines, ContextTimeoutEnabled: true})
+	c := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), PoolSize: 256, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { _ = c.Close() })
 	now := t0
-	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket} {
+	for _, goroutines := range []int{2, 4, 8, 64} {
 		for _, keys := range []int{1, 10_000} {
-			b.Run(fmt.Sprintf("%v/keys=%d", alg, keys), func(b *testing.B) {
-				p := throttler.Policy{Name: "bench", Limit: 1 << 30, Window: time.Hour, Algorithm: alg}
+			if keys == 1 && goroutines < 64 {
+				continue
+			}
+			b.Run(fmt.Sprintf("goroutines=%d/keys=%d", goroutines, keys), func(b *testing.B) {
+				p := throttler.Policy{Name: "bench", Limit: 1 << 30, Window: time.Hour}
 				on := newBackend(b, c, &Options{Prefix: "on:"})
-				one := newBackend(b, c, &Options{Prefix: "one:"})
-				one.shards[0].primaryLane.slots = 1
-				four := newBackend(b, c, &Options{Prefix: "four:"})
-				four.shards[0].primaryLane.slots = 4
 				off := newBackend(b, c, &Options{Prefix: "off:", MaxBatch: 1})
+				// Before this commit: two round trips at once.
+				two := newBackend(b, c, &Options{Prefix: "two:"})
+				two.shards[0].primaryLane.slots = 2
+				// Two batches at once instead of one.
+				two2 := newBackend(b, c, &Options{Prefix: "batches2:"})
+				two2.shards[0].primaryLane.batches = 2
+				// A takes.lua call per window, not per batch.
+				apart := newBackend(b, c, &Options{Prefix: "apart:"})
+				apart.shards[0].primaryLane.one = false
+				// No yield to the callers a batch answered.
+				noyield := newBackend(b, c, &Options{Prefix: "noyield:"})
+				noyield.shards[0].primaryLane.yields = 0
+				// More turns for the callers to queue again.
+				y16 := newBackend(b, c, &Options{Prefix: "y16:"})
+				y16.shards[0].primaryLane.yields = 16
 				designs := []struct {
 					name string
 					b    *Backend
-				}{{"batched", on}, {"unbatched", off}, {"inflight1", one}, {"inflight4", four}}
+				}{{"batched", on}, {"unbatched", off}, {"inflight2", two}, {"batches2", two2}, {"apart", apart}, {"noyield", noyield}, {"yields16", y16}}
 				calls := make([]int64, len(designs))
 				usec := make([]int64, len(designs))
 				const burst = 100 * time.Millisecond
 				var elapsed time.Duration
-				for b.Loop() {
-					for i, d := range designs {
+				for round := 0; b.Loop(); round++ {
+					for k := range designs {
+						// Each round starts with the next design: going
+						// first costs, up to 2x at low concurrency here.
+						i := (round + k) % len(designs)
+						d := designs[i]
 						if err := c.ConfigResetStat(context.Background()).Err(); err != nil {
 							b.Fatal(err)
 						}
@@ -87,9 +106,9 @@ func BenchmarkBatching(b *testing.B) {
 				for i, d := range designs {
 					b.ReportMetric(float64(usec[i])/float64(calls[i]), d.name+"-server-µs/op")
 				}
-				b.ReportMetric(float64(calls[0])/float64(calls[1]), "batched/unbatched")
-				b.ReportMetric(float64(calls[2])/float64(calls[0]), "inflight1/batched")
-				b.ReportMetric(float64(calls[3])/float64(calls[0]), "inflight4/batched")
+				for i, d := range designs[1:] {
+					b.ReportMetric(float64(calls[0])/float64(calls[i+1]), "batched/"+d.name)
+				}
 			})
 		}
 	}
@@ -115,4 +134,69 @@ func serverUsec(b *testing.B, c *goredis.Client) int64 {
 		}
 	}
 	return total
+}
+
+// BenchmarkTakesScript measures the server's time per Take (INFO
+// commandstats) of a batch of 128 Takes of distinct existing windows:
+// sent as a pipeline of take.lua calls, as one takes.lua call, and, for
+// comparison, as a pipeline of the commands take.lua runs (HMGET,
+// HINCRBY), without a script. It is what bounds Takes of distinct keys
+// once batched.
+func BenchmarkTakesScript(b *testing.B) {
+	rdb, _ := startRedis(b)
+	ctx := context.Background()
+	const n = 128
+	keys := make([]string, n)
+	nowMS := t0.UnixMilli()
+	one := []any{nowMS, nowMS + 3_600_000, int64(1) << 40, 1, 3_600_001}
+	multi := make([]any, 0, 6*n)
+	for i := range keys {
+		keys[i] = "ts:" + strconv.Itoa(i)
+		multi = append(multi, 1)
+		multi = append(multi, one...)
+	}
+	if err := takeScript.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	if err := takesScript.Load(ctx, rdb).Err(); err != nil {
+		b.Fatal(err)
+	}
+	designs := []struct {
+		name string
+		f    func(pipe goredis.Pipeliner)
+	}{
+		{"take.lua", func(pipe goredis.Pipeliner) {
+			for _, k := range keys {
+				takeScript.EvalSha(ctx, pipe, []string{k}, one...)
+			}
+		}},
+		{"takes.lua", func(pipe goredis.Pipeliner) {
+			takesScript.EvalSha(ctx, pipe, keys, multi...)
+		}},
+		{"commands", func(pipe goredis.Pipeliner) {
+			for _, k := range keys {
+				pipe.HMGet(ctx, k, "u", "r")
+				pipe.HIncrBy(ctx, k, "u", 1)
+			}
+		}},
+	}
+	usec := make([]int64, len(designs))
+	for b.Loop() {
+		for i, d := range designs {
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			for range 20 {
+				pipe := rdb.Pipeline()
+				d.f(pipe)
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			usec[i] += serverUsec(b, rdb)
+		}
+	}
+	for i, d := range designs {
+		b.ReportMetric(float64(usec[i])/float64(20*n*b.N), d.name+"-server-µs/take")
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,6 +128,35 @@ func TestBatchErrorsGoToTheirCallers(t *testing.T) {
 	}
 	if s := b.Stats(); s.BatchSizes[1] != 1 || s.Batched != 3 {
 		t.Errorf("stats %+v: want one batch of 3", s)
+	}
+
+	// A window whose count is no integer fails its own Takes (HINCRBY's
+	// error, as take.lua alone gives it), in the takes.lua call that
+	// answers the batch's other windows.
+	frac, _ := b.storageKey(p, "frac")
+	if err := rdb.HSet(ctx, frac, "u", "1.5", "r", t0.Add(time.Hour).UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, aloneErr := newBackend(t, rdb, &Options{Prefix: "errs:", MaxBatch: 1}).Take(ctx, "frac", p, 1, t0)
+	release = hold(l)
+	wait = inOrder(t, l,
+		func() (throttler.Decision, error) { return b.Take(ctx, "frac", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Take(ctx, "c", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Take(ctx, "frac", p, 1, t0) },
+	)
+	release()
+	res = wait()
+	if res[1].err != nil || !res[1].d.Allowed || res[1].d.Used != 1 {
+		t.Errorf("the good key: %+v, %v", res[1].d, res[1].err)
+	}
+	for _, r := range []result{res[0], res[2]} {
+		if aloneErr == nil || r.err == nil || !strings.Contains(r.err.Error(), "not an integer") ||
+			errors.Is(r.err, backend.ErrKeyState) || errors.Is(r.err, throttler.ErrUnavailable) {
+			t.Errorf("the window counting 1.5: %v (alone: %v), want HINCRBY's error", r.err, aloneErr)
+		}
+	}
+	if u, err := rdb.HGet(ctx, frac, "u").Result(); err != nil || u != "1.5" {
+		t.Errorf("the window counting 1.5 now holds %q, %v", u, err)
 	}
 
 	// A server that is gone: every caller of the batch hears of it.
