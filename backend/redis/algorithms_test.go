@@ -650,3 +650,41 @@ func TestAlgorithmKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestLogNewestOfAnotherShape: log.lua reads the newest member's score from
+// its name, "<at>:<j>"; a member named otherwise is read by its score, so a
+// log holding one still answers from the scores.
+func TestLogNewestOfAnotherShape(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "shape", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog}
+	sk, _ := b.algorithmKey(p, "k")
+	t0 := backendtest.T0
+	if _, err := b.Take(ctx, "k", p, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	newest := t0.Add(500 * time.Millisecond)
+	if err := rdb.ZAdd(ctx, sk, goredis.Z{Score: float64(newest.UnixMilli()), Member: "another shape"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []throttler.Op{throttler.OpPeek, throttler.OpTake} {
+		now := t0.Add(600 * time.Millisecond)
+		var d throttler.Decision
+		if op == throttler.OpPeek {
+			d, err = b.Peek(ctx, "k", p, now)
+		} else {
+			d, err = b.Take(ctx, "k", p, 1, now)
+		}
+		want := throttler.Decision{Allowed: true, Limit: 3, Used: 2, Remaining: 1, ResetAt: newest.Add(time.Second)}
+		if op == throttler.OpTake {
+			want.Used, want.Remaining, want.ResetAt = 3, 0, now.Add(time.Second)
+		}
+		if err != nil || !d.ResetAt.Equal(want.ResetAt) || d.Allowed != want.Allowed || d.Used != want.Used || d.Remaining != want.Remaining || d.RetryAfter != want.RetryAfter {
+			t.Errorf("%v at +600ms: %+v, %v; want %+v", op, d, err, want)
+		}
+	}
+}
