@@ -326,7 +326,13 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		{"2^53 tokens", tb, "9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: 1 << 53, At: at.UnixMilli(), Window: 1000}},
 		{"another window", tb, "0:" + ms + ":999", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 999}},
 		{"above 2^53", tb, "9007199254740993:" + ms + ":1000", nil},
+		{"-2^53 tokens", tb, "-9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: -1 << 53, At: at.UnixMilli(), Window: 1000}},
+		{"below -2^53", tb, "-9007199254740993:" + ms + ":1000", nil},
+		{"16 nines", tb, "9999999999999999:" + ms + ":1000", nil},
+		{"16 digits, leading zeros", tb, "0000000000000007:" + ms + ":1000", backend.BucketState{Tokens: 7, At: at.UnixMilli(), Window: 1000}},
 		{"17 digits", tb, "00000000000000000:" + ms + ":1000", nil},
+		{"17 digits, negative", tb, "-00000000000000001:" + ms + ":1000", nil},
+		{"16 digits, negative zero", tb, "-000000000000000:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
 		{"plus sign", tb, "+0:" + ms + ":1000", nil},
 		{"exponent", tb, "0e0:" + ms + ":1000", nil},
 		{"two fields", tb, "0:" + ms, nil},
@@ -648,6 +654,44 @@ func TestAlgorithmKeys(t *testing.T) {
 		got, gotH := b.algorithmKey(p, "k{x}")
 		if want := plain[:tag] + "+" + plain[tag:]; got != want || gotH != h {
 			t.Errorf("%v: key %q (hash %x), want %q (hash %x)", a, got, gotH, want, h)
+		}
+	}
+}
+
+// TestLogNewestOfAnotherShape: log.lua reads the newest member's score from
+// its name, "<at>:<j>"; a member named otherwise is read by its score, so a
+// log holding one still answers from the scores.
+func TestLogNewestOfAnotherShape(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "shape", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog}
+	sk, _ := b.algorithmKey(p, "k")
+	t0 := backendtest.T0
+	if _, err := b.Take(ctx, "k", p, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	newest := t0.Add(500 * time.Millisecond)
+	if err := rdb.ZAdd(ctx, sk, goredis.Z{Score: float64(newest.UnixMilli()), Member: "another shape"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []throttler.Op{throttler.OpPeek, throttler.OpTake} {
+		now := t0.Add(600 * time.Millisecond)
+		var d throttler.Decision
+		if op == throttler.OpPeek {
+			d, err = b.Peek(ctx, "k", p, now)
+		} else {
+			d, err = b.Take(ctx, "k", p, 1, now)
+		}
+		want := throttler.Decision{Allowed: true, Limit: 3, Used: 2, Remaining: 1, ResetAt: newest.Add(time.Second)}
+		if op == throttler.OpTake {
+			want.Used, want.Remaining, want.ResetAt = 3, 0, now.Add(time.Second)
+		}
+		if err != nil || !d.ResetAt.Equal(want.ResetAt) || d.Allowed != want.Allowed || d.Used != want.Used || d.Remaining != want.Remaining || d.RetryAfter != want.RetryAfter {
+			t.Errorf("%v at +600ms: %+v, %v; want %+v", op, d, err, want)
 		}
 	}
 }

@@ -23,10 +23,11 @@
 -- One string, read with GET and written with SET PX, keeps a call to two
 -- commands. Numbers are Lua doubles, exact to 2^53: policy validation
 -- bounds limit * w by 2^53, divisions are exact (a - fmod(a, b)) / b, and
--- numbers are written with str. Expiry is a duration, for cleanup
+-- numbers are written with %d (exact: Redis's Lua formats it from a 64-bit
+-- integer), in one string.format. Expiry is a duration, for cleanup
 -- only: until both counted windows are older than the previous one,
 -- (k+2)*w, plus the margin.
--- num, str and ceildiv come from numbers.lua, prepended when the script is built.
+-- num and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -81,8 +82,8 @@ elseif op == 3 and live and k == rk then
 end
 
 if wrote == 1 then
-  redis.call('SET', KEYS[1], str(k) .. ':' .. str(curr) .. ':' .. str(prev) .. ':' .. ARGV[3],
-    'PX', str((k + 2) * w - t + tonumber(ARGV[6])))
+  redis.call('SET', KEYS[1], string.format('%d:%d:%d:%s', k, curr, prev, ARGV[3]),
+    'PX', string.format('%d', (k + 2) * w - t + tonumber(ARGV[6])))
 end
 if stored then
   return {wrote, 1, rk, rc, rp, rw, k, curr, prev}

@@ -26,37 +26,39 @@
 --
 -- One member per unit keeps every call to a few O(log n) commands
 -- whatever the clocks, where a member per ms would need its units summed:
--- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
+-- Used is a ZCOUNT of the live scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund pops the newest members; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is six commands. backend.Log's
+-- own, wherever its ms falls. A steady take is five commands. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local log = KEYS[1]
 
--- newest returns the newest member and its score, or nil.
+-- newest returns the newest member and its score, or nil. The score is
+-- read from the member's name, which starts with it: cheaper than
+-- WITHSCORES (a double formatted by Redis, then parsed), which is kept
+-- for a member of another shape.
 local function newest()
-  local m = redis.call('ZREVRANGE', log, 0, 0, 'WITHSCORES')
-  if m[1] == nil then
+  local m = redis.call('ZREVRANGE', log, '0', '0')[1]
+  if m == nil then
     return nil, nil
   end
-  return m[1], tonumber(m[2])
+  local at = tonumber(string.match(m, '^(%-?%d+):'))
+  if at == nil then
+    at = tonumber(redis.call('ZSCORE', log, m))
+  end
+  return m, at
 end
 
--- Used: the members after t - w, counted as all of them less those at or
--- before it, which Redis walks from the oldest in a small set (a listpack,
--- at most 128 members), where a ZCOUNT up to +inf would walk them all.
+-- Used: the members after t - w, one ZCOUNT (a ZCARD less a ZCOUNT of the
+-- ended ones walks fewer members of a small set, a listpack, but costs a
+-- command more, which measured slower).
 local top, at = newest()
-local used, ended = 0, 0
-if top ~= nil then
-  if at > t - w then
-    ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
-    used = redis.call('ZCARD', log) - ended
-  else
-    ended = 1 -- all of them: the newest has
-  end
+local used = 0
+if top ~= nil and at > t - w then
+  used = redis.call('ZCOUNT', log, '(' .. ARGV[7], '+inf')
 end
 
 local want, allowed = 1, 0
@@ -64,7 +66,7 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if ended > 0 then
+    if top ~= nil then -- a no-op when none ended: cheaper than counting them
       redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
     -- Number the units after those of this ms already logged: the last of
@@ -94,7 +96,7 @@ if op == 1 then
     if at == nil or at < t then
       at = t
     end
-    redis.call('PEXPIRE', log, at + w - t + tonumber(ARGV[6]))
+    redis.call('PEXPIRE', log, string.format('%d', at + w - t + tonumber(ARGV[6])))
   end
 else
   if op == 3 and used > 0 then

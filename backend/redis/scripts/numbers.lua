@@ -1,6 +1,6 @@
 -- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
--- algorithms.go): the integer reading, writing and exact division they
--- share.
+-- algorithms.go) and takes.lua (batch.go): the integer reading, writing
+-- and exact division they share.
 --
 -- num reads a decimal integer, captured as -?%d+, as a number only if its
 -- magnitude is at most 2^53 (exact in a double); else nil, and the state
@@ -10,14 +10,22 @@ local function num(x)
   if #x < 16 then
     return tonumber(x) -- below 10^15 in magnitude
   end
-  local digits = x
+  -- Compared as a number, without a new string (string.sub) or a string
+  -- comparison (strcoll, under Redis's locale): every integer below 2^53
+  -- reads exactly and every one from 2^53 on as 2^53 or more, so only 2^53
+  -- itself needs its digits checked.
+  local n = tonumber(x)
+  local digits = #x
   if string.byte(x, 1) == 45 then -- '-'
-    digits = string.sub(x, 2)
+    digits = digits - 1
   end
-  if #digits > 16 or (#digits == 16 and digits > '9007199254740992') then
+  if digits > 16 then
     return nil
   end
-  return tonumber(x)
+  if (n < 9007199254740992 and n > -9007199254740992) or x == '9007199254740992' or x == '-9007199254740992' then
+    return n
+  end
+  return nil
 end
 
 -- str writes an integer-valued number exactly: Lua's own conversion
