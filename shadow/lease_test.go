@@ -54,23 +54,6 @@ func (r *results) get() []Result {
 	return append([]Result(nil), r.all...)
 }
 
-// holds returns how many leases b holds on key under p at now: an Acquire
-// of a new lease, taken back.
-func holds(t *testing.T, b throttler.LeaseBackend, key string, p throttler.ConcurrencyPolicy, now time.Time) int64 {
-	t.Helper()
-	const probe = throttler.LeaseID(1<<63 + 99)
-	d, err := b.Acquire(context.Background(), key, p, probe, now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !d.Allowed {
-		return d.Used
-	}
-	if _, _, err := b.Release(context.Background(), key, p, probe, now); err != nil {
-		t.Fatal(err)
-	}
-	return d.Used - 1
-}
 
 func TestShadowLeaseConformance(t *testing.T) {
 	stores := map[string][2]*memory.Backend{}
@@ -141,7 +124,7 @@ func TestLeasesMirrored(t *testing.T) {
 		t.Errorf("Stats: %+v", st)
 	}
 	now := t0.Add(time.Minute / 2)
-	if c, d := holds(t, control, "k", two, now), holds(t, candidate, "k", two, now); c != 1 || d != 1 {
+	if c, d := backendtest.Holds(t, control, "k", two, now), backendtest.Holds(t, candidate, "k", two, now); c != 1 || d != 1 {
 		t.Errorf("control holds %d leases, candidate %d; want lease 2 on both", c, d)
 	}
 }
@@ -182,7 +165,7 @@ func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 			if len(rs) != 1 || rs[0].Kinds != tc.wantKind || !rs[0].Candidate.Allowed {
 				t.Fatalf("results %+v; want one, %v, the candidate granting", rs, tc.wantKind)
 			}
-			if n := holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
+			if n := backendtest.Holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
 				t.Errorf("the candidate holds %d leases; want the one the control did not grant released", n)
 			}
 		})
