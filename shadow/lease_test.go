@@ -54,7 +54,6 @@ func (r *results) get() []Result {
 	return append([]Result(nil), r.all...)
 }
 
-
 func TestShadowLeaseConformance(t *testing.T) {
 	stores := map[string][2]*memory.Backend{}
 	var mu sync.Mutex
