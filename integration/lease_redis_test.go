@@ -183,7 +183,11 @@ func TestLeaseRedisPaused(t *testing.T) {
 			redisUnpause(t, rc)
 			// Back: Redis answers again (it may deny everything, for the
 			// leases whose Release failed during the pause still count).
-			waitFor(t, 10*time.Second, "Redis to answer again", func(context.Context) bool {
+			// Under load a resumed Redis first works through what queued
+			// while it was paused, and each probe that misses the 100 ms
+			// Timeout costs the breaker another cooldown: a fresh-clone CI
+			// run took over 10 s.
+			waitFor(t, 30*time.Second, "Redis to answer again", func(context.Context) bool {
 				return tallies[resuming].granted.Load()+tallies[resuming].denied.Load() > 20
 			})
 			stop.Store(true)

@@ -173,7 +173,10 @@ func (o reorder) explains(r *Result) bool {
 	// control, and those it overtook or was overtaken by while it
 	// waited for the candidate.
 	span := o.span + r.Lag
-	used := max(abs(c.Used-k.Used), abs(c.Remaining-k.Remaining))
+	// Units counted beyond the Limit were never admitted (a store's
+	// concurrent overshoots, reported by a denial that reverts them): the
+	// orders that explain a difference are in what each store admitted.
+	used := max(abs(min(c.Used, c.Limit)-min(k.Used, k.Limit)), abs(c.Remaining-k.Remaining))
 	slack := span // how far ResetAt and RetryAfter may differ
 	earlier := c.ResetAt
 	if k.ResetAt.Before(earlier) {
