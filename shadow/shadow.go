@@ -90,7 +90,8 @@ type Options struct {
 	//     it, in the window that the other had already ended and
 	//     replaced): then ResetAt and RetryAfter differ by at most
 	//     Window + ReorderSpan, and Used by anything;
-	//   - or Used and Remaining differ by at most ReorderUnits, and
+	//   - or Used (counted up to the Limit: units beyond it were never
+	//     admitted) and Remaining differ by at most ReorderUnits, and
 	//     ResetAt and RetryAfter by at most ReorderSpan (a fixed window's
 	//     was opened by another of the calls within the span), plus, for
 	//     the other algorithms, the time ReorderUnits units take to refill
