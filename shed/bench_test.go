@@ -3,7 +3,6 @@ package shed_test
 import (
 	"fmt"
 	"net/http"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,24 +12,6 @@ import (
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// measureCPU locks a serial benchmark's goroutine to its thread and returns
-// the function that reports the CPU time it used per op (cpu-ns/op): on a
-// machine shared with other work, wall-clock ns/op also counts the time
-// other processes held the CPU. It reports nothing where the thread's CPU
-// clock cannot be read.
-func measureCPU(b *testing.B) func() {
-	if !cputime.Supported {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	start := cputime.Thread()
-	return func() {
-		used := cputime.Thread() - start
-		runtime.UnlockOSThread()
-		b.ReportMetric(float64(used)/float64(b.N), "cpu-ns/op")
-	}
-}
 
 // benchWorker is a Worker at rest (sheds nothing: Admit draws no random
 // number) or shedding half the reads (Admit draws one per Read request).
@@ -59,7 +40,7 @@ func BenchmarkWorkerAdmit(b *testing.B) {
 		b.Run(bc.name+"/serial", func(b *testing.B) {
 			w := benchWorker(b, bc.shedding)
 			b.ReportAllocs()
-			report := measureCPU(b)
+			report := cputime.Measure(b)
 			for b.Loop() {
 				if w.Admit(shed.Read) {
 					w.Done()
@@ -84,7 +65,7 @@ func BenchmarkWorkerAdmit(b *testing.B) {
 func BenchmarkDefaultClassifier(b *testing.B) {
 	r := newRequest("GET", "/v1/charges")
 	b.ReportAllocs()
-	report := measureCPU(b)
+	report := cputime.Measure(b)
 	for b.Loop() {
 		if shed.DefaultClassifier(r) != shed.Read {
 			b.Fatal("not a read")
@@ -158,7 +139,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				if par {
 					b.RunParallel(func(pb *testing.PB) { one(pb.Next) })
 				} else {
-					report := measureCPU(b)
+					report := cputime.Measure(b)
 					one(b.Loop)
 					report()
 				}

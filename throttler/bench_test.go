@@ -4,31 +4,12 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// measureCPU locks the benchmark's goroutine to its thread and returns the
-// function that reports the CPU time it used per op (cpu-ns/op): on a
-// machine shared with other work, wall-clock ns/op also counts the time
-// other processes held the CPU. It reports nothing where the thread's CPU
-// clock cannot be read.
-func measureCPU(b *testing.B) func() {
-	if !cputime.Supported {
-		return func() {}
-	}
-	runtime.LockOSThread()
-	start := cputime.Thread()
-	return func() {
-		used := cputime.Thread() - start
-		runtime.UnlockOSThread()
-		b.ReportMetric(float64(used)/float64(b.N), "cpu-ns/op")
-	}
-}
 
 // BenchmarkAllow is what the Throttler adds to a backend call: the clock,
 // the per-call timeout's context, the breaker and the decision's path.
@@ -39,7 +20,7 @@ func BenchmarkAllow(b *testing.B) {
 	now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 	b.Run("backend", func(b *testing.B) {
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			if _, err := m.Take(ctx, "client", p, 1, now); err != nil {
 				b.Fatal(err)
@@ -50,7 +31,7 @@ func BenchmarkAllow(b *testing.B) {
 	b.Run("throttler", func(b *testing.B) {
 		th := newThrottler(b, m, nil)
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			if _, err := th.Allow(ctx, "client", p); err != nil {
 				b.Fatal(err)
@@ -61,7 +42,7 @@ func BenchmarkAllow(b *testing.B) {
 	b.Run("remote", func(b *testing.B) { // a backend called under the Timeout's context
 		th := newThrottler(b, remote{m}, nil)
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			if _, err := th.Allow(ctx, "client", p); err != nil {
 				b.Fatal(err)
@@ -73,7 +54,7 @@ func BenchmarkAllow(b *testing.B) {
 		var seen int
 		th := newThrottler(b, m, &throttler.Options{Observe: func(throttler.Observation) { seen++ }})
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			if _, err := th.Allow(ctx, "client", p); err != nil {
 				b.Fatal(err)
@@ -88,7 +69,7 @@ func BenchmarkAllow(b *testing.B) {
 		th := newThrottler(b, m, nil)
 		unnamed := throttler.Policy{Limit: 1 << 40, Window: time.Hour}
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			if _, err := th.Allow(ctx, "client", unnamed); err != nil {
 				b.Fatal(err)
@@ -126,7 +107,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("backend", func(b *testing.B) {
 		now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			id := throttler.NewLeaseID()
 			if _, err := m.Acquire(ctx, "client", p, id, now); err != nil {
@@ -141,7 +122,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	b.Run("throttler", func(b *testing.B) {
 		th := newThrottler(b, m, nil)
 		b.ReportAllocs()
-		report := measureCPU(b)
+		report := cputime.Measure(b)
 		for b.Loop() {
 			l, d, err := th.Acquire(ctx, "client", p)
 			if err != nil || !d.Allowed {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -463,7 +464,7 @@ func BenchmarkBreaker(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			th := newThrottler(b, bc.b, nil)
 			b.ReportAllocs()
-			report := measureCPU(b)
+			report := cputime.Measure(b)
 			for b.Loop() {
 				if _, err := th.Allow(ctx, "a:client", p); err != nil {
 					b.Fatal(err)
