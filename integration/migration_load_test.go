@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -48,13 +49,27 @@ var loadProcessLag = []int64{0, 13, 29, 47} // ms
 const (
 	loadGoroutines = 24 // per process
 	loadKeys       = 48
-	loadStageMs    = 4000
 	// loadSettle covers the processes' lag (47 ms), their clocks' offsets
 	// (100 ms apart) and how late a call mirrored before a change can reach
 	// the other store: on this loaded machine under -race, calls wait for
 	// a CPU for up to a second or two.
 	loadSettle = 1500 * time.Millisecond
 )
+
+// loadStage is each stage's length in ms: 4 s in `make test`; a longer
+// soak sets THROTTLEKIT_SOAK_STAGE (a Go duration, e.g. 30s), as
+// docs/migration.md records ("Soak").
+func loadStage(t *testing.T) int64 {
+	v := os.Getenv("THROTTLEKIT_SOAK_STAGE")
+	if v == "" {
+		return 4000
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < time.Second {
+		t.Fatalf("THROTTLEKIT_SOAK_STAGE=%q: want a Go duration of at least 1s", v)
+	}
+	return d.Milliseconds()
+}
 
 // loadFixed is the fixed window of the runs: its Window is ten times the
 // usual flight of a call on a loaded machine under -race, so that the
@@ -134,8 +149,14 @@ type loadResult struct {
 // rollouts hide their percentage (no moving keys).
 func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percents []int, hide bool, cost func(*rand.Rand) int64) loadResult {
 	t.Helper()
+	loadStageMs := loadStage(t)
 	clk := loadClock{start: time.Now()}
-	small := &shadow.Options{Workers: 1, QueueSize: 2, Timeout: 50 * time.Millisecond, DrainTimeout: 100 * time.Millisecond}
+	// The reorder bounds are docs/migration.md's: the clocks' spread
+	// (100 ms) plus the other processes' extra lag, and the units one key
+	// can be admitted within it; differences beyond them (a window the
+	// dropped calls left unopened) are mismatches.
+	small := &shadow.Options{Workers: 1, QueueSize: 2, Timeout: 50 * time.Millisecond, DrainTimeout: 100 * time.Millisecond,
+		ReorderSpan: 150 * time.Millisecond, ReorderUnits: p.Capacity()}
 	procs := make([]*loadProcess, len(loadProcessOffsets))
 	for i, off := range loadProcessOffsets {
 		old, err := memcached.New(memcachedClient(t, 2*time.Second, mcAddr), nil)
@@ -181,7 +202,7 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			}
 		}
 	}
-	end := int64(len(percents) * loadStageMs)
+	end := int64(len(percents)) * loadStageMs
 	var done atomic.Bool
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -209,7 +230,7 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 	// Each process's rollout changes at its own lag after a stage starts.
 	for s := 1; s < len(percents); s++ {
 		for i, lag := range loadProcessLag {
-			for clk.ms() < int64(s*loadStageMs)+lag {
+			for clk.ms() < int64(s)*loadStageMs+lag {
 				time.Sleep(100 * time.Microsecond)
 			}
 			if err := procs[i].rollout.Set(percents[s]); err != nil {
@@ -246,6 +267,7 @@ type loadReport struct {
 	medianFlight                    int64 // ms
 	moving                          migration.MovingStats
 	drops                           uint64
+	compared, mismatched, reordered uint64 // shadow pairs, both directions
 	kinds                           map[string]uint64
 }
 
@@ -303,6 +325,9 @@ func loadCheck(p throttler.Policy, res loadResult) loadReport {
 		rep.moving.Changes += st.Moving.Changes
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
 			rep.drops += s.Count(shadow.Dropped)
+			rep.compared += s.Compared
+			rep.mismatched += s.Mismatched
+			rep.reordered += s.Count(shadow.Reordered)
 			for kind, n := range s.ByKind {
 				rep.kinds[kind.String()] += n
 			}
@@ -493,9 +518,9 @@ func (r loadReport) String() string {
 	sort.Strings(kinds)
 	return fmt.Sprintf("%d calls (%d admitted, %d denied, %d failed); %d windows checked, %d units over the bound on %d keys, "+
 		"%d fresh windows (disorder allowed: clocks %d ms + a call's flight, median %d ms, at most %d ms); moving keys' calls %d (%d compensated, %d refunds failed, "+
-		"%d answered by one store), changes seen %d; shadows: %d dropped, kinds {%s}",
+		"%d answered by one store), changes seen %d; shadows: %d dropped, %d compared, %d mismatched, %d reordered, kinds {%s}",
 		r.calls, r.admitted, r.denied, r.errors, r.windows, r.overUnits, len(r.overKeys), r.fresh, r.spread, r.medianFlight, r.maxFlight,
-		r.moving.Calls, r.moving.Compensated, r.moving.RefundFailed, r.moving.OneStore, r.moving.Changes, r.drops, strings.Join(kinds, ", "))
+		r.moving.Calls, r.moving.Compensated, r.moving.RefundFailed, r.moving.OneStore, r.moving.Changes, r.drops, r.compared, r.mismatched, r.reordered, strings.Join(kinds, ", "))
 }
 
 // TestMigrationLoad: the ramp under load hands out no fresh window and
