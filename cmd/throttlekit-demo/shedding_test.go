@@ -36,7 +36,7 @@ func do(t *testing.T, ctx context.Context, method, url string, header ...string)
 // the requests the test started have reached their handlers.
 func waitInFlight(t *testing.T, api *shedAPI, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for api.worker.InFlight() != n {
 		if time.Now().After(deadline) {
 			t.Fatalf("in flight: %d, want %d", api.worker.InFlight(), n)
@@ -55,6 +55,10 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	srv, api := newShedServer(t, endpoints(5, time.Minute, 0), sh)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	// Registered after the server's Close, so it runs first: a check that
+	// stops the test early must still end the hour-long exports, or Close
+	// waits for them until the test binary's timeout.
+	t.Cleanup(func() { cancel(); wg.Wait() })
 	hold := func(client string) {
 		wg.Add(1)
 		go func() {
