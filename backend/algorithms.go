@@ -14,7 +14,13 @@ import (
 // stored state (or none), the call and its instant t in Unix milliseconds,
 // and returns the Decision, the state after the call, and whether that state
 // must be written. A denied Take and a Peek never write. Inputs must have
-// passed ValidateCall.
+// passed ValidateCall (a Refund: ValidateRefund).
+//
+// A Refund names the Take that counted its units by r, that Take's
+// Decision.ResetAt in Unix ms (its receipt), and gives units back only to
+// the state that counted them: never to a later window or to a bucket that
+// has been full since, whatever the clocks of the processes that wrote the
+// state. Take and Peek ignore r.
 //
 // Every product is bounded before it is formed (Policy.Validate bounds
 // Burst·Window and Limit·Window by 2^53), so nothing overflows, and every
@@ -42,8 +48,12 @@ type BucketState struct {
 // and moves At to t; a call at t <= At (a clock behind the one that wrote
 // the state) refills nothing and leaves At, and its RetryAfter counts from
 // At. Take admits c when the bucket holds c tokens; Refund adds tokens back
-// (clamped to the capacity) to a stored bucket that is not full only.
-func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, cost, t int64) (d throttler.Decision, next BucketState, write bool) {
+// (clamped to the capacity) to a stored bucket that is not full only, and
+// only while max(t, At) < r: no clock that wrote or reads the state has
+// reached the instant the bucket was full again after the Take (later
+// Takes only delay that), so a refund never returns tokens that came back
+// by refill.
+func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, cost, r, t int64) (d throttler.Decision, next BucketState, write bool) {
 	w, limit, capacity := p.Window.Milliseconds(), p.Limit, p.Capacity()
 	full := capacity * w
 	s, t0 := full, t
@@ -73,7 +83,7 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 		// A full bucket takes no refund and stores nothing, as a key
 		// with no state does: a backend that dropped a full bucket must
 		// answer every later call alike, clocks behind included.
-		if stored && s < full {
+		if stored && s < full && t0 < r {
 			s = min(full, s+min(cost, capacity)*w)
 			write = true
 		}
@@ -120,7 +130,9 @@ type CounterState struct {
 // its RetryAfter adds the difference. Used weighs Prev by the part of the
 // previous window still inside the last Window, rounded up. Stored counts
 // above Limit (a Limit lowered while the state lived) read as Limit.
-func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, cost, t int64) (d throttler.Decision, next CounterState, write bool) {
+// Refund takes units from Curr only when the call's window (after that
+// rule) is the stored K and is the Take's: r == (K+1)·w.
+func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, cost, r, t int64) (d throttler.Decision, next CounterState, write bool) {
 	w, limit := p.Window.Milliseconds(), p.Limit
 	k := floorDiv(t, w)
 	e := t - k*w
@@ -147,7 +159,7 @@ func Counter(p throttler.Policy, st CounterState, stored bool, op throttler.Op, 
 			write = true
 		}
 	case throttler.OpRefund:
-		if stored && k == st.K {
+		if stored && k == st.K && r == (k+1)*w {
 			curr = max(0, curr-min(cost, limit))
 			write = true
 		}
@@ -205,19 +217,23 @@ type LogEntry struct {
 // An entry is live at t while t < At+w, so after a clock goes back, entries
 // "from the future" count. Take admits c when the live units plus c fit in
 // Limit; it then drops the entries that ended by t and logs (t, c). Refund
-// removes units from the newest live entries first, never below zero.
+// removes up to c units from the live entries logged at or before r−w,
+// newest first: the Take's own entry is the newest of those unless a clock
+// behind logged one of the same or an earlier ms later (then units of that
+// entry go instead, never more than c), and entries a clock ahead logged
+// after the Take are never touched.
 // ResetAt is when the newest live entry ends (t+w with none); a denied
 // Take's RetryAfter is when enough of the oldest live entries have ended.
 //
 // Log is LogBuffer.Apply on a buffer made from log for this one call.
-func Log(p throttler.Policy, log []LogEntry, op throttler.Op, cost, t int64) (d throttler.Decision, next []LogEntry, write bool) {
+func Log(p throttler.Policy, log []LogEntry, op throttler.Op, cost, r, t int64) (d throttler.Decision, next []LogEntry, write bool) {
 	sum := int64(0)
 	for i := range log {
 		sum += log[i].Units
 		log[i].Units = sum
 	}
 	l := LogBuffer{e: log}
-	d, write = l.Apply(p, op, cost, t)
+	d, write = l.Apply(p, op, cost, r, t)
 	next = l.e[l.head:]
 	prev := l.base
 	for i := range next {
@@ -241,9 +257,9 @@ type LogBuffer struct {
 	base int64
 }
 
-// Apply applies op at t to the log, as Log does, and reports whether the
-// log changed.
-func (l *LogBuffer) Apply(p throttler.Policy, op throttler.Op, cost, t int64) (d throttler.Decision, write bool) {
+// Apply applies op at t to the log, as Log does (r is a Refund's receipt),
+// and reports whether the log changed.
+func (l *LogBuffer) Apply(p throttler.Policy, op throttler.Op, cost, r, t int64) (d throttler.Decision, write bool) {
 	w, limit := p.Window.Milliseconds(), p.Limit
 	first := l.liveFrom(t, w)
 	before := l.sumTo(first)
@@ -256,12 +272,12 @@ func (l *LogBuffer) Apply(p throttler.Policy, op throttler.Op, cost, t int64) (d
 		}
 		want = cost
 	case throttler.OpRefund:
-		// The newest entries go first, so emptied ones are always last;
-		// left <= used, so only live entries are touched.
-		left := min(cost, used)
+		// Only the live entries logged at or before r−w: [first, to).
+		to := l.upTo(first, r-w)
+		left := min(cost, l.sumTo(to)-before)
 		used -= left
 		write = left > 0
-		l.removeNewest(left)
+		l.removeNewest(to, left)
 	}
 	d.Limit, d.Used, d.Remaining = limit, used, max(0, limit-used)
 	if first < len(l.e) {
@@ -401,18 +417,43 @@ func (l *LogBuffer) insert(t, c int64) {
 	l.e[i] = LogEntry{At: t, Units: prev + c}
 }
 
-// removeNewest takes left units from the newest entries, dropping each it
-// empties.
-func (l *LogBuffer) removeNewest(left int64) {
-	for left > 0 {
-		last := len(l.e) - 1
-		if u := l.e[last].Units - l.sumTo(last); u <= left {
-			l.e, left = l.e[:last], left-u
+// upTo returns the index after the last entry from first on logged at or
+// before at (entries are sorted by At).
+func (l *LogBuffer) upTo(first int, at int64) int {
+	lo, hi := first, len(l.e)
+	for lo < hi {
+		if m := int(uint(lo+hi) >> 1); l.e[m].At <= at {
+			lo = m + 1
 		} else {
-			l.e[last].Units -= left
-			left = 0
+			hi = m
 		}
 	}
+	return lo
+}
+
+// removeNewest takes left units (no more than the entries before to hold)
+// from the entries before to, newest first, dropping each it empties; the
+// entries from to on keep their units, their running sums lowered.
+func (l *LogBuffer) removeNewest(to int, left int64) {
+	if left == 0 {
+		return
+	}
+	from := to // the emptied entries are [from, to)
+	part := left
+	for from > l.head {
+		u := l.e[from-1].Units - l.sumTo(from-1)
+		if u > part {
+			break
+		}
+		from, part = from-1, part-u
+	}
+	if part > 0 {
+		l.e[from-1].Units -= part
+	}
+	for i := to; i < len(l.e); i++ {
+		l.e[i].Units -= left
+	}
+	l.e = append(l.e[:from], l.e[to:]...)
 	if len(l.e) == l.head {
 		l.e, l.head, l.base = l.e[:0], 0, 0
 	}

@@ -34,6 +34,7 @@ func TestLogBufferMatchesModel(t *testing.T) {
 			var buf backend.LogBuffer
 			var log []backend.LogEntry
 			now := backendtest.T0.UnixMilli()
+			var receipts []int64 // of the latest admitted Takes
 			for i := 0; i < 4000; i++ {
 				switch r := rng.IntN(100); {
 				case r < 80:
@@ -48,14 +49,22 @@ func TestLogBufferMatchesModel(t *testing.T) {
 				if rng.IntN(50) == 0 {
 					cost = 1 + rng.Int64N(p.Limit) // a big one, often denied
 				}
-				msg := []any{"policy %v seed %d step %d: %v %d at %d", p, seed, i, op, cost, now}
-				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(now))
+				// A Refund names one of the latest Takes, or one never made.
+				r := now + 1 + rng.Int64N(p.Window.Milliseconds())
+				if n := len(receipts); n > 0 && rng.IntN(8) != 0 {
+					r = receipts[max(0, n-1-rng.IntN(4))]
+				}
+				msg := []any{"policy %v seed %d step %d: %v %d at %d, receipt %d", p, seed, i, op, cost, now, r}
+				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(r), time.UnixMilli(now))
 				require.NoError(t, err)
-				got, _ := buf.Apply(p, op, cost, now)
+				got, _ := buf.Apply(p, op, cost, r, now)
+				if op == throttler.OpTake && got.Allowed {
+					receipts = append(receipts, got.ResetAt.UnixMilli())
+				}
 				got.ResetAt = time.UnixMilli(got.ResetAt.UnixMilli())
 				want.ResetAt = time.UnixMilli(want.ResetAt.UnixMilli())
 				require.Equal(t, want, got, msg...)
-				d, next, write := backend.Log(p, slices.Clone(log), op, cost, now)
+				d, next, write := backend.Log(p, slices.Clone(log), op, cost, r, now)
 				d.ResetAt = time.UnixMilli(d.ResetAt.UnixMilli())
 				require.Equal(t, want, d, msg...)
 				if write {
@@ -86,7 +95,7 @@ func TestLogBufferTake(t *testing.T) {
 	_, _, ok = l.Take(p, 1, 1099) // all three units still live
 	require.False(t, ok)
 	assert.Equal(t, 2, l.Len(), "a denied Take drops nothing")
-	d, _ := l.Apply(p, throttler.OpPeek, 1, 1099)
+	d, _ := l.Apply(p, throttler.OpPeek, 1, 0, 1099)
 	assert.Equal(t, int64(3), d.Used)
 	assert.Equal(t, time.Millisecond, d.RetryAfter, "the entry at 1000 ends at 1100")
 
@@ -94,6 +103,6 @@ func TestLogBufferTake(t *testing.T) {
 	require.True(t, ok)
 	assert.Equal(t, int64(3), used)
 	assert.Equal(t, 2, l.Len(), "the ended entry was dropped")
-	d, _ = l.Apply(p, throttler.OpPeek, 1, 999)
+	d, _ = l.Apply(p, throttler.OpPeek, 1, 0, 999)
 	assert.Equal(t, int64(3), d.Used, "a clock behind sees the later entries, not the dropped one")
 }

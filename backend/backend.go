@@ -36,6 +36,20 @@ func ValidateCall(op throttler.Op, key string, p throttler.Policy, cost int64) e
 	return p.ValidateCost(op, cost)
 }
 
+// ValidateRefund is ValidateCall for a Refund, which also names the Take
+// that counted its units by receipt (that Take's Decision.ResetAt): a zero
+// receipt names none and is an error matching throttler.ErrInvalidReceipt.
+// Every backend runs it first in Refund.
+func ValidateRefund(key string, p throttler.Policy, cost int64, receipt time.Time) error {
+	if err := ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
+		return err
+	}
+	if receipt.IsZero() {
+		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision", throttler.ErrInvalidReceipt)
+	}
+	return nil
+}
+
 // ValidateLease reports why a lease operation cannot be made, as an error
 // matching throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or
 // nil. Every LeaseBackend runs it first in Acquire and Release, as
@@ -44,43 +58,46 @@ func ValidateLease(key string, p throttler.ConcurrencyPolicy, id throttler.Lease
 	return throttler.ValidateLease(key, p, id)
 }
 
-// Do runs op on b: Take or Refund of cost, or Peek (cost unused). Code that
+// Do runs op on b: Take of cost, Peek (cost unused), or Refund of cost
+// with its receipt (the ResetAt of the Take that counted the units; unused
+// by Take and Peek, which callers pass as the zero time). Code that
 // forwards, replays or tabulates calls (a shadow's mirror, a test's steps)
 // names the operation as a value and calls Do. An op that names no
 // operation is an error matching ErrUnknownOp; nothing is called.
-func Do(ctx context.Context, b throttler.Backend, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func Do(ctx context.Context, b throttler.Backend, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	switch op {
 	case throttler.OpTake:
 		return b.Take(ctx, key, p, cost, now)
 	case throttler.OpPeek:
 		return b.Peek(ctx, key, p, now)
 	case throttler.OpRefund:
-		return b.Refund(ctx, key, p, cost, now)
+		return b.Refund(ctx, key, p, cost, receipt, now)
 	}
 	return throttler.Decision{}, fmt.Errorf("%w: %v", ErrUnknownOp, op)
 }
 
 // OpFunc is a throttler.Backend written as one function of the operation,
 // as http.HandlerFunc is a Handler: its Take, Peek and Refund call it with
-// their Op (and cost 1 for Peek). Wrappers that treat the three alike
-// embed one instead of writing each method.
-type OpFunc func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error)
+// their Op (and cost 1 for Peek; the zero receipt for Take and Peek).
+// Wrappers that treat the three alike embed one instead of writing each
+// method, and hand receipt on with the call (see Do).
+type OpFunc func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error)
 
 var _ throttler.Backend = OpFunc(nil)
 
 // Take calls f with throttler.OpTake.
 func (f OpFunc) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return f(ctx, throttler.OpTake, key, p, cost, now)
+	return f(ctx, throttler.OpTake, key, p, cost, time.Time{}, now)
 }
 
 // Peek calls f with throttler.OpPeek and cost 1.
 func (f OpFunc) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	return f(ctx, throttler.OpPeek, key, p, 1, now)
+	return f(ctx, throttler.OpPeek, key, p, 1, time.Time{}, now)
 }
 
 // Refund calls f with throttler.OpRefund.
-func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return f(ctx, throttler.OpRefund, key, p, cost, now)
+func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return f(ctx, throttler.OpRefund, key, p, cost, receipt, now)
 }
 
 // InProcess is implemented by backends whose calls answer from memory

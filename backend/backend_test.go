@@ -70,8 +70,8 @@ func (r *recorder) Peek(_ context.Context, key string, _ throttler.Policy, _ tim
 	return throttler.Decision{Allowed: true}, nil
 }
 
-func (r *recorder) Refund(_ context.Context, key string, _ throttler.Policy, cost int64, _ time.Time) (throttler.Decision, error) {
-	r.calls = append(r.calls, fmt.Sprintf("Refund %s %d", key, cost))
+func (r *recorder) Refund(_ context.Context, key string, _ throttler.Policy, cost int64, receipt, _ time.Time) (throttler.Decision, error) {
+	r.calls = append(r.calls, fmt.Sprintf("Refund %s %d of %d", key, cost, receipt.UnixMilli()))
 	return throttler.Decision{Allowed: true}, nil
 }
 
@@ -84,14 +84,14 @@ func TestDo(t *testing.T) {
 	}{
 		{throttler.OpTake, "Take k 3", nil},
 		{throttler.OpPeek, "Peek k", nil},
-		{throttler.OpRefund, "Refund k 3", nil},
+		{throttler.OpRefund, fmt.Sprintf("Refund k 3 of %d", t0.Add(time.Minute).UnixMilli()), nil},
 		{0, "", backend.ErrUnknownOp},
 		{4, "", backend.ErrUnknownOp},
 		{255, "", backend.ErrUnknownOp},
 	}
 	for _, tc := range tests {
 		rec := &recorder{}
-		d, err := backend.Do(context.Background(), rec, tc.op, "k", p, 3, t0)
+		d, err := backend.Do(context.Background(), rec, tc.op, "k", p, 3, t0.Add(time.Minute), t0)
 		if tc.wantErr != nil {
 			assert.ErrorIs(t, err, tc.wantErr, "%v", tc.op)
 			assert.ErrorContains(t, err, tc.op.String())
@@ -107,31 +107,31 @@ func TestDo(t *testing.T) {
 
 func TestOpFunc(t *testing.T) {
 	type call struct {
-		op   throttler.Op
-		key  string
-		cost int64
-		now  time.Time
+		op           throttler.Op
+		key          string
+		cost         int64
+		receipt, now time.Time
 	}
 	var got []call
-	f := backend.OpFunc(func(_ context.Context, op throttler.Op, key string, _ throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-		got = append(got, call{op, key, cost, now})
+	f := backend.OpFunc(func(_ context.Context, op throttler.Op, key string, _ throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+		got = append(got, call{op, key, cost, receipt, now})
 		return throttler.Decision{Used: cost}, nil
 	})
 	ctx, p := context.Background(), throttler.PerSecond(5)
 	_, _ = f.Take(ctx, "a", p, 2, t0)
 	_, _ = f.Peek(ctx, "b", p, t0.Add(time.Second))
-	_, _ = f.Refund(ctx, "c", p, 4, t0.Add(2*time.Second))
+	_, _ = f.Refund(ctx, "c", p, 4, t0.Add(time.Second), t0.Add(2*time.Second))
 	assert.Equal(t, []call{
-		{throttler.OpTake, "a", 2, t0},
-		{throttler.OpPeek, "b", 1, t0.Add(time.Second)},
-		{throttler.OpRefund, "c", 4, t0.Add(2 * time.Second)},
+		{throttler.OpTake, "a", 2, time.Time{}, t0},
+		{throttler.OpPeek, "b", 1, time.Time{}, t0.Add(time.Second)},
+		{throttler.OpRefund, "c", 4, t0.Add(time.Second), t0.Add(2 * time.Second)},
 	}, got)
 
-	// Do over an OpFunc hands the op through unchanged.
+	// Do over an OpFunc hands the op and the receipt through unchanged.
 	got = nil
-	_, err := backend.Do(ctx, f, throttler.OpRefund, "d", p, 7, t0)
+	_, err := backend.Do(ctx, f, throttler.OpRefund, "d", p, 7, t0.Add(time.Second), t0)
 	require.NoError(t, err)
-	assert.Equal(t, []call{{throttler.OpRefund, "d", 7, t0}}, got)
+	assert.Equal(t, []call{{throttler.OpRefund, "d", 7, t0.Add(time.Second), t0}}, got)
 }
 
 func TestRequired(t *testing.T) {
@@ -148,7 +148,7 @@ func TestRequired(t *testing.T) {
 		{"nil OpFunc", backend.OpFunc(nil), "shadow.New control is a nil backend.OpFunc"},
 		{"a backend", mem, ""},
 		{"a value", says(false), ""},
-		{"an OpFunc", backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+		{"an OpFunc", backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 			return throttler.Decision{}, nil
 		}), ""},
 	}
@@ -182,7 +182,7 @@ func (says) Take(context.Context, string, throttler.Policy, int64, time.Time) (t
 func (says) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, nil
 }
-func (says) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (says) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, nil
 }
 
@@ -276,9 +276,9 @@ func newCounting(next throttler.Backend) (*counting, error) {
 		return nil, err
 	}
 	c := &counting{calls: map[throttler.Op]int{}}
-	c.OpFunc = func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-		c.calls[op]++                                       // not safe for concurrent use: an example
-		return backend.Do(ctx, next, op, key, p, cost, now) // no validation here: next validates
+	c.OpFunc = func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+		c.calls[op]++                                                // not safe for concurrent use: an example
+		return backend.Do(ctx, next, op, key, p, cost, receipt, now) // no validation here: next validates
 	}
 	return c, nil
 }
@@ -315,4 +315,33 @@ func ExampleIdentity() {
 	// "core"
 	// " fw 3/3600000"
 	// " fw 2/60000"
+}
+
+// A Refund also names its Take: a zero receipt is an input error of its
+// own, checked after the call's other input.
+func TestValidateRefund(t *testing.T) {
+	p := throttler.PerMinute(10)
+	tests := []struct {
+		name    string
+		key     string
+		cost    int64
+		receipt time.Time
+		want    error
+	}{
+		{"a receipt", "k", 3, t0.Add(time.Minute), nil},
+		{"a receipt before now is still one", "k", 3, t0.Add(-time.Hour), nil},
+		{"zero receipt", "k", 3, time.Time{}, throttler.ErrInvalidReceipt},
+		{"zero cost first", "k", 0, time.Time{}, throttler.ErrInvalidCost},
+		{"empty key first", "", 1, time.Time{}, throttler.ErrInvalidKey},
+	}
+	for _, tc := range tests {
+		err := backend.ValidateRefund(tc.key, p, tc.cost, tc.receipt)
+		if tc.want == nil {
+			assert.NoError(t, err, tc.name)
+			continue
+		}
+		assert.ErrorIs(t, err, tc.want, tc.name)
+		assert.True(t, throttler.IsInputError(err), tc.name)
+		assert.Equal(t, 1, strings.Count(err.Error(), "throttler:"), "%s: one prefix in %q", tc.name, err)
+	}
 }

@@ -54,7 +54,7 @@ func (acceptAll) Peek(context.Context, string, throttler.Policy, time.Time) (thr
 	return throttler.Decision{}, nil
 }
 
-func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, nil
 }
 

@@ -70,7 +70,7 @@ func throttlekitPeer(name string, p throttler.Policy) memoryPeer {
 				// hot key takes in a few ms: refunded in bulk, so
 				// that every Take is admitted (one Refund per 9,000
 				// Takes, popping about as many entries as they made).
-				_, err = m.Refund(ctx, k, p, 9000, memNow())
+				_, err = m.Refund(ctx, k, p, 9000, d.ResetAt, memNow())
 			}
 			return err == nil
 		}

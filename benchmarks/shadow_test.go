@@ -195,7 +195,7 @@ func (s stuckBackend) Peek(ctx context.Context, _ string, _ throttler.Policy, _ 
 	return throttler.Decision{}, s.wait(ctx)
 }
 
-func (s stuckBackend) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+func (s stuckBackend) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _, _ time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, s.wait(ctx)
 }
 
@@ -210,7 +210,7 @@ func (freeBackend) Peek(context.Context, string, throttler.Policy, time.Time) (t
 	return throttler.Decision{}, nil
 }
 
-func (freeBackend) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (freeBackend) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, nil
 }
 

@@ -59,7 +59,11 @@ type opFunc = backend.OpFunc
 // time. While the rollout's setting holds still, a key stays on one
 // backend, so its budget never splits across two stores. A Refund after
 // the key has moved goes to the backend that serves it now, as the next
-// Take would. It is safe for concurrent use.
+// Take would, with the receipt of the Take the other one counted: a fixed
+// window there is never the receipt's, so nothing is refunded; the other
+// algorithms match a receipt by instants, not by store, so that store may
+// take back up to the units refunded from its own state of the Take's
+// window (see throttler.Backend). It is safe for concurrent use.
 type Router struct {
 	opFunc           // r.do(): Take, Peek and Refund
 	old, new         throttler.Backend
@@ -167,7 +171,7 @@ func (r *Router) UseNew(key string) bool { return r.rollout.UseNew(key) }
 // backend.Do: either would cost every call one more frame (about 10 ns,
 // a quarter of what the router adds).
 func (r *Router) do() backend.OpFunc {
-	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 		b, isNew := r.old, false
 		if r.rollout.UseNew(key) {
 			b, isNew = r.new, true
@@ -183,9 +187,9 @@ func (r *Router) do() backend.OpFunc {
 		case throttler.OpPeek:
 			d, err = b.Peek(ctx, key, p, now)
 		case throttler.OpRefund:
-			d, err = b.Refund(ctx, key, p, cost, now)
+			d, err = b.Refund(ctx, key, p, cost, receipt, now)
 		default:
-			return backend.Do(ctx, b, op, key, p, cost, now) // ErrUnknownOp
+			return backend.Do(ctx, b, op, key, p, cost, receipt, now) // ErrUnknownOp
 		}
 		if err != nil {
 			return d, r.wrap(err, isNew)

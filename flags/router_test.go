@@ -90,7 +90,7 @@ func TestRouterSendsEachKeyToItsBackend(t *testing.T) {
 		if _, err := r.Take(ctx, k, pol, 3, t0); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := r.Refund(ctx, k, pol, 1, t0); err != nil {
+		if _, err := r.Refund(ctx, k, pol, 1, t0.Add(pol.Window), t0); err != nil {
 			t.Fatal(err)
 		}
 		d, err := r.Peek(ctx, k, pol, t0)
@@ -173,7 +173,7 @@ func (f failing) Take(context.Context, string, throttler.Policy, int64, time.Tim
 func (f failing) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, f.err
 }
-func (f failing) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (f failing) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, f.err
 }
 
@@ -189,7 +189,10 @@ func TestRouterErrors(t *testing.T) {
 		return func(b throttler.Backend) error { _, err := b.Peek(ctx, key, p, t0); return err }
 	}
 	refund := func(key string, cost int64) op {
-		return func(b throttler.Backend) error { _, err := b.Refund(ctx, key, pol, cost, t0); return err }
+		return func(b throttler.Backend) error {
+			_, err := b.Refund(ctx, key, pol, cost, t0.Add(pol.Window), t0)
+			return err
+		}
 	}
 	tests := []struct {
 		name      string
@@ -288,7 +291,7 @@ type notLocal struct{ throttler.Backend }
 // backend.Do's ErrUnknownOp, unwrapped.
 func TestRouterUnknownOp(t *testing.T) {
 	r := router(t, mem(t), mem(t), percent(t, 50), nil)
-	_, err := r.do()(context.Background(), throttler.Op(9), "k", throttler.PerMinute(1), 1, t0)
+	_, err := r.do()(context.Background(), throttler.Op(9), "k", throttler.PerMinute(1), 1, time.Time{}, t0)
 	if !errors.Is(err, backend.ErrUnknownOp) || err.Error() != "backend: unknown operation: Op(9)" {
 		t.Fatalf("got %v, want backend.ErrUnknownOp", err)
 	}

@@ -83,19 +83,21 @@ func (l *billingLedger) add(at time.Time) { l.mu.Lock(); l.at = append(l.at, at)
 
 // remove takes back one admission as the store's Refund does: a fixed
 // window or a bucket counts no instants, and a sliding log removes its
-// newest live unit, which need not be the refunding request's own (another
-// request may have been admitted since). Removing the request's own
-// instant instead left a later one in the ledger that the store no longer
-// counted, and the check below then saw N+1 admissions in a window that
-// the store never held (a fresh-clone CI run: 201 in 10.5977 s).
-func (l *billingLedger) remove(own time.Time, newestLive bool) {
+// newest unit logged no later than by (the refund's receipt less the
+// window), which need not be the refunding request's own (another request
+// may have been admitted at the same instant or, from a clock behind, an
+// earlier one since). Removing the request's own instant instead left one
+// in the ledger that the store no longer counted, and the check below then
+// saw N+1 admissions in a window that the store never held (a fresh-clone
+// CI run: 201 in 10.5977 s). by is zero for the other algorithms.
+func (l *billingLedger) remove(own, by time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i := slices.IndexFunc(l.at, own.Equal)
-	if newestLive && len(l.at) > 0 {
-		i = 0
+	if !by.IsZero() {
+		i = -1
 		for j, at := range l.at {
-			if at.After(l.at[i]) {
+			if !at.After(by) && (i < 0 || at.After(l.at[i])) {
 				i = j
 			}
 		}
@@ -139,10 +141,14 @@ func (s billingStore) Peek(ctx context.Context, key string, p throttler.Policy, 
 	return s.Backend.Peek(ctx, key, p, now)
 }
 
-func (s billingStore) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	d, err := s.Backend.Refund(ctx, key, p, cost, now)
+func (s billingStore) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	d, err := s.Backend.Refund(ctx, key, p, cost, receipt, now)
 	if tr := billingTraceOf(ctx); err == nil && tr != nil && p.Name == s.ledger.policy {
-		s.ledger.remove(time.Unix(0, tr.admitted.Load()), p.Algorithm == throttler.SlidingLog)
+		var by time.Time
+		if p.Algorithm == throttler.SlidingLog {
+			by = receipt.Add(-p.Window)
+		}
+		s.ledger.remove(time.Unix(0, tr.admitted.Load()), by)
 	}
 	return d, err
 }

@@ -88,7 +88,7 @@ func TestRedisStandalone(t *testing.T) {
 		assert.True(t, d.Allowed)
 		assert.Equal(t, int64(redis.MaxLimit), d.Used)
 		assert.Equal(t, int64(0), d.Remaining)
-		d, err = b.Refund(ctx, "k", p, 3, redisT0)
+		d, err = b.Refund(ctx, "k", p, 3, d.ResetAt, redisT0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(redis.MaxLimit-3), d.Used)
 		_, err = b.Take(ctx, "k", throttler.Policy{Limit: redis.MaxLimit + 1, Window: time.Minute}, 1, redisT0)
@@ -104,7 +104,7 @@ func TestRedisStandalone(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), d.Used)
 		require.NoError(t, c.ScriptFlush(context.Background()).Err())
-		d, err = b.Refund(context.Background(), "k", p, 1, redisT0)
+		d, err = b.Refund(context.Background(), "k", p, 1, d.ResetAt, redisT0)
 		require.NoError(t, err)
 		assert.Equal(t, int64(0), d.Used)
 	})
@@ -141,7 +141,7 @@ func redisAllOps(b throttler.Backend, key string, p throttler.Policy, now time.T
 	ctx := context.Background()
 	_, e1 := b.Take(ctx, key, p, 1, now)
 	_, e2 := b.Peek(ctx, key, p, now)
-	_, e3 := b.Refund(ctx, key, p, 1, now)
+	_, e3 := b.Refund(ctx, key, p, 1, now.Add(p.Window), now)
 	return []error{e1, e2, e3}
 }
 
@@ -408,8 +408,8 @@ func (r *redisReplicated) Take(ctx context.Context, key string, p throttler.Poli
 	return d, err
 }
 
-func (r *redisReplicated) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	d, err := r.Backend.Refund(ctx, key, p, cost, now)
+func (r *redisReplicated) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	d, err := r.Backend.Refund(ctx, key, p, cost, receipt, now)
 	if err == nil {
 		err = r.sync(ctx)
 	}

@@ -184,8 +184,8 @@ func (s policySwap) Peek(ctx context.Context, key string, p throttler.Policy, no
 	return s.Backend.Peek(ctx, key, s.swap(p), now)
 }
 
-func (s policySwap) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return s.Backend.Refund(ctx, key, s.swap(p), cost, now)
+func (s policySwap) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return s.Backend.Refund(ctx, key, s.swap(p), cost, receipt, now)
 }
 
 // String summarises a run: the mismatch rate by kind, and for the
@@ -445,6 +445,6 @@ func (l losing) Peek(ctx context.Context, key string, p throttler.Policy, now ti
 	return l.Backend.Peek(ctx, key, l.policy(p, now), now)
 }
 
-func (l losing) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return l.Backend.Refund(ctx, key, l.policy(p, now), cost, now)
+func (l losing) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return l.Backend.Refund(ctx, key, l.policy(p, now), cost, receipt, now)
 }

@@ -21,7 +21,7 @@ func (*nop) Take(_ context.Context, _ string, p throttler.Policy, _ int64, now t
 func (*nop) Peek(_ context.Context, _ string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
 }
-func (*nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+func (*nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, _, now time.Time) (throttler.Decision, error) {
 	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
 }
 

@@ -190,7 +190,7 @@ func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration
 // (both). Like the router it replaces, it does not validate (the stores
 // do) and is a closure that switches on op itself, to spare a frame.
 func (m *Migration) do() backend.OpFunc {
-	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 		var toNew bool
 		if mv := m.moves; mv == nil {
 			toNew = m.rollout.UseNew(key)
@@ -201,7 +201,7 @@ func (m *Migration) do() backend.OpFunc {
 			} else {
 				var moving bool
 				if toNew, moving = mv.route(h, pct, key, p); moving {
-					return m.both(ctx, op, key, p, cost, now, toNew)
+					return m.both(ctx, op, key, p, cost, receipt, now, toNew)
 				}
 			}
 		}
@@ -220,9 +220,9 @@ func (m *Migration) do() backend.OpFunc {
 		case throttler.OpPeek:
 			d, err = b.Peek(ctx, key, p, now)
 		case throttler.OpRefund:
-			d, err = b.Refund(ctx, key, p, cost, now)
+			d, err = b.Refund(ctx, key, p, cost, receipt, now)
 		default:
-			return backend.Do(ctx, b, op, key, p, cost, now) // ErrUnknownOp
+			return backend.Do(ctx, b, op, key, p, cost, receipt, now) // ErrUnknownOp
 		}
 		if err != nil {
 			return d, m.wrap(err, toNew)

@@ -264,11 +264,8 @@ type MovingStats struct {
 	// released there.
 	Compensated uint64
 	// RefundFailed counts the compensating Refunds (and Releases) that
-	// failed: their
-	// store keeps units nobody was given (it is stricter, never laxer);
-	// and, for a fixed window, those that reached a window opened
-	// meanwhile and could not be taken back from it (that window is a
-	// unit laxer). Healthy: near 0.
+	// failed: their store keeps units nobody was given (it is stricter,
+	// never laxer). Healthy: near 0.
 	RefundFailed uint64
 	// OneStore counts the moving keys' calls answered by the serving store
 	// alone because the other failed: each could admit what the failed
@@ -301,7 +298,13 @@ func (m *Migration) movingStats() MovingStats {
 // admitting one is refunded the cost, so that neither keeps units nobody
 // was given, and the denial is the answer. Otherwise the answer is the
 // stricter decision, the serving store's on a tie. Nothing is mirrored.
-func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, toNew bool) (throttler.Decision, error) {
+//
+// A Refund goes to both stores with the receipt it was given, the ResetAt
+// of the Take's answer, which was the stricter store's (or, for a fixed
+// window, the other store's window, s counting in it): a store whose state
+// does not fit that receipt refunds nothing (see throttler.Backend), which
+// leaves it stricter, never laxer.
+func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, toNew bool) (throttler.Decision, error) {
 	m.moving.calls.Add(1)
 	s, o := m.stores[0], m.stores[1]
 	if toNew {
@@ -311,13 +314,13 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 		m.oldCalls.Add(1)
 	}
 	if p.Algorithm == throttler.FixedWindow && (op == throttler.OpTake || op == throttler.OpRefund) {
-		return m.phased(ctx, op, key, p, cost, now, s, o)
+		return m.phased(ctx, op, key, p, cost, receipt, now, s, o)
 	}
-	sd, serr, od, oerr := m.parallel(ctx, op, key, p, cost, now, s, o)
+	sd, serr, od, oerr := m.parallel(ctx, op, key, p, cost, receipt, now, s, o)
 	switch {
 	case serr != nil:
 		if op == throttler.OpTake && oerr == nil && od.Allowed {
-			m.compensate(ctx, o, key, p, cost, now)
+			m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 		}
 		return throttler.Decision{}, m.wrap(serr, s.isNew)
 	case oerr != nil:
@@ -325,10 +328,10 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 		return sd, nil
 	case op == throttler.OpTake && sd.Allowed != od.Allowed:
 		if sd.Allowed {
-			m.compensate(ctx, s, key, p, cost, now)
+			m.compensate(ctx, s, key, p, cost, sd.ResetAt, now)
 			return od, nil
 		}
-		m.compensate(ctx, o, key, p, cost, now)
+		m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 		return sd, nil
 	case op == throttler.OpTake && p.Algorithm == throttler.TokenBucket:
 		m.level(ctx, s, key, p, sd, od, now)
@@ -364,14 +367,14 @@ func (m *Migration) level(ctx context.Context, s store, key string, p throttler.
 
 // parallel makes the call on both stores at once, the caller's context
 // bounding both; an in-process other store is simply called first.
-func (m *Migration) parallel(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, s, o store) (sd throttler.Decision, serr error, od throttler.Decision, oerr error) {
+func (m *Migration) parallel(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, s, o store) (sd throttler.Decision, serr error, od throttler.Decision, oerr error) {
 	if o.local {
-		od, oerr = backend.Do(ctx, o.b, op, key, p, cost, now)
-		sd, serr = backend.Do(ctx, s.b, op, key, p, cost, now)
+		od, oerr = backend.Do(ctx, o.b, op, key, p, cost, receipt, now)
+		sd, serr = backend.Do(ctx, s.b, op, key, p, cost, receipt, now)
 		return sd, serr, od, oerr
 	}
-	aside := m.aside(ctx, op, key, p, cost, now, o)
-	sd, serr = backend.Do(ctx, s.b, op, key, p, cost, now)
+	aside := m.aside(ctx, op, key, p, cost, receipt, now, o)
+	sd, serr = backend.Do(ctx, s.b, op, key, p, cost, receipt, now)
 	a := <-aside
 	return sd, serr, a.d, a.err
 }
@@ -384,7 +387,7 @@ type answer struct {
 
 // aside makes the call on o on a goroutine of its own. It is apart from
 // parallel so that the in-process path allocates nothing.
-func (m *Migration) aside(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, o store) <-chan answer {
+func (m *Migration) aside(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, o store) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
 		var a answer
@@ -395,7 +398,7 @@ func (m *Migration) aside(ctx context.Context, op throttler.Op, key string, p th
 			}
 			ch <- a
 		}()
-		a.d, a.err = backend.Do(ctx, o.b, op, key, p, cost, now)
+		a.d, a.err = backend.Do(ctx, o.b, op, key, p, cost, receipt, now)
 	}()
 	return ch
 }
@@ -411,11 +414,13 @@ func (m *Migration) aside(ctx context.Context, op throttler.Op, key string, p th
 // first window of o that starts after s's window ended, s counts in o's
 // windows exactly (before that it counts those calls in its own older
 // window, which only makes it stricter). A Take that o denies is not made
-// on s at all: a denied Take stores nothing.
-func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, s, o store) (throttler.Decision, error) {
-	od, oerr := backend.Do(ctx, o.b, op, key, p, cost, now)
+// on s at all: a denied Take stores nothing. A Refund's receipt is o's
+// window's ResetAt (the Take answered with it), which is also s's once s
+// counts in o's windows; before that s refunds nothing, staying stricter.
+func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, s, o store) (throttler.Decision, error) {
+	od, oerr := backend.Do(ctx, o.b, op, key, p, cost, receipt, now)
 	if oerr != nil {
-		sd, serr := backend.Do(ctx, s.b, op, key, p, cost, now)
+		sd, serr := backend.Do(ctx, s.b, op, key, p, cost, receipt, now)
 		if serr != nil {
 			return throttler.Decision{}, m.wrap(serr, s.isNew)
 		}
@@ -431,37 +436,17 @@ func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p t
 	if !od.ResetAt.IsZero() {
 		at = od.ResetAt.Add(-p.Window)
 	}
-	sd, serr := backend.Do(ctx, s.b, op, key, p, cost, at)
+	sd, serr := backend.Do(ctx, s.b, op, key, p, cost, receipt, at)
 	if serr != nil {
 		if op == throttler.OpTake {
-			m.compensateWindow(ctx, o, key, p, cost, now, od.ResetAt)
+			m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 		}
 		return throttler.Decision{}, m.wrap(serr, s.isNew)
 	}
 	if op == throttler.OpTake && !sd.Allowed {
-		m.compensateWindow(ctx, o, key, p, cost, now, od.ResetAt)
+		m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 	}
 	return inPhase(od, sd, now), nil
-}
-
-// compensateWindow is compensate for a fixed window that counted the units
-// in the window ending at resetAt. A Refund goes to the window open when it
-// arrives, so if another call opened the next window in between, the units
-// went there, where nobody took them: they are taken back from it, so that
-// the store is left as it was, not laxer. (The Take can find that window
-// full again only if calls took the units meanwhile; that is counted in
-// RefundFailed.)
-func (m *Migration) compensateWindow(ctx context.Context, st store, key string, p throttler.Policy, cost int64, now, resetAt time.Time) {
-	m.moving.compensated.Add(1)
-	rd, err := st.b.Refund(ctx, key, p, cost, now)
-	switch {
-	case err != nil:
-		m.moving.refundFailed.Add(1)
-	case !rd.ResetAt.Equal(resetAt):
-		if d, err := st.b.Take(ctx, key, p, cost, now); err != nil || !d.Allowed {
-			m.moving.refundFailed.Add(1)
-		}
-	}
 }
 
 // inPhase is o's decision made as strict as s's: the window (ResetAt) is
@@ -504,10 +489,13 @@ func stricter(s, o throttler.Decision) throttler.Decision {
 }
 
 // compensate refunds cost to st, which admitted a Take the call did not
-// admit in the end, at the Take's now.
-func (m *Migration) compensate(ctx context.Context, st store, key string, p throttler.Policy, cost int64, now time.Time) {
+// admit in the end, at the Take's now; receipt is the ResetAt of st's own
+// Decision for that Take. So if another call (a clock ahead) opened the
+// next window or refilled the bucket in between, st refunds nothing rather
+// than credit that: the units stay where the Take counted them.
+func (m *Migration) compensate(ctx context.Context, st store, key string, p throttler.Policy, cost int64, receipt, now time.Time) {
 	m.moving.compensated.Add(1)
-	if _, err := st.b.Refund(ctx, key, p, cost, now); err != nil {
+	if _, err := st.b.Refund(ctx, key, p, cost, receipt, now); err != nil {
 		m.moving.refundFailed.Add(1)
 	}
 }

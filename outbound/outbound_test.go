@@ -59,9 +59,9 @@ func (c *counted) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	return c.Backend.Peek(ctx, key, p, now)
 }
 
-func (c *counted) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func (c *counted) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	c.refunds.Add(1)
-	return c.Backend.Refund(ctx, key, p, cost, now)
+	return c.Backend.Refund(ctx, key, p, cost, receipt, now)
 }
 
 // call is one request as the remote saw it.
@@ -569,7 +569,7 @@ func (down) Peek(context.Context, string, throttler.Policy, time.Time) (throttle
 	return throttler.Decision{}, errors.New("connection refused")
 }
 
-func (down) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (down) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, errors.New("connection refused")
 }
 

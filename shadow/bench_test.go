@@ -40,7 +40,7 @@ func (s stuck) Peek(ctx context.Context, _ string, _ throttler.Policy, _ time.Ti
 	return throttler.Decision{}, s.wait(ctx)
 }
 
-func (s stuck) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+func (s stuck) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64, _, _ time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, s.wait(ctx)
 }
 

@@ -55,7 +55,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if b.candidateLeases == nil || err != nil && throttler.IsInputError(err) {
 		return d, err
 	}
-	b.mirror(throttler.OpAcquire, key, throttler.Policy{}, 0, now, &d, err, &leaseCall{p: p, id: id})
+	b.mirror(throttler.OpAcquire, key, throttler.Policy{}, 0, time.Time{}, now, &d, err, &leaseCall{p: p, id: id})
 	return d, err
 }
 
@@ -69,7 +69,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	if b.candidateLeases == nil || err != nil && throttler.IsInputError(err) {
 		return held, d, err
 	}
-	b.mirror(throttler.OpRelease, key, throttler.Policy{}, 0, now, &d, err, &leaseCall{p: p, id: id, held: held})
+	b.mirror(throttler.OpRelease, key, throttler.Policy{}, 0, time.Time{}, now, &d, err, &leaseCall{p: p, id: id, held: held})
 	return held, d, err
 }
 

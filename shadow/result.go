@@ -92,8 +92,11 @@ type Result struct {
 	Key string
 	// Policy and Cost are a rate operation's (OpTake, OpPeek, OpRefund);
 	// Concurrency and Lease a lease operation's (OpAcquire, OpRelease).
-	Policy      throttler.Policy
-	Cost        int64
+	Policy throttler.Policy
+	Cost   int64
+	// Receipt is a Refund's: the ResetAt of the Take it refunds, given to
+	// both stores.
+	Receipt     time.Time
 	Concurrency throttler.ConcurrencyPolicy
 	Lease       throttler.LeaseID
 	Now         time.Time

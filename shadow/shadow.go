@@ -251,6 +251,7 @@ type call struct {
 	key        string
 	p          throttler.Policy
 	cost       int64
+	receipt    time.Time // a Refund's: the control's Take's ResetAt
 	now        time.Time
 	control    throttler.Decision
 	controlErr error
@@ -349,7 +350,7 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 // rather than a method value, and it switches on op itself rather than
 // calling backend.Do: either would cost the caller's path one more frame.
 func (b *Backend) do() backend.OpFunc {
-	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 		var d throttler.Decision
 		var err error
 		switch op {
@@ -358,22 +359,25 @@ func (b *Backend) do() backend.OpFunc {
 		case throttler.OpPeek:
 			d, err = b.control.Peek(ctx, key, p, now)
 		case throttler.OpRefund:
-			d, err = b.control.Refund(ctx, key, p, cost, now)
+			d, err = b.control.Refund(ctx, key, p, cost, receipt, now)
 		default:
-			return backend.Do(ctx, b.control, op, key, p, cost, now) // ErrUnknownOp
+			return backend.Do(ctx, b.control, op, key, p, cost, receipt, now) // ErrUnknownOp
 		}
 		if err != nil && throttler.IsInputError(err) {
 			return d, err
 		}
-		b.mirror(op, key, p, cost, now, &d, err, nil)
+		b.mirror(op, key, p, cost, receipt, now, &d, err, nil)
 		return d, err
 	}
 }
 
 // mirror queues the call for the key's worker, or drops it. It is the whole
 // cost that shadowing adds to the control path: one hash, one uncontended
-// lock, one copy. lc is a lease operation's part, nil for a rate one's.
-func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time, d *throttler.Decision, err error, lc *leaseCall) {
+// lock, one copy. lc is a lease operation's part, nil for a rate one's. A
+// Refund mirrors the same receipt, the control's Take's ResetAt: the
+// candidate refunds only if its state fits it (see throttler.Backend),
+// which it does when it counted the Take alike.
+func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, d *throttler.Decision, err error, lc *leaseCall) {
 	if b.opts.Enabled != nil && !b.opts.Enabled() {
 		return
 	}
@@ -395,7 +399,7 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 				w.pubDropped++
 			} else {
 				c := grow(&w.outbox)
-				c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+				c.op, c.key, c.p, c.cost, c.receipt, c.now, c.control, c.controlErr = op, key, p, cost, receipt, now, *d, err
 				if lc != nil {
 					c.lease = *lc
 				}
@@ -409,7 +413,7 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 		return
 	}
 	c := grow(&w.queue)
-	c.op, c.key, c.p, c.cost, c.now, c.control, c.controlErr = op, key, p, cost, now, *d, err
+	c.op, c.key, c.p, c.cost, c.receipt, c.now, c.control, c.controlErr = op, key, p, cost, receipt, now, *d, err
 	if lc != nil {
 		c.lease = *lc
 	}
@@ -562,7 +566,7 @@ func (c *call) result() Result {
 	if c.op == throttler.OpAcquire || c.op == throttler.OpRelease {
 		r.Concurrency, r.Lease, r.ControlHeld = c.lease.p, c.lease.id, c.lease.held
 	} else {
-		r.Policy, r.Cost = c.p, c.cost
+		r.Policy, r.Cost, r.Receipt = c.p, c.cost, c.receipt
 	}
 	return r
 }
@@ -579,7 +583,7 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 	if c.op == throttler.OpAcquire || c.op == throttler.OpRelease {
 		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
 	} else {
-		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.now)
+		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.receipt, c.now)
 	}
 	if err == nil {
 		// A call that answered is compared, even if it answered late.

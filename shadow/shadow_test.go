@@ -60,11 +60,11 @@ func (h *hooked) Peek(ctx context.Context, key string, p throttler.Policy, now t
 	return h.Backend.Peek(ctx, key, p, now)
 }
 
-func (h *hooked) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func (h *hooked) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	if err := h.enter(ctx, throttler.OpRefund, key, p, cost, now); err != nil {
 		return throttler.Decision{}, err
 	}
-	return h.Backend.Refund(ctx, key, p, cost, now)
+	return h.Backend.Refund(ctx, key, p, cost, receipt, now)
 }
 
 func (h *hooked) received() []Result {
@@ -164,16 +164,20 @@ func TestReturnsControlAnswer(t *testing.T) {
 			alone := mem(t)
 			candidate := &hooked{Backend: mem(t), before: tc.before}
 			s := newShadow(t, mem(t), candidate, &Options{Timeout: 20 * time.Millisecond})
+			var receipt time.Time // the latest admitted Take's ResetAt
 			for i := range 6 {
 				now := t0.Add(time.Duration(i) * 10 * time.Second)
 				type op func(throttler.Backend) (throttler.Decision, error)
 				ops := []op{
 					func(b throttler.Backend) (throttler.Decision, error) { return b.Take(ctx, "k", pol, 1, now) },
 					func(b throttler.Backend) (throttler.Decision, error) { return b.Peek(ctx, "k", pol, now) },
-					func(b throttler.Backend) (throttler.Decision, error) { return b.Refund(ctx, "k", pol, 1, now) },
+					func(b throttler.Backend) (throttler.Decision, error) { return b.Refund(ctx, "k", pol, 1, receipt, now) },
 				}
 				f := ops[i%3]
 				want, wantErr := f(alone)
+				if i%3 == 0 && want.Allowed {
+					receipt = want.ResetAt
+				}
 				got, err := f(s)
 				if got != want || !errors.Is(err, wantErr) {
 					t.Fatalf("call %d: got %+v, %v; want %+v, %v", i, got, err, want, wantErr)
@@ -197,7 +201,7 @@ func TestMirrorsTheSameCall(t *testing.T) {
 	p2 := throttler.Policy{Name: "other", Limit: 10, Window: time.Second}
 	_, _ = s.Take(ctx, "a", pol, 2, t0)
 	_, _ = s.Peek(ctx, "b b", p2, t0.Add(time.Millisecond))
-	_, _ = s.Refund(ctx, "a", pol, 1, t0.Add(2*time.Millisecond))
+	_, _ = s.Refund(ctx, "a", pol, 1, t0.Add(pol.Window), t0.Add(2*time.Millisecond))
 	flush(t, s)
 	got, want := candidate.received(), control.received()
 	if len(got) != 3 || fmt.Sprint(got) != fmt.Sprint(want) {
@@ -219,7 +223,7 @@ func TestBadInputIsNotMirrored(t *testing.T) {
 	}{
 		{"empty key", func() error { _, err := s.Take(ctx, "", pol, 1, t0); return err }, throttler.ErrInvalidKey},
 		{"zero cost", func() error { _, err := s.Take(ctx, "k", pol, 0, t0); return err }, throttler.ErrInvalidCost},
-		{"negative refund", func() error { _, err := s.Refund(ctx, "k", pol, -1, t0); return err }, throttler.ErrInvalidCost},
+		{"negative refund", func() error { _, err := s.Refund(ctx, "k", pol, -1, t0.Add(pol.Window), t0); return err }, throttler.ErrInvalidCost},
 		{"zero limit", func() error { _, err := s.Peek(ctx, "k", throttler.Policy{Window: time.Second}, t0); return err }, throttler.ErrInvalidPolicy},
 		{"cost above limit", func() error { _, err := s.Take(ctx, "k", pol, pol.Limit+1, t0); return err }, throttler.ErrInvalidCost},
 	}
@@ -811,7 +815,7 @@ func TestShadowInProcessFollowsTheControl(t *testing.T) {
 func TestUnknownOp(t *testing.T) {
 	control, candidate := &hooked{Backend: mem(t)}, &hooked{Backend: mem(t)}
 	s := newShadow(t, control, candidate, nil)
-	_, err := s.do()(context.Background(), throttler.Op(0), "k", pol, 1, t0)
+	_, err := s.do()(context.Background(), throttler.Op(0), "k", pol, 1, time.Time{}, t0)
 	if !errors.Is(err, backend.ErrUnknownOp) {
 		t.Fatalf("got %v, want backend.ErrUnknownOp", err)
 	}

@@ -16,8 +16,8 @@ import (
 // The storage identity of a limit is the policy's identity (see Policy) and
 // the key. Keys are opaque bytes (see MaxKeyLen); a backend makes them legal
 // for its store. Being over the limit is a Decision, never an error; errors
-// mean bad input (ErrInvalidKey, ErrInvalidPolicy, ErrInvalidCost) or a
-// failing store.
+// mean bad input (ErrInvalidKey, ErrInvalidPolicy, ErrInvalidCost,
+// ErrInvalidReceipt) or a failing store.
 //
 // The fixed-window contract, checked by backendtest.Run:
 //   - A window opens at the key's first counted unit with ResetAt = now +
@@ -26,14 +26,36 @@ import (
 //   - Take admits cost only if Used+cost <= Limit; a denied Take counts
 //     nothing. One round trip, atomic under any concurrency.
 //   - Peek counts nothing; a replica may serve it.
-//   - Refund gives units back to the open window, never below zero, and
-//     does nothing when no window is open.
+//   - Refund gives units back only to what counted them, never below
+//     zero. receipt names it: the ResetAt of the Decision of the Take that
+//     counted the units. A stored window gets them back only while it is
+//     open at now and its ResetAt is the receipt; otherwise nothing is
+//     stored, and the Decision reports the state as a Peek would. So a
+//     refund never credits a later window, even one that a process whose
+//     clock runs ahead opened before the receipt. A zero receipt is
+//     ErrInvalidReceipt.
+//
+// The other algorithms' Refund, with r the receipt and t now in Unix ms and
+// w the Window in ms (docs/algorithms.md):
+//   - sliding-window counter: only when the window K the call applies to
+//     (a call before the stored window is answered in it) is the stored
+//     one and the Take's, r == (K+1)·w.
+//   - token bucket: only when max(t, t0) < r, t0 the stored last refill:
+//     no clock that wrote or reads the state has reached the instant the
+//     bucket was full again after the Take (later Takes only delay it), so
+//     tokens that came back by refill are never returned; and only to a
+//     stored bucket that is not full.
+//   - sliding log: up to cost units from the live entries logged at or
+//     before r−w, newest first. The Take's own entry is the newest of
+//     those unless a clock behind logged a later one of the same or an
+//     earlier ms, whose units then go instead (never more than cost);
+//     entries a clock ahead logged after the Take are never touched.
 //
 // Implementations must be safe for concurrent use.
 type Backend interface {
 	Take(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
 	Peek(ctx context.Context, key string, p Policy, now time.Time) (Decision, error)
-	Refund(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)
+	Refund(ctx context.Context, key string, p Policy, cost int64, receipt, now time.Time) (Decision, error)
 }
 
 // Op names a Backend operation, in observations and in the shadow's

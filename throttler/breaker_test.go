@@ -110,8 +110,8 @@ func (b *storesBackend) Peek(ctx context.Context, key string, p throttler.Policy
 	return b.do(ctx, key, func() (throttler.Decision, error) { return b.next.Peek(ctx, key, p, now) })
 }
 
-func (b *storesBackend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return b.do(ctx, key, func() (throttler.Decision, error) { return b.next.Refund(ctx, key, p, cost, now) })
+func (b *storesBackend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return b.do(ctx, key, func() (throttler.Decision, error) { return b.next.Refund(ctx, key, p, cost, receipt, now) })
 }
 
 // observations collects what Observe sees.

@@ -8,6 +8,9 @@ var (
 	ErrInvalidKey    = errors.New("throttler: invalid key")
 	ErrInvalidPolicy = errors.New("throttler: invalid policy")
 	ErrInvalidCost   = errors.New("throttler: invalid cost")
+	// ErrInvalidReceipt is a Backend.Refund's whose receipt (the ResetAt
+	// of the Take that counted the units) is the zero time.
+	ErrInvalidReceipt = errors.New("throttler: invalid refund receipt")
 )
 
 // ErrUnavailable marks a store failure (an error or a timeout of the store
@@ -19,11 +22,11 @@ var ErrUnavailable = errors.New("throttler: backend unavailable")
 
 // IsInputError reports whether err is one of the bad-input errors, which no
 // backend or retry can fix: ErrInvalidKey, ErrInvalidPolicy, ErrInvalidCost,
-// ErrInvalidLease, and ErrLeasesUnsupported (a lease operation on a backend
+// ErrInvalidReceipt, ErrInvalidLease, and ErrLeasesUnsupported (a lease operation on a backend
 // that holds none, a mistake of the program's, not an outage).
 func IsInputError(err error) bool {
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidCost) ||
-		errors.Is(err, ErrInvalidLease) || errors.Is(err, ErrLeasesUnsupported)
+		errors.Is(err, ErrInvalidReceipt) || errors.Is(err, ErrInvalidLease) || errors.Is(err, ErrLeasesUnsupported)
 }
 
 // ErrNotRefunded is the error of a Throttler.Refund that refunded nothing:

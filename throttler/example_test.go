@@ -176,7 +176,7 @@ func (d downBackend) Peek(ctx context.Context, k string, p throttler.Policy, now
 	return d.Take(ctx, k, p, 1, now)
 }
 
-func (d downBackend) Refund(ctx context.Context, k string, p throttler.Policy, n int64, now time.Time) (throttler.Decision, error) {
+func (d downBackend) Refund(ctx context.Context, k string, p throttler.Policy, n int64, _, now time.Time) (throttler.Decision, error) {
 	return d.Take(ctx, k, p, n, now)
 }
 

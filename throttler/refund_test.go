@@ -64,6 +64,58 @@ func TestRefundBoundToWhatCountedTheUnits(t *testing.T) {
 	}
 }
 
+// TestRefundFromAClockBehind: two processes share a store, one's clock
+// 200 ms ahead of the other's. The one ahead sees the Take's window (or
+// bucket state, or log entry) end first and counts a unit in what follows;
+// a refund from the one behind, still before the Take's ResetAt on its own
+// clock, must credit none of that: the store refunds only what the Take
+// counted.
+func TestRefundFromAClockBehind(t *testing.T) {
+	const skew = 200 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		p    throttler.Policy
+		// used is what the process ahead then sees: its own unit, plus
+		// what of the Take's 2 units still counts for it.
+		used int64
+	}{
+		{"fixed window", throttler.PerSecond(3), 1},
+		// Window K+1 at 100 ms: curr 1 + ceil(2·900/1000).
+		{"sliding window", throttler.PerSecond(3).With(throttler.SlidingWindow), 3},
+		// Refilled to full by 667 ms; the Take ahead leaves 2 of 3 tokens.
+		{"token bucket", throttler.PerSecond(3).With(throttler.TokenBucket), 1},
+		// The Take ahead dropped the ended entry and logged its own.
+		{"sliding log", throttler.PerSecond(3).With(throttler.SlidingLog), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Unix(1_900_000_000, 0) // aligned to the counter's windows
+			behind, ahead := &fakeClock{now: start}, &fakeClock{now: start.Add(skew)}
+			store := newMemory(t)
+			thBehind := newThrottler(t, store, &throttler.Options{Clock: behind.Now})
+			thAhead := newThrottler(t, store, &throttler.Options{Clock: ahead.Now})
+			ctx := context.Background()
+			taken, err := thBehind.AllowN(ctx, "k", tc.p, 2)
+			require.NoError(t, err)
+			require.True(t, taken.Allowed)
+			// 100 ms before the Take's ResetAt on the clock behind, 100 ms
+			// after it on the clock ahead.
+			step := taken.ResetAt.Sub(start) - skew/2
+			behind.Add(step)
+			ahead.Add(step)
+			d, err := thAhead.Allow(ctx, "k", tc.p)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+			require.Equal(t, tc.used, d.Used, "the process ahead counted in what follows the Take's")
+
+			_, err = thBehind.Refund(ctx, "k", tc.p, 2, taken)
+			require.NoError(t, err, "the clock behind has not reached the receipt: the store decides")
+			d, err = thAhead.Peek(ctx, "k", tc.p)
+			require.NoError(t, err)
+			assert.Equal(t, tc.used, d.Used, "the refund credited what the Take never counted in")
+		})
+	}
+}
+
 // The case: 304s that finish after their window ended credited the
 // next window, which then admitted 20 against a limit of 10.
 func TestRefundNeverCreditsTheNextWindow(t *testing.T) {

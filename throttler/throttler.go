@@ -272,19 +272,18 @@ func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, e
 //     ended, the token bucket is full again (the units came back by
 //     refill), or the sliding log's entries of that instant have ended.
 //
-// The store itself refunds what is open at the Throttler's instant, so the
-// bound is exact while the processes' clocks agree: a process whose clock
-// runs ahead by d can open the next window up to d before this one sees
-// its ResetAt, and a refund in that span credits the new window (at most
-// the units refunded, within d of the boundary). A sliding log refunds its
-// newest live units, which are the Take's own unless a clock behind logged
-// later ones.
+// Otherwise the store gets taken.ResetAt as the refund's receipt and gives
+// the units back only to the state that counted them (see Backend), so a
+// process whose clock runs ahead and opened the next window early never
+// has that window credited. A sliding log refunds from its entries logged
+// no later than the Take's, newest first: the Take's own unless a clock
+// behind logged one of the same or an earlier ms after it.
 func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
 	var r request // filled in place, as in do
-	r.op, r.key, r.p, r.n = OpRefund, key, p, n
+	r.op, r.key, r.p, r.n, r.receipt = OpRefund, key, p, n, taken.ResetAt
 	t.start(&r)
 	if why := unrefundable(taken, r.now); why != "" {
 		// Bad input is still reported as such, whatever the take was.
@@ -367,8 +366,10 @@ type request struct {
 	key string
 	p   Policy
 	n   int64
-	cp  ConcurrencyPolicy
-	id  LeaseID
+	// receipt is a Refund's: the ResetAt of the Take that counted the units.
+	receipt time.Time
+	cp      ConcurrencyPolicy
+	id      LeaseID
 	// now is the instant of the call, read from Options.Clock once.
 	now time.Time
 	// started is when the call started, for Observe's Latency: now itself
@@ -569,7 +570,7 @@ func dispatch(ctx context.Context, tg *target, r *request, now time.Time) (Decis
 	case OpPeek:
 		return tg.b.Peek(ctx, r.key, r.p, now)
 	case OpRefund:
-		return tg.b.Refund(ctx, r.key, r.p, r.n, now)
+		return tg.b.Refund(ctx, r.key, r.p, r.n, r.receipt, now)
 	case OpAcquire, OpRelease:
 		return dispatchLease(ctx, tg, r, now)
 	}

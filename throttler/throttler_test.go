@@ -68,8 +68,8 @@ func (s *stubBackend) Peek(ctx context.Context, key string, p throttler.Policy, 
 	return s.do(ctx, func() (throttler.Decision, error) { return s.next.Peek(ctx, key, p, now) })
 }
 
-func (s *stubBackend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return s.do(ctx, func() (throttler.Decision, error) { return s.next.Refund(ctx, key, p, cost, now) })
+func (s *stubBackend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return s.do(ctx, func() (throttler.Decision, error) { return s.next.Refund(ctx, key, p, cost, receipt, now) })
 }
 
 func (s *stubBackend) set(err error) { s.mu.Lock(); s.err = err; s.mu.Unlock() }
@@ -279,7 +279,7 @@ func (acceptAll) Peek(context.Context, string, throttler.Policy, time.Time) (thr
 	return throttler.Decision{Allowed: true}, nil
 }
 
-func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{Allowed: true}, nil
 }
 

@@ -264,7 +264,7 @@ func (s *waitScripted) Peek(context.Context, string, throttler.Policy, time.Time
 	return throttler.Decision{}, errors.New("not used")
 }
 
-func (s *waitScripted) Refund(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+func (s *waitScripted) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, errors.New("not used")
 }
 
@@ -295,7 +295,7 @@ func (d *waitDown) Peek(ctx context.Context, k string, p throttler.Policy, now t
 	return d.Take(ctx, k, p, 1, now)
 }
 
-func (d *waitDown) Refund(ctx context.Context, k string, p throttler.Policy, n int64, now time.Time) (throttler.Decision, error) {
+func (d *waitDown) Refund(ctx context.Context, k string, p throttler.Policy, n int64, _, now time.Time) (throttler.Decision, error) {
 	return d.Take(ctx, k, p, n, now)
 }
 

@@ -31,11 +31,17 @@ type row struct {
 
 const ms = time.Millisecond
 
+// runRows runs rows; a Refund's receipt is the ResetAt of the latest
+// admitted Take of rows (T0+Window before any, a Take this key never saw).
 func runRows(t *testing.T, b throttler.Backend, key string, p throttler.Policy, rows []row) {
 	t.Helper()
+	receipt := T0.Add(p.Window)
 	for i, r := range rows {
 		now := T0.Add(r.at)
-		d, err := backend.Do(context.Background(), b, r.op, key, p, r.cost, now)
+		d, err := backend.Do(context.Background(), b, r.op, key, p, r.cost, receipt, now)
+		if r.op == throttler.OpTake && d.Allowed {
+			receipt = d.ResetAt
+		}
 		msg := fmt.Sprintf("row %d: %v %d at +%v (%s)", i, r.op, r.cost, r.at, r.why)
 		require.NoError(t, err, msg)
 		want := throttler.Decision{Allowed: r.allowed, Limit: p.Capacity(), Used: r.used, Remaining: r.remaining,
@@ -208,6 +214,7 @@ func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) 
 	for seed := uint64(1); seed <= 2; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 99))
 		m := NewModel()
+		rs := receipts{}
 		now := T0.UnixMilli() + int64(seed)*1_000_000 // traces apart in time
 		latest := now
 		for i := 0; i < steps; i++ {
@@ -217,18 +224,22 @@ func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) 
 			now, op, cost = randomCall(rng, now, p)
 			latest = max(latest, now)
 			at := time.UnixMilli(now)
-			got, err := backend.Do(context.Background(), b, op, k, p, cost, at)
+			r := rs.pick(rng, k, p, now)
+			got, err := backend.Do(context.Background(), b, op, k, p, cost, time.UnixMilli(r), at)
 			require.NoError(t, err)
 			got.ResetAt = time.UnixMilli(got.ResetAt.UnixMilli())
-			msg := fmt.Sprintf("seed %d step %d: %v %d of %q under %v at %d", seed, i, op, cost, k, p, now)
-			want, commit := m.try(op, k, p, cost, now, false)
+			msg := fmt.Sprintf("seed %d step %d: %v %d of %q under %v at %d (receipt %d)", seed, i, op, cost, k, p, now, r)
+			want, commit := m.try(op, k, p, cost, r, now, false)
 			if got != want {
 				if end, ok := m.End(k, p); ok && end <= latest {
-					want, commit = m.try(op, k, p, cost, now, true)
+					want, commit = m.try(op, k, p, cost, r, now, true)
 				}
 			}
 			require.Equal(t, want, got, msg)
 			commit()
+			if op == throttler.OpTake && got.Allowed {
+				rs.add(k, p, got.ResetAt.UnixMilli())
+			}
 		}
 	}
 }
@@ -247,4 +258,112 @@ func randomCall(rng *rand.Rand, now int64, p throttler.Policy) (int64, throttler
 	}
 	op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
 	return now, op, 1 + int64(rng.IntN(int(p.Capacity())))
+}
+
+// receipts keeps the receipts (ResetAt, Unix ms) of the latest admitted
+// Takes of each (key, policy) of a trace, for its Refunds to name.
+type receipts map[modelKey][]int64
+
+func (rs receipts) add(key string, p throttler.Policy, r int64) {
+	k := modelKey{backend.Identity(p), key}
+	l := append(rs[k], r)
+	if len(l) > 4 {
+		l = l[1:]
+	}
+	rs[k] = l
+}
+
+// pick returns the receipt of one of the latest admitted Takes, the latest
+// most often, or of a Take the store never saw when there was none.
+func (rs receipts) pick(rng *rand.Rand, key string, p throttler.Policy, now int64) int64 {
+	l := rs[modelKey{backend.Identity(p), key}]
+	if len(l) == 0 || rng.IntN(8) == 0 {
+		return now + 1 + rng.Int64N(p.Window.Milliseconds())
+	}
+	if rng.IntN(2) == 0 {
+		return l[len(l)-1]
+	}
+	return l[rng.IntN(len(l))]
+}
+
+// receiptRow is one call at T0+at, a Refund naming the Take whose ResetAt
+// is T0+of, and the whole Decision it must return.
+type receiptRow struct {
+	row
+	of time.Duration
+}
+
+// testRefundReceipts: a Refund gives units back only to the state its
+// receipt names. Two processes' clocks disagree: one ahead opens the next
+// window (or refills the bucket, or logs entries) before the other sees its
+// Take's window end, and the other's refund of that Take must then credit
+// nothing new, while a refund with the new Take's receipt still refunds.
+func testRefundReceipts(t *testing.T, b throttler.Backend, key func(string) string) {
+	const take, peek, refund = throttler.OpTake, throttler.OpPeek, throttler.OpRefund
+	m := time.Minute
+	tests := []struct {
+		name string
+		p    throttler.Policy
+		rows []receiptRow
+	}{
+		{"fixed window", throttler.Policy{Name: "rr-fw", Limit: 3, Window: m}, []receiptRow{
+			{row{take, 0, 2, true, 2, 1, m, 0, "window A opens"}, 0},
+			{row{refund, ms, 1, true, 1, 2, m, 0, "A's receipt refunds A"}, m},
+			{row{take, m + 10*time.Second, 3, true, 3, 0, 2*m + 10*time.Second, 0, "a clock ahead opens window B"}, 0},
+			{row{refund, m - ms, 1, false, 3, 0, 2*m + 10*time.Second, m + 10*time.Second + ms, "A's receipt from a clock behind credits nothing to B"}, m},
+			{row{refund, m - ms, 2, true, 1, 2, 2*m + 10*time.Second, 0, "B's receipt refunds B, from any clock"}, 2*m + 10*time.Second},
+			{row{refund, 2*m + 10*time.Second, 1, true, 0, 3, 3*m + 10*time.Second, 0, "B has ended: nothing stored"}, 2*m + 10*time.Second},
+		}},
+		// 2 tokens per second into a bucket of 4: a token takes 500 ms.
+		{"token bucket", throttler.Policy{Name: "rr-tb", Limit: 2, Window: time.Second, Algorithm: throttler.TokenBucket, Burst: 4}, []receiptRow{
+			{row{take, 0, 2, true, 2, 2, 1000 * ms, 0, "full again at 1000"}, 0},
+			{row{refund, 100 * ms, 1, true, 1, 3, 500 * ms, 0, "before its receipt: a token back"}, 1000 * ms},
+			{row{take, 2000 * ms, 4, true, 4, 0, 4000 * ms, 0, "a clock ahead: refilled to full, all taken, t0 = 2000"}, 0},
+			{row{refund, 900 * ms, 1, false, 4, 0, 4000 * ms, 1600 * ms, "a clock behind, but t0 has passed the receipt: nothing"}, 1000 * ms},
+			{row{refund, 900 * ms, 1, true, 3, 1, 3500 * ms, 0, "the later Take's receipt refunds"}, 4000 * ms},
+			{row{take, 2000 * ms, 1, true, 4, 0, 4000 * ms, 0, "t0 stays 2000"}, 0},
+			{row{take, 2100 * ms, 1, false, 4, 0, 4000 * ms, 400 * ms, "0.2 tokens"}, 0},
+			{row{refund, 4000 * ms, 1, true, 0, 4, 4000 * ms, 0, "at its receipt the bucket is full again: nothing"}, 4000 * ms},
+		}},
+		{"token bucket, later takes", throttler.Policy{Name: "rr-tb2", Limit: 2, Window: time.Second, Algorithm: throttler.TokenBucket, Burst: 4}, []receiptRow{
+			{row{take, 0, 1, true, 1, 3, 500 * ms, 0, "full again at 500"}, 0},
+			{row{take, 400 * ms, 2, true, 3, 1, 1500 * ms, 0, "a later Take delays the refill to full"}, 0},
+			{row{refund, 600 * ms, 1, true, 2, 2, 1500 * ms, 0, "the first Take's token came back by 500: nothing"}, 500 * ms},
+			{row{refund, 600 * ms, 1, true, 1, 3, 1000 * ms, 0, "the second Take's refunds"}, 1500 * ms},
+		}},
+		// 10 per second, windows aligned to the epoch; T0 is 250 ms into
+		// window K, which ends at +750.
+		{"sliding-window counter", throttler.Policy{Name: "rr-sw", Limit: 10, Window: time.Second, Algorithm: throttler.SlidingWindow}, []receiptRow{
+			{row{take, 0, 4, true, 4, 6, 750 * ms, 0, "window K"}, 0},
+			{row{refund, 100 * ms, 1, true, 3, 7, 750 * ms, 0, "K's receipt refunds K"}, 750 * ms},
+			{row{take, 800 * ms, 2, true, 5, 5, 1750 * ms, 0, "a clock ahead: window K+1, prev 3 weighs 3"}, 0},
+			{row{refund, 700 * ms, 1, true, 5, 5, 1750 * ms, 0, "a clock behind is answered in K+1: K's receipt credits nothing"}, 750 * ms},
+			{row{refund, 700 * ms, 2, true, 3, 7, 1750 * ms, 0, "K+1's receipt refunds K+1"}, 1750 * ms},
+			{row{refund, 800 * ms, 1, true, 3, 7, 1750 * ms, 0, "a receipt that ends no window: nothing"}, 1700 * ms},
+		}},
+		{"sliding log", throttler.Policy{Name: "rr-sl", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog}, []receiptRow{
+			{row{take, 0, 2, true, 2, 1, 1000 * ms, 0, "logged at 0"}, 0},
+			{row{take, 600 * ms, 1, true, 3, 0, 1600 * ms, 0, "a clock ahead logs at 600"}, 0},
+			{row{refund, 100 * ms, 1, true, 2, 1, 1600 * ms, 0, "the receipt 1000 takes from the entry at 0, not 600's"}, 1000 * ms},
+			{row{refund, 100 * ms, 5, true, 1, 2, 1600 * ms, 0, "never more than the entries at or before 0 hold"}, 1000 * ms},
+			{row{peek, 1100 * ms, 1, true, 1, 2, 1600 * ms, 0, "600's unit is still counted"}, 0},
+			{row{take, 1100 * ms, 2, true, 3, 0, 2100 * ms, 0, "logged at 1100"}, 0},
+			{row{refund, 1200 * ms, 1, true, 2, 1, 2100 * ms, 0, "600's receipt takes from 600, the newest at or before it"}, 1600 * ms},
+			{row{refund, 1200 * ms, 1, true, 2, 1, 2100 * ms, 0, "0's receipt: its entries have ended, nothing"}, 1000 * ms},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := key("k")
+			for i, r := range tc.rows {
+				d, err := backend.Do(context.Background(), b, r.op, k, tc.p, r.cost, T0.Add(r.of), T0.Add(r.at))
+				msg := fmt.Sprintf("row %d: %v %d at +%v, receipt +%v (%s)", i, r.op, r.cost, r.at, r.of, r.why)
+				require.NoError(t, err, msg)
+				want := throttler.Decision{Allowed: r.allowed, Limit: tc.p.Capacity(), Used: r.used, Remaining: r.remaining,
+					ResetAt: time.UnixMilli(T0.Add(r.resetAt).UnixMilli()), RetryAfter: r.retry}
+				d.ResetAt = time.UnixMilli(d.ResetAt.UnixMilli())
+				require.Equal(t, want, d, msg)
+			}
+		})
+	}
 }

@@ -56,6 +56,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) throttler.Backend) {
 		{"AlgorithmsApart", testAlgorithmsApart},
 		{"AlgorithmWindowChange", testAlgorithmWindowChange},
 		{"AlgorithmsExactUnderConcurrency", testAlgorithmsConcurrent},
+		{"RefundReceipts", testRefundReceipts},
 		{"DifferentialTraces", testDifferentialTraces},
 	}
 	for _, c := range cases {
@@ -106,17 +107,23 @@ func checkDecision(t *testing.T, p throttler.Policy, d throttler.Decision, now t
 	}
 }
 
+// runSteps runs steps; a Refund's receipt is the ResetAt of the latest
+// admitted Take of steps (T0+Window before any, a Take this key never saw).
 func runSteps(t *testing.T, b throttler.Backend, key string, p throttler.Policy, steps []step) {
 	t.Helper()
 	ctx := context.Background()
+	receipt := T0.Add(p.Window)
 	for i, s := range steps {
 		now := T0.Add(s.at)
 		msg := fmt.Sprintf("step %d %v at +%v cost %d", i, s.op, s.at, s.cost)
 		if s.description != "" {
 			msg += " (" + s.description + ")"
 		}
-		d, err := backend.Do(ctx, b, s.op, key, p, s.cost, now)
+		d, err := backend.Do(ctx, b, s.op, key, p, s.cost, receipt, now)
 		require.NoError(t, err, msg)
+		if s.op == take && d.Allowed {
+			receipt = d.ResetAt
+		}
 		checkDecision(t, p, d, now, msg)
 		assert.Equal(t, s.allowed, d.Allowed, "%s: Allowed", msg)
 		assert.Equal(t, s.used, d.Used, "%s: Used", msg)
@@ -213,7 +220,7 @@ func testResetAtStable(t *testing.T, b throttler.Backend, key func(string) strin
 	for i := 0; i < 200; i++ {
 		now := T0.Add(time.Duration(i) * 49 * time.Millisecond) // crosses second boundaries at uneven offsets
 		o := []throttler.Op{take, peek, refund}[i%3]
-		d, err := backend.Do(ctx, b, o, k, p, 1, now)
+		d, err := backend.Do(ctx, b, o, k, p, 1, T0.Add(p.Window), now)
 		require.NoError(t, err)
 		require.Equal(t, want, d.ResetAt.UnixMilli(), "call %d (%v) at +%v", i, o, now.Sub(T0))
 	}
@@ -233,9 +240,11 @@ func testCostAboveLimit(t *testing.T, b throttler.Backend, key func(string) stri
 	})
 	_, err = b.Take(ctx, k, p, 6, T0.Add(2*time.Second))
 	require.ErrorIs(t, err, throttler.ErrInvalidCost, "cost > Limit in an open window")
-	runSteps(t, b, k, p, []step{
-		{op: refund, at: 3 * time.Second, cost: throttler.MaxLimit, allowed: true, used: 0, resetAt: time.Second + time.Minute, description: "a Refund above the limit clamps to zero"},
-	})
+	d, err := b.Refund(ctx, k, p, throttler.MaxLimit, T0.Add(time.Second+time.Minute), T0.Add(3*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 5, Remaining: 5, ResetAt: T0.Add(time.Second + time.Minute)},
+		throttler.Decision{Allowed: d.Allowed, Limit: d.Limit, Used: d.Used, Remaining: d.Remaining, ResetAt: time.UnixMilli(d.ResetAt.UnixMilli()).UTC()},
+		"a Refund above the limit clamps to zero")
 }
 
 func testIndependent(t *testing.T, b throttler.Backend, key func(string) string) {
@@ -397,18 +406,22 @@ func testInvalidInput(t *testing.T, b throttler.Backend, key func(string) string
 		{"zero window", key("k"), throttler.Policy{Limit: 1}, 1, throttler.ErrInvalidPolicy},
 		{"negative window", key("k"), throttler.Policy{Limit: 1, Window: -time.Second}, 1, throttler.ErrInvalidPolicy},
 		{"name with space", key("k"), throttler.Policy{Name: "a b", Limit: 1, Window: time.Second}, 1, throttler.ErrInvalidPolicy},
+		{"zero receipt", key("k"), good, 1, throttler.ErrInvalidReceipt},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ops := []throttler.Op{take, peek, refund}
-			if tc.want == backend.ErrUnknownOp {
+			ops, receipt := []throttler.Op{take, peek, refund}, T0.Add(time.Second)
+			switch tc.want {
+			case backend.ErrUnknownOp:
 				ops = []throttler.Op{0, refund + 1}
+			case throttler.ErrInvalidReceipt:
+				ops, receipt = []throttler.Op{refund}, time.Time{}
 			}
 			for _, o := range ops {
 				if o == peek && tc.want == throttler.ErrInvalidCost {
 					continue // Peek takes no cost
 				}
-				_, err := backend.Do(ctx, b, o, tc.key, tc.p, tc.cost, T0)
+				_, err := backend.Do(ctx, b, o, tc.key, tc.p, tc.cost, receipt, T0)
 				require.Error(t, err, "%v", o)
 				assert.True(t, errors.Is(err, tc.want), "%v: %v is not %v", o, err, tc.want)
 			}

@@ -51,24 +51,28 @@ var _ throttler.Backend = (*Model)(nil)
 
 // Take implements throttler.Backend.
 func (m *Model) Take(_ context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return m.do(throttler.OpTake, key, p, cost, now)
+	return m.do(throttler.OpTake, key, p, cost, 0, now)
 }
 
 // Peek implements throttler.Backend.
 func (m *Model) Peek(_ context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	return m.do(throttler.OpPeek, key, p, 1, now)
+	return m.do(throttler.OpPeek, key, p, 1, 0, now)
 }
 
 // Refund implements throttler.Backend.
-func (m *Model) Refund(_ context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	return m.do(throttler.OpRefund, key, p, cost, now)
+func (m *Model) Refund(_ context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
+		return throttler.Decision{}, err
+	}
+	return m.do(throttler.OpRefund, key, p, cost, receipt.UnixMilli(), now)
 }
 
-func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+// do runs op at now; r is a Refund's receipt in Unix ms.
+func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int64, now time.Time) (throttler.Decision, error) {
 	if err := backend.ValidateCall(op, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	d, commit := m.try(op, key, p, cost, now.UnixMilli(), false)
+	d, commit := m.try(op, key, p, cost, r, now.UnixMilli(), false)
 	commit()
 	return d, nil
 }
@@ -76,7 +80,7 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost int64, 
 // try computes a call's Decision without storing anything (from no state
 // at all when dropped is set); commit stores what the call would, the drop
 // included.
-func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, t int64, dropped bool) (throttler.Decision, func()) {
+func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := modelKey{backend.Identity(p), key}
@@ -90,7 +94,7 @@ func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, t int
 	if cp != nil && (p.Algorithm == throttler.TokenBucket || p.Algorithm == throttler.SlidingWindow) && cp.window != w {
 		cp = nil // written under another Window: read as no state
 	}
-	d, next := apply(p, cp, op, cost, t)
+	d, next := apply(p, cp, op, cost, r, t)
 	if next != nil {
 		next.window = w
 	}
@@ -143,20 +147,21 @@ func (m *Model) End(key string, p throttler.Policy) (int64, bool) {
 	return st.resetAt, true
 }
 
-// apply returns the decision and the state to store (nil: store nothing).
-func apply(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+// apply returns the decision and the state to store (nil: store nothing);
+// r is a Refund's receipt, the ResetAt of its Take in Unix ms.
+func apply(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	switch p.Algorithm {
 	case throttler.TokenBucket:
-		return modelBucket(p, st, op, cost, t)
+		return modelBucket(p, st, op, cost, r, t)
 	case throttler.SlidingLog:
-		return modelLog(p, st, op, cost, t)
+		return modelLog(p, st, op, cost, r, t)
 	case throttler.SlidingWindow:
-		return modelCounter(p, st, op, cost, t)
+		return modelCounter(p, st, op, cost, r, t)
 	}
-	return modelFixed(p, st, op, cost, t)
+	return modelFixed(p, st, op, cost, r, t)
 }
 
-func modelFixed(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+func modelFixed(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	w := p.Window.Milliseconds()
 	open := st != nil && st.resetAt > t
 	used, reset := int64(0), t+w
@@ -173,7 +178,8 @@ func modelFixed(p throttler.Policy, st *modelState, op throttler.Op, cost, t int
 			next = &modelState{used: used, resetAt: reset}
 		}
 	case throttler.OpRefund:
-		if open {
+		// Only the window the Take counted in: its reset-at is r.
+		if open && st.resetAt == r {
 			used = max(0, used-cost)
 			next = &modelState{used: used, resetAt: reset}
 		}
@@ -205,7 +211,7 @@ func bucketRefill(p throttler.Policy, st *modelState, t int64) (int64, int64) {
 	return s, t0
 }
 
-func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	w, capacity := p.Window.Milliseconds(), p.Capacity()
 	full := capacity * w
 	s, t0 := bucketRefill(p, st, t)
@@ -219,7 +225,10 @@ func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, t in
 			next = &modelState{tokens: s, at: t0}
 		}
 	case throttler.OpRefund:
-		if st != nil && s < full { // a full bucket is no state
+		// A full bucket is no state; and once a clock that wrote or reads
+		// the state has reached r, the bucket has been full since the
+		// Take (later Takes only delay that): the units came back.
+		if st != nil && s < full && max(t, st.at) < r {
 			s = min(full, s+min(cost, capacity)*w)
 			next = &modelState{tokens: s, at: t0}
 		}
@@ -246,7 +255,7 @@ func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, t in
 	return d, next
 }
 
-func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	w := p.Window.Milliseconds()
 	var log []LogItem
 	if st != nil {
@@ -279,12 +288,19 @@ func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64
 			next = &modelState{log: log}
 		}
 	case throttler.OpRefund:
-		// Newest entries first.
+		// Newest entries first, of the live ones logged by the Take's
+		// own: at or before r−w.
 		sort.SliceStable(log, func(i, j int) bool { return log[i].At < log[j].At })
-		left := min(cost, used)
+		mine := int64(0)
+		for _, e := range log {
+			if t < e.At+w && e.At <= r-w {
+				mine += e.Units
+			}
+		}
+		left := min(cost, mine)
 		if left > 0 {
 			for i := len(log) - 1; i >= 0 && left > 0; i-- {
-				if t < log[i].At+w {
+				if t < log[i].At+w && log[i].At <= r-w {
 					n := min(left, log[i].Units)
 					log[i].Units -= n
 					left -= n
@@ -357,7 +373,7 @@ func counterUsedAt(p throttler.Policy, curr, prev, e int64) int64 {
 	return curr + n
 }
 
-func modelCounter(p throttler.Policy, st *modelState, op throttler.Op, cost, t int64) (throttler.Decision, *modelState) {
+func modelCounter(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	w := p.Window.Milliseconds()
 	k, e, curr, prev, _ := counterView(p, st, t)
 	var next *modelState
@@ -370,7 +386,8 @@ func modelCounter(p throttler.Policy, st *modelState, op throttler.Op, cost, t i
 			next = &modelState{k: k, curr: curr, prev: prev}
 		}
 	case throttler.OpRefund:
-		if st != nil && k == st.k {
+		// Only in the Take's window K, which ends at r: K == r/w − 1.
+		if st != nil && k == st.k && r%w == 0 && k == r/w-1 {
 			curr = max(0, curr-cost)
 			next = &modelState{k: k, curr: curr, prev: prev}
 		}

@@ -20,25 +20,25 @@ type kitState struct {
 	stored  bool
 }
 
-func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, t int64) throttler.Decision {
+func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, r, t int64) throttler.Decision {
 	var d throttler.Decision
 	var write bool
 	switch p.Algorithm {
 	case throttler.TokenBucket:
 		var next backend.BucketState
-		d, next, write = backend.Bucket(p, k.bucket, k.stored, op, cost, t)
+		d, next, write = backend.Bucket(p, k.bucket, k.stored, op, cost, r, t)
 		if write {
 			k.bucket = next
 		}
 	case throttler.SlidingWindow:
 		var next backend.CounterState
-		d, next, write = backend.Counter(p, k.counter, k.stored, op, cost, t)
+		d, next, write = backend.Counter(p, k.counter, k.stored, op, cost, r, t)
 		if write {
 			k.counter = next
 		}
 	case throttler.SlidingLog:
 		var next []backend.LogEntry
-		d, next, write = backend.Log(p, k.log, op, cost, t)
+		d, next, write = backend.Log(p, k.log, op, cost, r, t)
 		if write {
 			k.log = next
 		}
@@ -48,7 +48,8 @@ func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, t int64) thrott
 }
 
 // The kit's formulas agree with the model's searches on random traces of
-// one key, with the clock jumping both ways.
+// one key, with the clock jumping both ways and refunds naming earlier
+// Takes.
 func TestKitMatchesModel(t *testing.T) {
 	ctx := context.Background()
 	policies := []throttler.Policy{
@@ -65,15 +66,20 @@ func TestKitMatchesModel(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			m := NewModel()
 			var k kitState
+			rs := receipts{}
 			t0 := T0.UnixMilli()
 			for i := 0; i < 400; i++ {
 				var op throttler.Op
 				var cost int64
 				t0, op, cost = randomCall(rng, t0, p)
-				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(t0))
+				r := rs.pick(rng, "k", p, t0)
+				want, err := backend.Do(ctx, m, op, "k", p, cost, time.UnixMilli(r), time.UnixMilli(t0))
 				require.NoError(t, err)
-				got := k.do(p, op, cost, t0)
-				require.Equal(t, want, got, "seed %d policy %v step %d: %v cost %d at %d", seed, p, i, op, cost, t0)
+				got := k.do(p, op, cost, r, t0)
+				require.Equal(t, want, got, "seed %d policy %v step %d: %v cost %d at %d (receipt %d)", seed, p, i, op, cost, t0, r)
+				if op == throttler.OpTake && got.Allowed {
+					rs.add("k", p, got.ResetAt.UnixMilli())
+				}
 			}
 		}
 	}

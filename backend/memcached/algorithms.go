@@ -53,11 +53,11 @@ const (
 )
 
 // apply runs op (validated) under p's algorithm on the pair's state item.
-func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	k := newItemKeys(b.opts.Prefix, p, key)
 	var d throttler.Decision
 	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
-		d, value, end, write, err = compute(p, it, op, cost, now.UnixMilli())
+		d, value, end, write, err = compute(p, it, op, cost, receipt.UnixMilli(), now.UnixMilli())
 		return value, end, write, err
 	})
 	return d, err
@@ -130,8 +130,8 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int,
 // compute decodes the stored state (it nil: none), applies op at t with
 // the arithmetic of package backend, and returns the decision, the encoded
 // next state and its end when it must be written. An item that does not
-// decode is errDecode.
-func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int64) (d throttler.Decision, value []byte, end int64, write bool, err error) {
+// decode is errDecode. r is a Refund's receipt in Unix ms.
+func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, r, t int64) (d throttler.Decision, value []byte, end int64, write bool, err error) {
 	var stored []byte
 	if it != nil {
 		stored = it.Value
@@ -145,7 +145,7 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int
 			}
 		}
 		var next backend.BucketState
-		if d, next, write = backend.Bucket(p, st, it != nil, op, cost, t); write {
+		if d, next, write = backend.Bucket(p, st, it != nil, op, cost, r, t); write {
 			value, end = appendBucket(make([]byte, 0, 24), next), backend.BucketEnd(p, next)
 		}
 	case throttler.SlidingWindow:
@@ -156,7 +156,7 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int
 			}
 		}
 		var next backend.CounterState
-		if d, next, write = backend.Counter(p, st, it != nil, op, cost, t); write {
+		if d, next, write = backend.Counter(p, st, it != nil, op, cost, r, t); write {
 			value, end = appendCounter(make([]byte, 0, 32), next), backend.CounterEnd(p, next)
 		}
 	case throttler.SlidingLog:
@@ -166,7 +166,7 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, t int
 				return d, nil, 0, false, err
 			}
 		}
-		if d, log, write = backend.Log(p, log, op, cost, t); write {
+		if d, log, write = backend.Log(p, log, op, cost, r, t); write {
 			value, end = appendLog(make([]byte, 0, 2+len(stored)+12), log), backend.LogEnd(p, log)
 		}
 	default:

@@ -186,14 +186,15 @@ func TestAlgorithmRoundTrips(t *testing.T) {
 		t.Run(p.Algorithm.String(), func(t *testing.T) {
 			f := newFakeClient()
 			b := mustNew(t, f, nil)
+			var taken throttler.Decision // the Take the refund names
 			checkCalls(t, f, []callStep{
 				{"peek, no state", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, want{"get": 1}},
-				{"refund, no state", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, want{"get": 1}},
+				{"refund, no state", func() error { _, err := b.Refund(ctx, "k", p, 1, t0.Add(p.Window), t0); return err }, want{"get": 1}},
 				{"first take", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, want{"get": 1, "add": 1}},
-				{"take", func() error { _, err := b.Take(ctx, "k", p, 2, t0); return err }, want{"get": 1, "cas": 1}},
+				{"take", func() (err error) { taken, err = b.Take(ctx, "k", p, 2, t0); return err }, want{"get": 1, "cas": 1}},
 				{"denied take", func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err }, want{"get": 1}},
 				{"peek", func() error { _, err := b.Peek(ctx, "k", p, t0); return err }, want{"get": 1}},
-				{"refund", func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err }, want{"get": 1, "cas": 1}},
+				{"refund", func() error { _, err := b.Refund(ctx, "k", p, 1, taken.ResetAt, t0); return err }, want{"get": 1, "cas": 1}},
 			})
 		})
 	}
@@ -351,7 +352,7 @@ func TestAlgorithmBadItems(t *testing.T) {
 				for op, call := range map[string]func() error{
 					"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
 					"peek":   func() error { _, err := b.Peek(ctx, "k", p, t0); return err },
-					"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+					"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0.Add(p.Window), t0); return err },
 				} {
 					if err := call(); !errors.Is(err, ErrBadItem) || !strings.HasPrefix(err.Error(), "memcached: ") {
 						t.Errorf("%s: err %v, want ErrBadItem", op, err)

@@ -38,8 +38,12 @@
 // each round has a winner.
 //
 // Peek is gets head, then get counter (one round trip when the window is
-// already known, see below). Refund is gets head, then decr counter:
-// Memcached's decr stops at zero, which is exactly "never below zero", and it
+// already known, see below). Refund is gets head, then, when the head's
+// window is the Take's (its reset-at is the refund's receipt), decr that
+// window's counter; otherwise it counts nothing and reads the counter as
+// Peek does. The counter's key holds the reset-at, so a refund can only
+// ever credit the window of its receipt, even when the head was read from
+// a cache that a clock ahead has since made stale. Memcached's decr stops at zero, which is exactly "never below zero", and it
 // commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
 //
 // # The head cache
@@ -455,7 +459,7 @@ func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now 
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpPeek, key, p, 1, now)
+		return b.apply(ctx, throttler.OpPeek, key, p, 1, time.Time{}, now)
 	}
 	k := newItemKeys(b.opts.Prefix, p, key)
 	w, err := b.head(ctx, k, now)
@@ -473,22 +477,23 @@ func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now 
 	return backend.PeekState(p, n, resetAt, now), nil
 }
 
-// Refund gives cost units back to key's open window, never below zero; it
-// does nothing when no window is open.
-func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	d, err := b.refund(ctx, key, p, cost, now)
+// Refund gives cost units back to what the Take of receipt counted them in
+// (see throttler.Backend), never below zero; for a fixed window, only to
+// key's open window whose reset-at is receipt.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	d, err := b.refund(ctx, key, p, cost, receipt, now)
 	if err != nil {
 		return d, b.classify(key, p, err)
 	}
 	return d, nil
 }
 
-func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
+func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpRefund, key, p, cost, now)
+		return b.apply(ctx, throttler.OpRefund, key, p, cost, receipt, now)
 	}
 	k := newItemKeys(b.opts.Prefix, p, key)
 	w, err := b.head(ctx, k, now)
@@ -498,10 +503,18 @@ func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, co
 	if !w.open {
 		return backend.PeekState(p, 0, time.Time{}, now), nil
 	}
+	var n int64
+	if w.resetAt != receipt.UnixMilli() {
+		// A later window (or one this Take never counted in): answer
+		// as Peek does, counting nothing.
+		if n, err = b.readCount(ctx, k, w); err != nil {
+			return throttler.Decision{}, err
+		}
+		return backend.PeekState(p, n, resetTime(w.resetAt, now), now), nil
+	}
 	if err := ctx.Err(); err != nil {
 		return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
 	}
-	var n int64
 	v, err := b.c.Decrement(k.counter(w.resetAt), uint64(cost))
 	switch {
 	case errors.Is(err, memcache.ErrCacheMiss):
@@ -532,7 +545,7 @@ func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
-		return b.apply(ctx, throttler.OpTake, key, p, cost, now)
+		return b.apply(ctx, throttler.OpTake, key, p, cost, time.Time{}, now)
 	}
 	k := newItemKeys(b.opts.Prefix, p, key)
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {

@@ -89,17 +89,20 @@ func TestSequence(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b, _ := newTestBackend(t)
 			ctx := context.Background()
+			receipt := t0.Add(p.Window) // the latest admitted Take's ResetAt
 			for i, s := range tt.steps {
 				now := t0.Add(s.at)
 				var d throttler.Decision
 				var err error
 				switch s.op {
 				case "take":
-					d, err = b.Take(ctx, "user-1", p, s.cost, now)
+					if d, err = b.Take(ctx, "user-1", p, s.cost, now); err == nil && d.Allowed {
+						receipt = d.ResetAt
+					}
 				case "peek":
 					d, err = b.Peek(ctx, "user-1", p, now)
 				case "refund":
-					d, err = b.Refund(ctx, "user-1", p, s.cost, now)
+					d, err = b.Refund(ctx, "user-1", p, s.cost, receipt, now)
 				}
 				if err != nil {
 					t.Fatalf("step %d (%s): %v", i, s.op, err)
@@ -134,7 +137,7 @@ func TestRoundTrips(t *testing.T) {
 			want{"incr": 1, "decr": 1}, want{"get": 1, "incr": 1, "decr": 1}},
 		{"peek", func(b *Backend) error { _, err := b.Peek(ctx, "k", p, t0); return err },
 			want{"get": 1}, want{"get": 2}},
-		{"refund", func(b *Backend) error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+		{"refund", func(b *Backend) error { _, err := b.Refund(ctx, "k", p, 1, t0.Add(p.Window), t0); return err },
 			want{"decr": 1}, want{"get": 1, "decr": 1}},
 		{"count after CacheFor", func(b *Backend) error { _, err := b.Take(ctx, "k", p, 1, t0.Add(time.Second)); return err },
 			want{"getm": 1, "incr": 1}, want{"getm": 1, "incr": 1}},
@@ -503,7 +506,7 @@ func TestContextCheckedBeforeEachCall(t *testing.T) {
 	for name, op := range map[string]func() error{
 		"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
 		"peek":   func() error { _, err := b.Peek(ctx, "k", p, t0); return err },
-		"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+		"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0.Add(p.Window), t0); return err },
 	} {
 		if err := op(); !errors.Is(err, context.Canceled) || !strings.HasPrefix(err.Error(), "memcached: ") {
 			t.Errorf("%s: err %v, want memcached: … context.Canceled", name, err)
@@ -638,7 +641,7 @@ func TestBadItems(t *testing.T) {
 			ops := map[string]func() error{
 				"take":   func() error { _, err := b.Take(ctx, "k", p, 1, t0); return err },
 				"peek":   func() error { _, err := b.Peek(ctx, "k", p, t0); return err },
-				"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0); return err },
+				"refund": func() error { _, err := b.Refund(ctx, "k", p, 1, t0.Add(p.Window), t0); return err },
 			}
 			for name, op := range ops {
 				f.set(k.head(), tt.head)
@@ -696,7 +699,7 @@ func TestInvalidInput(t *testing.T) {
 		if tt.takeOnly {
 			continue
 		}
-		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0.Add(time.Second), t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: refund err %v, want %v", tt.name, err, tt.want)
 		}
 		if tt.want != throttler.ErrInvalidCost {

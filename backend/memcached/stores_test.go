@@ -171,7 +171,7 @@ func TestCorruptItemsAreTheKeysFailures(t *testing.T) {
 			for op, call := range map[string]func() error{
 				"take":   func() error { _, err := b.Take(ctx, name, p, 1, t0); return err },
 				"peek":   func() error { _, err := b.Peek(ctx, name, p, t0); return err },
-				"refund": func() error { _, err := b.Refund(ctx, name, p, 1, t0); return err },
+				"refund": func() error { _, err := b.Refund(ctx, name, p, 1, t0.Add(p.Window), t0); return err },
 			} {
 				err := call()
 				if !errors.Is(err, backend.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) {

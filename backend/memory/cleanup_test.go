@@ -190,6 +190,7 @@ func TestStoresAgreeWhateverOtherKeysDo(t *testing.T) {
 			busy, clockB := newWithClock(t, &memory.Options{Shards: 1})
 			rng := rand.New(rand.NewPCG(7, 7))
 			clock := t0
+			receipts := map[string]time.Time{} // a policy's latest admitted Take's
 			for i := 0; i < 400; i++ {
 				clock = clock.Add(time.Duration(rng.IntN(80)) * time.Millisecond)
 				clockA.set(clock.Sub(t0))
@@ -205,9 +206,16 @@ func TestStoresAgreeWhateverOtherKeysDo(t *testing.T) {
 				now := clock.Add(-time.Duration(rng.IntN(500)) * time.Millisecond)
 				p := policies[rng.IntN(4)]
 				op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(4)]
-				want, err := backend.Do(ctx, alone, op, "k", p, 1, now)
+				receipt, ok := receipts[p.Name]
+				if !ok {
+					receipt = now.Add(p.Window)
+				}
+				want, err := backend.Do(ctx, alone, op, "k", p, 1, receipt, now)
 				require.NoError(t, err)
-				got, err := backend.Do(ctx, busy, op, "k", p, 1, now)
+				if op == throttler.OpTake && want.Allowed {
+					receipts[p.Name] = want.ResetAt
+				}
+				got, err := backend.Do(ctx, busy, op, "k", p, 1, receipt, now)
 				require.NoError(t, err)
 				require.Equal(t, want, got, "step %d: %v of k under %v at %v", i, op, p.Name, now.Sub(t0))
 			}
@@ -251,10 +259,10 @@ func TestMaxKeysBoundsTheWholeTable(t *testing.T) {
 	d, err = b.Take(ctx, "k7", p, 1, t0)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed, "k7 spent its 2")
-	d, err = b.Refund(ctx, "k7", p, 1, t0)
+	d, err = b.Refund(ctx, "k7", p, 1, d.ResetAt, t0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), d.Used)
-	_, err = b.Refund(ctx, "one too many", p, 1, t0)
+	_, err = b.Refund(ctx, "one too many", p, 1, d.ResetAt, t0)
 	require.NoError(t, err, "a refund to no state stores nothing")
 
 	// Once the windows ended (and Lag), new keys find room: ended state

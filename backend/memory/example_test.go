@@ -18,13 +18,14 @@ func Example() {
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
 
-	d, _ := b.Take(ctx, "alice", p, 2, now)
-	fmt.Println(d.Allowed, d.Used, d.Remaining, d.ResetAt.UTC().Format(time.TimeOnly))
-	d, _ = b.Take(ctx, "alice", p, 2, now.Add(time.Second))
+	taken, _ := b.Take(ctx, "alice", p, 2, now)
+	fmt.Println(taken.Allowed, taken.Used, taken.Remaining, taken.ResetAt.UTC().Format(time.TimeOnly))
+	d, _ := b.Take(ctx, "alice", p, 2, now.Add(time.Second))
 	fmt.Println(d.Allowed, d.Used, d.Remaining, d.RetryAfter)
 	_, err = b.Take(ctx, "alice", p, 4, now.Add(time.Second))
 	fmt.Println(err)
-	d, _ = b.Refund(ctx, "alice", p, 1, now.Add(2*time.Second))
+	// The refund names the Take whose units it gives back by its ResetAt.
+	d, _ = b.Refund(ctx, "alice", p, 1, taken.ResetAt, now.Add(2*time.Second))
 	fmt.Println(d.Allowed, d.Used, d.Remaining)
 	// Output:
 	// true 2 1 03:05:05

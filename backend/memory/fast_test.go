@@ -78,7 +78,7 @@ func TestTakeBucketBoundaries(t *testing.T) {
 			continue
 		}
 		st := backend.BucketState{Tokens: tc.tokens, At: tc.at, Window: tc.wnd}
-		d, next, write := backend.Bucket(p, st, true, throttler.OpTake, tc.cost, tc.t)
+		d, next, write := backend.Bucket(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
@@ -116,7 +116,7 @@ func TestTakeCounterBoundaries(t *testing.T) {
 			continue
 		}
 		st := backend.CounterState{K: tc.k, Curr: tc.curr, Prev: tc.prev, Window: tc.wnd}
-		d, next, write := backend.Counter(p, st, true, throttler.OpTake, tc.cost, tc.t)
+		d, next, write := backend.Counter(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
@@ -145,7 +145,7 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 			w := slot{used: bs.Tokens, resetAt: bs.At, window: bs.Window}
 			before := w
 			used, resetAt, ok := w.takeBucket(limit, pb.Capacity(), wnd, cost, at)
-			d, next, write := backend.Bucket(pb, bs, true, throttler.OpTake, cost, at)
+			d, next, write := backend.Bucket(pb, bs, true, throttler.OpTake, cost, 0, at)
 			if covered := bs.Window == wnd && at >= bs.At; covered && write {
 				require.True(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, d.Used, used)
@@ -165,7 +165,7 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 		w := slot{resetAt: cs.K, used: cs.Curr, prev: cs.Prev, window: cs.Window, end: (cs.K + 2) * cs.Window}
 		before := w
 		used, resetAt, ok := w.takeCounter(limit, wnd, cost, at)
-		d, next, write := backend.Counter(pc, cs, true, throttler.OpTake, cost, at)
+		d, next, write := backend.Counter(pc, cs, true, throttler.OpTake, cost, 0, at)
 		if covered := cs.Window == wnd && at >= k*wnd && at < (k+1)*wnd; covered && write {
 			require.True(t, ok, "counter %v %+v take %d at %d", pc, cs, cost, at)
 			require.Equal(t, d.Used, used)

@@ -13,7 +13,13 @@ import (
 // model is the fixed-window contract written as plainly as possible.
 type model map[[2]string]struct{ used, resetAt int64 }
 
-func (m model) do(op byte, key string, p throttler.Policy, cost, now int64) (allowed bool, used, resetAt int64) {
+// receipt returns the reset-at of (key, p)'s stored window, 0 for none.
+func (m model) receipt(key string, p throttler.Policy) int64 {
+	return m[[2]string{p.Name, key}].resetAt
+}
+
+// do applies op at now; r is a Refund's receipt.
+func (m model) do(op byte, key string, p throttler.Policy, cost, r, now int64) (allowed bool, used, resetAt int64) {
 	id := [2]string{p.Name, key}
 	w, ok := m[id]
 	if !ok || w.resetAt <= now {
@@ -33,8 +39,8 @@ func (m model) do(op byte, key string, p throttler.Policy, cost, now int64) (all
 		}
 	case 1: // Peek
 		allowed = w.used < p.Limit
-	case 2: // Refund
-		if w.resetAt != 0 {
+	case 2: // Refund: only to the window the receipt names
+		if w.resetAt != 0 && w.resetAt == r {
 			w.used = max(0, w.used-cost)
 			m[id] = w
 		}
@@ -73,6 +79,13 @@ func FuzzAgainstModel(f *testing.F) {
 			cost := int64(y%4) + 1
 			now += int64(y/4) * 37 // up to ~2.3s forward
 			at := time.UnixMilli(now)
+			// A refund names the stored window (as read before this
+			// call's now), or, for odd x/18, a window 1 ms later.
+			r := m.receipt(key, p)
+			if r == 0 {
+				r = now + p.Window.Milliseconds()
+			}
+			r += int64(x / 18 % 2)
 			var d throttler.Decision
 			var err error
 			switch op {
@@ -81,7 +94,7 @@ func FuzzAgainstModel(f *testing.F) {
 			case 1:
 				d, err = b.Peek(ctx, key, p, at)
 			case 2:
-				d, err = b.Refund(ctx, key, p, cost, at)
+				d, err = b.Refund(ctx, key, p, cost, time.UnixMilli(r), at)
 			}
 			if op == 0 && cost > p.Limit {
 				if !errors.Is(err, throttler.ErrInvalidCost) {
@@ -92,7 +105,7 @@ func FuzzAgainstModel(f *testing.F) {
 			if err != nil {
 				t.Fatalf("op %d: %v", i/2, err)
 			}
-			allowed, used, resetAt := m.do(op, key, p, cost, now)
+			allowed, used, resetAt := m.do(op, key, p, cost, r, now)
 			if d.Allowed != allowed || d.Used != used || d.ResetAt.UnixMilli() != resetAt {
 				t.Fatalf("op %d (%d %s %s cost %d at %d): got allowed=%v used=%d reset=%d, model %v %d %d",
 					i/2, op, key, p.Name, cost, now, d.Allowed, d.Used, d.ResetAt.UnixMilli(), allowed, used, resetAt)

@@ -242,7 +242,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, ms, now)
+	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
@@ -255,12 +255,13 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if s.observe(ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, ms, now)
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
-// Refund gives cost back to the key's state, never below zero.
-func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
+// Refund gives cost back to the key's state that the Take of receipt
+// counted them in (see throttler.Backend), never below zero.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
@@ -268,11 +269,12 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if s.observe(ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, ms, now)
+	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
 }
 
-// apply runs op at ms (now in Unix ms) on the slot w of (key, p), nil when
-// none is stored, in the locked shard s, and unlocks it. It makes a slot
+// apply runs op at ms (now in Unix ms; r a Refund's receipt) on the slot w
+// of (key, p), nil when none is stored, in the locked shard s, and unlocks
+// it. It makes a slot
 // only when the call writes: a Peek and a denied Take store nothing.
 //
 // Each algorithm keeps its state in the slot's fields: a fixed window is
@@ -280,18 +282,18 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // sliding-window counter resetAt = K, used = curr, prev; both with their
 // window; a sliding log its own buffer. end is when the state answers like
 // none: a sweep may drop it then.
-func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (d throttler.Decision, err error) {
+func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
 	defer s.mu.Unlock()
 	write := false
 	switch p.Algorithm {
 	case throttler.FixedWindow:
-		return b.fixed(s, h, w, op, key, p, cost, ms, now)
+		return b.fixed(s, h, w, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
 		var st, next backend.BucketState
 		if w != nil {
 			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
 		}
-		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, ms); write {
+		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
 				// backend.BucketEnd, without computing it twice.
@@ -303,7 +305,7 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string
 		if w != nil {
 			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
 		}
-		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, ms); write {
+		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, ms); err == nil {
 				w.resetAt, w.used, w.prev, w.window = next.K, next.Curr, next.Prev, next.Window
 				w.end = (next.K + 2) * next.Window // backend.CounterEnd
@@ -311,14 +313,14 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string
 		}
 	case throttler.SlidingLog:
 		if w != nil {
-			if d, write = w.log.Apply(*p, op, cost, ms); write {
+			if d, write = w.log.Apply(*p, op, cost, r, ms); write {
 				w.end = w.log.End(*p)
 			}
 			break
 		}
 		// No log: answer from an empty one, kept only if the call wrote.
 		var l backend.LogBuffer
-		if d, write = l.Apply(*p, op, cost, ms); write {
+		if d, write = l.Apply(*p, op, cost, r, ms); write {
 			if w, err = b.make(s, h, nil, key, p, ms); err == nil {
 				w.log = new(backend.LogBuffer)
 				*w.log = l
@@ -333,7 +335,7 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string
 }
 
 // fixed runs op on a fixed window (see apply).
-func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, ms int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	open := w != nil && w.resetAt > ms
 	switch op {
 	case throttler.OpTake:
@@ -350,7 +352,7 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string
 		w.used += cost
 		return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
 	case throttler.OpRefund:
-		if open {
+		if open && w.resetAt == r { // the Take's window, not a later one
 			w.used = max(0, w.used-cost)
 		}
 	}

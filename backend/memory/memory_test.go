@@ -108,7 +108,7 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 	for i := 0; i < 2000; i++ {
 		_, err := b.Peek(ctx, "hot", p, t0.Add(3*time.Second))
 		require.NoError(t, err)
-		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(3*time.Second))
+		_, err = b.Refund(ctx, "hot", p, 1, t0.Add(p.Window), t0.Add(3*time.Second))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 0, b.Len(), "ended windows were reclaimed")
@@ -221,7 +221,7 @@ func TestSweepKeepsLiveWindowsOfAKey(t *testing.T) {
 	require.Equal(t, 300, b.Len())
 	clock.set(time.Minute)
 	for i := 0; i < 2000; i++ {
-		_, err := b.Refund(ctx, "other", long, 1, t0.Add(time.Minute))
+		_, err := b.Refund(ctx, "other", long, 1, t0.Add(time.Hour), t0.Add(time.Minute))
 		require.NoError(t, err)
 	}
 	assert.Equal(t, 100, b.Len(), "only the long windows are left")

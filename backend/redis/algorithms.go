@@ -60,12 +60,15 @@ func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) 
 }
 
 // bucket runs op on a token bucket: bucket.lua, on the primary for a Take
-// or Refund, on a replica (then the primary) for a Peek. A denied Take
-// leaves the state it read in denial, when given.
-func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+// or Refund (r: its receipt), on a replica (then the primary) for a Peek.
+// A denied Take leaves the state it read in denial, when given.
+func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64, denial *overLimit) (throttler.Decision, error) {
 	var d throttler.Decision
 	req := &request{fn: fnBucket, sk: sk,
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, p.Capacity(), cost, b.marginMS}}
+	if op == throttler.OpRefund {
+		req.args = append(req.args, r) // the script's last argument
+	}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [7]int64
 		if err := parseReply(reply, res[:]); err != nil {
@@ -80,7 +83,7 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 			next  backend.BucketState
 			write bool
 		)
-		d, next, write = backend.Bucket(p, st, stored, op, cost, t)
+		d, next, write = backend.Bucket(p, st, stored, op, cost, r, t)
 		if write != wrote || next.Tokens != res[5] || next.At != res[6] {
 			return disagree(res[:], write, next)
 		}
@@ -93,12 +96,15 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 }
 
 // counter runs op on a sliding-window counter: counter.lua, on the primary
-// for a Take or Refund, on a replica (then the primary) for a Peek. A
-// denied Take leaves the state it read in denial, when given.
-func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64, denial *overLimit) (throttler.Decision, error) {
+// for a Take or Refund (r: its receipt), on a replica (then the primary)
+// for a Peek. A denied Take leaves the state it read in denial, when given.
+func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64, denial *overLimit) (throttler.Decision, error) {
 	var d throttler.Decision
 	req := &request{fn: fnCounter, sk: sk,
 		args: []any{int(op), t, p.Window.Milliseconds(), p.Limit, cost, b.marginMS}}
+	if op == throttler.OpRefund {
+		req.args = append(req.args, r) // the script's last argument
+	}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var res [9]int64
 		if err := parseReply(reply, res[:]); err != nil {
@@ -113,7 +119,7 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 			next  backend.CounterState
 			write bool
 		)
-		d, next, write = backend.Counter(p, st, stored, op, cost, t)
+		d, next, write = backend.Counter(p, st, stored, op, cost, r, t)
 		if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
 			return disagree(res[:], write, next)
 		}
@@ -126,11 +132,14 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 }
 
 // log runs op on a sliding log: log.lua, on the primary for a Take or
-// Refund, on a replica (then the primary) for a Peek.
-func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, t int64) (throttler.Decision, error) {
+// Refund (r: its receipt), on a replica (then the primary) for a Peek.
+func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64) (throttler.Decision, error) {
 	var res [4]int64
 	w := p.Window.Milliseconds()
 	req := &request{fn: fnLog, sk: sk, args: []any{int(op), t, w, p.Limit, cost, b.marginMS, t - w}}
+	if op == throttler.OpRefund {
+		req.args = append(req.args, r-w) // the script's last argument
+	}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		err := parseReply(reply, res[:])
 		if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {

@@ -113,6 +113,7 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 	for _, start := range []int64{backendtest.T0.UnixMilli(), -1_000_003} {
 		rng := rand.New(rand.NewPCG(uint64(start), 7))
 		ref := map[string]*state{}
+		receipts := map[string][]int64{} // the latest admitted Takes' ResetAt
 		now := start
 		for i := range 3000 {
 			switch r := rng.IntN(10); {
@@ -131,11 +132,19 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 			if op == throttler.OpRefund && rng.IntN(4) == 0 {
 				cost = max48
 			}
-			got, err := backend.Do(ctx, b, op, key, p, cost, time.UnixMilli(now))
+			id := backend.Identity(p) + "\x00" + key
+			// A Refund names one of the latest Takes, or one never made.
+			r := now + 1 + rng.Int64N(p.Window.Milliseconds())
+			if l := receipts[id]; len(l) > 0 && rng.IntN(8) != 0 {
+				r = l[max(0, len(l)-1-rng.IntN(3))]
+			}
+			got, err := backend.Do(ctx, b, op, key, p, cost, time.UnixMilli(r), time.UnixMilli(now))
 			if err != nil {
 				t.Fatalf("step %d: %v", i, err)
 			}
-			id := backend.Identity(p) + "\x00" + key
+			if op == throttler.OpTake && got.Allowed {
+				receipts[id] = append(receipts[id], got.ResetAt.UnixMilli())
+			}
 			st := ref[id]
 			if st == nil {
 				st = &state{}
@@ -144,23 +153,23 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 			var want throttler.Decision
 			switch p.Algorithm {
 			case throttler.TokenBucket:
-				d, next, write := backend.Bucket(p, st.bucket, st.stored, op, cost, now)
+				d, next, write := backend.Bucket(p, st.bucket, st.stored, op, cost, r, now)
 				if want = d; write {
 					st.bucket, st.stored = next, true
 				}
 			case throttler.SlidingWindow:
-				d, next, write := backend.Counter(p, st.counter, st.stored, op, cost, now)
+				d, next, write := backend.Counter(p, st.counter, st.stored, op, cost, r, now)
 				if want = d; write {
 					st.counter, st.stored = next, true
 				}
 			case throttler.SlidingLog:
-				d, next, write := backend.Log(p, slices.Clone(st.log), op, cost, now)
+				d, next, write := backend.Log(p, slices.Clone(st.log), op, cost, r, now)
 				if want = d; write {
 					st.log = next
 				}
 			}
 			if got != want {
-				t.Fatalf("step %d: %v %d of %q under %+v at %d:\n got %+v\nwant %+v", i, op, cost, key, p, now, got, want)
+				t.Fatalf("step %d: %v %d of %q under %+v at %d (receipt %d):\n got %+v\nwant %+v", i, op, cost, key, p, now, r, got, want)
 			}
 		}
 	}
@@ -241,7 +250,7 @@ func TestAlgorithmReplies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			d, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at)
+			d, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at.Add(time.Second), at)
 			if tt.want == (throttler.Decision{}) {
 				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: "+tt.op.String()+" ") {
 					t.Fatalf("got %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
@@ -260,7 +269,8 @@ func TestAlgorithmReplies(t *testing.T) {
 
 // TestAlgorithmScriptArgs pins what the scripts are sent: the op, now and
 // the window in ms, the policy's numbers, cost and the expiry margin (a
-// duration, never an absolute time).
+// duration, never an absolute time), and last a Refund's receipt (the
+// log's less the window).
 func TestAlgorithmScriptArgs(t *testing.T) {
 	at := backendtest.T0
 	ms := at.UnixMilli()
@@ -278,7 +288,13 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 			[]any{2, ms, int64(1000), int64(10), int64(20), int64(0), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
 			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), ms / 1000, int64(0), int64(0)},
-			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000)}},
+			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms + 300}},
+		{throttler.PerSecond(10).WithBurst(20), throttler.OpRefund,
+			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(20000), ms},
+			[]any{3, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000), ms + 300}},
+		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpRefund,
+			[]any{int64(1), int64(0), ms + 1000, int64(0)},
+			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms - 1000, ms + 300 - 1000}},
 		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
 			[]any{int64(1), int64(0), ms + 1000, int64(0)},
 			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000), ms - 1000}},
@@ -289,7 +305,7 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at.Add(700*time.Microsecond)); err != nil {
+		if _, err := backend.Do(context.Background(), b, tt.op, "k", tt.p, 1, at.Add(300*time.Millisecond), at.Add(700*time.Microsecond)); err != nil {
 			t.Fatal(err)
 		}
 		if got, want := fmt.Sprint(f.args), fmt.Sprint(tt.want); got != want {
@@ -349,21 +365,21 @@ func TestAlgorithmStoredValues(t *testing.T) {
 				if err := rdb.Set(ctx, sk, tt.value, 0).Err(); err != nil {
 					t.Fatal(err)
 				}
-				got, err := backend.Do(ctx, b, op, "k", tt.p, 1, at)
+				got, err := backend.Do(ctx, b, op, "k", tt.p, 1, time.Time{}, at)
 				if err != nil {
 					t.Fatal(err)
 				}
 				var want throttler.Decision
 				switch st := tt.state.(type) {
 				case backend.CounterState:
-					want, _, _ = backend.Counter(tt.p, st, true, op, 1, at.UnixMilli())
+					want, _, _ = backend.Counter(tt.p, st, true, op, 1, 0, at.UnixMilli())
 				case backend.BucketState:
-					want, _, _ = backend.Bucket(tt.p, st, true, op, 1, at.UnixMilli())
+					want, _, _ = backend.Bucket(tt.p, st, true, op, 1, 0, at.UnixMilli())
 				default:
 					if tt.p.Algorithm == throttler.TokenBucket {
-						want, _, _ = backend.Bucket(tt.p, backend.BucketState{}, false, op, 1, at.UnixMilli())
+						want, _, _ = backend.Bucket(tt.p, backend.BucketState{}, false, op, 1, 0, at.UnixMilli())
 					} else {
-						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, at.UnixMilli())
+						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, 0, at.UnixMilli())
 					}
 				}
 				if !sameDecision(got, want) {
@@ -473,15 +489,19 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 			}
 			var log []backend.LogEntry
 			step := 0
+			receipt := now + w // the latest admitted Take's ResetAt
 			call := func(op throttler.Op, cost int64) throttler.Decision {
 				t.Helper()
 				step++
 				sent := time.Now()
-				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(now))
+				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(receipt), time.UnixMilli(now))
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
-				want, next, write := backend.Log(p, slices.Clone(log), op, cost, now)
+				if op == throttler.OpTake && got.Allowed {
+					receipt = got.ResetAt.UnixMilli()
+				}
+				want, next, write := backend.Log(p, slices.Clone(log), op, cost, receipt, now)
 				if write {
 					log = next
 				}

@@ -168,7 +168,7 @@ func TestBatchErrorsGoToTheirCallers(t *testing.T) {
 	wait = inOrder(t, l,
 		func() (throttler.Decision, error) { return b.Take(ctx, "a", p, 1, t0) },
 		func() (throttler.Decision, error) { return b.Peek(ctx, "b", p, t0) },
-		func() (throttler.Decision, error) { return b.Refund(ctx, "c", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Refund(ctx, "c", p, 1, t0.Add(p.Window), t0) },
 	)
 	release()
 	for i, r := range wait() {
@@ -294,20 +294,29 @@ func TestBatchTakesOfOneWindow(t *testing.T) {
 		alone := newBackend(t, rdb, &Options{Prefix: fmt.Sprintf("ta%d:", round), MaxBatch: 1})
 		p := throttler.Policy{Name: "w", Limit: 10, Window: 100 * time.Millisecond}
 		type step struct {
-			refund bool
-			key    string
-			cost   int64
-			now    time.Time
+			refund  bool
+			key     string
+			cost    int64
+			now     time.Time
+			receipt time.Time // a Refund's: its key's window's ResetAt
 		}
 		var steps []step
 		now := t0
+		resetAt := map[string]time.Time{} // a Take of at most Limit opens a window
 		for range 2 + rng.IntN(20) {
 			now = now.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
-			steps = append(steps, step{rng.IntN(8) == 0, fmt.Sprint("k", rng.IntN(2)), int64(1 + rng.IntN(6)), now})
+			s := step{rng.IntN(8) == 0, fmt.Sprint("k", rng.IntN(2)), int64(1 + rng.IntN(6)), now, time.Time{}}
+			if !s.refund && !resetAt[s.key].After(now) {
+				resetAt[s.key] = now.Add(p.Window)
+			}
+			if s.receipt = resetAt[s.key]; s.receipt.IsZero() {
+				s.receipt = now.Add(p.Window)
+			}
+			steps = append(steps, s)
 		}
 		do := func(b *Backend, s step) (throttler.Decision, error) {
 			if s.refund {
-				return b.Refund(ctx, s.key, p, s.cost, s.now)
+				return b.Refund(ctx, s.key, p, s.cost, s.receipt, s.now)
 			}
 			return b.Take(ctx, s.key, p, s.cost, s.now)
 		}

@@ -101,10 +101,10 @@ func (e *overLimit) answer(cost int64, now time.Time, t int64) (throttler.Decisi
 		}
 		return backend.WindowState(e.p, e.d.Used, e.d.ResetAt, now, false), true
 	case throttler.TokenBucket:
-		d, _, write := backend.Bucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, t)
+		d, _, write := backend.Bucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, 0, t)
 		return d, !write
 	case throttler.SlidingWindow:
-		d, _, write := backend.Counter(e.p, e.counter, e.stored, throttler.OpTake, cost, t)
+		d, _, write := backend.Counter(e.p, e.counter, e.stored, throttler.OpTake, cost, 0, t)
 		return d, !write
 	case throttler.SlidingLog:
 		if cost != e.cost || t < e.at {

@@ -29,6 +29,7 @@ func TestOverLimitCacheMatchesRedis(t *testing.T) {
 			}
 			rng := rand.New(rand.NewPCG(uint64(alg), 11))
 			now := t0
+			receipts := map[string]time.Time{} // a key's latest admitted Take's
 			for step := range 3000 {
 				switch r := rng.IntN(20); {
 				case r < 2:
@@ -47,9 +48,16 @@ func TestOverLimitCacheMatchesRedis(t *testing.T) {
 				if op == throttler.OpTake {
 					got, err1 = cached.Take(ctx, key, p, cost, now)
 					want, err2 = plain.Take(ctx, key, p, cost, now)
+					if want.Allowed {
+						receipts[key] = want.ResetAt
+					}
 				} else {
-					got, err1 = cached.Refund(ctx, key, p, cost, now)
-					want, err2 = plain.Refund(ctx, key, p, cost, now)
+					receipt, ok := receipts[key]
+					if !ok {
+						receipt = now.Add(p.Window)
+					}
+					got, err1 = cached.Refund(ctx, key, p, cost, receipt, now)
+					want, err2 = plain.Refund(ctx, key, p, cost, receipt, now)
 				}
 				if err1 != nil || err2 != nil {
 					t.Fatalf("step %d: %v, %v", step, err1, err2)
@@ -76,13 +84,14 @@ func TestOverLimitCacheDiffersAfterAnotherProcesssRefund(t *testing.T) {
 	cached := newBackend(t, rdb, &Options{OverLimitCache: 8})
 	other := newBackend(t, rdb, nil)
 	p := throttler.Policy{Name: "r", Limit: 2, Window: time.Minute}
-	if d, err := cached.Take(ctx, "k", p, 2, t0); err != nil || !d.Allowed {
-		t.Fatal(d, err)
+	taken, err := cached.Take(ctx, "k", p, 2, t0)
+	if err != nil || !taken.Allowed {
+		t.Fatal(taken, err)
 	}
 	if d, err := cached.Take(ctx, "k", p, 1, t0); err != nil || d.Allowed {
 		t.Fatal(d, err)
 	}
-	if _, err := other.Refund(ctx, "k", p, 2, t0); err != nil {
+	if _, err := other.Refund(ctx, "k", p, 2, taken.ResetAt, t0); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := cached.Take(ctx, "k", p, 1, t0.Add(time.Second)); err != nil || d.Allowed || d.Used != 2 {
@@ -102,7 +111,7 @@ func TestOverLimitCacheDiffersAfterAnotherProcesssRefund(t *testing.T) {
 	if d, err := cached.Take(ctx, "k", raised, 1, t0.Add(time.Second)); err != nil || d.Allowed {
 		t.Fatal(d, err) // denied again, and kept
 	}
-	if _, err := cached.Refund(ctx, "k", raised, 1, t0.Add(time.Second)); err != nil {
+	if _, err := cached.Refund(ctx, "k", raised, 1, taken.ResetAt, t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := cached.Take(ctx, "k", raised, 1, t0.Add(time.Second)); err != nil || !d.Allowed {

@@ -301,14 +301,14 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	}
 	sk, h := b.keyOf(p, key)
 	if b.cache == nil {
-		return b.op(ctx, throttler.OpTake, key, sk, h, p, cost, now, nil)
+		return b.op(ctx, throttler.OpTake, key, sk, h, p, cost, 0, now, nil)
 	}
 	if d, ok := b.cache.take(sk, h, p, cost, now); ok {
 		b.counters.cacheHits.Add(1)
 		return d, nil
 	}
 	var denial overLimit
-	d, err := b.op(ctx, throttler.OpTake, key, sk, h, p, cost, now, &denial)
+	d, err := b.op(ctx, throttler.OpTake, key, sk, h, p, cost, 0, now, &denial)
 	switch {
 	case err != nil:
 	case d.Allowed:
@@ -328,17 +328,19 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	return d, err
 }
 
-// Refund gives cost back to the key's state, never below empty: one
-// script on the shard's primary, alone or in a batch.
-func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
+// Refund gives cost back to the key's state that the Take of receipt
+// counted them in (see throttler.Backend), never below empty: one script on
+// the shard's primary, alone or in a batch, which compares the stored
+// state with the receipt.
+func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
 	if b.cache != nil {
 		b.cache.drop(sk, h)
 	}
-	return b.op(ctx, throttler.OpRefund, key, sk, h, p, cost, now, nil)
+	return b.op(ctx, throttler.OpRefund, key, sk, h, p, cost, receipt.UnixMilli(), now, nil)
 }
 
 // Peek reports the key's state without counting. It reads a replica when
@@ -349,7 +351,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
-	return b.op(ctx, throttler.OpPeek, key, sk, h, p, 0, now, nil)
+	return b.op(ctx, throttler.OpPeek, key, sk, h, p, 0, 0, now, nil)
 }
 
 // keyOf is the storage key of (p, key) and its hash.
@@ -360,9 +362,10 @@ func (b *Backend) keyOf(p throttler.Policy, key string) (string, uint64) {
 	return b.algorithmKey(p, key)
 }
 
-// op runs op under p on the key's shard; the input has been validated.
-// A denied Take fills denial, when given, with the state the cache needs.
-func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uint64, p throttler.Policy, cost int64, now time.Time, denial *overLimit) (throttler.Decision, error) {
+// op runs op under p on the key's shard (r: a Refund's receipt, Unix ms);
+// the input has been validated. A denied Take fills denial, when given,
+// with the state the cache needs.
+func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uint64, p throttler.Policy, cost, r int64, now time.Time, denial *overLimit) (throttler.Decision, error) {
 	s := b.shardFor(h)
 	var (
 		d   throttler.Decision
@@ -370,13 +373,13 @@ func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uin
 	)
 	switch p.Algorithm {
 	case throttler.FixedWindow:
-		d, err = b.window(ctx, s, sk, op, p, cost, now)
+		d, err = b.window(ctx, s, sk, op, p, cost, r, now)
 	case throttler.TokenBucket:
-		d, err = b.bucket(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
+		d, err = b.bucket(ctx, s, sk, op, p, cost, r, now.UnixMilli(), denial)
 	case throttler.SlidingWindow:
-		d, err = b.counter(ctx, s, sk, op, p, cost, now.UnixMilli(), denial)
+		d, err = b.counter(ctx, s, sk, op, p, cost, r, now.UnixMilli(), denial)
 	case throttler.SlidingLog:
-		d, err = b.log(ctx, s, sk, op, p, cost, now.UnixMilli())
+		d, err = b.log(ctx, s, sk, op, p, cost, r, now.UnixMilli())
 	default: // unreachable after validation
 		err = fmt.Errorf("%w: algorithm %v", throttler.ErrInvalidPolicy, p.Algorithm)
 	}
@@ -388,7 +391,7 @@ func (b *Backend) op(ctx context.Context, op throttler.Op, key, sk string, h uin
 
 // window runs op on a fixed window: take.lua or refund.lua on the primary,
 // HMGET on a replica (then the primary) for a Peek.
-func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r int64, now time.Time) (throttler.Decision, error) {
 	nowMS := now.UnixMilli()
 	switch op {
 	case throttler.OpTake:
@@ -408,7 +411,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 		return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
 	case throttler.OpRefund:
 		var res [2]int64
-		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost}}, func(reply any) error {
+		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost, r}}, func(reply any) error {
 			err := parseReply(reply, res[:])
 			if err == nil && res[0] < 0 {
 				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)

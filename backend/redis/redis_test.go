@@ -20,7 +20,7 @@ type fakeClient struct {
 	goredis.Scripter // the methods the backend must not call: nil, so they panic
 
 	evalVal   any
-	refundVal any // refund's reply, when set: its script has 2 arguments
+	refundVal any // refund's reply, when set: its script has 3 arguments
 	evalErr   error
 	noScript  bool // EVALSHA fails with NOSCRIPT
 	hmgetVal  []any
@@ -49,7 +49,7 @@ func (f *fakeClient) eval(ctx context.Context, keys []string, args []any) *gored
 	f.lastKeys, f.lastArgs = keys, args
 	cmd := goredis.NewCmd(ctx)
 	cmd.SetVal(f.evalVal)
-	if f.refundVal != nil && len(args) == 2 {
+	if f.refundVal != nil && len(args) == 3 {
 		cmd.SetVal(f.refundVal)
 	}
 	cmd.SetErr(f.evalErr)
@@ -184,7 +184,7 @@ func TestRefundReplies(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeClient{evalVal: tt.reply}
-			d, err := newBackend(t, f, nil).Refund(context.Background(), "k", policy, 2, t0)
+			d, err := newBackend(t, f, nil).Refund(context.Background(), "k", policy, 2, t0.Add(policy.Window), t0)
 			if tt.isErr {
 				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: refund ") {
 					t.Fatalf("Refund = %+v, %v; want a wrapped ErrUnexpectedReply", d, err)
@@ -197,7 +197,7 @@ func TestRefundReplies(t *testing.T) {
 			if d != tt.want {
 				t.Errorf("Refund = %+v, want %+v", d, tt.want)
 			}
-			if got := fmt.Sprint(f.lastArgs); got != fmt.Sprint([]any{ms, int64(2)}) {
+			if got := fmt.Sprint(f.lastArgs); got != fmt.Sprint([]any{ms, int64(2), ms + time.Minute.Milliseconds()}) {
 				t.Errorf("script args = %s", got)
 			}
 		})
@@ -309,7 +309,7 @@ func TestWritesGoToTheKeysShard(t *testing.T) {
 			case "take":
 				_, err = b.Take(context.Background(), key, policy, 1, t0)
 			case "refund":
-				_, err = b.Refund(context.Background(), key, policy, 1, t0)
+				_, err = b.Refund(context.Background(), key, policy, 1, t0.Add(policy.Window), t0)
 			case "peek":
 				_, err = b.Peek(context.Background(), key, policy, t0)
 			}
@@ -352,7 +352,7 @@ func TestBadInput(t *testing.T) {
 		if tt.name == "take above the limit" {
 			continue
 		}
-		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0); !errors.Is(err, tt.want) {
+		if _, err := b.Refund(ctx, tt.key, tt.p, tt.cost, t0.Add(time.Second), t0); !errors.Is(err, tt.want) {
 			t.Errorf("%s: Refund error %v, want %v", tt.name, err, tt.want)
 		}
 		if tt.want != throttler.ErrInvalidCost {
@@ -489,7 +489,7 @@ func FuzzReplies(f *testing.F) {
 		}
 		d, err := be.Take(ctx, "k", policy, 1, t0)
 		check("take", d, err)
-		d, err = be.Refund(ctx, "k", policy, 1, t0)
+		d, err = be.Refund(ctx, "k", policy, 1, t0.Add(policy.Window), t0)
 		check("refund", d, err)
 		d, err = be.Peek(ctx, "k", policy, t0)
 		check("peek", d, err)

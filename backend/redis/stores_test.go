@@ -47,10 +47,10 @@ func (r *pausedReplica) EvalSha(ctx context.Context, sha string, keys []string, 
 // key with no state: nothing written or stored, and the state Go computes.
 func noStateReply(p throttler.Policy, t int64) []any {
 	if p.Algorithm == throttler.TokenBucket {
-		_, next, _ := backend.Bucket(p, backend.BucketState{}, false, throttler.OpPeek, 1, t)
+		_, next, _ := backend.Bucket(p, backend.BucketState{}, false, throttler.OpPeek, 1, 0, t)
 		return []any{int64(0), int64(0), int64(0), int64(0), int64(0), next.Tokens, next.At}
 	}
-	_, next, _ := backend.Counter(p, backend.CounterState{}, false, throttler.OpPeek, 1, t)
+	_, next, _ := backend.Counter(p, backend.CounterState{}, false, throttler.OpPeek, 1, 0, t)
 	return []any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), next.K, next.Curr, next.Prev}
 }
 
@@ -162,7 +162,7 @@ func TestFailuresAreClassified(t *testing.T) {
 				if op == "take" {
 					_, err = b.Take(context.Background(), "k", policy, 1, t0)
 				} else {
-					_, err = b.Refund(context.Background(), "k", policy, 1, t0)
+					_, err = b.Refund(context.Background(), "k", policy, 1, t0.Add(policy.Window), t0)
 				}
 				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "redis: "+op+" ") {
 					t.Errorf("%s: %v, want %v wrapped once", op, err, tt.err)

@@ -68,7 +68,7 @@ func TestInspectOneStore(t *testing.T) {
 
 // failing is a store whose every call fails with err.
 func failing(err error) throttler.Backend {
-	return backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
+	return backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 		return throttler.Decision{}, err
 	})
 }

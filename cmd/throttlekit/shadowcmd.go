@@ -339,16 +339,35 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 	// calls already handed to a worker are answered, not failed.
 	callCtx := context.WithoutCancel(ctx)
 	var mu sync.Mutex // rep.made and rep.byOp, counted by the workers
+	// A Refund names the latest admitted Take of its key and policy by
+	// that Take's ResetAt, as a Throttler does; before any, its own
+	// instant, which names no Take (nothing is refunded).
+	type pair struct {
+		key string
+		p   throttler.Policy
+	}
+	receipts := map[pair]time.Time{}
 	call := func(j job) {
 		c, cancel := context.WithTimeout(callCtx, o.cfg.timeout)
 		defer cancel()
+		id := pair{j.key, j.p}
 		switch j.op {
 		case throttler.OpTake:
-			sh.Take(c, j.key, j.p, o.cost, j.at)
+			if d, err := sh.Take(c, j.key, j.p, o.cost, j.at); err == nil && d.Allowed {
+				mu.Lock()
+				receipts[id] = d.ResetAt
+				mu.Unlock()
+			}
 		case throttler.OpPeek:
 			sh.Peek(c, j.key, j.p, j.at)
 		case throttler.OpRefund:
-			sh.Refund(c, j.key, j.p, o.cost, j.at)
+			mu.Lock()
+			receipt, ok := receipts[id]
+			mu.Unlock()
+			if !ok {
+				receipt = j.at
+			}
+			sh.Refund(c, j.key, j.p, o.cost, receipt, j.at)
 		}
 		mu.Lock()
 		rep.made++

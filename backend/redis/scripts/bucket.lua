@@ -14,6 +14,9 @@
 -- ARGV[5]  capacity (the burst, or the limit)
 -- ARGV[6]  cost (> 0, <= capacity for a take)
 -- ARGV[7]  expiry margin, ms
+-- ARGV[8]  a refund's receipt: the Unix ms at which the bucket was full
+--          again after the refunded take (its ResetAt); refunds only
+--          before both t and t0 reach it
 --
 -- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when
 -- the value holds three decimal integers of magnitude <= 2^53, s, t, w are
@@ -70,9 +73,10 @@ if op == 1 then
     s = s - need
     wrote = 1
   end
-elseif op == 3 and live and s < full then
+elseif op == 3 and live and s < full and t0 < tonumber(ARGV[8]) then
   -- A full bucket takes no refund and stores nothing, as a key with no
   -- state: so dropping a full bucket can never change a later answer.
+  -- Nor does one that has been full since the take (t0 >= the receipt).
   s = math.min(full, s + math.min(cost, cap) * w)
   wrote = 1
 end

@@ -14,6 +14,7 @@
 -- ARGV[4]  the policy's limit
 -- ARGV[5]  cost (> 0, <= limit for a take)
 -- ARGV[6]  expiry margin, ms
+-- ARGV[7]  a refund's receipt: (K+1)*w of the refunded take's window K
 --
 -- Returns {wrote (0|1), stored (0|1), k, c, p, w, k', c', p'}: stored is 1
 -- when the value holds four decimal integers of magnitude <= 2^53, k, c, p,
@@ -76,7 +77,7 @@ if op == 1 then
     curr = curr + cost
     wrote = 1
   end
-elseif op == 3 and live and k == rk then
+elseif op == 3 and live and k == rk and (k + 1) * w == tonumber(ARGV[7]) then
   curr = math.max(0, curr - math.min(cost, limit))
   wrote = 1
 end

@@ -16,6 +16,8 @@
 -- ARGV[5]  cost (> 0, <= limit for a take; ignored by a peek)
 -- ARGV[6]  expiry margin, ms
 -- ARGV[7]  t - w: units at or before it have ended
+-- ARGV[8]  a refund's receipt less w: the refunded take's units are at or
+--          before it, and units after it were logged after the take
 --
 -- Returns {allowed (0|1), used, reset-at ms, retry-after ms}.
 --
@@ -29,7 +31,7 @@
 -- Used is a ZCOUNT of the live scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
--- refund pops the newest members; a take drops the ended ones and adds its
+-- refund drops its newest by rank; a take drops the ended ones and adds its
 -- own, wherever its ms falls. A steady take is five commands. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -100,12 +102,16 @@ if op == 1 then
   end
 else
   if op == 3 and used > 0 then
-    -- The newest units go first, and only live ones (left <= used).
-    local left = math.min(cost, used)
-    redis.call('ZPOPMAX', log, left)
-    used = used - left
-    if used > 0 then
-      top, at = newest()
+    -- The newest live units logged at or before the receipt less w go
+    -- first: ranks [upto - left, upto) of the set.
+    local upto = redis.call('ZCOUNT', log, '-inf', ARGV[8])
+    local left = math.min(cost, upto - redis.call('ZCOUNT', log, '-inf', ARGV[7]))
+    if left > 0 then
+      redis.call('ZREMRANGEBYRANK', log, upto - left, upto - 1)
+      used = used - left
+      if used > 0 then
+        top, at = newest()
+      end
     end
   end
   if used + 1 <= limit then

@@ -54,7 +54,7 @@ func (*Nop) Take(_ context.Context, _ string, p throttler.Policy, _ int64, now t
 func (*Nop) Peek(_ context.Context, _ string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
 }
-func (*Nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, now time.Time) (throttler.Decision, error) {
+func (*Nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, _, now time.Time) (throttler.Decision, error) {
 	return throttler.Decision{Allowed: true, Limit: p.Limit, ResetAt: now}, nil
 }
 

@@ -36,7 +36,7 @@ type down struct {
 
 func newDown(store string, hang bool) *down {
 	d := &down{store: store}
-	d.OpFunc = func(ctx context.Context, _ throttler.Op, _ string, _ throttler.Policy, _ int64, _ time.Time) (throttler.Decision, error) {
+	d.OpFunc = func(ctx context.Context, _ throttler.Op, _ string, _ throttler.Policy, _ int64, _, _ time.Time) (throttler.Decision, error) {
 		if hang {
 			<-ctx.Done()
 			return throttler.Decision{}, fmt.Errorf("down: %w", ctx.Err())
