@@ -94,7 +94,22 @@ const maxBatchLimit = 4096
 type request struct {
 	fn   int
 	sk   string
-	args []any
+	args []any    // the script's arguments; a fixed window's Take: take
+	take takeArgs // fnTake: take.lua's, kept as numbers until sent
+}
+
+// takeArgs are take.lua's arguments (scripts/take.lua): held as numbers,
+// a Take allocates no interface per argument, and a batch's takes.lua call
+// sends what its Takes share once.
+type takeArgs struct{ now, reset, limit, cost, expiry int64 }
+
+// scriptArgs are req's script arguments.
+func (req *request) scriptArgs() []any {
+	if req.fn == fnTake {
+		t := &req.take
+		return []any{t.now, t.reset, t.limit, t.cost, t.expiry}
+	}
+	return req.args
 }
 
 // lane batches the requests of one client.
@@ -455,19 +470,19 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.args...)
+			return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.args...)
+		return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
 	// Takes as (set, cost). Arguments are the requests' own values.
 	sets, first := sc.sets[:0], sc.first[:0]
 	for _, p := range c.ps {
-		a := p.req.args
+		t := &p.req.take
 		s := slices.IndexFunc(first, func(f int) bool {
-			b := c.ps[f].req.args
-			return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[4] == b[4]
+			u := &c.ps[f].req.take
+			return t.now == u.now && t.reset == u.reset && t.limit == u.limit && t.expiry == u.expiry
 		})
 		if s < 0 {
 			s = len(first)
@@ -478,15 +493,15 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 	keys := sc.keys[:0]
 	args := append(sc.args[:0], len(first))
 	for _, f := range first {
-		a := c.ps[f].req.args
-		args = append(args, a[0], a[1], a[2], a[4])
+		t := &c.ps[f].req.take
+		args = append(args, t.now, t.reset, t.limit, t.expiry)
 	}
 	start := 0
 	for _, end := range c.wins {
 		keys = append(keys, c.ps[start].req.sk)
 		args = append(args, end-start)
 		for i := start; i < end; i++ {
-			args = append(args, sets[i], c.ps[i].req.args[3])
+			args = append(args, sets[i], c.ps[i].req.take.cost)
 		}
 		start = end
 	}
@@ -566,7 +581,7 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.args...).Result()
+	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.scriptArgs()...).Result()
 }
 
 func cmdReply(c goredis.Cmder) (any, error) {
