@@ -26,6 +26,9 @@
 -- opened (HSET u r, PEXPIRE, with that Take's own arguments, as strings),
 -- then the units admitted after it, by HINCRBY. Units are summed in
 -- doubles, exact to 2^53; limits and costs are at most 2^48.
+-- Globals are table lookups in Lua 5.1: those used per Take are locals.
+local tonumber, KEYS, ARGV = tonumber, KEYS, ARGV
+local call, pcall = redis.call, redis.pcall
 local sets = tonumber(ARGV[1])
 local nows, limits = {}, {}
 for s = 1, sets do
@@ -37,7 +40,7 @@ for j = 1, #KEYS do
   local key, m = KEYS[j], tonumber(ARGV[a])
   local first = a + 1
   a = first + 2 * m
-  local v = redis.pcall('HMGET', key, 'u', 'r')
+  local v = pcall('HMGET', key, 'u', 'r')
   if v.err then
     o = o + 1
     out[o] = v
@@ -65,13 +68,13 @@ for j = 1, #KEYS do
     if opened ~= nil then
       -- The key is a hash or none (HMGET read it): these cannot fail.
       local b = 4 * tonumber(ARGV[opened]) - 2
-      redis.call('HSET', key, 'u', ARGV[opened + 1], 'r', ARGV[b + 1])
-      redis.call('PEXPIRE', key, ARGV[b + 3])
+      call('HSET', key, 'u', ARGV[opened + 1], 'r', ARGV[b + 1])
+      call('PEXPIRE', key, ARGV[b + 3])
     end
     if inc > 0 then
       -- Fails only on a u that is no integer, when no window was opened
       -- (HSET wrote one): then nothing was written.
-      local r = redis.pcall('HINCRBY', key, 'u', str(inc))
+      local r = pcall('HINCRBY', key, 'u', str(inc))
       if type(r) == 'table' and r.err then
         for i = o, start + 2, -1 do
           out[i] = nil
