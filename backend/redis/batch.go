@@ -56,7 +56,8 @@ const (
 var (
 	//go:embed scripts/takes.lua
 	takesSource string
-	// takesScript runs the Takes of one fixed window in one batch.
+	// takesScript runs a batch's Takes of fixed windows: one window's, or,
+	// on a client of one server, every window's nothing else touches.
 	takesScript = goredis.NewScript(numbersSource + takesSource)
 )
 
