@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/throttlekit/throttlekit/backend/redis"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -71,17 +73,30 @@ func batchRun(b *testing.B, goroutines int, f func(g, i int) error) (int64, []ti
 // batchPaired runs the variants round after round, each round starting
 // with the next one, and reports each one's
 // calls/s, p50 and p99 (µs, over every call of every round); it returns
-// the calls/s.
-func batchPaired(b *testing.B, goroutines int, variants []batchVariant, latencies bool) []float64 {
+// the calls/s. With srv, the client on the server, it also reports each
+// variant's CPU time per call in this process (client-µs/call: our code,
+// go-redis and the harness) and in the server (redis-µs/call, INFO cpu), to
+// tell which side saturates.
+func batchPaired(b *testing.B, goroutines int, variants []batchVariant, latencies bool, srv *goredis.Client) []float64 {
 	calls := make([]int64, len(variants))
 	lats := make([][]time.Duration, len(variants))
+	clientCPU := make([]time.Duration, len(variants))
+	serverCPU := make([]time.Duration, len(variants))
 	var elapsed time.Duration
 	for round := 0; b.Loop(); round++ {
 		// Each round starts with the next variant: going first costs
 		// (measured up to 2x at low concurrency on a loaded machine).
 		for k := range variants {
 			i := (round + k) % len(variants)
+			var c0, s0 time.Duration
+			if srv != nil {
+				c0, s0 = cputime.Process(), redisCPU(b, srv)
+			}
 			n, lat := batchRun(b, goroutines, variants[i].f)
+			if srv != nil {
+				clientCPU[i] += cputime.Process() - c0
+				serverCPU[i] += redisCPU(b, srv) - s0
+			}
 			calls[i] += n
 			lats[i] = append(lats[i], lat...)
 		}
@@ -91,6 +106,10 @@ func batchPaired(b *testing.B, goroutines int, variants []batchVariant, latencie
 	for i, v := range variants {
 		perSec[i] = float64(calls[i]) / elapsed.Seconds()
 		b.ReportMetric(perSec[i], v.name+"-calls/s")
+		if srv != nil && calls[i] > 0 {
+			b.ReportMetric(float64(clientCPU[i].Nanoseconds())/1e3/float64(calls[i]), v.name+"-client-µs/call")
+			b.ReportMetric(float64(serverCPU[i].Nanoseconds())/1e3/float64(calls[i]), v.name+"-redis-µs/call")
+		}
 		if latencies && len(lats[i]) > 0 {
 			slices.Sort(lats[i])
 			q := func(f float64) float64 {
@@ -101,6 +120,26 @@ func batchPaired(b *testing.B, goroutines int, variants []batchVariant, latencie
 		}
 	}
 	return perSec
+}
+
+// redisCPU is the CPU time the server has used (INFO cpu, user + system).
+func redisCPU(b *testing.B, c *goredis.Client) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				b.Fatalf("INFO cpu %s: %v", k, err)
+			}
+			total += f
+		}
+	}
+	return time.Duration(total * 1e9)
 }
 
 // batchSetup starts a server and returns a plain client on it (a pool as
@@ -180,7 +219,7 @@ func BenchmarkRedisBatchThroughput(b *testing.B) {
 	c, ap, tk := batchSetup(b, nil)
 	for _, keys := range []int{1, 10_000} {
 		b.Run(fmt.Sprintf("keys=%d", keys), func(b *testing.B) {
-			perSec := batchPaired(b, goroutines, batchVariants(b, c, ap, tk, keys, goroutines, true), true)
+			perSec := batchPaired(b, goroutines, batchVariants(b, c, ap, tk, keys, goroutines, true), true, c)
 			b.ReportMetric(perSec[0]/perSec[1], "throttlekit/redis_rate")
 			b.ReportMetric(perSec[0]/perSec[2], "throttlekit/redis_rate-autopipeline")
 			b.ReportMetric(perSec[0]/perSec[3], "throttlekit/floor")
@@ -244,7 +283,7 @@ func BenchmarkRedisOverLimitCache(b *testing.B) {
 	perSec := batchPaired(b, goroutines, []batchVariant{
 		{"cache-on", take(on, "on:"+run)},
 		{"cache-off", take(off, "off:"+run)},
-	}, true)
+	}, true, nil)
 	b.ReportMetric(perSec[0]/perSec[1], "on/off")
 	s := on.Stats()
 	b.ReportMetric(float64(s.CacheHits)/float64(s.CacheHits+s.Ops), "hit-ratio")
@@ -257,7 +296,7 @@ func BenchmarkRedisBatchScaling(b *testing.B) {
 	c, ap, tk := batchSetup(b, nil)
 	for _, goroutines := range []int{1, 2, 4, 8, 16, 32, 64, 128, 256} {
 		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
-			perSec := batchPaired(b, goroutines, batchVariants(b, c, ap, tk, 10_000, goroutines, false), false)
+			perSec := batchPaired(b, goroutines, batchVariants(b, c, ap, tk, 10_000, goroutines, false), false, nil)
 			b.ReportMetric(perSec[0]/perSec[1], "throttlekit/redis_rate")
 			b.ReportMetric(perSec[0]/perSec[2], "throttlekit/redis_rate-autopipeline")
 		})

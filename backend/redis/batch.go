@@ -4,7 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
-	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,10 +20,12 @@ import (
 // with no batch and fewer than maxInFlight round trips under way (one
 // while batches are deep) is sent at once, in the caller's goroutine,
 // with the caller's context: a call alone on an idle client costs what it
-// did before batching. Otherwise it queues, and the lane's next round trip
-// (one batch at a time) carries every queued request, up to
-// Options.MaxBatch, as one pipeline of EVALSHAs; a Cluster's or a Ring's
-// client splits it by node. The Takes of one fixed window in a batch (a
+// did before batching. Otherwise it queues, and the lane's next batch
+// carries every queued request, up to Options.MaxBatch, as one pipeline of
+// EVALSHAs; a Cluster's or a Ring's client splits it by node. A lane has
+// up to two batches under way, so that the client's work on one overlaps
+// Redis's on the other; the second starts once half of the lane's callers
+// have queued (lane.half), never on a timer. The Takes of one fixed window in a batch (a
 // hot key's) go as one takes.lua call that answers each in turn, with
 // nothing of that window between them; on a client of one server, so do
 // the Takes of every window nothing else in the batch touches.
@@ -54,7 +56,8 @@ const (
 var (
 	//go:embed scripts/takes.lua
 	takesSource string
-	// takesScript runs the Takes of one fixed window in one batch.
+	// takesScript runs a batch's Takes of fixed windows: one window's, or,
+	// on a client of one server, every window's nothing else touches.
 	takesScript = goredis.NewScript(numbersSource + takesSource)
 )
 
@@ -72,14 +75,14 @@ var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
 // batches stay deep instead of a returning caller going alone.
 const maxInFlight = 4
 
-// maxBatches is how many batches a lane sends at once: two, so that
-// Redis reads one while the client reads the other's replies; more cut
-// the queue into shallower batches (BenchmarkBatching compares).
-const maxBatches = 1
-
-// maxYields is how many scheduler turns a flusher gives the callers its
-// last batch answered to queue again before it sends the next batch.
-const maxYields = 4
+// maxBatches is how many batches a lane has under way at once: two, so
+// that the client's work on one (writing it, reading and handing out its
+// replies, its callers calling again) overlaps Redis running the other.
+// With one, the two sides took turns and each idled half the time
+// (docs/performance.md, "Client-side CPU"); a second batch starts only
+// once half of the lane's callers have queued (see lane.half), so the two
+// stay about equal.
+const maxBatches = 2
 
 // deepBatch is the size of a batch that says the lane is under high
 // concurrency.
@@ -92,7 +95,22 @@ const maxBatchLimit = 4096
 type request struct {
 	fn   int
 	sk   string
-	args []any
+	args []any    // the script's arguments; a fixed window's Take: take
+	take takeArgs // fnTake: take.lua's, kept as numbers until sent
+}
+
+// takeArgs are take.lua's arguments (scripts/take.lua): held as numbers,
+// a Take allocates no interface per argument, and a batch's takes.lua call
+// sends what its Takes share once.
+type takeArgs struct{ now, reset, limit, cost, expiry int64 }
+
+// scriptArgs are req's script arguments.
+func (req *request) scriptArgs() []any {
+	if req.fn == fnTake {
+		t := &req.take
+		return []any{t.now, t.reset, t.limit, t.cost, t.expiry}
+	}
+	return req.args
 }
 
 // lane batches the requests of one client.
@@ -106,18 +124,19 @@ type lane struct {
 	always  bool // tests: every request goes through a batch (redisbatch.Always)
 	slots   int  // maxInFlight; benchmarks compare others
 	batches int  // maxBatches; benchmarks compare others
-	yields  int  // scheduler turns a flusher gives answered callers to queue again
 
 	mu        sync.Mutex
-	inFlight  int
-	flushers  int // goroutines sending batches
+	inFlight  int // round trips under way: requests sent alone and batches
+	flushers  int // goroutines sending batches (batches under way)
+	flying    int // requests in the batches under way
+	active    int // callers the lane had when its last batch was answered
 	lastBatch int // requests the last batch carried
 	queue     []*pending
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
 	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
-		slots: maxInFlight, batches: maxBatches, yields: maxYields}
+		slots: maxInFlight, batches: maxBatches}
 	switch x := c.(type) {
 	case *goredis.Client:
 		l.pipe, l.one = x.Pipeline, true
@@ -133,14 +152,18 @@ func newLane(c Client, maxBatch int, stats *counters) *lane {
 }
 
 // pending is a queued request and, once its batch is answered, its reply.
+// Its caller puts it back in pendings once it has read the reply: one
+// whose caller left is never reused, its batch may still answer it.
 type pending struct {
 	req      *request
 	deadline time.Time // zero: none
 	state    atomic.Int32
 	reply    any
 	err      error
-	done     chan struct{}
+	done     chan struct{} // one token: the reply is set
 }
+
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
 const (
 	waiting int32 = iota
@@ -166,12 +189,15 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		l.finish()
 		return reply, err
 	}
-	p := &pending{req: req, done: make(chan struct{})}
+	p := pendings.Get().(*pending)
+	p.req = req
+	p.state.Store(waiting)
 	if d, ok := ctx.Deadline(); ok {
 		p.deadline = d
 	}
 	l.queue = append(l.queue, p)
-	start := l.inFlight < l.slots && l.flushers < l.batches // no round trip would take it
+	start := l.inFlight < l.slots && l.flushers < l.batches &&
+		(l.flushers == 0 || len(l.queue) >= l.half())
 	if start {
 		l.inFlight++
 		l.flushers++
@@ -182,7 +208,10 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	}
 	select {
 	case <-p.done:
-		return p.reply, p.err
+		reply, err := p.reply, p.err
+		p.req, p.deadline, p.reply, p.err = nil, time.Time{}, nil, nil
+		pendings.Put(p)
+		return reply, err
 	case <-ctx.Done():
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			l.stats.abandoned.Add(1)
@@ -191,11 +220,27 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	}
 }
 
-// finish ends a round trip; when requests queued meanwhile and fewer than
-// maxBatches goroutines send batches, it starts one more.
+// half is how many queued requests start a batch while another is under
+// way: half of the lane's callers, so that the two batches under way
+// carry about as many each. No timer waits for them: when the batch under
+// way is answered, its goroutine sends whatever queued (next).
+func (l *lane) half() int {
+	return max(1, min(l.max, (l.active+1)/2))
+}
+
+// next reports, under mu, whether a goroutine that ended a round trip
+// should send the queue as a batch: something waits and no batch is under
+// way (none would take it otherwise), or half of the callers wait and the
+// lane has room for one more batch beside the one under way.
+func (l *lane) next(flushers int) bool {
+	return len(l.queue) > 0 && flushers < l.batches && (flushers == 0 || len(l.queue) >= l.half())
+}
+
+// finish ends a round trip sent alone; when requests queued meanwhile, it
+// starts a batch in its place (next).
 func (l *lane) finish() {
 	l.mu.Lock()
-	if len(l.queue) == 0 || l.flushers >= l.batches {
+	if !l.next(l.flushers) {
 		l.inFlight--
 		l.mu.Unlock()
 		return
@@ -205,35 +250,37 @@ func (l *lane) finish() {
 	go l.flush() // keeps this round trip's place
 }
 
-// flush sends the queue, batch after batch, until it is empty.
+// flush sends the queue as a batch, then the next while next says so.
 func (l *lane) flush() {
 	var batch []*pending
-	sent := 0 // requests the previous batch of this loop answered
+	l.mu.Lock()
 	for {
-		l.mu.Lock()
-		// The callers the previous batch answered are runnable, most about
-		// to queue again: let them, a few scheduler turns at most (never a
-		// timer), so that the next batch carries them.
-		for y := 0; y < l.yields && len(l.queue) < min(sent, l.max); y++ {
-			l.mu.Unlock()
-			runtime.Gosched()
-			l.mu.Lock()
-		}
 		n := min(len(l.queue), l.max)
-		if n == 0 {
+		if n == 0 { // another batch took them
 			l.inFlight--
 			l.flushers--
 			l.mu.Unlock()
 			return
 		}
 		l.lastBatch = n
+		l.flying += n
 		batch = append(batch[:0], l.queue[:n]...)
 		rest := copy(l.queue, l.queue[n:])
 		clear(l.queue[rest:])
 		l.queue = l.queue[:rest]
 		l.mu.Unlock()
 		l.send(batch)
-		sent = n
+		l.mu.Lock()
+		l.flying -= n
+		// Every caller the lane has now: those this batch answered, those
+		// in the other batch, those waiting.
+		l.active = n + l.flying + len(l.queue)
+		if !l.next(l.flushers - 1) {
+			l.inFlight--
+			l.flushers--
+			l.mu.Unlock()
+			return
+		}
 	}
 }
 
@@ -266,7 +313,7 @@ func (l *lane) send(batch []*pending) {
 	l.stats.batched.Add(uint64(len(live)))
 	l.run(ctx, live)
 	for _, p := range live {
-		close(p.done)
+		p.done <- struct{}{} // p is its caller's from here
 	}
 }
 
@@ -278,160 +325,256 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
 		return
 	}
-	calls := coalesce(live, l.one)
-	cmds := make([]goredis.Cmder, len(calls))
+	sc := scratches.Get().(*scratch)
+	defer scratches.Put(sc)
+	calls := sc.coalesce(live, l.one)
+	cmds := sc.cmds[:0]
 	pipe := l.pipe()
-	for i, g := range calls {
-		cmds[i] = queue(ctx, pipe, g, false)
+	for i := range calls {
+		cmds = append(cmds, sc.queue(ctx, pipe, &calls[i], false))
 	}
 	_, _ = pipe.Exec(ctx) // each command holds its own error
-	var again []int
+	again := sc.again[:0]
 	for i, c := range cmds {
 		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 			again = append(again, i)
 			continue
 		}
-		deliver(calls[i], c)
+		deliver(&calls[i], c)
 	}
-	if len(again) == 0 {
-		return
+	if len(again) > 0 {
+		// A server that lost its scripts (a restart, a failover): once
+		// more with their sources, which EVAL caches.
+		pipe = l.pipe()
+		for _, i := range again {
+			cmds[i] = sc.queue(ctx, pipe, &calls[i], true)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, i := range again {
+			deliver(&calls[i], cmds[i])
+		}
 	}
-	// A server that lost its scripts (a restart, a failover): once more
-	// with their sources, which EVAL caches.
-	pipe = l.pipe()
-	for _, i := range again {
-		cmds[i] = queue(ctx, pipe, calls[i], true)
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, i := range again {
-		deliver(calls[i], cmds[i])
-	}
+	clear(cmds)
+	sc.cmds, sc.again = cmds[:0], again[:0]
 }
 
 // command is the requests one command answers: one request, or the Takes
 // of one or more fixed windows (takes.lua), window by window.
-type command [][]*pending
+type command struct {
+	ps   []*pending // window by window, each window's in their order
+	wins []int      // where each window's requests end in ps
+}
+
+// scratch is what a batch is cut into, kept from batch to batch
+// (scratches) so that a batch allocates next to nothing of its own.
+type scratch struct {
+	at    map[string]int // the group a Take of a window joins
+	seen  map[string]int // groups per key
+	next  []int          // by request: the next of its group, or -1
+	heads []int          // by group: its first request, then its last
+	tails []int
+	calls []command
+	ps    []*pending // the commands' requests, command after command
+	wins  []int
+	keys  []string
+	args  []any
+	sets  []int // by request of a takes.lua command: its parameter set
+	first []int // by parameter set: the request whose arguments it takes
+	cmds  []goredis.Cmder
+	again []int
+}
+
+var scratches = sync.Pool{New: func() any {
+	return &scratch{at: make(map[string]int), seen: make(map[string]int)}
+}}
 
 // coalesce cuts a batch into its commands: the Takes of one fixed window
 // together, in their order, every other request alone. With one, for a
 // client of one server, the windows whose key nothing else in the batch
 // touches go as one command, answered by one takes.lua call: their
 // Takes commute with every other command of the batch.
-func coalesce(live []*pending, one bool) []command {
-	groups := make([][]*pending, 0, len(live))
-	var at map[string]int
-	for _, p := range live {
+func (sc *scratch) coalesce(live []*pending, one bool) []command {
+	clear(sc.at)
+	sc.next = slices.Grow(sc.next[:0], len(live))[:len(live)]
+	heads, tails := sc.heads[:0], sc.tails[:0]
+	mixed := false // a request other than a Take: some windows may not join
+	for i, p := range live {
+		sc.next[i] = -1
 		switch {
 		case p.req.fn == fnTake:
-			if at == nil {
-				at = make(map[string]int)
-			}
-			if i, ok := at[p.req.sk]; ok {
-				groups[i] = append(groups[i], p)
+			if g, ok := sc.at[p.req.sk]; ok {
+				sc.next[tails[g]], tails[g] = i, i
 				continue
 			}
-			at[p.req.sk] = len(groups)
-		case at != nil:
+			sc.at[p.req.sk] = len(heads)
+		default:
 			// A Peek or a Refund of the window comes between the Takes
 			// before it and those after: they are not put together.
-			delete(at, p.req.sk)
+			mixed = true
+			delete(sc.at, p.req.sk)
 		}
-		groups = append(groups, []*pending{p})
+		heads, tails = append(heads, i), append(tails, i)
 	}
-	calls := make([]command, 0, len(groups))
-	if !one || at == nil {
-		for _, g := range groups {
-			calls = append(calls, command{g})
+	sc.heads, sc.tails = heads, tails
+	if mixed && one {
+		clear(sc.seen)
+		for _, h := range heads {
+			sc.seen[live[h].req.sk]++
 		}
-		return calls
 	}
-	seen := make(map[string]int, len(groups))
-	for _, g := range groups {
-		seen[g[0].req.sk]++
+	joins := func(g int) bool {
+		p := live[heads[g]]
+		return one && p.req.fn == fnTake && (!mixed || sc.seen[p.req.sk] == 1)
 	}
-	takes := -1 // the command of the windows put together
-	for _, g := range groups {
-		if g[0].req.fn != fnTake || seen[g[0].req.sk] > 1 {
-			calls = append(calls, command{g})
+	// The arenas hold every command's slices: sized once, never moved.
+	ps := slices.Grow(sc.ps[:0], len(live))
+	wins := slices.Grow(sc.wins[:0], len(heads))
+	group := func(g int) {
+		for i := heads[g]; i >= 0; i = sc.next[i] {
+			ps = append(ps, live[i])
+		}
+	}
+	calls := sc.calls[:0]
+	var joint command
+	for g := range heads {
+		if joins(g) {
+			group(g)
+			wins = append(wins, len(ps))
+		}
+	}
+	joint.ps, joint.wins = ps, wins
+	joined := false
+	for g := range heads {
+		if joins(g) {
+			if !joined {
+				joined = true
+				calls = append(calls, joint)
+			}
 			continue
 		}
-		if takes < 0 {
-			takes = len(calls)
-			calls = append(calls, nil)
-		}
-		calls[takes] = append(calls[takes], g)
+		start, ws := len(ps), len(wins)
+		group(g)
+		wins = append(wins, len(ps)-start)
+		calls = append(calls, command{ps: ps[start:], wins: wins[ws:]})
 	}
+	sc.ps, sc.wins, sc.calls = ps[:0], wins[:0], calls
 	return calls
 }
 
 // queue adds one command to a pipeline: EVALSHA (or EVAL with the source),
 // HMGET for a fixed window's Peek, takes.lua for Takes of fixed windows.
-func queue(ctx context.Context, pipe goredis.Pipeliner, c command, source bool) goredis.Cmder {
-	req := c[0][0].req
-	if req.fn == fnPeek {
-		return pipe.HMGet(ctx, req.sk, "u", "r")
-	}
-	script, keys, args := scripts[req.fn], []string{req.sk}, req.args
-	if len(c) > 1 || len(c[0]) > 1 {
-		script, keys = takesScript, make([]string, len(c))
-		args = make([]any, 0, len(c)+5*count(c))
-		for j, g := range c {
-			keys[j] = g[0].req.sk
-			args = append(args, len(g))
-			for _, p := range g {
-				args = append(args, p.req.args...)
-			}
+// go-redis copies keys and arguments into its command: sc's are reused.
+func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command, source bool) goredis.Cmder {
+	req := c.ps[0].req
+	if len(c.ps) == 1 {
+		if req.fn == fnPeek {
+			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
+		if source {
+			return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
+		}
+		return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
 	}
+	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
+	// take.lua's arguments but the cost), each once, then each window's
+	// Takes as (set, cost). Arguments are the requests' own values.
+	sets, first := sc.sets[:0], sc.first[:0]
+	for _, p := range c.ps {
+		t := &p.req.take
+		s := slices.IndexFunc(first, func(f int) bool {
+			u := &c.ps[f].req.take
+			return t.now == u.now && t.reset == u.reset && t.limit == u.limit && t.expiry == u.expiry
+		})
+		if s < 0 {
+			s = len(first)
+			first = append(first, len(sets))
+		}
+		sets = append(sets, s+1)
+	}
+	keys := sc.keys[:0]
+	args := append(sc.args[:0], len(first))
+	for _, f := range first {
+		t := &c.ps[f].req.take
+		args = append(args, t.now, t.reset, t.limit, t.expiry)
+	}
+	start := 0
+	for _, end := range c.wins {
+		keys = append(keys, c.ps[start].req.sk)
+		args = append(args, end-start)
+		for i := start; i < end; i++ {
+			args = append(args, sets[i], c.ps[i].req.take.cost)
+		}
+		start = end
+	}
+	var cmd *goredis.Cmd
 	if source {
-		return script.Eval(ctx, pipe, keys, args...)
+		cmd = takesScript.Eval(ctx, pipe, keys, args...)
+	} else {
+		cmd = takesScript.EvalSha(ctx, pipe, keys, args...)
 	}
-	return script.EvalSha(ctx, pipe, keys, args...)
+	clear(keys)
+	clear(args)
+	sc.sets, sc.first, sc.keys, sc.args = sets[:0], first[:0], keys[:0], args[:0]
+	return cmd
 }
 
-// count counts a command's requests.
-func count(c command) (n int) {
-	for _, g := range c {
-		n += len(g)
-	}
-	return n
-}
-
-// deliver hands a command's reply to its callers: takes.lua's is, for
-// each window, three values per Take or the window's own error.
-func deliver(c command, cmd goredis.Cmder) {
-	if len(c) == 1 && len(c[0]) == 1 {
-		c[0][0].reply, c[0][0].err = cmdReply(cmd)
+// deliver hands a command's reply to its callers: takes.lua's is one flat
+// array, for each window three values per Take or the window's own error.
+func deliver(c *command, cmd goredis.Cmder) {
+	if len(c.ps) == 1 {
+		c.ps[0].reply, c.ps[0].err = cmdReply(cmd)
 		return
 	}
 	reply, err := cmd.(*goredis.Cmd).Result()
-	wins, ok := reply.([]any)
-	if err == nil && (!ok || len(wins) != len(c)) {
-		err = fmt.Errorf("%w: %d windows' Takes gave %v", ErrUnexpectedReply, len(c), reply)
+	vals, ok := reply.([]any)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: %d Takes gave %T", ErrUnexpectedReply, len(c.ps), reply)
 	}
-	for j, g := range c {
-		werr, vals := err, []any(nil)
-		if werr == nil {
-			switch w := wins[j].(type) {
-			case []any:
-				vals = w
-				if len(vals) != 3*len(g) {
-					werr = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), w)
-				}
-			case goredis.Error:
-				werr = w
-			default:
-				werr = fmt.Errorf("%w: %d Takes of a window gave %v", ErrUnexpectedReply, len(g), w)
+	if err == nil && !flatOK(c, vals) {
+		err = fmt.Errorf("%w: %d Takes of %d windows gave %d values", ErrUnexpectedReply, len(c.ps), len(c.wins), len(vals))
+	}
+	if err != nil {
+		for _, p := range c.ps {
+			p.err = err
+		}
+		return
+	}
+	at, start := 0, 0
+	for _, end := range c.wins {
+		if werr, ok := vals[at].(goredis.Error); ok {
+			for _, p := range c.ps[start:end] {
+				p.err = werr
+			}
+			at++
+		} else {
+			for _, p := range c.ps[start:end] {
+				p.reply = vals[at : at+3 : at+3]
+				at += 3
 			}
 		}
-		for i, p := range g {
-			if werr != nil {
-				p.err = werr
+		start = end
+	}
+}
+
+// flatOK reports whether takes.lua's reply has, for each window, one error
+// or three values per Take, and nothing more.
+func flatOK(c *command, vals []any) bool {
+	at, start := 0, 0
+	for _, end := range c.wins {
+		if at < len(vals) {
+			if _, ok := vals[at].(goredis.Error); ok {
+				at++
+				start = end
 				continue
 			}
-			p.reply = vals[3*i : 3*i+3 : 3*i+3]
 		}
+		at += 3 * (end - start)
+		if at > len(vals) {
+			return false
+		}
+		start = end
 	}
+	return at == len(vals)
 }
 
 // single runs one request on its own.
@@ -439,7 +582,7 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.args...).Result()
+	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.scriptArgs()...).Result()
 }
 
 func cmdReply(c goredis.Cmder) (any, error) {

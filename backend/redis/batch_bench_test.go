@@ -42,22 +42,16 @@ func BenchmarkBatching(b *testing.B) {
 				// Before this commit: two round trips at once.
 				two := newBackend(b, c, &Options{Prefix: "two:"})
 				two.shards[0].primaryLane.slots = 2
-				// Two batches at once instead of one.
-				two2 := newBackend(b, c, &Options{Prefix: "batches2:"})
-				two2.shards[0].primaryLane.batches = 2
+				// One batch at once instead of two.
+				one := newBackend(b, c, &Options{Prefix: "batches1:"})
+				one.shards[0].primaryLane.batches = 1
 				// A takes.lua call per window, not per batch.
 				apart := newBackend(b, c, &Options{Prefix: "apart:"})
 				apart.shards[0].primaryLane.one = false
-				// No yield to the callers a batch answered.
-				noyield := newBackend(b, c, &Options{Prefix: "noyield:"})
-				noyield.shards[0].primaryLane.yields = 0
-				// More turns for the callers to queue again.
-				y16 := newBackend(b, c, &Options{Prefix: "y16:"})
-				y16.shards[0].primaryLane.yields = 16
 				designs := []struct {
 					name string
 					b    *Backend
-				}{{"batched", on}, {"unbatched", off}, {"inflight2", two}, {"batches2", two2}, {"apart", apart}, {"noyield", noyield}, {"yields16", y16}}
+				}{{"batched", on}, {"unbatched", off}, {"inflight2", two}, {"batches1", one}, {"apart", apart}}
 				calls := make([]int64, len(designs))
 				usec := make([]int64, len(designs))
 				const burst = 100 * time.Millisecond
@@ -149,11 +143,12 @@ func BenchmarkTakesScript(b *testing.B) {
 	keys := make([]string, n)
 	nowMS := t0.UnixMilli()
 	one := []any{nowMS, nowMS + 3_600_000, int64(1) << 40, 1, 3_600_001}
-	multi := make([]any, 0, 6*n)
+	// takes.lua's arguments: one parameter set, then each window's one
+	// Take of it, cost 1.
+	multi := append(make([]any, 0, 5+3*n), 1, one[0], one[1], one[2], one[4])
 	for i := range keys {
 		keys[i] = "ts:" + strconv.Itoa(i)
-		multi = append(multi, 1)
-		multi = append(multi, one...)
+		multi = append(multi, 1, 1, 1)
 	}
 	if err := takeScript.Load(ctx, rdb).Err(); err != nil {
 		b.Fatal(err)

@@ -140,20 +140,39 @@ func TestBatchErrorsGoToTheirCallers(t *testing.T) {
 	_, aloneErr := newBackend(t, rdb, &Options{Prefix: "errs:", MaxBatch: 1}).Take(ctx, "frac", p, 1, t0)
 	release = hold(l)
 	wait = inOrder(t, l,
+		func() (throttler.Decision, error) { return b.Take(ctx, "d", p, 3, t0) },
 		func() (throttler.Decision, error) { return b.Take(ctx, "frac", p, 1, t0) },
 		func() (throttler.Decision, error) { return b.Take(ctx, "c", p, 1, t0) },
 		func() (throttler.Decision, error) { return b.Take(ctx, "frac", p, 1, t0) },
 	)
 	release()
 	res = wait()
-	if res[1].err != nil || !res[1].d.Allowed || res[1].d.Used != 1 {
-		t.Errorf("the good key: %+v, %v", res[1].d, res[1].err)
+	// The windows before and after the failing one in the reply.
+	if res[0].err != nil || !res[0].d.Allowed || res[0].d.Used != 3 {
+		t.Errorf("the good key before: %+v, %v", res[0].d, res[0].err)
 	}
-	for _, r := range []result{res[0], res[2]} {
+	if res[2].err != nil || !res[2].d.Allowed || res[2].d.Used != 1 {
+		t.Errorf("the good key after: %+v, %v", res[2].d, res[2].err)
+	}
+	for _, r := range []result{res[1], res[3]} {
 		if aloneErr == nil || r.err == nil || !strings.Contains(r.err.Error(), "not an integer") ||
 			errors.Is(r.err, backend.ErrKeyState) || errors.Is(r.err, throttler.ErrUnavailable) {
 			t.Errorf("the window counting 1.5: %v (alone: %v), want HINCRBY's error", r.err, aloneErr)
 		}
+	}
+	// The failing window last in the reply: nothing of its answers stays.
+	release = hold(l)
+	wait = inOrder(t, l,
+		func() (throttler.Decision, error) { return b.Take(ctx, "d", p, 1, t0) },
+		func() (throttler.Decision, error) { return b.Take(ctx, "frac", p, 1, t0) },
+	)
+	release()
+	res = wait()
+	if res[0].err != nil || !res[0].d.Allowed || res[0].d.Used != 4 {
+		t.Errorf("the good key before the failing last: %+v, %v", res[0].d, res[0].err)
+	}
+	if res[1].err == nil || !strings.Contains(res[1].err.Error(), "not an integer") {
+		t.Errorf("the failing window last: %v, want HINCRBY's error", res[1].err)
 	}
 	if u, err := rdb.HGet(ctx, frac, "u").Result(); err != nil || u != "1.5" {
 		t.Errorf("the window counting 1.5 now holds %q, %v", u, err)
@@ -292,33 +311,40 @@ func TestBatchTakesOfOneWindow(t *testing.T) {
 	for round := range 40 {
 		batched := newBackend(t, rdb, &Options{Prefix: fmt.Sprintf("tb%d:", round)})
 		alone := newBackend(t, rdb, &Options{Prefix: fmt.Sprintf("ta%d:", round), MaxBatch: 1})
-		p := throttler.Policy{Name: "w", Limit: 10, Window: 100 * time.Millisecond}
+		// Two policies and instants that move: the batch's takes.lua call
+		// carries several parameter sets.
+		policies := []throttler.Policy{
+			{Name: "w", Limit: 10, Window: 100 * time.Millisecond},
+			{Name: "v", Limit: 7, Window: 60 * time.Millisecond},
+		}
 		type step struct {
 			refund  bool
 			key     string
 			cost    int64
 			now     time.Time
-			receipt time.Time // a Refund's: its key's window's ResetAt
+			p       throttler.Policy
+			receipt time.Time // a Refund's: its window's ResetAt
 		}
 		var steps []step
 		now := t0
-		resetAt := map[string]time.Time{} // a Take of at most Limit opens a window
+		resetAt := map[string]time.Time{} // by policy/key: a Take of at most Limit opens a window
 		for range 2 + rng.IntN(20) {
 			now = now.Add(time.Duration(rng.IntN(40)) * time.Millisecond)
-			s := step{rng.IntN(8) == 0, fmt.Sprint("k", rng.IntN(2)), int64(1 + rng.IntN(6)), now, time.Time{}}
-			if !s.refund && !resetAt[s.key].After(now) {
-				resetAt[s.key] = now.Add(p.Window)
+			s := step{rng.IntN(8) == 0, fmt.Sprint("k", rng.IntN(3)), int64(1 + rng.IntN(6)), now, policies[rng.IntN(2)], time.Time{}}
+			w := s.p.Name + "/" + s.key
+			if !s.refund && !resetAt[w].After(now) {
+				resetAt[w] = now.Add(s.p.Window)
 			}
-			if s.receipt = resetAt[s.key]; s.receipt.IsZero() {
-				s.receipt = now.Add(p.Window)
+			if s.receipt = resetAt[w]; s.receipt.IsZero() {
+				s.receipt = now.Add(s.p.Window)
 			}
 			steps = append(steps, s)
 		}
 		do := func(b *Backend, s step) (throttler.Decision, error) {
 			if s.refund {
-				return b.Refund(ctx, s.key, p, s.cost, s.receipt, s.now)
+				return b.Refund(ctx, s.key, s.p, s.cost, s.receipt, s.now)
 			}
-			return b.Take(ctx, s.key, p, s.cost, s.now)
+			return b.Take(ctx, s.key, s.p, s.cost, s.now)
 		}
 		l := batched.shards[0].primaryLane
 		release := hold(l)
@@ -338,13 +364,20 @@ func TestBatchTakesOfOneWindow(t *testing.T) {
 				t.Fatalf("round %d step %d %+v: batched %+v, alone %+v", round, i, s, got[i].d, want)
 			}
 		}
-		for _, key := range []string{"k0", "k1"} {
-			sb, _ := batched.storageKey(p, key)
-			sa, _ := alone.storageKey(p, key)
-			hb, err1 := rdb.HGetAll(ctx, sb).Result()
-			ha, err2 := rdb.HGetAll(ctx, sa).Result()
-			if err1 != nil || err2 != nil || fmt.Sprint(hb) != fmt.Sprint(ha) {
-				t.Fatalf("round %d %s: batched left %v, alone %v (%v, %v)", round, key, hb, ha, err1, err2)
+		for _, p := range policies {
+			for _, key := range []string{"k0", "k1", "k2"} {
+				sb, _ := batched.storageKey(p, key)
+				sa, _ := alone.storageKey(p, key)
+				hb, err1 := rdb.HGetAll(ctx, sb).Result()
+				ha, err2 := rdb.HGetAll(ctx, sa).Result()
+				if err1 != nil || err2 != nil || fmt.Sprint(hb) != fmt.Sprint(ha) {
+					t.Fatalf("round %d %s %s: batched left %v, alone %v (%v, %v)", round, p.Name, key, hb, ha, err1, err2)
+				}
+				tb, err1 := rdb.PTTL(ctx, sb).Result()
+				ta, err2 := rdb.PTTL(ctx, sa).Result()
+				if err1 != nil || err2 != nil || (tb < 0) != (ta < 0) {
+					t.Fatalf("round %d %s %s: batched expiry %v, alone %v (%v, %v)", round, p.Name, key, tb, ta, err1, err2)
+				}
 			}
 		}
 	}
@@ -376,5 +409,47 @@ func TestParseInts(t *testing.T) {
 		if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && fmt.Sprint(out) != fmt.Sprint(tt.want)) {
 			t.Errorf("%v, %v: got %v, %v; want %v, %v", tt.val, tt.err, out, err, tt.want, tt.wantErr)
 		}
+	}
+}
+
+// TestBatchSecondStartsAtHalf: while one batch is under way, the requests
+// that queue wait until half of the lane's callers have (lane.half), then
+// go as a second batch without waiting for the first; none waits for a
+// timer.
+func TestBatchSecondStartsAtHalf(t *testing.T) {
+	rdb, _ := startRedis(t)
+	ctx := context.Background()
+	b := newBackend(t, rdb, &Options{Prefix: "half:"})
+	p := throttler.Policy{Name: "h", Limit: 100, Window: time.Minute}
+	l := b.shards[0].primaryLane
+	// A batch under way that never ends, of 3 of the lane's 6 callers.
+	l.mu.Lock()
+	l.inFlight, l.flushers, l.flying, l.active, l.lastBatch = 1, 1, 3, 6, 3
+	l.mu.Unlock()
+	answers := make(chan result, 3)
+	for i := range 3 {
+		go func() {
+			d, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+			answers <- result{d, err}
+		}()
+		if i < 2 {
+			queued(t, l, i+1) // below half: they wait
+		}
+	}
+	for range 3 {
+		r := <-answers
+		if r.err != nil || !r.d.Allowed || r.d.Used != 1 {
+			t.Fatalf("answer %+v, %v", r.d, r.err)
+		}
+	}
+	l.mu.Lock()
+	inFlight, flushers := l.inFlight, l.flushers
+	l.inFlight, l.flushers, l.flying = 0, 0, 0
+	l.mu.Unlock()
+	if inFlight != 1 || flushers != 1 {
+		t.Errorf("after the second batch: %d round trips, %d batches under way; want the first's alone", inFlight, flushers)
+	}
+	if s := b.Stats(); s.RoundTrips != 1 || s.BatchSizes[1] != 1 {
+		t.Errorf("stats %+v: want one batch of 3", s)
 	}
 }

@@ -398,7 +398,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 		winMS := p.Window.Milliseconds()
 		var res [3]int64
 		err := b.exec(ctx, s, op, &request{fn: fnTake, sk: sk,
-			args: []any{nowMS, nowMS + winMS, p.Limit, cost, winMS + b.marginMS}}, func(reply any) error {
+			take: takeArgs{nowMS, nowMS + winMS, p.Limit, cost, winMS + b.marginMS}}, func(reply any) error {
 			err := parseReply(reply, res[:])
 			if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0) {
 				err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
