@@ -473,10 +473,10 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 			}
 			var log []backend.LogEntry
 			step := 0
+			since := time.Now()
 			call := func(op throttler.Op, cost int64) throttler.Decision {
 				t.Helper()
 				step++
-				sent := time.Now()
 				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(now))
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
@@ -489,7 +489,7 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 					t.Fatalf("step %d: %v %d at %d (%d entries):\n got %+v\nwant %+v", step, op, cost, now, len(log), got, want)
 				}
 				if write {
-					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake, sent)
+					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake, since)
 				}
 				return got
 			}
@@ -568,10 +568,12 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 const pttlSlack = 5 * time.Millisecond
 
 // checkLogState checks a log after a write at t: after a take, no unit
-// that ended by t is stored, and the key expires when the newest unit ends
-// plus the margin, a duration from t; after a refund, it still expires.
-// sent is when the write was sent: the expiry has run down since.
-func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool, sent time.Time) {
+// that ended by t is stored, and the key expires no sooner than when the
+// newest unit ends plus the margin, a duration from t (TestLogExpiry pins
+// the grid it is set on); after a refund, it still expires. since is when
+// the trace's first call was sent: the expiry was set by a call after it
+// and has run down since.
+func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool, since time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	top, err := rdb.ZRevRangeWithScores(ctx, sk, 0, 0).Result()
@@ -582,7 +584,7 @@ func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin 
 		return // a refund emptied the log: the key went with its last member
 	}
 	ttl := rdb.PTTL(ctx, sk).Val()
-	elapsed := time.Since(sent)
+	elapsed := time.Since(since)
 	if ttl <= 0 {
 		t.Fatalf("PTTL %v: no expiry", ttl)
 	}
@@ -592,18 +594,21 @@ func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin 
 	if n := rdb.ZCount(ctx, sk, "-inf", strconv.FormatInt(now-w, 10)).Val(); n != 0 {
 		t.Errorf("%d units that ended by %d still stored after a take", n, now)
 	}
-	// The expiry runs down from when the script set it, after sent: allow
+	// The expiry runs down from when a script set it, after since: allow
 	// what has elapsed since (a loaded machine can take hundreds of ms),
 	// plus pttlSlack.
 	want := time.Duration(int64(top[0].Score)+w-now+margin) * time.Millisecond
-	if ttl > want || ttl < want-elapsed-pttlSlack {
-		t.Errorf("PTTL %v after a take at %d, want %v", ttl, now, want)
+	if ttl < want-elapsed-pttlSlack {
+		t.Errorf("PTTL %v after a take at %d, want at least %v", ttl, now, want)
 	}
 }
 
 // TestLogExpiry pins the sliding log's expiry after a take: a duration from
-// the caller's now to the newest unit's end plus the margin, so a clock
-// behind sets a longer one.
+// the caller's now to the end of the grid cell (min(window, margin) ms,
+// aligned to the epoch) holding the newest unit's end, plus the margin. A
+// take at or after the newest unit whose own unit ends in that cell leaves
+// it as it was; a later cell, a clock behind the newest unit and a log whose
+// units all ended set it again.
 func TestLogExpiry(t *testing.T) {
 	rdb, _ := startRedis(t)
 	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
@@ -614,27 +619,39 @@ func TestLogExpiry(t *testing.T) {
 	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}
 	sk, _ := b.algorithmKey(p, "k")
 	s, ms := time.Second, time.Millisecond
+	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
+	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
+		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
 	for _, step := range []struct {
-		at, want time.Duration // the take's now from T0, the PTTL after it
+		at   time.Duration // the take's now from T0
+		want time.Duration // the PTTL after it
+		sets bool          // whether this take sets the expiry
 	}{
-		{0, 6 * s},              // the newest unit ends at T0+4s
-		{1500 * ms, 6 * s},      // at T0+5.5s
-		{-2000 * ms, 9500 * ms}, // a clock behind: still T0+5.5s
-		{3000 * ms, 6 * s},      // T0+7s
-		{2999 * ms, 6*s + 1*ms}, // behind by 1 ms
-		{10000 * ms, 6 * s},     // all ended: only the new unit
+		{0, 6750 * ms, true},           // newest ends at +4s, in [+2.75s, +4.75s)
+		{500 * ms, 6750 * ms, false},   // ends at +4.5s: the same cell
+		{1 * s, 7750 * ms, true},       // +5s: the next cell, to +6.75s
+		{-2 * s, 10750 * ms, true},     // a clock behind the newest: from its own now
+		{2700 * ms, 10750 * ms, false}, // ends at +6.7s: the newest's cell
+		{2750 * ms, 8 * s, true},       // +6.75s: the next cell, to +8.75s
+		{2750 * ms, 8 * s, false},      // the newest's ms again
+		{10 * s, 6750 * ms, true},      // all ended (the key went): to +14.75s
 	} {
 		sent := time.Now()
-		if _, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil {
-			t.Fatal(err)
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
+			t.Fatal(d, err)
 		}
 		ttl, err := rdb.PTTL(ctx, sk).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The expiry has run down since the call was sent (plus
-		// pttlSlack), however loaded the machine.
-		if ttl > step.want || ttl < step.want-time.Since(sent)-pttlSlack {
+		// The expiry has run down since the take that set it was sent
+		// (plus pttlSlack), however loaded the machine.
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
 			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
 		}
 	}

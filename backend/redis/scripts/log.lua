@@ -14,15 +14,16 @@
 -- ARGV[3]  the policy's window in ms (w)
 -- ARGV[4]  the policy's limit (<= 10,000)
 -- ARGV[5]  cost (> 0, <= limit for a take; ignored by a peek)
--- ARGV[6]  expiry margin, ms
+-- ARGV[6]  expiry margin, ms (>= 1)
 -- ARGV[7]  t - w: units at or before it have ended
 --
 -- Returns {allowed (0|1), used, reset-at ms, retry-after ms}.
 --
 -- A unit is live at t while t < at + w (units from a later ms, written by a
 -- clock ahead, count). Only an admitted take drops the units that ended by
--- t. Expiry is a duration, for cleanup only: until the newest unit ends,
--- plus the margin.
+-- t. Expiry is a duration, for cleanup only: at least until the newest
+-- unit ends plus the margin, at most a grid cell of g = min(w, margin) ms
+-- later (set once per cell, below).
 --
 -- One member per unit keeps every call to a few O(log n) commands
 -- whatever the clocks, where a member per ms would need its units summed:
@@ -30,7 +31,7 @@
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund pops the newest members; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is five commands. backend.Log's
+-- own, wherever its ms falls. A steady take is four commands. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -93,10 +94,28 @@ if op == 1 then
       end
     end
     used = used + cost
+    -- The expiry runs to the end of the grid cell (g ms, cells aligned to
+    -- the epoch) holding the newest unit's end, plus the margin. A take at
+    -- or after the newest unit whose own unit ends in that same cell finds
+    -- it set already and skips PEXPIRE (a steady take is four commands);
+    -- one whose unit ends in a later cell, or after a key deleted by the
+    -- drop (its newest unit ended, so its cell is earlier: g <= w), or
+    -- from a clock behind the newest unit, sets it. A refund only removes
+    -- units, so the expiry it leaves still covers the newest.
+    local newest = at
     if at == nil or at < t then
-      at = t
+      newest = t
     end
-    redis.call('PEXPIRE', log, string.format('%d', at + w - t + tonumber(ARGV[6])))
+    local margin = tonumber(ARGV[6])
+    local g, e = math.min(w, margin), newest + w
+    local r = math.fmod(e, g)
+    if r < 0 then -- before 1970: fmod takes the dividend's sign
+      r = r + g
+    end
+    if at == nil or at > t or (at < t and at + w < e - r) then
+      redis.call('PEXPIRE', log, string.format('%d', e - r + g - t + margin))
+    end
+    at = newest
   end
 else
   if op == 3 and used > 0 then
