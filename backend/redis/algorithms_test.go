@@ -2,8 +2,10 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os/exec"
@@ -299,9 +301,10 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 }
 
 // TestAlgorithmStoredValues: the bucket's and the counter's scripts read a
-// stored value as their state only if it is the decimal integers they
-// write, each of magnitude <= 2^53; anything else reads as no state, for a
-// Peek (which writes nothing) as for a Take.
+// stored value as their state only if it is what they write, integers of
+// magnitude <= 2^53 (a bucket's three doubles, a counter's decimals);
+// anything else reads as no state, for a Peek (which writes nothing) as
+// for a Take.
 func TestAlgorithmStoredValues(t *testing.T) {
 	rdb, _ := startRedis(t)
 	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
@@ -310,8 +313,10 @@ func TestAlgorithmStoredValues(t *testing.T) {
 	}
 	ctx := context.Background()
 	at := backendtest.T0
-	ms := fmt.Sprint(at.UnixMilli())
-	k := fmt.Sprint(at.UnixMilli() / 1000)
+	tms := at.UnixMilli()
+	ftms := float64(tms)
+	ms := fmt.Sprint(tms)
+	k := fmt.Sprint(tms / 1000)
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
 	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
 	tests := []struct {
@@ -320,23 +325,23 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		value string
 		state any // the state it reads as; nil: none
 	}{
-		{"bucket", tb, "5000:" + ms + ":1000", backend.BucketState{Tokens: 5000, At: at.UnixMilli(), Window: 1000}},
-		{"empty bucket", tb, "0:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
-		{"negative tokens", tb, "-7:" + ms + ":1000", backend.BucketState{Tokens: -7, At: at.UnixMilli(), Window: 1000}},
-		{"2^53 tokens", tb, "9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: 1 << 53, At: at.UnixMilli(), Window: 1000}},
-		{"another window", tb, "0:" + ms + ":999", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 999}},
-		{"above 2^53", tb, "9007199254740993:" + ms + ":1000", nil},
-		{"-2^53 tokens", tb, "-9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: -1 << 53, At: at.UnixMilli(), Window: 1000}},
-		{"below -2^53", tb, "-9007199254740993:" + ms + ":1000", nil},
-		{"16 nines", tb, "9999999999999999:" + ms + ":1000", nil},
-		{"16 digits, leading zeros", tb, "0000000000000007:" + ms + ":1000", backend.BucketState{Tokens: 7, At: at.UnixMilli(), Window: 1000}},
-		{"17 digits", tb, "00000000000000000:" + ms + ":1000", nil},
-		{"17 digits, negative", tb, "-00000000000000001:" + ms + ":1000", nil},
-		{"16 digits, negative zero", tb, "-000000000000000:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
-		{"plus sign", tb, "+0:" + ms + ":1000", nil},
-		{"exponent", tb, "0e0:" + ms + ":1000", nil},
-		{"two fields", tb, "0:" + ms, nil},
-		{"four fields", tb, "0:" + ms + ":1000:1", nil},
+		{"bucket", tb, bucketValue(5000, ftms, 1000), backend.BucketState{Tokens: 5000, At: tms, Window: 1000}},
+		{"empty bucket", tb, bucketValue(0, ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"negative tokens", tb, bucketValue(-7, ftms, 1000), backend.BucketState{Tokens: -7, At: tms, Window: 1000}},
+		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), backend.BucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
+		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), backend.BucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
+		{"another window", tb, bucketValue(0, ftms, 999), backend.BucketState{Tokens: 0, At: tms, Window: 999}},
+		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"above 2^53", tb, bucketValue(1<<53+2, ftms, 1000), nil},
+		{"below -2^53", tb, bucketValue(-1<<53-2, ftms, 1000), nil},
+		{"instant above 2^53", tb, bucketValue(0, 1<<53+2, 1000), nil},
+		{"window above 2^53", tb, bucketValue(0, ftms, 1<<53+2), nil},
+		{"a fraction", tb, bucketValue(0.5, ftms, 1000), nil},
+		{"NaN", tb, bucketValue(math.NaN(), ftms, 1000), nil},
+		{"infinity", tb, bucketValue(math.Inf(1), ftms, 1000), nil},
+		{"23 bytes", tb, bucketValue(5000, ftms, 1000)[:23], nil},
+		{"25 bytes", tb, bucketValue(5000, ftms, 1000) + "\x00", nil},
+		{"the decimal layout, 24 bytes", tb, "50000:" + ms + ":1000", nil},
 		{"empty", tb, "", nil},
 		{"counter", sw, k + ":4:9:1000", backend.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
 		{"counter, a space", sw, k + ":4: 9:1000", nil},
@@ -375,6 +380,16 @@ func TestAlgorithmStoredValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bucketValue is a token bucket's stored state, as bucket.lua writes it:
+// s, t, w as three little-endian doubles.
+func bucketValue(s, t, w float64) string {
+	var b [24]byte
+	for i, v := range []float64{s, t, w} {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	return string(b[:])
 }
 
 // sameDecision compares Decisions with ResetAt as an instant.
