@@ -27,11 +27,13 @@
 --
 -- One member per unit keeps every call to a few O(log n) commands
 -- whatever the clocks, where a member per ms would need its units summed:
--- Used is a ZCOUNT of the live scores; ResetAt is the newest
+-- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund pops the newest members; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is four commands. backend.Log's
+-- own, wherever its ms falls. A steady take is ZREVRANGE 0 0, ZCOUNT,
+-- ZCARD, ZREMRANGEBYSCORE (none when nothing ended) and ZADD, with PEXPIRE
+-- once per grid cell. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -53,13 +55,20 @@ local function newest()
   return m, at
 end
 
--- Used: the members after t - w, one ZCOUNT (a ZCARD less a ZCOUNT of the
--- ended ones walks fewer members of a small set, a listpack, but costs a
--- command more, which measured slower).
+-- Used: ZCARD less a ZCOUNT of the ended members, those at or before
+-- t - w. A ZCOUNT of the live ones would be one command, but on a small
+-- set (a listpack) it walks every live member, where the ended ones are
+-- the few at its head: without the slow log's cost per command, the two
+-- measured faster (commandstats). When the newest unit ended, all did.
 local top, at = newest()
-local used = 0
-if top ~= nil and at > t - w then
-  used = redis.call('ZCOUNT', log, '(' .. ARGV[7], '+inf')
+local used, ended = 0, 0
+if top ~= nil then
+  if at > t - w then
+    ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
+    used = redis.call('ZCARD', log) - ended
+  else
+    ended = 1
+  end
 end
 
 local want, allowed = 1, 0
@@ -67,7 +76,7 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if top ~= nil then -- a no-op when none ended: cheaper than counting them
+    if ended > 0 then
       redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
     -- Number the units after those of this ms already logged: the last of
@@ -97,11 +106,11 @@ if op == 1 then
     -- The expiry runs to the end of the grid cell (g ms, cells aligned to
     -- the epoch) holding the newest unit's end, plus the margin. A take at
     -- or after the newest unit whose own unit ends in that same cell finds
-    -- it set already and skips PEXPIRE (a steady take is four commands);
-    -- one whose unit ends in a later cell, or after a key deleted by the
-    -- drop (its newest unit ended, so its cell is earlier: g <= w), or
-    -- from a clock behind the newest unit, sets it. A refund only removes
-    -- units, so the expiry it leaves still covers the newest.
+    -- it set already and skips PEXPIRE; one whose unit ends in a later
+    -- cell, or after a key deleted by the drop (its newest unit ended, so
+    -- its cell is earlier: g <= w), or from a clock behind the newest unit,
+    -- sets it. A refund only removes units, so the expiry it leaves still
+    -- covers the newest.
     local newest = at
     if at == nil or at < t then
       newest = t
