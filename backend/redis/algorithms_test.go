@@ -672,6 +672,62 @@ func TestLogExpiry(t *testing.T) {
 	}
 }
 
+// TestBucketExpiry pins the token bucket's expiry after a write: a duration
+// from the caller's now to the end of the grid cell (min(window, margin)
+// ms, aligned to the epoch) holding the time the bucket is full again, plus
+// the margin. A write whose end falls in the cell of the state it read, or
+// an earlier one, keeps the expiry (a clock behind included); a later cell
+// sets it; a denied take writes nothing.
+func TestBucketExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// One token a second, 4 at most: 4000 scaled units a token, 4 a ms.
+	p := throttler.Policy{Name: "exp", Limit: 4, Window: 4 * time.Second, Algorithm: throttler.TokenBucket}
+	sk, _ := b.algorithmKey(p, "k")
+	ms := time.Millisecond
+	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
+	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
+		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
+	for _, step := range []struct {
+		at      time.Duration // the take's now from T0
+		cost    int64
+		allowed bool
+		want    time.Duration // the PTTL after it
+		sets    bool          // whether this take sets the expiry
+	}{
+		{0, 1, true, 4750 * ms, true},            // 3 tokens left, full at +1s, in [+0.75s, +2.75s)
+		{100 * ms, 1, true, 4750 * ms, false},    // 2.1 left, full at +2s: the same cell
+		{200 * ms, 1, true, 6550 * ms, true},     // 1.2 left, full at +3s: the next cell, to +4.75s
+		{-1000 * ms, 1, true, 6550 * ms, false},  // a clock behind: 0.2 left, full at +4s, that cell
+		{3000 * ms, 1, true, 5750 * ms, true},    // 2 left, full at +5s: the next cell, to +6.75s
+		{20000 * ms, 1, true, 4750 * ms, true},   // full long ago: 3 left, full at +21s, to +22.75s
+		{20000 * ms, 4, false, 4750 * ms, false}, // denied: nothing written
+	} {
+		sent := time.Now()
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, step.cost, backendtest.T0.Add(step.at)); err != nil || d.Allowed != step.allowed {
+			t.Fatalf("take of %d at T0%+v: %+v, %v; want allowed %v", step.cost, step.at, d, err, step.allowed)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The expiry has run down since the take that set it was sent
+		// (plus pttlSlack), however loaded the machine.
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
 // TestAlgorithmKeys: the key of a token bucket, a sliding log or a
 // sliding-window counter is its storage key with '+' after the tag (same
 // slot and shard), which no fixed window's has there.

@@ -14,7 +14,7 @@
 -- ARGV[4]  the policy's limit: tokens refilled per window
 -- ARGV[5]  capacity (the burst, or the limit)
 -- ARGV[6]  cost (> 0, <= capacity for a take)
--- ARGV[7]  expiry margin, ms
+-- ARGV[7]  expiry margin, ms (>= 1)
 --
 -- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when
 -- the value holds three integers of magnitude <= 2^53, s, t, w are
@@ -26,7 +26,8 @@
 -- bounds capacity * w by 2^53, every product is formed only below that
 -- bound, divisions are exact (a - fmod(a, b)) / b, and the state is
 -- stored as doubles, exact for these integers. Expiry is a duration, for
--- cleanup only: until the bucket is full again, plus the margin.
+-- cleanup only: at least until the bucket is full again plus the margin,
+-- at most a grid cell of g = min(w, margin) ms later.
 -- ceildiv comes from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -48,7 +49,9 @@ if v and #v == 24 then
 end
 local live = stored and rw == w -- a state of another window reads as none
 
-local s, t0 = full, t
+-- prev: when the state read is full again (its key expires no sooner
+-- than the end of the grid cell holding it, plus the margin; below).
+local s, t0, prev = full, t, t
 if live then
   s, t0 = rs, rt
   if s < 0 then
@@ -56,13 +59,13 @@ if live then
   elseif s > full then
     s = full
   end
+  prev = t0 + ceildiv(full - s, limit)
 end
 if t > t0 then
-  local deficit = full - s
-  if t - t0 >= ceildiv(deficit, limit) then
+  if t >= prev then
     s = full
   else
-    s = s + (t - t0) * limit -- < deficit
+    s = s + (t - t0) * limit -- < full - s
   end
   t0 = t
 end
@@ -82,10 +85,26 @@ elseif op == 3 and live and s < full then
 end
 
 if wrote == 1 then
-  local ends = t0 + ceildiv(full - s, limit)
-  -- Redis writes a number argument with %.17g: exact for these
-  -- integers, below 2^53.
-  redis.call('SET', KEYS[1], struct.pack('<ddd', s, t0, w), 'PX', ends - t + tonumber(ARGV[7]))
+  -- The expiry runs to the end of the grid cell (g ms, cells aligned to
+  -- the epoch) holding the time the bucket is full again, plus the
+  -- margin. A write whose end falls in the cell of the state it read, or
+  -- an earlier one, keeps the expiry that state's write set (KEEPTTL:
+  -- cheaper than PX, which updates it); only a later cell, or a key with
+  -- no live state, sets it.
+  local margin = tonumber(ARGV[7])
+  local g, ends = math.min(w, margin), t0 + ceildiv(full - s, limit)
+  local r = math.fmod(ends, g)
+  if r < 0 then -- before 1970: fmod takes the dividend's sign
+    r = r + g
+  end
+  local state = struct.pack('<ddd', s, t0, w)
+  if live and prev >= ends - r then
+    redis.call('SET', KEYS[1], state, 'KEEPTTL')
+  else
+    -- Redis writes a number argument with %.17g: exact for these
+    -- integers, below 2^53.
+    redis.call('SET', KEYS[1], state, 'PX', ends - r + g - t + margin)
+  end
 end
 if stored then
   return {wrote, 1, rs, rt, rw, s, t0}
