@@ -728,6 +728,54 @@ func TestBucketExpiry(t *testing.T) {
 	}
 }
 
+// TestCounterExpiry pins the sliding-window counter's expiry after a write:
+// a duration from the caller's now to the end of the window after the
+// counted one, plus the margin, set by the first write of a window and
+// kept by the others (a clock behind, answered in the stored window,
+// included).
+func TestCounterExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingWindow}
+	sk, _ := b.algorithmKey(p, "k")
+	ms := time.Millisecond
+	// T0 is 3250 ms into its 4 s window: windows start at T0+750ms+4s·j.
+	if r := backendtest.T0.UnixMilli() % 4000; r != 3250 {
+		t.Fatalf("T0 is %d ms into its window; the table assumes 3250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
+	for _, step := range []struct {
+		at   time.Duration // the take's now from T0
+		want time.Duration // the PTTL after it
+		sets bool          // whether this take sets the expiry
+	}{
+		{0, 6750 * ms, true},          // window to +0.75s: expires at +4.75s+2s
+		{500 * ms, 6750 * ms, false},  // the same window
+		{1000 * ms, 9750 * ms, true},  // the next: +8.75s+2s
+		{100 * ms, 9750 * ms, false},  // a clock behind: answered in the stored window
+		{20000 * ms, 6750 * ms, true}, // later windows: +24.75s+2s
+	} {
+		sent := time.Now()
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
 // TestAlgorithmKeys: the key of a token bucket, a sliding log or a
 // sliding-window counter is its storage key with '+' after the tag (same
 // slot and shard), which no fixed window's has there.
