@@ -31,9 +31,9 @@
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund pops the newest members; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is ZREVRANGE 0 0, ZCOUNT,
--- ZCARD, ZREMRANGEBYSCORE (none when nothing ended) and ZADD, with PEXPIRE
--- once per grid cell. backend.Log's
+-- own, wherever its ms falls. A steady take is ZREVRANGE 0 0, ZCARD,
+-- ZCOUNT (none when the take fits the log whole), ZREMRANGEBYSCORE (none
+-- when nothing ended) and ZADD, with PEXPIRE once per grid cell. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -60,12 +60,19 @@ end
 -- set (a listpack) it walks every live member, where the ended ones are
 -- the few at its head: without the slow log's cost per command, the two
 -- measured faster (commandstats). When the newest unit ended, all did.
+-- A take that fits even if none ended is admitted uncounted (ended nil):
+-- its drop returns how many ended.
 local top, at = newest()
 local used, ended = 0, 0
 if top ~= nil then
   if at > t - w then
-    ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
-    used = redis.call('ZCARD', log) - ended
+    used = redis.call('ZCARD', log)
+    if op == 1 and used + cost <= limit then
+      ended = nil
+    else
+      ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
+      used = used - ended
+    end
   else
     ended = 1
   end
@@ -76,7 +83,9 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if ended > 0 then
+    if ended == nil then
+      used = used - redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
+    elseif ended > 0 then
       redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
     -- Number the units after those of this ms already logged: the last of
