@@ -18,8 +18,10 @@ import (
 // (keys.go) because its layout is not the one these algorithms had before
 // they were released.
 //
-// The bucket's and the counter's state is one string, read with GET and
-// written with SET PX: two commands a call. Their scripts admit and write
+// The bucket's and the counter's state is one string (a bucket's three
+// doubles, a counter's decimals), read with GET and written with SET: two
+// commands a call, the expiry kept (KEEPTTL) unless it must move later.
+// Their scripts admit and write
 // in Lua, and return the state they read; the Decision is then computed in
 // Go by backend.Bucket or backend.Counter from that state, so it is the
 // memory backend's to the millisecond. A Peek runs the same script, which

@@ -2,8 +2,10 @@ package redis
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os/exec"
@@ -315,9 +317,10 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 }
 
 // TestAlgorithmStoredValues: the bucket's and the counter's scripts read a
-// stored value as their state only if it is the decimal integers they
-// write, each of magnitude <= 2^53; anything else reads as no state, for a
-// Peek (which writes nothing) as for a Take.
+// stored value as their state only if it is what they write, integers of
+// magnitude <= 2^53 (a bucket's three doubles, a counter's decimals);
+// anything else reads as no state, for a Peek (which writes nothing) as
+// for a Take.
 func TestAlgorithmStoredValues(t *testing.T) {
 	rdb, _ := startRedis(t)
 	b, err := NewSharded([]Shard{{Primary: rdb}}, nil)
@@ -326,8 +329,10 @@ func TestAlgorithmStoredValues(t *testing.T) {
 	}
 	ctx := context.Background()
 	at := backendtest.T0
-	ms := fmt.Sprint(at.UnixMilli())
-	k := fmt.Sprint(at.UnixMilli() / 1000)
+	tms := at.UnixMilli()
+	ftms := float64(tms)
+	ms := fmt.Sprint(tms)
+	k := fmt.Sprint(tms / 1000)
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
 	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
 	tests := []struct {
@@ -336,23 +341,23 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		value string
 		state any // the state it reads as; nil: none
 	}{
-		{"bucket", tb, "5000:" + ms + ":1000", backend.BucketState{Tokens: 5000, At: at.UnixMilli(), Window: 1000}},
-		{"empty bucket", tb, "0:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
-		{"negative tokens", tb, "-7:" + ms + ":1000", backend.BucketState{Tokens: -7, At: at.UnixMilli(), Window: 1000}},
-		{"2^53 tokens", tb, "9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: 1 << 53, At: at.UnixMilli(), Window: 1000}},
-		{"another window", tb, "0:" + ms + ":999", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 999}},
-		{"above 2^53", tb, "9007199254740993:" + ms + ":1000", nil},
-		{"-2^53 tokens", tb, "-9007199254740992:" + ms + ":1000", backend.BucketState{Tokens: -1 << 53, At: at.UnixMilli(), Window: 1000}},
-		{"below -2^53", tb, "-9007199254740993:" + ms + ":1000", nil},
-		{"16 nines", tb, "9999999999999999:" + ms + ":1000", nil},
-		{"16 digits, leading zeros", tb, "0000000000000007:" + ms + ":1000", backend.BucketState{Tokens: 7, At: at.UnixMilli(), Window: 1000}},
-		{"17 digits", tb, "00000000000000000:" + ms + ":1000", nil},
-		{"17 digits, negative", tb, "-00000000000000001:" + ms + ":1000", nil},
-		{"16 digits, negative zero", tb, "-000000000000000:" + ms + ":1000", backend.BucketState{Tokens: 0, At: at.UnixMilli(), Window: 1000}},
-		{"plus sign", tb, "+0:" + ms + ":1000", nil},
-		{"exponent", tb, "0e0:" + ms + ":1000", nil},
-		{"two fields", tb, "0:" + ms, nil},
-		{"four fields", tb, "0:" + ms + ":1000:1", nil},
+		{"bucket", tb, bucketValue(5000, ftms, 1000), backend.BucketState{Tokens: 5000, At: tms, Window: 1000}},
+		{"empty bucket", tb, bucketValue(0, ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"negative tokens", tb, bucketValue(-7, ftms, 1000), backend.BucketState{Tokens: -7, At: tms, Window: 1000}},
+		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), backend.BucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
+		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), backend.BucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
+		{"another window", tb, bucketValue(0, ftms, 999), backend.BucketState{Tokens: 0, At: tms, Window: 999}},
+		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"above 2^53", tb, bucketValue(1<<53+2, ftms, 1000), nil},
+		{"below -2^53", tb, bucketValue(-1<<53-2, ftms, 1000), nil},
+		{"instant above 2^53", tb, bucketValue(0, 1<<53+2, 1000), nil},
+		{"window above 2^53", tb, bucketValue(0, ftms, 1<<53+2), nil},
+		{"a fraction", tb, bucketValue(0.5, ftms, 1000), nil},
+		{"NaN", tb, bucketValue(math.NaN(), ftms, 1000), nil},
+		{"infinity", tb, bucketValue(math.Inf(1), ftms, 1000), nil},
+		{"23 bytes", tb, bucketValue(5000, ftms, 1000)[:23], nil},
+		{"25 bytes", tb, bucketValue(5000, ftms, 1000) + "\x00", nil},
+		{"the decimal layout, 24 bytes", tb, "50000:" + ms + ":1000", nil},
 		{"empty", tb, "", nil},
 		{"counter", sw, k + ":4:9:1000", backend.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
 		{"counter, a space", sw, k + ":4: 9:1000", nil},
@@ -391,6 +396,16 @@ func TestAlgorithmStoredValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bucketValue is a token bucket's stored state, as bucket.lua writes it:
+// s, t, w as three little-endian doubles.
+func bucketValue(s, t, w float64) string {
+	var b [24]byte
+	for i, v := range []float64{s, t, w} {
+		binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
+	}
+	return string(b[:])
 }
 
 // sameDecision compares Decisions with ResetAt as an instant.
@@ -490,10 +505,10 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 			var log []backend.LogEntry
 			step := 0
 			receipt := now + w // the latest admitted Take's ResetAt
+			since := time.Now()
 			call := func(op throttler.Op, cost int64) throttler.Decision {
 				t.Helper()
 				step++
-				sent := time.Now()
 				got, err := backend.Do(ctx, b, op, "k", p, cost, time.UnixMilli(receipt), time.UnixMilli(now))
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
@@ -509,7 +524,7 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 					t.Fatalf("step %d: %v %d at %d (%d entries):\n got %+v\nwant %+v", step, op, cost, now, len(log), got, want)
 				}
 				if write {
-					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake, sent)
+					checkLogState(t, rdb, sk, now, w, time.Hour.Milliseconds(), op == throttler.OpTake, since)
 				}
 				return got
 			}
@@ -588,10 +603,12 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 const pttlSlack = 5 * time.Millisecond
 
 // checkLogState checks a log after a write at t: after a take, no unit
-// that ended by t is stored, and the key expires when the newest unit ends
-// plus the margin, a duration from t; after a refund, it still expires.
-// sent is when the write was sent: the expiry has run down since.
-func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool, sent time.Time) {
+// that ended by t is stored, and the key expires no sooner than when the
+// newest unit ends plus the margin, a duration from t (TestLogExpiry pins
+// the grid it is set on); after a refund, it still expires. since is when
+// the trace's first call was sent: the expiry was set by a call after it
+// and has run down since.
+func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin int64, took bool, since time.Time) {
 	t.Helper()
 	ctx := context.Background()
 	top, err := rdb.ZRevRangeWithScores(ctx, sk, 0, 0).Result()
@@ -602,7 +619,7 @@ func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin 
 		return // a refund emptied the log: the key went with its last member
 	}
 	ttl := rdb.PTTL(ctx, sk).Val()
-	elapsed := time.Since(sent)
+	elapsed := time.Since(since)
 	if ttl <= 0 {
 		t.Fatalf("PTTL %v: no expiry", ttl)
 	}
@@ -612,18 +629,21 @@ func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin 
 	if n := rdb.ZCount(ctx, sk, "-inf", strconv.FormatInt(now-w, 10)).Val(); n != 0 {
 		t.Errorf("%d units that ended by %d still stored after a take", n, now)
 	}
-	// The expiry runs down from when the script set it, after sent: allow
+	// The expiry runs down from when a script set it, after since: allow
 	// what has elapsed since (a loaded machine can take hundreds of ms),
 	// plus pttlSlack.
 	want := time.Duration(int64(top[0].Score)+w-now+margin) * time.Millisecond
-	if ttl > want || ttl < want-elapsed-pttlSlack {
-		t.Errorf("PTTL %v after a take at %d, want %v", ttl, now, want)
+	if ttl < want-elapsed-pttlSlack {
+		t.Errorf("PTTL %v after a take at %d, want at least %v", ttl, now, want)
 	}
 }
 
 // TestLogExpiry pins the sliding log's expiry after a take: a duration from
-// the caller's now to the newest unit's end plus the margin, so a clock
-// behind sets a longer one.
+// the caller's now to the end of the grid cell (min(window, margin) ms,
+// aligned to the epoch) holding the newest unit's end, plus the margin. A
+// take at or after the newest unit whose own unit ends in that cell leaves
+// it as it was; a later cell, a clock behind the newest unit and a log whose
+// units all ended set it again.
 func TestLogExpiry(t *testing.T) {
 	rdb, _ := startRedis(t)
 	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
@@ -634,27 +654,143 @@ func TestLogExpiry(t *testing.T) {
 	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}
 	sk, _ := b.algorithmKey(p, "k")
 	s, ms := time.Second, time.Millisecond
+	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
+	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
+		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
 	for _, step := range []struct {
-		at, want time.Duration // the take's now from T0, the PTTL after it
+		at   time.Duration // the take's now from T0
+		want time.Duration // the PTTL after it
+		sets bool          // whether this take sets the expiry
 	}{
-		{0, 6 * s},              // the newest unit ends at T0+4s
-		{1500 * ms, 6 * s},      // at T0+5.5s
-		{-2000 * ms, 9500 * ms}, // a clock behind: still T0+5.5s
-		{3000 * ms, 6 * s},      // T0+7s
-		{2999 * ms, 6*s + 1*ms}, // behind by 1 ms
-		{10000 * ms, 6 * s},     // all ended: only the new unit
+		{0, 6750 * ms, true},           // newest ends at +4s, in [+2.75s, +4.75s)
+		{500 * ms, 6750 * ms, false},   // ends at +4.5s: the same cell
+		{1 * s, 7750 * ms, true},       // +5s: the next cell, to +6.75s
+		{-2 * s, 10750 * ms, true},     // a clock behind the newest: from its own now
+		{2700 * ms, 10750 * ms, false}, // ends at +6.7s: the newest's cell
+		{2750 * ms, 8 * s, true},       // +6.75s: the next cell, to +8.75s
+		{2750 * ms, 8 * s, false},      // the newest's ms again
+		{10 * s, 6750 * ms, true},      // all ended (the key went): to +14.75s
 	} {
 		sent := time.Now()
-		if _, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil {
-			t.Fatal(err)
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
+			t.Fatal(d, err)
 		}
 		ttl, err := rdb.PTTL(ctx, sk).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The expiry has run down since the call was sent (plus
-		// pttlSlack), however loaded the machine.
-		if ttl > step.want || ttl < step.want-time.Since(sent)-pttlSlack {
+		// The expiry has run down since the take that set it was sent
+		// (plus pttlSlack), however loaded the machine.
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
+// TestBucketExpiry pins the token bucket's expiry after a write: a duration
+// from the caller's now to the end of the grid cell (min(window, margin)
+// ms, aligned to the epoch) holding the time the bucket is full again, plus
+// the margin. A write whose end falls in the cell of the state it read, or
+// an earlier one, keeps the expiry (a clock behind included); a later cell
+// sets it; a denied take writes nothing.
+func TestBucketExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// One token a second, 4 at most: 4000 scaled units a token, 4 a ms.
+	p := throttler.Policy{Name: "exp", Limit: 4, Window: 4 * time.Second, Algorithm: throttler.TokenBucket}
+	sk, _ := b.algorithmKey(p, "k")
+	ms := time.Millisecond
+	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
+	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
+		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
+	for _, step := range []struct {
+		at      time.Duration // the take's now from T0
+		cost    int64
+		allowed bool
+		want    time.Duration // the PTTL after it
+		sets    bool          // whether this take sets the expiry
+	}{
+		{0, 1, true, 4750 * ms, true},            // 3 tokens left, full at +1s, in [+0.75s, +2.75s)
+		{100 * ms, 1, true, 4750 * ms, false},    // 2.1 left, full at +2s: the same cell
+		{200 * ms, 1, true, 6550 * ms, true},     // 1.2 left, full at +3s: the next cell, to +4.75s
+		{-1000 * ms, 1, true, 6550 * ms, false},  // a clock behind: 0.2 left, full at +4s, that cell
+		{3000 * ms, 1, true, 5750 * ms, true},    // 2 left, full at +5s: the next cell, to +6.75s
+		{20000 * ms, 1, true, 4750 * ms, true},   // full long ago: 3 left, full at +21s, to +22.75s
+		{20000 * ms, 4, false, 4750 * ms, false}, // denied: nothing written
+	} {
+		sent := time.Now()
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, step.cost, backendtest.T0.Add(step.at)); err != nil || d.Allowed != step.allowed {
+			t.Fatalf("take of %d at T0%+v: %+v, %v; want allowed %v", step.cost, step.at, d, err, step.allowed)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The expiry has run down since the take that set it was sent
+		// (plus pttlSlack), however loaded the machine.
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
+			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
+		}
+	}
+}
+
+// TestCounterExpiry pins the sliding-window counter's expiry after a write:
+// a duration from the caller's now to the end of the window after the
+// counted one, plus the margin, set by the first write of a window and
+// kept by the others (a clock behind, answered in the stored window,
+// included).
+func TestCounterExpiry(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingWindow}
+	sk, _ := b.algorithmKey(p, "k")
+	ms := time.Millisecond
+	// T0 is 3250 ms into its 4 s window: windows start at T0+750ms+4s·j.
+	if r := backendtest.T0.UnixMilli() % 4000; r != 3250 {
+		t.Fatalf("T0 is %d ms into its window; the table assumes 3250", r)
+	}
+	var setSent time.Time // when the take that set the expiry was sent
+	for _, step := range []struct {
+		at   time.Duration // the take's now from T0
+		want time.Duration // the PTTL after it
+		sets bool          // whether this take sets the expiry
+	}{
+		{0, 6750 * ms, true},          // window to +0.75s: expires at +4.75s+2s
+		{500 * ms, 6750 * ms, false},  // the same window
+		{1000 * ms, 9750 * ms, true},  // the next: +8.75s+2s
+		{100 * ms, 9750 * ms, false},  // a clock behind: answered in the stored window
+		{20000 * ms, 6750 * ms, true}, // later windows: +24.75s+2s
+	} {
+		sent := time.Now()
+		if step.sets {
+			setSent = sent
+		}
+		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+		ttl, err := rdb.PTTL(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
 			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
 		}
 	}

@@ -4,7 +4,8 @@
 -- derives the Decision from that state with backend.Bucket, so every
 -- answer is Go's. A peek writes nothing, so a replica can run it.
 --
--- KEYS[1]  the bucket: a string "<s>:<t>:<w>", s = tokens scaled by the
+-- KEYS[1]  the bucket: a string of 24 bytes, three little-endian IEEE
+--          doubles s, t, w (struct.pack '<ddd'): s = tokens scaled by the
 --          window (one token is w units), t = Unix ms of the last refill,
 --          w = the window in ms that scaled s
 -- ARGV[1]  op: 1 take, 2 peek, 3 refund
@@ -13,41 +14,47 @@
 -- ARGV[4]  the policy's limit: tokens refilled per window
 -- ARGV[5]  capacity (the burst, or the limit)
 -- ARGV[6]  cost (> 0, <= capacity for a take)
--- ARGV[7]  expiry margin, ms
+-- ARGV[7]  expiry margin, ms (>= 1)
 -- ARGV[8]  a refund's receipt: the Unix ms at which the bucket was full
 --          again after the refunded take (its ResetAt); refunds only
 --          before both t and t0 reach it
 --
 -- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when
--- the value holds three decimal integers of magnitude <= 2^53, s, t, w are
+-- the value holds three integers of magnitude <= 2^53, s, t, w are
 -- their values (0 otherwise), and s', t' the state after the call, which
 -- the caller checks against Go's.
 --
 -- One string, read with GET and written with SET PX, keeps a call to two
 -- commands. Numbers are Lua doubles, exact to 2^53: policy validation
 -- bounds capacity * w by 2^53, every product is formed only below that
--- bound, divisions are exact (a - fmod(a, b)) / b, and numbers are
--- written with %d (exact: Redis's Lua formats it from a 64-bit integer),
--- in one string.format, cheaper than concatenating %.14g conversions. Expiry is a duration, for cleanup only: until the
--- bucket is full again, plus the margin.
--- num and ceildiv come from numbers.lua, prepended when the script is built.
+-- bound, divisions are exact (a - fmod(a, b)) / b, and the state is
+-- stored as doubles, exact for these integers. Expiry is a duration, for
+-- cleanup only: at least until the bucket is full again plus the margin,
+-- at most a grid cell of g = min(w, margin) ms later.
+-- ceildiv comes from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cap, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local full = cap * w
 
+-- The state is three little-endian doubles: struct.unpack reads them
+-- without parsing decimals, struct.pack writes them without formatting.
+-- Only integers of magnitude <= 2^53 read as a state (NaN fails x == x).
 local rs, rt, rw
+local stored = false
 local v = redis.call('GET', KEYS[1])
-if v then
-  local a, b, c = string.match(v, '^(%-?%d+):(%-?%d+):(%-?%d+)$')
-  if a then
-    rs, rt, rw = num(a), num(b), num(c)
-  end
+if v and #v == 24 then
+  rs, rt, rw = struct.unpack('<ddd', v)
+  stored = rs == math.floor(rs) and rt == math.floor(rt) and rw == math.floor(rw)
+    and rs <= 9007199254740992 and rs >= -9007199254740992
+    and rt <= 9007199254740992 and rt >= -9007199254740992
+    and rw <= 9007199254740992 and rw >= -9007199254740992
 end
-local stored = rs ~= nil and rt ~= nil and rw ~= nil
 local live = stored and rw == w -- a state of another window reads as none
 
-local s, t0 = full, t
+-- prev: when the state read is full again (its key expires no sooner
+-- than the end of the grid cell holding it, plus the margin; below).
+local s, t0, prev = full, t, t
 if live then
   s, t0 = rs, rt
   if s < 0 then
@@ -55,13 +62,13 @@ if live then
   elseif s > full then
     s = full
   end
+  prev = t0 + ceildiv(full - s, limit)
 end
 if t > t0 then
-  local deficit = full - s
-  if t - t0 >= ceildiv(deficit, limit) then
+  if t >= prev then
     s = full
   else
-    s = s + (t - t0) * limit -- < deficit
+    s = s + (t - t0) * limit -- < full - s
   end
   t0 = t
 end
@@ -82,8 +89,26 @@ elseif op == 3 and live and s < full and t0 < tonumber(ARGV[8]) then
 end
 
 if wrote == 1 then
-  local ends = t0 + ceildiv(full - s, limit)
-  redis.call('SET', KEYS[1], string.format('%d:%d:%s', s, t0, ARGV[3]), 'PX', string.format('%d', ends - t + tonumber(ARGV[7])))
+  -- The expiry runs to the end of the grid cell (g ms, cells aligned to
+  -- the epoch) holding the time the bucket is full again, plus the
+  -- margin. A write whose end falls in the cell of the state it read, or
+  -- an earlier one, keeps the expiry that state's write set (KEEPTTL:
+  -- cheaper than PX, which updates it); only a later cell, or a key with
+  -- no live state, sets it.
+  local margin = tonumber(ARGV[7])
+  local g, ends = math.min(w, margin), t0 + ceildiv(full - s, limit)
+  local r = math.fmod(ends, g)
+  if r < 0 then -- before 1970: fmod takes the dividend's sign
+    r = r + g
+  end
+  local state = struct.pack('<ddd', s, t0, w)
+  if live and prev >= ends - r then
+    redis.call('SET', KEYS[1], state, 'KEEPTTL')
+  else
+    -- Redis writes a number argument with %.17g: exact for these
+    -- integers, below 2^53.
+    redis.call('SET', KEYS[1], state, 'PX', ends - r + g - t + margin)
+  end
 end
 if stored then
   return {wrote, 1, rs, rt, rw, s, t0}

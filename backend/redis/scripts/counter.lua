@@ -27,7 +27,8 @@
 -- numbers are written with %d (exact: Redis's Lua formats it from a 64-bit
 -- integer), in one string.format. Expiry is a duration, for cleanup
 -- only: until both counted windows are older than the previous one,
--- (k+2)*w, plus the margin.
+-- (k+2)*w, plus the margin, set by the first write of window k (from its
+-- writer's clock) and kept by the others.
 -- num and ceildiv come from numbers.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -83,8 +84,14 @@ elseif op == 3 and live and k == rk and (k + 1) * w == tonumber(ARGV[7]) then
 end
 
 if wrote == 1 then
-  redis.call('SET', KEYS[1], string.format('%d:%d:%d:%s', k, curr, prev, ARGV[3]),
-    'PX', string.format('%d', (k + 2) * w - t + tonumber(ARGV[6])))
+  local state = string.format('%d:%d:%d:%s', k, curr, prev, ARGV[3])
+  if live and k == rk then
+    -- The state read set this window's expiry: keep it (KEEPTTL is
+    -- cheaper than PX, which updates it).
+    redis.call('SET', KEYS[1], state, 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[1], state, 'PX', string.format('%d', (k + 2) * w - t + tonumber(ARGV[6])))
+  end
 end
 if stored then
   return {wrote, 1, rk, rc, rp, rw, k, curr, prev}

@@ -14,7 +14,7 @@
 -- ARGV[3]  the policy's window in ms (w)
 -- ARGV[4]  the policy's limit (<= 10,000)
 -- ARGV[5]  cost (> 0, <= limit for a take; ignored by a peek)
--- ARGV[6]  expiry margin, ms
+-- ARGV[6]  expiry margin, ms (>= 1)
 -- ARGV[7]  t - w: units at or before it have ended
 -- ARGV[8]  a refund's receipt less w: the refunded take's units are at or
 --          before it, and units after it were logged after the take
@@ -23,16 +23,19 @@
 --
 -- A unit is live at t while t < at + w (units from a later ms, written by a
 -- clock ahead, count). Only an admitted take drops the units that ended by
--- t. Expiry is a duration, for cleanup only: until the newest unit ends,
--- plus the margin.
+-- t. Expiry is a duration, for cleanup only: at least until the newest
+-- unit ends plus the margin, at most a grid cell of g = min(w, margin) ms
+-- later (set once per cell, below).
 --
 -- One member per unit keeps every call to a few O(log n) commands
 -- whatever the clocks, where a member per ms would need its units summed:
--- Used is a ZCOUNT of the live scores; ResetAt is the newest
+-- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
 -- refund drops its newest by rank; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is five commands. backend.Log's
+-- own, wherever its ms falls. A steady take is ZREVRANGE 0 0, ZCARD,
+-- ZCOUNT (none when the take fits the log whole), ZREMRANGEBYSCORE (none
+-- when nothing ended) and ZADD, with PEXPIRE once per grid cell. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -54,13 +57,27 @@ local function newest()
   return m, at
 end
 
--- Used: the members after t - w, one ZCOUNT (a ZCARD less a ZCOUNT of the
--- ended ones walks fewer members of a small set, a listpack, but costs a
--- command more, which measured slower).
+-- Used: ZCARD less a ZCOUNT of the ended members, those at or before
+-- t - w. A ZCOUNT of the live ones would be one command, but on a small
+-- set (a listpack) it walks every live member, where the ended ones are
+-- the few at its head: without the slow log's cost per command, the two
+-- measured faster (commandstats). When the newest unit ended, all did.
+-- A take that fits even if none ended is admitted uncounted (ended nil):
+-- its drop returns how many ended.
 local top, at = newest()
-local used = 0
-if top ~= nil and at > t - w then
-  used = redis.call('ZCOUNT', log, '(' .. ARGV[7], '+inf')
+local used, ended = 0, 0
+if top ~= nil then
+  if at > t - w then
+    used = redis.call('ZCARD', log)
+    if op == 1 and used + cost <= limit then
+      ended = nil
+    else
+      ended = redis.call('ZCOUNT', log, '-inf', ARGV[7])
+      used = used - ended
+    end
+  else
+    ended = 1
+  end
 end
 
 local want, allowed = 1, 0
@@ -68,7 +85,9 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if top ~= nil then -- a no-op when none ended: cheaper than counting them
+    if ended == nil then
+      used = used - redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
+    elseif ended > 0 then
       redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
     end
     -- Number the units after those of this ms already logged: the last of
@@ -95,10 +114,28 @@ if op == 1 then
       end
     end
     used = used + cost
+    -- The expiry runs to the end of the grid cell (g ms, cells aligned to
+    -- the epoch) holding the newest unit's end, plus the margin. A take at
+    -- or after the newest unit whose own unit ends in that same cell finds
+    -- it set already and skips PEXPIRE; one whose unit ends in a later
+    -- cell, or after a key deleted by the drop (its newest unit ended, so
+    -- its cell is earlier: g <= w), or from a clock behind the newest unit,
+    -- sets it. A refund only removes units, so the expiry it leaves still
+    -- covers the newest.
+    local newest = at
     if at == nil or at < t then
-      at = t
+      newest = t
     end
-    redis.call('PEXPIRE', log, string.format('%d', at + w - t + tonumber(ARGV[6])))
+    local margin = tonumber(ARGV[6])
+    local g, e = math.min(w, margin), newest + w
+    local r = math.fmod(e, g)
+    if r < 0 then -- before 1970: fmod takes the dividend's sign
+      r = r + g
+    end
+    if at == nil or at > t or (at < t and at + w < e - r) then
+      redis.call('PEXPIRE', log, string.format('%d', e - r + g - t + margin))
+    end
+    at = newest
   end
 else
   if op == 3 and used > 0 then
