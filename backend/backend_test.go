@@ -46,14 +46,7 @@ func TestValidateCall(t *testing.T) {
 		{"key checked before policy", throttler.OpTake, "", throttler.Policy{}, 0, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		err := backend.ValidateCall(tc.op, tc.key, tc.p, tc.cost)
-		if tc.want == nil {
-			assert.NoError(t, err, tc.name)
-			continue
-		}
-		assert.ErrorIs(t, err, tc.want, tc.name)
-		assert.True(t, throttler.IsInputError(err), tc.name)
-		assert.Equal(t, 1, strings.Count(err.Error(), "throttler:"), "%s: one prefix in %q", tc.name, err)
+		assertInputError(t, backend.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
 	}
 }
 
@@ -335,13 +328,19 @@ func TestValidateRefund(t *testing.T) {
 		{"empty key first", "", 1, time.Time{}, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		err := backend.ValidateRefund(tc.key, p, tc.cost, tc.receipt)
-		if tc.want == nil {
-			assert.NoError(t, err, tc.name)
-			continue
-		}
-		assert.ErrorIs(t, err, tc.want, tc.name)
-		assert.True(t, throttler.IsInputError(err), tc.name)
-		assert.Equal(t, 1, strings.Count(err.Error(), "throttler:"), "%s: one prefix in %q", tc.name, err)
+		assertInputError(t, backend.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
 	}
+}
+
+// assertInputError checks err against want: nil, or an input error
+// matching want whose text names the throttler once.
+func assertInputError(t *testing.T, err, want error, name string) {
+	t.Helper()
+	if want == nil {
+		assert.NoError(t, err, name)
+		return
+	}
+	assert.ErrorIs(t, err, want, name)
+	assert.True(t, throttler.IsInputError(err), name)
+	assert.Equal(t, 1, strings.Count(err.Error(), "throttler:"), "%s: one prefix in %q", name, err)
 }

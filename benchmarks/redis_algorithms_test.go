@@ -405,6 +405,27 @@ func warm(b *testing.B, f func(i int) error) {
 	wg.Wait()
 }
 
+// serverTimeRig starts what the server-time benchmarks compare on one
+// server: our backend, redis_rate (a rate that never denies) and the
+// sorted-set log of BenchmarkRedisSlidingLogVsSortedSet, filled with 100
+// live entries before start.
+func serverTimeRig(b *testing.B) (*goredis.Client, *redis.Backend, *redis_rate.Limiter, redis_rate.Limit, time.Time, *sortedSetLog) {
+	ctx := context.Background()
+	c := redisAlgClient(b, redisServe(b), 1)
+	be := redisBackend(b, c, nil)
+	if err := sortedSetLogScript.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
+	ss := &sortedSetLog{c: c, limit: 100, window: 100 * time.Millisecond}
+	for i := range 100 {
+		if ok, err := ss.take(ctx, "zset", start.Add(time.Duration(i-100)*time.Millisecond)); err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+	}
+	return c, be, redis_rate.NewLimiter(c), redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}, start, ss
+}
+
 // BenchmarkRedisAlgorithmsServerTime reports the server's own time per
 // call of each script, from SLOWLOG with every command logged (so it
 // includes the slow log's own cost, alike for all): the floor, each
@@ -415,22 +436,8 @@ func warm(b *testing.B, f func(i int) error) {
 // the mean of the fastest 90% of each one's calls, in µs: on a shared
 // machine the slowest tenth is other processes' time.
 func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
-	addr := redisServe(b)
 	ctx := context.Background()
-	c := redisAlgClient(b, addr, 1)
-	be := redisBackend(b, c, nil)
-	if err := sortedSetLogScript.Load(ctx, c).Err(); err != nil {
-		b.Fatal(err)
-	}
-	l := redis_rate.NewLimiter(c)
-	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
-	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	ss := &sortedSetLog{c: c, limit: 100, window: 100 * time.Millisecond}
-	for i := range 100 {
-		if ok, err := ss.take(ctx, "zset", start.Add(time.Duration(i-100)*time.Millisecond)); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-	}
+	c, be, l, rateLimit, start, ss := serverTimeRig(b)
 	policies := redisAlgorithmTakes
 	for _, p := range policies {
 		if p.fill > 0 {
@@ -484,22 +491,8 @@ func BenchmarkRedisAlgorithmsServerTime(b *testing.B) {
 // one round of blocks), and its time is the growth of EVALSHA's usec over
 // its blocks; the clock moves 1 ms per call of each variant.
 func BenchmarkRedisAlgorithmsCommandStats(b *testing.B) {
-	addr := redisServe(b)
 	ctx := context.Background()
-	c := redisAlgClient(b, addr, 1)
-	be := redisBackend(b, c, nil)
-	if err := sortedSetLogScript.Load(ctx, c).Err(); err != nil {
-		b.Fatal(err)
-	}
-	l := redis_rate.NewLimiter(c)
-	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
-	start := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
-	ss := &sortedSetLog{c: c, limit: 100, window: 100 * time.Millisecond}
-	for i := range 100 {
-		if ok, err := ss.take(ctx, "zset", start.Add(time.Duration(i-100)*time.Millisecond)); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-	}
+	c, be, l, rateLimit, start, ss := serverTimeRig(b)
 	reset := strconv.FormatInt(start.Add(time.Hour).UnixMilli(), 10)
 	type variant struct {
 		name string

@@ -602,6 +602,20 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 // PTTL, and a fresh-clone CI run saw 2 ms with next to nothing elapsed.
 const pttlSlack = 5 * time.Millisecond
 
+// checkPTTL checks key's expiry after a take at T0+at: want, run down
+// since the take that set it was sent (plus pttlSlack), however loaded the
+// machine.
+func checkPTTL(t *testing.T, rdb *goredis.Client, key string, want time.Duration, setSent time.Time, at time.Duration) {
+	t.Helper()
+	ttl, err := rdb.PTTL(context.Background(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl > want || ttl < want-time.Since(setSent)-pttlSlack {
+		t.Errorf("after a take at T0%+v: PTTL %v, want %v", at, ttl, want)
+	}
+}
+
 // checkLogState checks a log after a write at t: after a take, no unit
 // that ended by t is stored, and the key expires no sooner than when the
 // newest unit ends plus the margin, a duration from t (TestLogExpiry pins
@@ -680,15 +694,7 @@ func TestLogExpiry(t *testing.T) {
 		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
 			t.Fatal(d, err)
 		}
-		ttl, err := rdb.PTTL(ctx, sk).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The expiry has run down since the take that set it was sent
-		// (plus pttlSlack), however loaded the machine.
-		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
-			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
-		}
+		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
 	}
 }
 
@@ -736,15 +742,7 @@ func TestBucketExpiry(t *testing.T) {
 		if d, err := b.Take(ctx, "k", p, step.cost, backendtest.T0.Add(step.at)); err != nil || d.Allowed != step.allowed {
 			t.Fatalf("take of %d at T0%+v: %+v, %v; want allowed %v", step.cost, step.at, d, err, step.allowed)
 		}
-		ttl, err := rdb.PTTL(ctx, sk).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The expiry has run down since the take that set it was sent
-		// (plus pttlSlack), however loaded the machine.
-		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
-			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
-		}
+		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
 	}
 }
 
@@ -786,13 +784,7 @@ func TestCounterExpiry(t *testing.T) {
 		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
 			t.Fatal(d, err)
 		}
-		ttl, err := rdb.PTTL(ctx, sk).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ttl > step.want || ttl < step.want-time.Since(setSent)-pttlSlack {
-			t.Errorf("after a take at T0%+v: PTTL %v, want %v", step.at, ttl, step.want)
-		}
+		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
 	}
 }
 
