@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"github.com/throttlekit/throttlekit/backend"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -615,22 +616,8 @@ func (c *counters) roundTrip(n int) {
 
 // Stats are a Backend's counts since New, for observations: how well
 // batching packs operations into round trips, and what the over-limit
-// cache saves.
-type Stats struct {
-	// RoundTrips counts requests sent to Redis (a batch, a pipeline of
-	// them, or one operation), Ops the operations they carried.
-	RoundTrips, Ops uint64
-	// Batched counts operations that waited for a batch; Abandoned those
-	// whose callers left before their batch was sent (they never ran).
-	Batched, Abandoned uint64
-	// BatchSizes[i] counts round trips that carried 2^i to 2^(i+1)-1
-	// operations (the last, 2^7 and more).
-	BatchSizes [8]uint64
-	// CacheHits counts Takes the over-limit cache denied without a round
-	// trip; CacheKeys is how many keys it holds now.
-	CacheHits uint64
-	CacheKeys int
-}
+// cache saves (the metrics adapters' AddBatching exports them).
+type Stats = backend.BatchStats
 
 // Stats returns the backend's counts so far.
 func (b *Backend) Stats() Stats {

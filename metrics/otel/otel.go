@@ -41,6 +41,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/throttlekit/throttlekit/backend"
 	"slices"
 	"sync/atomic"
 
@@ -254,6 +255,14 @@ func (m *Metrics) AddShadow(name string, b *shadow.Backend) error {
 // keys (throttlekit.migration=name).
 func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
 	return wrap(m.sources.AddMigration(name, mg))
+}
+
+// AddBatching reads stats at each collection, a batching backend's
+// counts (backend/redis: pass the Backend's Stats method): the
+// throttlekit.backend. round trip and operation instruments and the
+// throttlekit.overlimit_cache. ones with throttlekit.backend=name.
+func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
+	return wrap(m.sources.AddBatching(name, stats))
 }
 
 func wrap(err error) error {

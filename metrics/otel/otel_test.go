@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
 )
@@ -172,4 +173,41 @@ func TestNewRefusesBadInput(t *testing.T) {
 	}
 	_, err := throttleotel.New(nil, nil)
 	assert.EqualError(t, err, "throttleotel: New needs a MeterProvider, got nil")
+}
+
+// A batching backend's counts as observable instruments, read at each
+// collection, under throttlekit.backend=name (fixed counts here; a
+// redis.Backend's Stats in an application).
+func TestBatchingCollect(t *testing.T) {
+	m, reader := newMetrics(t, nil)
+	st := backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
+		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}
+	require.NoError(t, m.AddBatching("redis", func() backend.BatchStats { return st }))
+	st.RoundTrips = 11 // read at the collection, not when added
+	got := collect(t, reader)
+
+	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "redis")) }
+	for name, want := range map[string]metricdata.Sum[int64]{
+		"throttlekit.backend.round_trips":          one(11),
+		"throttlekit.backend.operations":           one(41),
+		"throttlekit.backend.batched_operations":   one(33),
+		"throttlekit.backend.abandoned_operations": one(2),
+		"throttlekit.overlimit_cache.hits":         one(7),
+	} {
+		metricdatatest.AssertAggregationsEqual(t, want, got[name].Data, metricdatatest.IgnoreTimestamp())
+	}
+	keys, ok := got["throttlekit.overlimit_cache.keys"].Data.(metricdata.Gauge[int64])
+	require.True(t, ok)
+	require.Len(t, keys.DataPoints, 1)
+	assert.Equal(t, int64(3), keys.DataPoints[0].Value)
+
+	bySize, ok := got["throttlekit.backend.round_trips_by_size"].Data.(metricdata.Sum[int64])
+	require.True(t, ok)
+	sizes := map[string]int64{}
+	for _, p := range bySize.DataPoints {
+		s, _ := p.Attributes.Value("throttlekit.size")
+		sizes[s.AsString()] = p.Value
+	}
+	assert.Equal(t, map[string]int64{"1": 6, "2-3": 1, "4-7": 0, "8-15": 3, "16-31": 0, "32-63": 0, "64-127": 0, "128+": 0}, sizes)
+	assert.EqualError(t, m.AddBatching("other", nil), `throttleotel: AddBatching "other": nil`)
 }

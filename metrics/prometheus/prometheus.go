@@ -51,6 +51,7 @@ package throttleprom
 
 import (
 	"fmt"
+	"github.com/throttlekit/throttlekit/backend"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -211,6 +212,14 @@ func (m *Metrics) AddShadow(name string, b *shadow.Backend) error {
 // reverse: the other way) and its moving keys (migration=name).
 func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
 	return wrap(m.sources.AddMigration(name, mg))
+}
+
+// AddBatching reads stats at each scrape, a batching backend's counts
+// (backend/redis: pass the Backend's Stats method): the
+// throttlekit_backend_ round trip and operation metrics and the
+// throttlekit_overlimit_cache_ metrics with backend=name.
+func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
+	return wrap(m.sources.AddBatching(name, stats))
 }
 
 func wrap(err error) error {

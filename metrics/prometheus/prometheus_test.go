@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -252,4 +253,52 @@ func TestAddRefusesBadSources(t *testing.T) {
 	_, healthy := traffic.Calls(t, nil)
 	require.NoError(t, m.WatchThrottler(healthy))
 	assert.EqualError(t, m.WatchThrottler(healthy), "throttleprom: WatchThrottler: Throttler already watched")
+}
+
+// A batching backend's counts, read at each scrape: round trips by size,
+// operations and the over-limit cache, under backend=name. The counts are
+// a redis.Backend's Stats in an application; fixed here.
+func TestBatchingScrape(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	st := backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
+		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}
+	require.NoError(t, m.AddBatching("redis", func() backend.BatchStats { return st }))
+	st.CacheHits = 9 // read at the scrape, not when added
+
+	want := `
+# HELP throttlekit_backend_round_trips_total Requests a batching backend sent to its store: a batch, or one operation alone.
+# TYPE throttlekit_backend_round_trips_total counter
+throttlekit_backend_round_trips_total{backend="redis"} 10
+# HELP throttlekit_backend_operations_total Operations the round trips carried: over round trips, the mean batch size.
+# TYPE throttlekit_backend_operations_total counter
+throttlekit_backend_operations_total{backend="redis"} 41
+# HELP throttlekit_backend_batched_operations_total Operations that waited for a batch instead of going alone.
+# TYPE throttlekit_backend_batched_operations_total counter
+throttlekit_backend_batched_operations_total{backend="redis"} 33
+# HELP throttlekit_backend_abandoned_operations_total Operations whose callers left before their batch was sent: never run.
+# TYPE throttlekit_backend_abandoned_operations_total counter
+throttlekit_backend_abandoned_operations_total{backend="redis"} 2
+# HELP throttlekit_backend_round_trips_by_size_total Round trips by how many operations they carried (size 1, 2-3, 4-7, ..., 128+).
+# TYPE throttlekit_backend_round_trips_by_size_total counter
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="1"} 6
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="2-3"} 1
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="4-7"} 0
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="8-15"} 3
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="16-31"} 0
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="32-63"} 0
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="64-127"} 0
+throttlekit_backend_round_trips_by_size_total{backend="redis",size="128+"} 0
+# HELP throttlekit_overlimit_cache_hits_total Takes the over-limit cache denied without a round trip.
+# TYPE throttlekit_overlimit_cache_hits_total counter
+throttlekit_overlimit_cache_hits_total{backend="redis"} 9
+# HELP throttlekit_overlimit_cache_keys Keys the over-limit cache holds: each denied until the instant its store named.
+# TYPE throttlekit_overlimit_cache_keys gauge
+throttlekit_overlimit_cache_keys{backend="redis"} 3
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"throttlekit_backend_round_trips_total", "throttlekit_backend_operations_total",
+		"throttlekit_backend_batched_operations_total", "throttlekit_backend_abandoned_operations_total",
+		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys"))
+	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `throttleprom: AddBatching "redis": name already added`)
+	assert.EqualError(t, m.AddBatching("other", nil), `throttleprom: AddBatching "other": nil`)
 }

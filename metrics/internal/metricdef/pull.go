@@ -6,6 +6,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/migration"
 	"github.com/throttlekit/throttlekit/shadow"
@@ -35,6 +36,13 @@ const (
 	MigrationOneStore
 	MigrationPercentChanges
 	BreakersOpen
+	BatchRoundTrips
+	BatchOperations
+	BatchBatched
+	BatchAbandoned
+	BatchRoundTripsBySize
+	CacheHits
+	CacheKeys
 	NumPulls
 )
 
@@ -61,7 +69,12 @@ func AttrKey(label string) string { return "throttlekit." + label }
 var (
 	shadowLabels = []string{"shadow", "direction"}
 	moveLabels   = []string{"migration"}
+	batchLabels  = []string{"backend"}
 )
+
+// BatchSizeLabels name backend.BatchStats.BatchSizes' buckets, the size
+// label of BatchRoundTripsBySize.
+var BatchSizeLabels = [len(backend.BatchStats{}.BatchSizes)]string{"1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", "128+"}
 
 // Specs describes every pulled metric, indexed by Pull.
 var Specs = [NumPulls]Spec{
@@ -99,6 +112,20 @@ var Specs = [NumPulls]Spec{
 		"Changes of the rollout's percentage this process has seen.", moveLabels, false},
 	BreakersOpen: {"throttlekit_breakers_open", "throttlekit.breakers.open", "{breaker}",
 		"Watched Throttlers whose breaker for the store is open: its calls get the fallback or the failure mode.", []string{"store"}, true},
+	BatchRoundTrips: {"throttlekit_backend_round_trips_total", "throttlekit.backend.round_trips", "{round_trip}",
+		"Requests a batching backend sent to its store: a batch, or one operation alone.", batchLabels, false},
+	BatchOperations: {"throttlekit_backend_operations_total", "throttlekit.backend.operations", "{operation}",
+		"Operations the round trips carried: over round trips, the mean batch size.", batchLabels, false},
+	BatchBatched: {"throttlekit_backend_batched_operations_total", "throttlekit.backend.batched_operations", "{operation}",
+		"Operations that waited for a batch instead of going alone.", batchLabels, false},
+	BatchAbandoned: {"throttlekit_backend_abandoned_operations_total", "throttlekit.backend.abandoned_operations", "{operation}",
+		"Operations whose callers left before their batch was sent: never run.", batchLabels, false},
+	BatchRoundTripsBySize: {"throttlekit_backend_round_trips_by_size_total", "throttlekit.backend.round_trips_by_size", "{round_trip}",
+		"Round trips by how many operations they carried (size 1, 2-3, 4-7, ..., 128+).", []string{"backend", "size"}, false},
+	CacheHits: {"throttlekit_overlimit_cache_hits_total", "throttlekit.overlimit_cache.hits", "{call}",
+		"Takes the over-limit cache denied without a round trip.", batchLabels, false},
+	CacheKeys: {"throttlekit_overlimit_cache_keys", "throttlekit.overlimit_cache.keys", "{key}",
+		"Keys the over-limit cache holds: each denied until the instant its store named.", batchLabels, true},
 }
 
 // Sample is one value of a pulled metric.
@@ -127,7 +154,13 @@ type Sources struct {
 	routers    []namedRouter
 	shadows    []namedShadow
 	migrations []namedMigration
+	batchers   []namedBatcher
 	throttlers []*throttler.Throttler
+}
+
+type namedBatcher struct {
+	name  string
+	stats func() backend.BatchStats
 }
 
 type namedRouter struct {
@@ -202,6 +235,18 @@ func (s *Sources) AddMigration(name string, m *migration.Migration) error {
 	return nil
 }
 
+// AddBatching reads stats (a batching backend's, such as backend/redis's
+// Backend.Stats): the Batch and Cache metrics with backend name.
+func (s *Sources) AddBatching(name string, stats func() backend.BatchStats) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.claim("AddBatching", name, stats == nil); err != nil {
+		return err
+	}
+	s.batchers = append(s.batchers, namedBatcher{name, stats})
+	return nil
+}
+
 // WatchThrottler reads t's breakers: BreakersOpen counts, per store, the
 // watched Throttlers whose breaker is open.
 func (s *Sources) WatchThrottler(t *throttler.Throttler) error {
@@ -222,7 +267,7 @@ func (s *Sources) WatchThrottler(t *throttler.Throttler) error {
 // Collect reads every source and yields its samples.
 func (s *Sources) Collect(yield func(Sample)) {
 	s.mu.Lock()
-	routers, shadows, migrations, throttlers := s.routers, s.shadows, s.migrations, s.throttlers
+	routers, shadows, migrations, batchers, throttlers := s.routers, s.shadows, s.migrations, s.batchers, s.throttlers
 	s.mu.Unlock()
 	for _, r := range routers {
 		routed(yield, r.name, r.stats())
@@ -245,8 +290,28 @@ func (s *Sources) Collect(yield func(Sample)) {
 			yield(Sample{Pull: p, Labels: [3]string{m.name}, Value: float64(v)})
 		}
 	}
+	for _, b := range batchers {
+		batched(yield, b.name, b.stats())
+	}
 	if len(throttlers) > 0 {
 		s.breakers(yield, throttlers)
+	}
+}
+
+func batched(yield func(Sample), name string, st backend.BatchStats) {
+	l := [3]string{name}
+	for p, v := range map[Pull]uint64{
+		BatchRoundTrips: st.RoundTrips,
+		BatchOperations: st.Ops,
+		BatchBatched:    st.Batched,
+		BatchAbandoned:  st.Abandoned,
+		CacheHits:       st.CacheHits,
+	} {
+		yield(Sample{Pull: p, Labels: l, Value: float64(v)})
+	}
+	yield(Sample{Pull: CacheKeys, Labels: l, Value: float64(st.CacheKeys)})
+	for i, n := range st.BatchSizes {
+		yield(Sample{Pull: BatchRoundTripsBySize, Labels: [3]string{name, BatchSizeLabels[i]}, Value: float64(n)})
 	}
 }
 
