@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 )
 
@@ -38,6 +39,7 @@ func exported(t *testing.T) map[string]bool {
 	s := traffic.Drive(t)
 	require.NoError(t, m.AddShadow("shadow", s.Mismatch))
 	require.NoError(t, m.AddMigration("sessions", s.Migration))
+	require.NoError(t, m.AddBatching("redis", func() backend.BatchStats { return backend.BatchStats{} }))
 	families, err := reg.Gather()
 	require.NoError(t, err)
 	names := map[string]bool{}
