@@ -140,9 +140,10 @@ if op == 1 then
 else
   if op == 3 and used > 0 then
     -- The newest live units logged at or before the receipt less w go
-    -- first: ranks [upto - left, upto) of the set.
+    -- first: ranks [upto - left, upto) of the set. (used > 0, so the
+    -- ended units were counted above.)
     local upto = redis.call('ZCOUNT', log, '-inf', ARGV[8])
-    local left = math.min(cost, upto - redis.call('ZCOUNT', log, '-inf', ARGV[7]))
+    local left = math.min(cost, upto - ended)
     if left > 0 then
       redis.call('ZREMRANGEBYRANK', log, upto - left, upto - 1)
       used = used - left
