@@ -219,32 +219,35 @@ func TestAlgorithmReplies(t *testing.T) {
 		want  throttler.Decision // zero: want ErrUnexpectedReply
 	}{
 		// A full bucket (no state): take 1 leaves 19 tokens of 1000 units.
-		{"bucket take fresh", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
+		{"bucket take fresh", throttler.OpTake, tb, pack(1, 0, 0, 0, 0, 19000, ms),
 			throttler.Decision{Allowed: true, Limit: 20, Used: 1, Remaining: 19, ResetAt: at.Add(100 * time.Millisecond)}},
-		{"bucket take, script wrote but Go would not", throttler.OpRefund, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(20000), ms}, throttler.Decision{}},
-		{"bucket next state differs", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(18999), ms}, throttler.Decision{}},
-		{"bucket stored out of range", throttler.OpTake, tb, []any{int64(1), int64(2), int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
-		{"bucket not stored but state", throttler.OpTake, tb, []any{int64(1), int64(0), int64(5), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
-		{"bucket state above 2^53", throttler.OpTake, tb, []any{int64(1), int64(1), int64(1<<53 + 1), ms, int64(1000), int64(19000), ms}, throttler.Decision{}},
-		{"bucket short", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000)}, throttler.Decision{}},
-		{"bucket string", throttler.OpTake, tb, []any{int64(1), "0", int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
-		{"bucket peek", throttler.OpPeek, tb, []any{int64(0), int64(1), int64(5000), ms, int64(1000), int64(5000), ms},
+		{"bucket take, script wrote but Go would not", throttler.OpRefund, tb, pack(1, 0, 0, 0, 0, 20000, ms), throttler.Decision{}},
+		{"bucket next state differs", throttler.OpTake, tb, pack(1, 0, 0, 0, 0, 18999, ms), throttler.Decision{}},
+		{"bucket stored out of range", throttler.OpTake, tb, pack(1, 2, 0, 0, 0, 19000, ms), throttler.Decision{}},
+		{"bucket not stored but state", throttler.OpTake, tb, pack(1, 0, 5, 0, 0, 19000, ms), throttler.Decision{}},
+		{"bucket state above 2^53", throttler.OpTake, tb, pack(1, 1, 1<<54, ms, 1000, 19000, ms), throttler.Decision{}},
+		{"bucket short", throttler.OpTake, tb, pack(1, 0, 0, 0, 0, 19000), throttler.Decision{}},
+		{"bucket as an array", throttler.OpTake, tb, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms}, throttler.Decision{}},
+		{"bucket peek", throttler.OpPeek, tb, pack(0, 1, 5000, ms, 1000, 5000, ms),
 			throttler.Decision{Allowed: true, Limit: 20, Used: 15, Remaining: 5, ResetAt: at.Add(1500 * time.Millisecond)}},
-		{"bucket peek that wrote", throttler.OpPeek, tb, []any{int64(1), int64(1), int64(5000), ms, int64(1000), int64(5000), ms}, throttler.Decision{}},
-		{"counter peek", throttler.OpPeek, sw, []any{int64(0), int64(1), k, int64(4), int64(0), int64(1000), k, int64(4), int64(0)},
+		{"bucket peek that wrote", throttler.OpPeek, tb, pack(1, 1, 5000, ms, 1000, 5000, ms), throttler.Decision{}},
+		{"counter peek", throttler.OpPeek, sw, pack(0, 1, k, 4, 0, 1000, k, 4, 0),
 			throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: time.UnixMilli((k + 1) * 1000)}},
-		{"counter take fresh", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)},
+		{"counter take fresh", throttler.OpTake, sw, pack(1, 0, 0, 0, 0, 0, k, 1, 0),
 			throttler.Decision{Allowed: true, Limit: 10, Used: 1, Remaining: 9, ResetAt: time.UnixMilli((k + 1) * 1000)}},
-		{"counter next state differs", throttler.OpTake, sw, []any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(0), k + 1, int64(1), int64(0)}, throttler.Decision{}},
-		{"counter wrote flag 2", throttler.OpTake, sw, []any{int64(2), int64(0), int64(0), int64(0), int64(0), int64(0), k, int64(1), int64(0)}, throttler.Decision{}},
-		{"log denied", throttler.OpTake, sl, []any{int64(0), int64(10), ms + 900, int64(250)},
+		{"counter next state differs", throttler.OpTake, sw, pack(1, 0, 0, 0, 0, 0, k + 1, 1, 0), throttler.Decision{}},
+		{"counter wrote flag 2", throttler.OpTake, sw, pack(2, 0, 0, 0, 0, 0, k, 1, 0), throttler.Decision{}},
+		{"log denied", throttler.OpTake, sl, pack(0, 10, ms + 900, 250),
 			throttler.Decision{Limit: 10, Used: 10, ResetAt: at.Add(900 * time.Millisecond), RetryAfter: 250 * time.Millisecond}},
-		{"log used above limit", throttler.OpPeek, sl, []any{int64(0), int64(12), ms + 900, int64(250)},
+		{"log used above limit", throttler.OpPeek, sl, pack(0, 12, ms + 900, 250),
 			throttler.Decision{Limit: 10, Used: 12, ResetAt: at.Add(900 * time.Millisecond), RetryAfter: 250 * time.Millisecond}},
-		{"log allowed with a wait", throttler.OpTake, sl, []any{int64(1), int64(1), ms + 1000, int64(5)}, throttler.Decision{}},
-		{"log negative used", throttler.OpTake, sl, []any{int64(1), int64(-1), ms + 1000, int64(0)}, throttler.Decision{}},
-		{"log nil value", throttler.OpTake, sl, []any{int64(1), nil, ms + 1000, int64(0)}, throttler.Decision{}},
-		{"log not an array", throttler.OpTake, sl, "OK", throttler.Decision{}},
+		{"log allowed with a wait", throttler.OpTake, sl, pack(1, 1, ms + 1000, 5), throttler.Decision{}},
+		{"log negative used", throttler.OpTake, sl, pack(1, -1, ms + 1000, 0), throttler.Decision{}},
+		{"log NaN", throttler.OpTake, sl, pack(1, math.NaN(), ms + 1000, 0), throttler.Decision{}},
+		{"log infinite", throttler.OpTake, sl, pack(1, 1, math.Inf(1), 0), throttler.Decision{}},
+		{"log fraction", throttler.OpTake, sl, pack(1, 1.5, ms + 1000, 0), throttler.Decision{}},
+		{"log one byte more", throttler.OpTake, sl, pack(1, 1, ms + 1000, 0) + "x", throttler.Decision{}},
+		{"log not packed", throttler.OpTake, sl, "OK", throttler.Decision{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -269,6 +272,27 @@ func TestAlgorithmReplies(t *testing.T) {
 	}
 }
 
+// pack is a reply as the algorithm scripts send it: each value (an int,
+// an int64 or a float64) as a little-endian double.
+func pack(vals ...any) string {
+	b := make([]byte, 0, 8*len(vals))
+	for _, v := range vals {
+		var f float64
+		switch v := v.(type) {
+		case int:
+			f = float64(v)
+		case int64:
+			f = float64(v)
+		case float64:
+			f = v
+		default:
+			panic(fmt.Sprintf("pack: %T", v))
+		}
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+	}
+	return string(b)
+}
+
 // TestAlgorithmScriptArgs pins what the scripts are sent: the op, now and
 // the window in ms, the policy's numbers, cost and the expiry margin (a
 // duration, never an absolute time), and last a Refund's receipt (the
@@ -283,22 +307,22 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 		want  []any
 	}{
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpTake,
-			[]any{int64(1), int64(0), int64(0), int64(0), int64(0), int64(19000), ms},
+			pack(1, 0, 0, 0, 0, 19000, ms),
 			[]any{1, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000)}},
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpPeek,
-			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(20000), ms},
+			pack(0, 0, 0, 0, 0, 20000, ms),
 			[]any{2, ms, int64(1000), int64(10), int64(20), int64(0), int64(2000)}},
 		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
-			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), ms / 1000, int64(0), int64(0)},
+			pack(0, 0, 0, 0, 0, 0, ms / 1000, 0, 0),
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms + 300}},
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpRefund,
-			[]any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(20000), ms},
+			pack(0, 0, 0, 0, 0, 20000, ms),
 			[]any{3, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000), ms + 300}},
 		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpRefund,
-			[]any{int64(1), int64(0), ms + 1000, int64(0)},
+			pack(1, 0, ms + 1000, 0),
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms - 1000, ms + 300 - 1000}},
 		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
-			[]any{int64(1), int64(0), ms + 1000, int64(0)},
+			pack(1, 0, ms + 1000, 0),
 			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000), ms - 1000}},
 	}
 	for _, tt := range tests {

@@ -45,13 +45,13 @@ func (r *pausedReplica) EvalSha(ctx context.Context, sha string, keys []string, 
 
 // noStateReply is what bucket.lua or counter.lua answers a Peek at t on a
 // key with no state: nothing written or stored, and the state Go computes.
-func noStateReply(p throttler.Policy, t int64) []any {
+func noStateReply(p throttler.Policy, t int64) string {
 	if p.Algorithm == throttler.TokenBucket {
 		_, next, _ := backend.Bucket(p, backend.BucketState{}, false, throttler.OpPeek, 1, 0, t)
-		return []any{int64(0), int64(0), int64(0), int64(0), int64(0), next.Tokens, next.At}
+		return pack(0, 0, 0, 0, 0, next.Tokens, next.At)
 	}
 	_, next, _ := backend.Counter(p, backend.CounterState{}, false, throttler.OpPeek, 1, 0, t)
-	return []any{int64(0), int64(0), int64(0), int64(0), int64(0), int64(0), next.K, next.Curr, next.Prev}
+	return pack(0, 0, 0, 0, 0, 0, next.K, next.Curr, next.Prev)
 }
 
 // Issue 11, case 2: a Peek on a paused replica timed out with the whole

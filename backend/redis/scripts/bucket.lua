@@ -19,10 +19,11 @@
 --          again after the refunded take (its ResetAt); refunds only
 --          before both t and t0 reach it
 --
--- Returns {wrote (0|1), stored (0|1), s, t, w, s', t'}: stored is 1 when
--- the value holds three integers of magnitude <= 2^53, s, t, w are
--- their values (0 otherwise), and s', t' the state after the call, which
--- the caller checks against Go's.
+-- Returns wrote (0|1), stored (0|1), s, t, w, s', t' packed as seven
+-- little-endian doubles (one string, see algorithms.go's parsePacked):
+-- stored is 1 when the value holds three integers of magnitude <= 2^53,
+-- s, t, w are their values (0 otherwise), and s', t' the state after the
+-- call, which the caller checks against Go's.
 --
 -- One string, read with GET and written with SET PX, keeps a call to two
 -- commands. Numbers are Lua doubles, exact to 2^53: policy validation
@@ -111,6 +112,6 @@ if wrote == 1 then
   end
 end
 if stored then
-  return {wrote, 1, rs, rt, rw, s, t0}
+  return struct.pack('<ddddddd', wrote, 1, rs, rt, rw, s, t0)
 end
-return {wrote, 0, 0, 0, 0, s, t0}
+return struct.pack('<ddddddd', wrote, 0, 0, 0, 0, s, t0)

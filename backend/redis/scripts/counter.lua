@@ -16,10 +16,11 @@
 -- ARGV[6]  expiry margin, ms
 -- ARGV[7]  a refund's receipt: (K+1)*w of the refunded take's window K
 --
--- Returns {wrote (0|1), stored (0|1), k, c, p, w, k', c', p'}: stored is 1
--- when the value holds four decimal integers of magnitude <= 2^53, k, c, p,
--- w are their values (0 otherwise), and k', c', p' the state after the
--- call, which the caller checks against Go's.
+-- Returns wrote (0|1), stored (0|1), k, c, p, w, k', c', p' packed as nine
+-- little-endian doubles (one string, see algorithms.go's parsePacked):
+-- stored is 1 when the value holds four decimal integers of magnitude
+-- <= 2^53, k, c, p, w are their values (0 otherwise), and k', c', p' the
+-- state after the call, which the caller checks against Go's.
 --
 -- One string, read with GET and written with SET PX, keeps a call to two
 -- commands. Numbers are Lua doubles, exact to 2^53: policy validation
@@ -94,6 +95,6 @@ if wrote == 1 then
   end
 end
 if stored then
-  return {wrote, 1, rk, rc, rp, rw, k, curr, prev}
+  return struct.pack('<ddddddddd', wrote, 1, rk, rc, rp, rw, k, curr, prev)
 end
-return {wrote, 0, 0, 0, 0, 0, k, curr, prev}
+return struct.pack('<ddddddddd', wrote, 0, 0, 0, 0, 0, k, curr, prev)

@@ -19,7 +19,9 @@
 -- ARGV[8]  a refund's receipt less w: the refunded take's units are at or
 --          before it, and units after it were logged after the take
 --
--- Returns {allowed (0|1), used, reset-at ms, retry-after ms}.
+-- Returns allowed (0|1), used, reset-at ms and retry-after ms packed as
+-- four little-endian doubles (one string, see algorithms.go's
+-- parsePacked).
 --
 -- A unit is live at t while t < at + w (units from a later ms, written by a
 -- clock ahead, count). Only an admitted take drops the units that ended by
@@ -170,4 +172,4 @@ if allowed == 0 then
   local m = redis.call('ZREVRANGE', log, used - need, used - need, 'WITHSCORES')
   retry = tonumber(m[2]) + w - t
 end
-return {allowed, used, reset, retry}
+return struct.pack('<dddd', allowed, used, reset, retry)
