@@ -873,3 +873,39 @@ func TestLogNewestOfAnotherShape(t *testing.T) {
 		}
 	}
 }
+
+// FuzzPackedReplies feeds the bucket, counter and log scripts' replies of
+// any bytes: each call must be an error or a Decision that keeps the
+// contract's invariants, never a panic.
+func FuzzPackedReplies(f *testing.F) {
+	ms := backendtest.T0.UnixMilli()
+	f.Add(uint8(0), []byte(pack(1, 0, 0, 0, 0, 19000, ms)))
+	f.Add(uint8(1), []byte(pack(0, 1, ms/1000, 4, 0, 1000, ms/1000, 4, 0)))
+	f.Add(uint8(2), []byte(pack(0, 10, ms+900, 250)))
+	f.Add(uint8(2), []byte(pack(1, math.NaN(), ms, 0)))
+	f.Add(uint8(1), []byte("OK"))
+	policies := []throttler.Policy{
+		throttler.PerSecond(10).WithBurst(20).Named("tb"),
+		throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw"),
+		throttler.PerSecond(10).With(throttler.SlidingLog).Named("sl"),
+	}
+	f.Fuzz(func(t *testing.T, which uint8, reply []byte) {
+		p := policies[int(which)%len(policies)]
+		b, err := NewSharded([]Shard{{Primary: &algFake{reply: string(reply)}}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []throttler.Op{throttler.OpTake, throttler.OpPeek, throttler.OpRefund} {
+			d, err := backend.Do(context.Background(), b, op, "k", p, 1, backendtest.T0.Add(time.Second), backendtest.T0)
+			if err != nil {
+				if !errors.Is(err, ErrUnexpectedReply) || !strings.HasPrefix(err.Error(), "redis: ") {
+					t.Fatalf("%v: %v", op, err)
+				}
+				continue
+			}
+			if d.Used < 0 || d.Limit != p.Capacity() || d.Remaining != max(0, d.Limit-d.Used) || d.RetryAfter < 0 {
+				t.Fatalf("%v: reply %x gave %+v", op, reply, d)
+			}
+		}
+	})
+}
