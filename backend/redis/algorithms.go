@@ -37,15 +37,18 @@ import (
 // never reads the whole log.
 
 var (
-	// numbersSource is the prelude the bucket and counter scripts share.
+	// numbersSource and ceildivSource are the preludes the scripts
+	// share: each script is given only those it uses.
 	//go:embed scripts/numbers.lua
 	numbersSource string
+	//go:embed scripts/ceildiv.lua
+	ceildivSource string
 	//go:embed scripts/bucket.lua
 	bucketSource string
-	bucketScript = goredis.NewScript(numbersSource + bucketSource)
+	bucketScript = goredis.NewScript(ceildivSource + bucketSource)
 	//go:embed scripts/counter.lua
 	counterSource string
-	counterScript = goredis.NewScript(numbersSource + counterSource)
+	counterScript = goredis.NewScript(numbersSource + ceildivSource + counterSource)
 	//go:embed scripts/log.lua
 	logSource string
 	logScript = goredis.NewScript(logSource)

@@ -32,7 +32,7 @@
 -- stored as doubles, exact for these integers. Expiry is a duration, for
 -- cleanup only: at least until the bucket is full again plus the margin,
 -- at most a grid cell of g = min(w, margin) ms later.
--- ceildiv comes from numbers.lua, prepended when the script is built.
+-- ceildiv comes from ceildiv.lua, prepended when the script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cap, cost = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])

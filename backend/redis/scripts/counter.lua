@@ -30,7 +30,8 @@
 -- only: until both counted windows are older than the previous one,
 -- (k+2)*w, plus the margin, set by the first write of window k (from its
 -- writer's clock) and kept by the others.
--- num and ceildiv come from numbers.lua, prepended when the script is built.
+-- num and ceildiv come from numbers.lua and ceildiv.lua, prepended when the
+-- script is built.
 
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -1,11 +1,9 @@
--- numbers.lua is prepended to bucket.lua and counter.lua (backend/redis
--- algorithms.go) and takes.lua (batch.go): the integer reading, writing
--- and exact division they share.
+-- numbers.lua is prepended to counter.lua (backend/redis algorithms.go) and
+-- takes.lua (batch.go): the integer reading and writing they share.
 --
 -- num reads a decimal integer, captured as -?%d+, as a number only if its
 -- magnitude is at most 2^53 (exact in a double); else nil, and the state
--- that holds it reads as none. ceildiv is ceil(a / b) for a >= 0 without a
--- float division: (a - fmod(a, b)) / b is exact below 2^53.
+-- that holds it reads as none.
 local function num(x)
   if #x < 16 then
     return tonumber(x) -- below 10^15 in magnitude
@@ -35,15 +33,4 @@ local function str(n)
     return n
   end
   return string.format('%.0f', n)
-end
-
-local function ceildiv(a, b)
-  if a <= 0 then
-    return 0
-  end
-  local r = math.fmod(a, b)
-  if r > 0 then
-    return (a - r) / b + 1
-  end
-  return a / b
 end

@@ -2,9 +2,9 @@
 -- one batch: for each window, its Takes in their order, with the answers
 -- take.lua would give them one after the other. A batch's windows on one
 -- server cost one script call, and each window one HMGET and at most one
--- HSET, PEXPIRE and HINCRBY, instead of a script per Take. num, str and
--- ceildiv come from numbers.lua, prepended when the script is built (str
--- writes an integer exactly).
+-- HSET, PEXPIRE and HINCRBY, instead of a script per Take. str comes from
+-- numbers.lua, prepended when the script is built (it writes an integer
+-- exactly).
 --
 -- KEYS[j]  window j's hash, as for take.lua; each key once
 -- ARGV     the number of parameter sets P; then P sets of four of
