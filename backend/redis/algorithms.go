@@ -24,7 +24,8 @@ import (
 // doubles, a counter's decimals), read with GET and written with SET: two
 // commands a call, the expiry kept (KEEPTTL) unless it must move later.
 // Their scripts admit and write
-// in Lua, and return the state they read; the Decision is then computed in
+// in Lua, and return the state they read (packed as doubles in one
+// string, parsePacked); the Decision is then computed in
 // Go by backend.Bucket or backend.Counter from that state, so it is the
 // memory backend's to the millisecond. A Peek runs the same script, which
 // writes nothing then, on a replica when the shard has one, and the same
