@@ -626,17 +626,51 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 // PTTL, and a fresh-clone CI run saw 2 ms with next to nothing elapsed.
 const pttlSlack = 5 * time.Millisecond
 
-// checkPTTL checks key's expiry after a take at T0+at: want, run down
-// since the take that set it was sent (plus pttlSlack), however loaded the
-// machine.
-func checkPTTL(t *testing.T, rdb *goredis.Client, key string, want time.Duration, setSent time.Time, at time.Duration) {
+// expiryRig runs an expiry table: a backend with a 2 s expiry margin on a
+// Redis of its own, and the key of p's "k" there.
+type expiryRig struct {
+	t       *testing.T
+	b       *Backend
+	rdb     *goredis.Client
+	p       throttler.Policy
+	sk      string
+	setSent time.Time // when the take that set the key's expiry was sent
+}
+
+// newExpiryRig starts the rig for p. The tables count from T0, which must
+// lie offset ms into a period of period ms (a grid cell, or a window).
+func newExpiryRig(t *testing.T, p throttler.Policy, period, offset int64) *expiryRig {
 	t.Helper()
-	ttl, err := rdb.PTTL(context.Background(), key).Result()
+	if r := backendtest.T0.UnixMilli() % period; r != offset {
+		t.Fatalf("T0 is %d ms into its %d ms period; the table assumes %d", r, period, offset)
+	}
+	rdb, _ := startRedis(t)
+	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl > want || ttl < want-time.Since(setSent)-pttlSlack {
-		t.Errorf("after a take at T0%+v: PTTL %v, want %v", at, ttl, want)
+	sk, _ := b.algorithmKey(p, "k")
+	return &expiryRig{t: t, b: b, rdb: rdb, p: p, sk: sk}
+}
+
+// take takes cost at T0+at, wants it allowed or not, then wants the key's
+// PTTL to be want, run down since the take that set it was sent (this one
+// when sets) plus pttlSlack, however loaded the machine.
+func (r *expiryRig) take(at time.Duration, cost int64, allowed bool, want time.Duration, sets bool) {
+	r.t.Helper()
+	if sent := time.Now(); sets {
+		r.setSent = sent
+	}
+	ctx := context.Background()
+	if d, err := r.b.Take(ctx, "k", r.p, cost, backendtest.T0.Add(at)); err != nil || d.Allowed != allowed {
+		r.t.Fatalf("take of %d at T0%+v: %+v, %v; want allowed %v", cost, at, d, err, allowed)
+	}
+	ttl, err := r.rdb.PTTL(ctx, r.sk).Result()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if ttl > want || ttl < want-time.Since(r.setSent)-pttlSlack {
+		r.t.Errorf("after a take at T0%+v: PTTL %v, want %v", at, ttl, want)
 	}
 }
 
@@ -683,20 +717,9 @@ func checkLogState(t *testing.T, rdb *goredis.Client, sk string, now, w, margin 
 // it as it was; a later cell, a clock behind the newest unit and a log whose
 // units all ended set it again.
 func TestLogExpiry(t *testing.T) {
-	rdb, _ := startRedis(t)
-	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}
-	sk, _ := b.algorithmKey(p, "k")
-	s, ms := time.Second, time.Millisecond
 	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
-	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
-		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
-	}
-	var setSent time.Time // when the take that set the expiry was sent
+	r := newExpiryRig(t, throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingLog}, 2000, 1250)
+	s, ms := time.Second, time.Millisecond
 	for _, step := range []struct {
 		at   time.Duration // the take's now from T0
 		want time.Duration // the PTTL after it
@@ -711,14 +734,7 @@ func TestLogExpiry(t *testing.T) {
 		{2750 * ms, 8 * s, false},      // the newest's ms again
 		{10 * s, 6750 * ms, true},      // all ended (the key went): to +14.75s
 	} {
-		sent := time.Now()
-		if step.sets {
-			setSent = sent
-		}
-		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
-			t.Fatal(d, err)
-		}
-		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
+		r.take(step.at, 1, true, step.want, step.sets)
 	}
 }
 
@@ -729,21 +745,10 @@ func TestLogExpiry(t *testing.T) {
 // an earlier one, keeps the expiry (a clock behind included); a later cell
 // sets it; a denied take writes nothing.
 func TestBucketExpiry(t *testing.T) {
-	rdb, _ := startRedis(t)
-	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
 	// One token a second, 4 at most: 4000 scaled units a token, 4 a ms.
-	p := throttler.Policy{Name: "exp", Limit: 4, Window: 4 * time.Second, Algorithm: throttler.TokenBucket}
-	sk, _ := b.algorithmKey(p, "k")
-	ms := time.Millisecond
 	// T0 is 1250 ms into a 2 s cell: cells start at T0+750ms+2s·k.
-	if r := backendtest.T0.UnixMilli() % 2000; r != 1250 {
-		t.Fatalf("T0 is %d ms into its 2 s cell; the table assumes 1250", r)
-	}
-	var setSent time.Time // when the take that set the expiry was sent
+	r := newExpiryRig(t, throttler.Policy{Name: "exp", Limit: 4, Window: 4 * time.Second, Algorithm: throttler.TokenBucket}, 2000, 1250)
+	ms := time.Millisecond
 	for _, step := range []struct {
 		at      time.Duration // the take's now from T0
 		cost    int64
@@ -759,14 +764,7 @@ func TestBucketExpiry(t *testing.T) {
 		{20000 * ms, 1, true, 4750 * ms, true},   // full long ago: 3 left, full at +21s, to +22.75s
 		{20000 * ms, 4, false, 4750 * ms, false}, // denied: nothing written
 	} {
-		sent := time.Now()
-		if step.sets {
-			setSent = sent
-		}
-		if d, err := b.Take(ctx, "k", p, step.cost, backendtest.T0.Add(step.at)); err != nil || d.Allowed != step.allowed {
-			t.Fatalf("take of %d at T0%+v: %+v, %v; want allowed %v", step.cost, step.at, d, err, step.allowed)
-		}
-		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
+		r.take(step.at, step.cost, step.allowed, step.want, step.sets)
 	}
 }
 
@@ -776,20 +774,9 @@ func TestBucketExpiry(t *testing.T) {
 // kept by the others (a clock behind, answered in the stored window,
 // included).
 func TestCounterExpiry(t *testing.T) {
-	rdb, _ := startRedis(t)
-	b, err := NewSharded([]Shard{{Primary: rdb}}, &Options{ExpiryMargin: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	p := throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingWindow}
-	sk, _ := b.algorithmKey(p, "k")
-	ms := time.Millisecond
 	// T0 is 3250 ms into its 4 s window: windows start at T0+750ms+4s·j.
-	if r := backendtest.T0.UnixMilli() % 4000; r != 3250 {
-		t.Fatalf("T0 is %d ms into its window; the table assumes 3250", r)
-	}
-	var setSent time.Time // when the take that set the expiry was sent
+	r := newExpiryRig(t, throttler.Policy{Name: "exp", Limit: 100, Window: 4 * time.Second, Algorithm: throttler.SlidingWindow}, 4000, 3250)
+	ms := time.Millisecond
 	for _, step := range []struct {
 		at   time.Duration // the take's now from T0
 		want time.Duration // the PTTL after it
@@ -801,14 +788,7 @@ func TestCounterExpiry(t *testing.T) {
 		{100 * ms, 9750 * ms, false},  // a clock behind: answered in the stored window
 		{20000 * ms, 6750 * ms, true}, // later windows: +24.75s+2s
 	} {
-		sent := time.Now()
-		if step.sets {
-			setSent = sent
-		}
-		if d, err := b.Take(ctx, "k", p, 1, backendtest.T0.Add(step.at)); err != nil || !d.Allowed {
-			t.Fatal(d, err)
-		}
-		checkPTTL(t, rdb, sk, step.want, setSent, step.at)
+		r.take(step.at, 1, true, step.want, step.sets)
 	}
 }
 
