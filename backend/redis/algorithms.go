@@ -192,12 +192,13 @@ func parsePacked(reply any, out []int64) error {
 	return nil
 }
 
-// scriptFlags checks a state script's reply: wrote and stored are 0 or 1,
-// the state read is within maxStored, and zeros when none was stored.
+// scriptFlags checks a state script's reply (parsePacked bounded every
+// value by maxStored): wrote and stored are 0 or 1, and the state read is
+// zeros when none was stored.
 func scriptFlags(wrote, stored int64, state []int64) (bool, bool, error) {
 	bad := wrote < 0 || wrote > 1 || stored < 0 || stored > 1
 	for _, v := range state {
-		bad = bad || v < -maxStored || v > maxStored || (stored == 0 && v != 0)
+		bad = bad || (stored == 0 && v != 0)
 	}
 	if bad {
 		return false, false, fmt.Errorf("%w: %d, %d, %v", ErrUnexpectedReply, wrote, stored, state)
