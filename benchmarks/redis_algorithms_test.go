@@ -2,7 +2,9 @@ package benchmarks
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -174,7 +176,7 @@ func (s *sortedSetLog) takeBound(ctx context.Context, key string, now time.Time)
 	ms := now.UnixMilli()
 	res, err := logBoundScript.Run(ctx, s.c, []string{key}, ms, s.window.Milliseconds(), s.limit, 1,
 		ms-s.window.Milliseconds(), strconv.FormatInt(ms, 10)+"-"+strconv.FormatInt(s.seq, 10)).Text()
-	if err == nil && (len(res) != 32 || res[6] != 0xf0) { // allowed: 1.0 = 0x3ff0...
+	if err == nil && (len(res) != 32 || math.Float64frombits(binary.LittleEndian.Uint64([]byte(res[:8]))) != 1) {
 		err = fmt.Errorf("bound: denied or odd reply %x", res)
 	}
 	return err
