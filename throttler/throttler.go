@@ -67,7 +67,10 @@ type Observation struct {
 type Options struct {
 	// Clock is the one source of time for every window. default: time.Now
 	Clock func() time.Time
-	// Timeout bounds each backend call, through its context. default: 100ms
+	// Timeout bounds each backend call, through its context: 0 (the
+	// default) or at least 1ms. A shorter one is an error from New: no store
+	// answers in microseconds, so every call would time out and fail open (a
+	// bare number such as 100 is 100ns, not 100ms). default: 100ms
 	Timeout time.Duration
 	// FailureMode is what to answer when the backend fails and no fallback
 	// answers. default: FailOpen
@@ -125,6 +128,10 @@ type Options struct {
 	Observe func(Observation)
 }
 
+// minTimeout is the shortest Options.Timeout: below it a store call cannot
+// answer, so a shorter Timeout is a unit slip (100 for 100ms), never a choice.
+const minTimeout = time.Millisecond
+
 // withDefaults validates o and fills in the defaults. Negative numbers and
 // unknown modes are errors: a misconfigured Throttler must fail when it is
 // built, never turn into "allow everything" at call time.
@@ -136,6 +143,8 @@ func (o *Options) withDefaults() (Options, error) {
 	switch {
 	case out.Timeout < 0:
 		return out, fmt.Errorf("throttler: Options.Timeout must be >= 0, got %v", out.Timeout)
+	case out.Timeout > 0 && out.Timeout < minTimeout:
+		return out, fmt.Errorf("throttler: Options.Timeout must be 0 (the default, 100ms) or at least %v, got %v: every call would time out and fail open (a duration counts nanoseconds)", minTimeout, out.Timeout)
 	case out.FailureMode != FailOpen && out.FailureMode != FailClosed:
 		return out, fmt.Errorf("throttler: Options.FailureMode %d is neither FailOpen nor FailClosed", out.FailureMode)
 	case out.BreakerThreshold < 0:
@@ -201,7 +210,8 @@ type target struct {
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
 // error naming the problem for a nil backend and for options that cannot
-// work (a negative duration or count, an unknown FailureMode).
+// work (a negative duration or count, a Timeout under 1ms, an unknown
+// FailureMode).
 func New(b Backend, opts *Options) (*Throttler, error) {
 	if b == nil {
 		return nil, errors.New("throttler: New needs a backend, got nil")

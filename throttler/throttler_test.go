@@ -485,6 +485,8 @@ func TestNewRejects(t *testing.T) {
 		{"nil backend", nil, nil, "throttler: New needs a backend, got nil"},
 		{"typed-nil backend", nilMemory, nil, "throttler: New needs a backend, got a nil *memory.Backend"},
 		{"negative Timeout", mem, &throttler.Options{Timeout: -time.Millisecond}, "throttler: Options.Timeout must be >= 0, got -1ms"},
+		{"Timeout in the wrong unit", mem, &throttler.Options{Timeout: 100}, "throttler: Options.Timeout must be 0 (the default, 100ms) or at least 1ms, got 100ns: every call would time out and fail open (a duration counts nanoseconds)"},
+		{"Timeout just under 1ms", mem, &throttler.Options{Timeout: time.Millisecond - 1}, "throttler: Options.Timeout must be 0 (the default, 100ms) or at least 1ms, got 999.999µs: every call would time out and fail open (a duration counts nanoseconds)"},
 		{"negative BreakerThreshold", mem, &throttler.Options{BreakerThreshold: -1}, "throttler: Options.BreakerThreshold must be >= 0, got -1"},
 		{"negative BreakerCooldown", mem, &throttler.Options{BreakerCooldown: -time.Second}, "throttler: Options.BreakerCooldown must be >= 0, got -1s"},
 		{"negative MaxDetached", mem, &throttler.Options{MaxDetached: -1}, "throttler: Options.MaxDetached must be >= 0, got -1"},
@@ -499,7 +501,7 @@ func TestNewRejects(t *testing.T) {
 	}
 
 	// Zero means default; nothing else is needed.
-	for _, o := range []*throttler.Options{nil, {}, {FailureMode: throttler.FailClosed, Fallback: mem}} {
+	for _, o := range []*throttler.Options{nil, {}, {FailureMode: throttler.FailClosed, Fallback: mem}, {Timeout: time.Millisecond}} {
 		_, err := throttler.New(mem, o)
 		assert.NoError(t, err)
 	}
