@@ -8,7 +8,8 @@ type Decision struct {
 	// Allowed reports, for Take, whether the cost was admitted and counted.
 	// For Peek and Refund it reports whether one more unit would be admitted.
 	Allowed bool
-	// Limit is the policy's limit.
+	// Limit is the policy's capacity (Policy.Capacity: Limit, or a token
+	// bucket's Burst), the same whichever part of a Throttler answered.
 	Limit int64
 	// Used is how many units the open window has counted.
 	Used int64

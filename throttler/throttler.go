@@ -496,8 +496,11 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 }
 
 // failureMode is the decision of FailureMode for r, made without any store.
+// Its Limit is what a store's Decision says (a token bucket's capacity, as
+// the algorithm's Decision reports it), so X-RateLimit-Limit does not
+// change while the store is down.
 func (t *Throttler) failureMode(r *request) Decision {
-	limit := r.p.Limit
+	limit := r.p.Capacity()
 	if r.isLease() {
 		limit = r.cp.Limit
 	}

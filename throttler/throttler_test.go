@@ -323,6 +323,35 @@ func TestFailureModes(t *testing.T) {
 	}
 }
 
+// TestDegradedDecisionsReportTheHealthyLimit: whoever answers (the store,
+// the fallback or the failure mode), a Decision's Limit is the one the
+// algorithm reports, a token bucket's capacity included, so that
+// X-RateLimit-Limit holds still through an outage.
+func TestDegradedDecisionsReportTheHealthyLimit(t *testing.T) {
+	for _, p := range []throttler.Policy{
+		throttler.PerMinute(10),
+		throttler.PerSecond(10).With(throttler.TokenBucket),
+		throttler.PerSecond(10).WithBurst(25),
+		throttler.PerSecond(10).WithBurst(4),
+		throttler.PerMinute(10).With(throttler.SlidingLog),
+		throttler.PerMinute(10).With(throttler.SlidingWindow),
+	} {
+		clock := func() time.Time { return t0 }
+		healthy, err := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock}).Allow(context.Background(), "k", p)
+		require.NoError(t, err)
+		require.False(t, healthy.Degraded)
+		for _, o := range []*throttler.Options{
+			{Clock: clock, FailureMode: throttler.FailOpen},
+			{Clock: clock, FailureMode: throttler.FailClosed},
+			{Clock: clock, Fallback: newMemory(t)},
+		} {
+			d, _ := newThrottler(t, &stubBackend{err: errDown}, o).Allow(context.Background(), "k", p)
+			assert.True(t, d.Degraded)
+			assert.Equal(t, healthy.Limit, d.Limit, "%v, failure mode %v, fallback %v", p, o.FailureMode, o.Fallback != nil)
+		}
+	}
+}
+
 func TestTimeoutBoundsEveryCall(t *testing.T) {
 	stub := &stubBackend{block: true}
 	th := newThrottler(t, stub, &throttler.Options{Timeout: 20 * time.Millisecond})
