@@ -1,6 +1,7 @@
 package throttler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -99,7 +100,9 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 // Middleware limits every request to p per key. It counts one unit at the
 // start of a request, so concurrent requests can never exceed the last
 // allowed one, and gives it back when the handler's response is refundable
-// (304 Not Modified). Every response carries the X-RateLimit-* headers of
+// (304 Not Modified), also when the client has gone: the refund runs
+// without the request's cancellation, bounded by the Throttler's Timeout.
+// Every response carries the X-RateLimit-* headers of
 // the single backend call that decided it; a denied request is answered
 // with DeniedStatus and Retry-After, and never reaches the handler.
 //
@@ -148,8 +151,11 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 					return
 				}
 				// The unit goes back before the headers are sent, so they
-				// show the count after the refund.
-				if d, err := t.Refund(r.Context(), k, p, 1, d); err == nil {
+				// show the count after the refund. A client that has gone
+				// (its context cancelled) still gets its unit back: the
+				// refund runs without the cancellation, bounded by the
+				// Throttler's Timeout, as a lease's Release does.
+				if d, err := t.Refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
 					t.setHeaders(w.Header(), p, d, o.IETFHeaders)
 				}
 			}), r)
