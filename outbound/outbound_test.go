@@ -692,47 +692,60 @@ func (h handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestAgainstThrottlekitsMiddleware: a remote limited by this module's own
-// middleware, 2 a minute, and a client that believes it may make 5: the
-// remaining count of 0 on the second answer pauses the client until the
-// reset, so the remote never answers 429.
+// middleware, 2 a minute, on every algorithm, and a client that believes it
+// may make 5: the remaining count of 0 on the second answer pauses the
+// client until the reset, and the remote never answers 429. t0 is 7s into
+// an epoch-aligned minute: the sliding-window counter's window ends 53s
+// later, where the previous window's 2 still weigh 2; its reset names when
+// they weigh 1, 30s into the next window.
 func TestAgainstThrottlekitsMiddleware(t *testing.T) {
-	for _, ietf := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ietf=%v", ietf), func(t *testing.T) {
-			w := newWorld()
-			server, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
-			require.NoError(t, err)
-			mw, err := server.Middleware(throttler.PerMinute(2).Named("api"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: ietf})
-			require.NoError(t, err)
-			var statuses []int
-			var at []time.Time
-			api := mw(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { at = append(at, w.Now()) }))
-			base := handlerTransport{http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-				rec := httptest.NewRecorder()
-				api.ServeHTTP(rec, r)
-				statuses = append(statuses, rec.Code)
-				for k, v := range rec.Header() {
-					rw.Header()[k] = v
+	for _, tc := range []struct {
+		p     throttler.Policy
+		third time.Duration // after t0: when the third call is served
+	}{
+		{throttler.PerMinute(2), time.Minute},
+		{throttler.PerMinute(2).With(throttler.TokenBucket), time.Minute},
+		{throttler.PerMinute(2).With(throttler.SlidingLog), time.Minute},
+		{throttler.PerMinute(2).With(throttler.SlidingWindow), 83 * time.Second},
+	} {
+		for _, ietf := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/ietf=%v", tc.p.Algorithm, ietf), func(t *testing.T) {
+				w := newWorld()
+				server, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
+				require.NoError(t, err)
+				mw, err := server.Middleware(tc.p.Named("api"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: ietf})
+				require.NoError(t, err)
+				var statuses []int
+				var at []time.Time
+				api := mw(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { at = append(at, w.Now()) }))
+				base := handlerTransport{http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+					rec := httptest.NewRecorder()
+					api.ServeHTTP(rec, r)
+					statuses = append(statuses, rec.Code)
+					for k, v := range rec.Header() {
+						rw.Header()[k] = v
+					}
+					rw.WriteHeader(rec.Code)
+				})}
+				client, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
+				require.NoError(t, err)
+				tr, err := outbound.New(client, &outbound.Options{Policy: throttler.PerMinute(5), Base: base})
+				require.NoError(t, err)
+				outbound.SetWorld(tr, w.Now, w.Sleep, noJitter)
+				for range 3 {
+					req, err := http.NewRequest(http.MethodGet, "http://api.example/", nil)
+					require.NoError(t, err)
+					req.Header.Set("X-Client", "us")
+					resp, err := tr.RoundTrip(req)
+					require.NoError(t, err)
+					resp.Body.Close()
 				}
-				rw.WriteHeader(rec.Code)
-			})}
-			client, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
-			require.NoError(t, err)
-			tr, err := outbound.New(client, &outbound.Options{Policy: throttler.PerMinute(5), Base: base})
-			require.NoError(t, err)
-			outbound.SetWorld(tr, w.Now, w.Sleep, noJitter)
-			for range 3 {
-				req, err := http.NewRequest(http.MethodGet, "http://api.example/", nil)
-				require.NoError(t, err)
-				req.Header.Set("X-Client", "us")
-				resp, err := tr.RoundTrip(req)
-				require.NoError(t, err)
-				resp.Body.Close()
-			}
-			assert.Equal(t, []int{200, 200, 200}, statuses)
-			require.Len(t, at, 3)
-			assert.False(t, at[2].Before(t0.Add(time.Minute)), "third served at %v, inside the first window", at[2])
-			assert.Len(t, w.Sleeps(), 1)
-		})
+				assert.Equal(t, []int{200, 200, 200}, statuses)
+				require.Len(t, at, 3)
+				assert.Equal(t, t0.Add(tc.third), at[2], "the third was served at the reset")
+				assert.Len(t, w.Sleeps(), 1)
+			})
+		}
 	}
 }
 

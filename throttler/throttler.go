@@ -292,6 +292,12 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
+	d, _, err := t.refund(ctx, key, p, n, taken)
+	return d, err
+}
+
+// refund is Refund, which also returns the instant it was decided at.
+func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.p, r.n, r.receipt = OpRefund, key, p, n, taken.ResetAt
 	t.start(&r)
@@ -308,9 +314,10 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 			}
 			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
-		return Decision{}, err
+		return Decision{}, r.now, err
 	}
-	return t.doAt(ctx, &r)
+	d, err := t.doAt(ctx, &r)
+	return d, r.now, err
 }
 
 func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
@@ -323,6 +330,16 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
 	return t.doAt(ctx, &r)
+}
+
+// takeOne is Allow for the middleware, which also needs the instant the
+// decision was made at for its headers: the one reading of the clock.
+func (t *Throttler) takeOne(ctx context.Context, key string, p Policy) (Decision, time.Time, error) {
+	var r request // filled in place, as in do
+	r.op, r.key, r.p, r.n = OpTake, key, p, 1
+	t.start(&r)
+	d, err := t.doAt(ctx, &r)
+	return d, r.now, err
 }
 
 // unrefundable says why the units of taken cannot be refunded at now, or "".
