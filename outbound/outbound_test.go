@@ -676,6 +676,58 @@ func TestDeadlinesAndCancellation(t *testing.T) {
 	assert.Len(t, r.Calls(), 1)
 }
 
+// TestQueuedRequestReturnsAtOnceWhenTheDeadlineComesFirst runs on the real
+// clock: a request queued behind another waiting for its key's capacity
+// (the billing-day pattern: most waiters are queued) fails at once with
+// ErrWouldExceedDeadline when its deadline comes before the capacity can,
+// as one alone does, without a call to the store.
+func TestQueuedRequestReturnsAtOnceWhenTheDeadlineComesFirst(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine; typically well under 1ms
+	store := &counted{Backend: mustMemory(t)}
+	th, err := throttler.New(store, nil)
+	require.NoError(t, err)
+	r := &remote{w: &world{}}
+	tr, err := outbound.New(th, &outbound.Options{Policy: throttler.PerMinute(1).Named("gateway"), Base: r})
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodGet, "https://gateway.example/", nil)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req) // spends the minute's unit
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	head, stopHead := context.WithCancel(context.Background())
+	headDone := make(chan error, 1)
+	go func() {
+		req, _ := post(t, head)
+		_, err := tr.RoundTrip(req)
+		headDone <- err
+	}()
+	// Until the head has queued, a request asks the store itself and is
+	// refused by its own denial; once it has, the request is queued.
+	queued := false
+	for start := time.Now(); !queued && time.Since(start) < 10*time.Second; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, body := post(t, ctx)
+		takes := store.takes.Load()
+		sent := time.Now()
+		_, err := tr.RoundTrip(req)
+		took := time.Since(sent)
+		cancel()
+		require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline)
+		require.Less(t, took, bound, "not at once")
+		assert.True(t, body.closed)
+		queued = store.takes.Load() == takes
+		if queued {
+			t.Logf("queued, returned after %v", took)
+		}
+	}
+	assert.True(t, queued, "no request ever queued behind the head")
+	stopHead()
+	require.ErrorIs(t, <-headDone, context.Canceled)
+	assert.Len(t, r.Calls(), 1)
+}
+
 func mustMemory(t *testing.T) *memory.Backend {
 	m, err := memory.New(nil)
 	require.NoError(t, err)
