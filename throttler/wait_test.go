@@ -595,6 +595,17 @@ func (g *waitGated) goHead(t *testing.T, th *throttler.Throttler, key string, p 
 	return slept, func() waitResult { cancel(); return receive(t, "the head", ch) }
 }
 
+// goQueued starts a waiter of n on key whose deadline is the given time
+// after waitT0, and returns once it queues behind the head.
+func (g *waitGated) goQueued(t *testing.T, th *throttler.Throttler, key string, p throttler.Policy, n int64, deadline time.Duration) <-chan waitResult {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(deadline))
+	t.Cleanup(cancel)
+	ch := goWait(ctx, th, key, p, n, g.Now)
+	waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, key, p) == 2 })
+	return ch
+}
+
 // TestQueuedWaitReturnsAtOnceWhenTheDeadlineComesFirst: a waiter queued
 // behind a head denied until an instant A returns ErrWouldExceedDeadline at
 // once, without a store call, when its deadline is at or before A and its
@@ -655,10 +666,7 @@ func TestQueuedWaitNeverRefusedWhenItCouldFit(t *testing.T) {
 		require.NoError(t, err)
 		_, stopHead := g.goHead(t, th, "k", p, 2)
 
-		ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(30*time.Second))
-		defer cancel()
-		queued := goWait(ctx, th, "k", p, 1, g.Now)
-		waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 2 })
+		queued := g.goQueued(t, th, "k", p, 1, 30*time.Second)
 		require.ErrorIs(t, stopHead().err, context.Canceled)
 
 		r := receive(t, "the queued waiter", queued)
@@ -678,10 +686,7 @@ func TestQueuedWaitNeverRefusedWhenItCouldFit(t *testing.T) {
 		slept, stopHead := g.goHead(t, th, "k", p, 1)
 		require.Equal(t, time.Minute, slept)
 
-		ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(30*time.Second))
-		defer cancel()
-		queued := goWait(ctx, th, "k", p, 1, g.Now)
-		waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 2 })
+		queued := g.goQueued(t, th, "k", p, 1, 30*time.Second)
 		primary.set(nil)
 		require.ErrorIs(t, stopHead().err, context.Canceled)
 
@@ -701,10 +706,7 @@ func TestQueuedWaitNeverRefusedWhenItCouldFit(t *testing.T) {
 		head := goWait(context.Background(), th, "k", p, 1, g.Now)
 		require.Equal(t, time.Minute, receive(t, "the head's sleep", g.asleep))
 
-		ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(time.Minute+time.Millisecond))
-		defer cancel()
-		queued := goWait(ctx, th, "k", p, 1, g.Now)
-		waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 2 })
+		queued := g.goQueued(t, th, "k", p, 1, time.Minute+time.Millisecond)
 		g.wake <- struct{}{}
 		h := receive(t, "the head", head)
 		require.NoError(t, h.err)
@@ -732,10 +734,7 @@ func TestQueuedWaitLearnsFromTheHeadsNextDenial(t *testing.T) {
 	slept, stopHead := g.goHead(t, th, "k", p, 1)
 	require.Equal(t, time.Minute, slept)
 
-	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(100*time.Second))
-	defer cancel()
-	queued := goWait(ctx, th, "k", p, 1, g.Now)
-	waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 2 })
+	queued := g.goQueued(t, th, "k", p, 1, 100*time.Second)
 	g.wake <- struct{}{}
 	assert.Equal(t, time.Minute, receive(t, "the head's second sleep", g.asleep))
 
