@@ -1,7 +1,7 @@
 // Package memcached is a throttler.Backend on Memcached, for teams whose
 // limiter already lives there: the same fixed-window contract as every other
 // backend, as correct as Memcached allows, with what it cannot promise
-// written down (docs/backends.md).
+// written down (docs/backends-memcached.md).
 //
 // # Items and the sequence of calls
 //
@@ -63,7 +63,7 @@
 // multi-key gets). Memcached's LRU does not count incr as an access, only a
 // fetch, so a counter that is only incremented ages from its creation and
 // is evicted before idle items written after it; the fetch keeps an active
-// pair's counter warm (docs/backends.md has the measurement). It also makes
+// pair's counter warm (docs/backends-memcached.md has the measurement). It also makes
 // an uncached Peek one round trip.
 //
 // Only a call whose now has reached the reset-at replaces the head, so no
