@@ -104,9 +104,9 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 // allowed one, and gives it back when the handler's response is refundable
 // (304 Not Modified), also when the client has gone: the refund runs
 // without the request's cancellation, bounded by the Throttler's Timeout.
-// Every response carries the X-RateLimit-* headers of
-// the single backend call that decided it; a denied request is answered
-// with DeniedStatus and Retry-After, and never reaches the handler.
+// Every response carries the X-RateLimit-* headers of the single backend
+// call that decided it; a denied request is answered with DeniedStatus and
+// Retry-After, and never reaches the handler.
 //
 // X-RateLimit-Reset (and the IETF RateLimit's t) names an instant at which a
 // client that returns is admitted if nobody else spent in between, on every
