@@ -67,22 +67,21 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // goroutines wait on it. A call that finds no one waiting asks the store at
 // once, in parallel with others.
 //
-// The earliest instant units could be admitted is what the store's denials
-// say, as a RetryAfter does: the least wait if nothing else happened (no
-// units given back by a Refund, no Limit raised in between). A caller that
-// asked the store itself and was denied has its own: that instant plus the
-// denial's RetryAfter. A queued caller that has not asked has the one the
-// waiter at the head of the queue last learned from the store (not from a
-// Fallback), when its own cost is at least the head's: the head was denied
-// cost c until an instant A, and no
-// Take of c or more can be admitted before A (a larger cost never fits
-// sooner; others' admissions only push it later), whether the head stays
-// or leaves. A queued caller's deadline at or before A is ErrWouldExceedDeadline
-// at once, also when the head learns A while the caller waits, with the
-// head's denial (its RetryAfter counted from now). The head's own admission,
-// and the waiters between, are not added: any of them may leave before its
-// turn. A caller whose cost is smaller than the head's has no such instant
-// (it could fit while the head's cost does not) and waits for its turn.
+// The earliest instant units could be admitted is what the store's denials say,
+// as a RetryAfter does: the least wait if nothing else happened (no units given
+// back by a Refund, no Limit raised in between). A caller that asked the store
+// itself and was denied has its own: that instant plus the denial's RetryAfter.
+// A queued caller that has not asked has the one the waiter at the head of the
+// queue last learned from the store (not from a Fallback), when its own cost is
+// at least the head's: the head was denied cost c until an instant A, and no
+// Take of c or more can be admitted before A (a larger cost never fits sooner;
+// others' admissions only push it later), whether the head stays or leaves. A
+// queued caller's deadline at or before A is ErrWouldExceedDeadline at once,
+// also when the head learns A while the caller waits, with the head's denial
+// (its RetryAfter counted from now). The head's own admission, and the waiters
+// between, are not added: any of them may leave before its turn. A caller whose
+// cost is smaller than the head's has no such instant (it could fit while the
+// head's cost does not) and waits for its turn.
 //
 // Deadlines are compared with the wall clock (time.Now), on which contexts
 // set them; RetryAfter, a duration, comes from the Throttler's Clock.
