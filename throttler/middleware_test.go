@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -597,4 +598,65 @@ func TestMiddlewareReadsTheClockOncePerDecision(t *testing.T) {
 	assert.Equal(t, http.StatusNotModified, w.Code)
 	assert.Equal(t, 3, clock.reads, "a take and its refund")
 	assert.Equal(t, `"core";r=4;t=58`, w.Header().Get("RateLimit"), "after the refund, from the refund's instant")
+}
+
+// TestResetAdmitsOnRandomTraces: on random traces of every algorithm (small
+// limits and windows, costs up to the capacity, the clock stepping by up to
+// a window, sometimes back), every Take's answer that leaves nothing or is
+// denied names a reset (before the headers round it to seconds) at which a
+// Take of one unit, with nothing spent in between, is admitted; a denial's
+// is never before the call's ms plus its RetryAfter.
+func TestResetAdmitsOnRandomTraces(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 6))
+	ctx := context.Background()
+	type step struct {
+		at   time.Time
+		cost int64
+	}
+	checked := 0
+	for trace := range 400 {
+		alg := throttler.Algorithm(trace % 4)
+		p := throttler.Policy{Limit: 1 + r.Int64N(4), Window: time.Duration(5+r.Int64N(20)) * time.Millisecond, Algorithm: alg}
+		if alg == throttler.TokenBucket && r.IntN(2) == 0 {
+			p.Burst = 1 + r.Int64N(6)
+		}
+		var steps []step
+		at := t0
+		for range 12 {
+			w := p.Window
+			if r.IntN(6) == 0 {
+				at = at.Add(-time.Duration(r.Int64N(int64(w/time.Millisecond))) * time.Millisecond)
+			} else {
+				at = at.Add(time.Duration(r.Int64N(int64(w/time.Millisecond)+1)) * time.Millisecond)
+			}
+			steps = append(steps, step{at, 1 + r.Int64N(p.Capacity())})
+		}
+		// replay takes steps[:n] on a fresh store and returns the last answer.
+		replay := func(n int) throttler.Backend {
+			m := newMemory(t)
+			for _, s := range steps[:n] {
+				_, err := m.Take(ctx, "k", p, s.cost, s.at)
+				require.NoError(t, err)
+			}
+			return m
+		}
+		m := newMemory(t)
+		for i, s := range steps {
+			d, err := m.Take(ctx, "k", p, s.cost, s.at)
+			require.NoError(t, err)
+			if d.Allowed && d.Remaining > 0 {
+				continue
+			}
+			reset := throttler.ResetOf(p, d, s.at)
+			if !d.Allowed {
+				assert.False(t, reset.Before(time.UnixMilli(s.at.UnixMilli()).Add(d.RetryAfter)), "trace %d step %d %v: reset %v before the admission", trace, i, p, reset)
+			}
+			again, err := replay(i+1).Take(ctx, "k", p, 1, reset)
+			require.NoError(t, err)
+			assert.True(t, again.Allowed, "trace %d step %d %v at %v cost %d: %+v; one unit refused at the reset %v",
+				trace, i, p, s.at.Sub(t0), s.cost, d, reset.Sub(t0))
+			checked++
+		}
+	}
+	t.Logf("%d answers checked", checked)
 }
