@@ -3,6 +3,7 @@ package throttler_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -782,4 +783,60 @@ func TestWaitQueuedAfterItsOwnDenial(t *testing.T) {
 	assert.Equal(t, waitT0, r.at, "at once")
 	assert.Equal(t, time.Minute, r.d.RetryAfter, "its own denial")
 	require.ErrorIs(t, stopHead().err, context.Canceled)
+}
+
+// TestALargerCostNeverFitsSooner is what a queued waiter's refusal rests
+// on, on random traces of every algorithm: after a Take of c denied at t
+// with RetryAfter r, a Take of c or more at any instant before t + r (with
+// nothing else spent) is denied too.
+func TestALargerCostNeverFitsSooner(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 5))
+	ctx := context.Background()
+	type take struct {
+		at   time.Time
+		cost int64
+	}
+	checked := 0
+	for trace := range 400 {
+		alg := throttler.Algorithm(trace % 4)
+		p := throttler.Policy{Limit: 1 + r.Int64N(5), Window: time.Duration(5+r.Int64N(20)) * time.Millisecond, Algorithm: alg}
+		if alg == throttler.TokenBucket && r.IntN(2) == 0 {
+			p.Burst = 1 + r.Int64N(6)
+		}
+		ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+		var takes []take
+		at := waitT0
+		for range 10 {
+			if r.IntN(6) == 0 {
+				at = at.Add(-ms(r.Int64N(p.Window.Milliseconds())))
+			} else {
+				at = at.Add(ms(r.Int64N(p.Window.Milliseconds() + 1)))
+			}
+			takes = append(takes, take{at, 1 + r.Int64N(p.Capacity())})
+		}
+		m := waitMemory(t)
+		for i, tk := range takes {
+			d, err := m.Take(ctx, "k", p, tk.cost, tk.at)
+			require.NoError(t, err)
+			if d.Allowed {
+				continue
+			}
+			require.Positive(t, d.RetryAfter, "a denial says when")
+			// Replay the trace before this Take, then try a cost of at
+			// least its own, at an instant before its admission.
+			n := tk.cost + r.Int64N(p.Capacity()-tk.cost+1)
+			try := tk.at.Add(ms(r.Int64N(d.RetryAfter.Milliseconds())))
+			replay := waitMemory(t)
+			for _, prev := range takes[:i] {
+				_, err := replay.Take(ctx, "k", p, prev.cost, prev.at)
+				require.NoError(t, err)
+			}
+			got, err := replay.Take(ctx, "k", p, n, try)
+			require.NoError(t, err)
+			assert.False(t, got.Allowed, "trace %d take %d %v: %d denied at %v until +%v, yet %d admitted at +%v",
+				trace, i, p, tk.cost, tk.at.Sub(waitT0), d.RetryAfter, n, try.Sub(tk.at))
+			checked++
+		}
+	}
+	t.Logf("%d denials checked", checked)
 }
