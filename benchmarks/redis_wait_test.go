@@ -3,10 +3,7 @@ package benchmarks
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,50 +49,17 @@ func BenchmarkRedisWaitPaired(b *testing.B) {
 		b.Run(fmt.Sprintf("goroutines=%d", goroutines), func(b *testing.B) {
 			c := goredis.NewClient(&goredis.Options{Addr: primary, ContextTimeoutEnabled: true, PoolSize: goroutines})
 			b.Cleanup(func() { _ = c.Close() })
-			variants := []struct {
-				name string
-				be   *redis.Backend
-			}{
-				{"default", redisBackend(b, c, nil)},
-				{"wait1", redisBackend(b, c, &redis.Options{WaitReplicas: 1})},
-			}
-			calls := make([]int64, len(variants))
-			var elapsed time.Duration
-			run := strconv.FormatInt(time.Now().UnixNano(), 36)
-			for b.Loop() {
-				for i, v := range variants {
-					var n atomic.Int64
-					var wg sync.WaitGroup
-					stop := make(chan struct{})
-					for g := range goroutines {
-						wg.Go(func() {
-							key := v.name + ":" + run + ":" + strconv.Itoa(g)
-							for {
-								select {
-								case <-stop:
-									return
-								default:
-								}
-								if d, err := v.be.Take(ctx, key, p, 1, now); err != nil || !d.Allowed {
-									b.Error(d, err)
-									return
-								}
-								n.Add(1)
-							}
-						})
+			def, wait := redisBackend(b, c, nil), redisBackend(b, c, &redis.Options{WaitReplicas: 1})
+			take := func(be *redis.Backend) func(key string) error {
+				return func(key string) error {
+					d, err := be.Take(ctx, key, p, 1, now)
+					if err == nil && !d.Allowed {
+						err = fmt.Errorf("denied: %+v", d)
 					}
-					time.Sleep(redisBurst)
-					close(stop)
-					wg.Wait()
-					calls[i] += n.Load()
+					return err
 				}
-				elapsed += redisBurst
 			}
-			perSec := make([]float64, len(variants))
-			for i, v := range variants {
-				perSec[i] = float64(calls[i]) / elapsed.Seconds()
-				b.ReportMetric(perSec[i], v.name+"-calls/s")
-			}
+			perSec := redisRounds(b, goroutines, []redisVariant{{"default", take(def)}, {"wait1", take(wait)}})
 			b.ReportMetric(perSec[1]/perSec[0], "wait1/default")
 		})
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
-	"github.com/throttlekit/throttlekit/internal/redisbatch"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -83,8 +82,7 @@ func TestWaitWithoutReplica(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 			if batched {
-				redisbatch.Always.Store(true)
-				t.Cleanup(func() { redisbatch.Always.Store(false) })
+				alwaysBatch(t)
 			}
 			rdb, _ := startRedis(t)
 			b, err := New(rdb, &Options{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond})
@@ -164,8 +162,7 @@ func TestWaitWithReplica(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
 			if batched {
-				redisbatch.Always.Store(true)
-				t.Cleanup(func() { redisbatch.Always.Store(false) })
+				alwaysBatch(t)
 			}
 			primary, port := startRedis(t, "--repl-diskless-sync-delay", "0")
 			replica, _ := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(port))
