@@ -98,16 +98,22 @@ func TestWaitWithoutReplica(t *testing.T) {
 				}
 			}
 			for _, p := range waitPolicies {
+				// Peeks among the Takes: in a batch, the writes fail and
+				// the reads answer.
 				var wg sync.WaitGroup
-				errs := make([]error, 8)
+				errs, peekErrs := make([]error, 8), make([]error, 8)
 				for i := range errs {
 					wg.Go(func() {
 						_, errs[i] = b.Take(ctx, "k"+strconv.Itoa(i%3), p, 1, now)
+					})
+					wg.Go(func() {
+						_, peekErrs[i] = b.Peek(ctx, "k"+strconv.Itoa(i%3), p, now)
 					})
 				}
 				wg.Wait()
 				for i, err := range errs {
 					assertFails(fmt.Sprintf("%v take %d", p, i), err)
+					assert.NoError(t, peekErrs[i], "%v peek %d", p, i)
 				}
 				_, err = b.Refund(ctx, "k0", p, 1, now, now)
 				assertFails(p.String()+" refund", err)
@@ -201,6 +207,29 @@ func TestWaitWithReplica(t *testing.T) {
 			assert.True(t, d.Allowed)
 			_, _, err = b.Release(ctx, "k", lp, 7, now)
 			require.NoError(t, err)
+		})
+	}
+}
+
+// TestConformanceWithWait runs the conformance suites, rates and leases,
+// on a primary with a replica and WaitReplicas 1, alone and through
+// batches: waiting changes no answer while the replica acknowledges.
+func TestConformanceWithWait(t *testing.T) {
+	primary, port := startRedis(t, "--repl-diskless-sync-delay", "0")
+	replica, _ := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(port))
+	waitReplicaInSync(t, replica)
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			if batched {
+				alwaysBatch(t)
+			}
+			newBackend := func(t *testing.T) *Backend {
+				b, err := New(primary, &Options{Prefix: fmt.Sprintf("wait%v:", batched), WaitReplicas: 1, WaitTimeout: time.Second})
+				require.NoError(t, err)
+				return b
+			}
+			backendtest.Run(t, func(t *testing.T) throttler.Backend { return newBackend(t) })
+			backendtest.RunLeases(t, func(t *testing.T) backendtest.LeaseStore { return newBackend(t) })
 		})
 	}
 }
