@@ -283,11 +283,14 @@ func over(p throttler.Policy, units []failoverUnit) int64 {
 // Redis replicates asynchronously: without WAIT, the units the old primary
 // admits after the replica's promotion, until the client follows the
 // switch, are lost, and the keys admit them again (logged: the bound
-// docs/backends-redis.md states). With WaitReplicas 1, a write no replica
-// acknowledged fails instead: no key admits a unit over its limit in any
-// window. Either way no client stays on the old primary (no error once the
-// failover has settled), and go-redis's retries absorb the connections the
-// failover closes without opening any Throttler's breaker.
+// docs/backends-redis.md states). With WaitReplicas equal to the number of
+// replicas, a write that not all acknowledged fails instead: no key admits
+// a unit over its limit in any window (with 1 of 2 replicas it still can:
+// logged). In every case no client stays on the old primary (no error once
+// the new primary has its replicas back). By default go-redis's retries
+// absorb the connections the failover closes without opening any
+// Throttler's breaker; with WAIT, breakers open by design while too few
+// replicas acknowledge.
 func TestRedisSentinelFailover(t *testing.T) {
 	wait := func(n int) *redis.Options { return &redis.Options{WaitReplicas: n, WaitTimeout: 50 * time.Millisecond} }
 	for _, tc := range []struct {

@@ -77,15 +77,21 @@ var waitPolicies = []throttler.Policy{
 // so with WaitReplicas 1 every write fails as a store failure matching
 // ErrTooFewReplicas, alone and in batches, leases included, while Peeks,
 // which write nothing, still answer. Each failure comes from WAIT's own
-// timeout, well within the call's deadline.
+// timeout, well within the call's deadline. The server's scripts are
+// flushed before each policy's calls, so that the first ones are sent
+// again with their source (NOSCRIPT), which must wait too.
 func TestWaitWithoutReplica(t *testing.T) {
-	for _, batched := range []bool{false, true} {
-		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
-			if batched {
+	for _, tc := range []struct {
+		name     string
+		batched  bool // every call through a batch
+		maxBatch int
+	}{{"alone or batched", false, 0}, {"batched", true, 0}, {"MaxBatch 1", false, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.batched {
 				alwaysBatch(t)
 			}
 			rdb, _ := startRedis(t)
-			b, err := New(rdb, &Options{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond})
+			b, err := New(rdb, &Options{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond, MaxBatch: tc.maxBatch})
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -98,6 +104,7 @@ func TestWaitWithoutReplica(t *testing.T) {
 				}
 			}
 			for _, p := range waitPolicies {
+				require.NoError(t, rdb.ScriptFlush(ctx).Err())
 				// Peeks among the Takes: in a batch, the writes fail and
 				// the reads answer.
 				var wg sync.WaitGroup
@@ -124,6 +131,7 @@ func TestWaitWithoutReplica(t *testing.T) {
 				assert.Positive(t, d.Used, "%v peek", p)
 			}
 			lp := throttler.ConcurrencyPolicy{Name: "w-cc", Limit: 2, TTL: time.Minute}
+			require.NoError(t, rdb.ScriptFlush(ctx).Err())
 			_, err = b.Acquire(ctx, "k", lp, 7, now)
 			assertFails("acquire", err)
 			_, _, err = b.Release(ctx, "k", lp, 7, now)
