@@ -136,11 +136,12 @@ type Options struct {
 	// an error. default: 0, off (writes are acknowledged by the primary
 	// alone)
 	WaitReplicas int
-	// WaitTimeout bounds each WAIT, rounded to whole milliseconds. Keep it
-	// below the Throttler's Timeout, so that a shortfall is answered as
-	// one rather than as a timeout; it must be below each primary's
-	// ReadTimeout. Negative, below 1ms, or set while WaitReplicas is 0 is
-	// an error. default: 50ms when WaitReplicas > 0
+	// WaitTimeout bounds each WAIT, rounded to whole milliseconds. Redis
+	// ends a WAIT that times out on its cron tick (100ms at its default hz
+	// of 10), so a shortfall can take that long: a Throttler's Timeout
+	// below it ends such calls first, a store failure too. It must be
+	// below each primary's ReadTimeout. Negative, below 1ms, or set while
+	// WaitReplicas is 0 is an error. default: 50ms when WaitReplicas > 0
 	WaitTimeout time.Duration
 }
 
