@@ -32,9 +32,10 @@ import (
 // happened on the primary: a Take may have counted its units there.
 var ErrTooFewReplicas = errors.New("redis: too few replicas acknowledged the write")
 
-// defaultWaitTimeout is Options.WaitTimeout's default: half the
-// Throttler's default Timeout, so that WAIT's own answer comes back before
-// the call is given up.
+// defaultWaitTimeout is Options.WaitTimeout's default: far above the time
+// a replica on the same network takes to acknowledge (a round trip), and
+// half a Throttler's default Timeout. Redis may still answer a shortfall
+// only at its next cron tick (see Options.WaitTimeout).
 const defaultWaitTimeout = 50 * time.Millisecond
 
 // waiter sends WAIT after the writes of a primary's requests.
