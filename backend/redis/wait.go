@@ -24,7 +24,7 @@ import (
 // may not survive a failover, so its answer is not given as counted.
 // WAIT is refused inside scripts, hence the pipeline; a Cluster's or a
 // Ring's pipeline would send it to a node of the client's choosing, hence
-// the *goredis.Client required (waitPipe).
+// the *goredis.Client required (newWaiter).
 
 // ErrTooFewReplicas is returned, wrapped and marked as a store failure
 // (throttler.ErrUnavailable), by a write that fewer replicas than
