@@ -22,9 +22,12 @@ import (
 // same machine. It reports each variant's calls/s and the WAIT variant's
 // share of the default's; run it with -benchtime=Nx (N rounds).
 func BenchmarkRedisWaitPaired(b *testing.B) {
-	// Diskless sync at once: the replica is in sync within serve's 5s.
+	// Diskless sync at once: the replica is in sync within serve's 5s. Each
+	// server works in a directory of its own: a replica writes the data set
+	// it receives to disk.
 	primary := serve(b, "redis-server", func(p string) []string {
-		return []string{"--bind", "127.0.0.1", "--port", p, "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"}
+		return []string{"--bind", "127.0.0.1", "--port", p, "--save", "", "--appendonly", "no",
+			"--repl-diskless-sync-delay", "0", "--dir", b.TempDir()}
 	}, func(addr string) error {
 		c := goredis.NewClient(&goredis.Options{Addr: addr})
 		defer c.Close()
@@ -32,7 +35,8 @@ func BenchmarkRedisWaitPaired(b *testing.B) {
 	})
 	_, port, _ := strings.Cut(primary, ":")
 	serve(b, "redis-server", func(p string) []string {
-		return []string{"--bind", "127.0.0.1", "--port", p, "--save", "", "--appendonly", "no", "--replicaof", "127.0.0.1", port}
+		return []string{"--bind", "127.0.0.1", "--port", p, "--save", "", "--appendonly", "no",
+			"--replicaof", "127.0.0.1", port, "--dir", b.TempDir()}
 	}, func(addr string) error {
 		c := goredis.NewClient(&goredis.Options{Addr: addr})
 		defer c.Close()
