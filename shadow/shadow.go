@@ -64,20 +64,21 @@ type Options struct {
 	// drops again may wait for it (see Publish). default: 1024
 	QueueSize int
 	// Timeout bounds each candidate call, through its context's deadline
-	// (the calls to an in-process candidate share a context while at
-	// least about 7/8 of Timeout is left of it). A call that fails once the deadline has
-	// passed is a CandidateError matching ErrCandidateTimeout. The worker
-	// waits for a candidate that may block (one that is not
-	// backend.InProcess) no longer than the deadline: a call still
-	// running then is abandoned, counted as a timeout, and left to return
-	// on its own, and until it has returned the worker sends the
-	// candidate nothing. After a timeout, the rest of the calls the
-	// worker took with it, all queued before it timed out, are not sent:
-	// they are Dropped, their CandidateErr matching ErrCandidateTimeout.
-	// So a dead candidate costs each worker one Timeout per batch of
-	// calls it takes, not one per call: every call is accounted within
-	// about twice Timeout of being queued, however the keys fall on the
-	// workers, and Flush returns. default: 100ms
+	// (the calls to an in-process candidate share a context while at least
+	// about 7/8 of Timeout is left of it). A call that fails once the
+	// deadline has passed is a CandidateError matching ErrCandidateTimeout.
+	// The worker waits for a candidate that may block (one that is not
+	// backend.InProcess) no longer than the deadline: a call still running
+	// then is abandoned, counted as a timeout, and left to return on its
+	// own; the worker sends the candidate nothing more until it has
+	// returned, and waits for that at most Timeout per batch. After a
+	// timeout, the rest of the calls the worker took with it, all queued
+	// before it timed out, are not sent: they are Dropped, their
+	// CandidateErr matching ErrCandidateTimeout. So a dead candidate costs
+	// each worker about one Timeout per batch of calls it takes, not one
+	// per call: every call is accounted within about twice Timeout of
+	// being queued, however the keys fall on the workers, and Flush
+	// returns. default: 100ms
 	Timeout time.Duration
 	// DrainTimeout is how long Close lets the workers finish the queued
 	// calls before it cancels the calls in flight and drops the rest.
