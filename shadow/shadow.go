@@ -78,7 +78,8 @@ type Options struct {
 	// each worker about one Timeout per batch of calls it takes, not one
 	// per call: every call is accounted within about twice Timeout of
 	// being queued, however the keys fall on the workers, and Flush
-	// returns. default: 100ms
+	// returns. A Timeout below 1ms is an error (Timeout: 100 is 100ns, a
+	// unit slip). default: 100ms
 	Timeout time.Duration
 	// DrainTimeout is how long Close lets the workers finish the queued
 	// calls before it cancels the calls in flight and drops the rest.
@@ -150,6 +151,10 @@ type Options struct {
 	KeepMismatches int
 }
 
+// minTimeout is the shortest Options.Timeout New accepts: a shorter one is
+// most likely a unit slip (Timeout: 100 is 100ns).
+const minTimeout = time.Millisecond
+
 // withDefaults returns o with its zero fields set to their defaults, or an
 // error naming the first negative field, as "Field is …" (New adds
 // "shadow: Options.", package migration "migration: Options.Forward.").
@@ -168,6 +173,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return neg("QueueSize", out.QueueSize, "1024")
 	case out.Timeout < 0:
 		return neg("Timeout", out.Timeout, "100ms")
+	case out.Timeout > 0 && out.Timeout < minTimeout:
+		// Timeout: 100 is 100ns, not 100ms: every candidate call would
+		// time out, and the shadow would compare nothing.
+		return out, fmt.Errorf("Timeout is %v; want 0 (default 100ms) or at least %v: no store answers sooner", out.Timeout, minTimeout)
 	case out.DrainTimeout < 0:
 		return neg("DrainTimeout", out.DrainTimeout, "1s")
 	case out.UsedTolerance < 0:

@@ -110,6 +110,7 @@ func TestNewErrors(t *testing.T) {
 		{"negative Workers", mem(t), mem(t), &Options{Workers: -1}, "shadow: Options.Workers is -1; want 0 (default 8) or more"},
 		{"negative QueueSize", mem(t), mem(t), &Options{QueueSize: -5}, "shadow: Options.QueueSize is -5; want 0 (default 1024) or more"},
 		{"negative Timeout", mem(t), mem(t), &Options{Timeout: -time.Millisecond}, "shadow: Options.Timeout is -1ms; want 0 (default 100ms) or more"},
+		{"Timeout in nanoseconds", mem(t), mem(t), &Options{Timeout: 100}, "shadow: Options.Timeout is 100ns; want 0 (default 100ms) or at least 1ms: no store answers sooner"},
 		{"negative DrainTimeout", mem(t), mem(t), &Options{DrainTimeout: -time.Second}, "shadow: Options.DrainTimeout is -1s; want 0 (default 1s) or more"},
 		{"negative UsedTolerance", mem(t), mem(t), &Options{UsedTolerance: -1}, "shadow: Options.UsedTolerance is -1; want 0 (default 0, exact) or more"},
 		{"negative ResetAtTolerance", mem(t), mem(t), &Options{ResetAtTolerance: -time.Microsecond}, "shadow: Options.ResetAtTolerance is -1µs; want 0 (default 1ms) or more"},
