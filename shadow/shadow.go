@@ -176,7 +176,7 @@ func (o *Options) withDefaults() (Options, error) {
 	case out.Timeout > 0 && out.Timeout < minTimeout:
 		// Timeout: 100 is 100ns, not 100ms: every candidate call would
 		// time out, and the shadow would compare nothing.
-		return out, fmt.Errorf("Timeout is %v; want 0 (default 100ms) or at least %v: no store answers sooner", out.Timeout, minTimeout)
+		return out, fmt.Errorf("%s is %v; want 0 (default 100ms) or at least %v: no store answers sooner", "Timeout", out.Timeout, minTimeout)
 	case out.DrainTimeout < 0:
 		return neg("DrainTimeout", out.DrainTimeout, "1s")
 	case out.UsedTolerance < 0:
