@@ -47,6 +47,10 @@ type shedAPI struct {
 	// /admin/utilization sets: the worker shedder sees the larger of it
 	// and the real one (exports in flight over workers).
 	load atomic.Uint64
+	// exporting counts the exports past every limiter, in their handler:
+	// what holds a fleet slot and a concurrency lease, where the worker
+	// shedder's InFlight also counts requests still on their way to them.
+	exporting atomic.Int64
 }
 
 // addShedding adds /exports, POST /charges, PUT /admin/utilization and GET
@@ -93,6 +97,8 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 		return nil, fmt.Errorf("/charges: %w", err)
 	}
 	export := exports(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api.exporting.Add(1)
+		defer api.exporting.Add(-1)
 		select {
 		case <-time.After(sh.work):
 		case <-r.Context().Done():

@@ -32,17 +32,32 @@ func do(t *testing.T, ctx context.Context, method, url string, header ...string)
 	return resp
 }
 
-// waitInFlight waits until the worker shedder counts n exports in flight:
-// the requests the test started have reached their handlers.
-func waitInFlight(t *testing.T, api *shedAPI, n int64) {
+// waitFor waits until count() is n, or fails the test after 30s.
+func waitFor(t *testing.T, what string, count func() int64, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for api.worker.InFlight() != n {
+	for count() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("in flight: %d, want %d", api.worker.InFlight(), n)
+			t.Fatalf("%s: %d, want %d", what, count(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// waitExporting waits until n exports run in their handler: each holds its
+// fleet slot and its concurrency lease. The worker shedder's InFlight is
+// not enough: it counts a request as soon as that shedder admits it, before
+// the fleet and concurrency limiters have, so a check made then could find
+// a slot still free and start an hour-long export that nothing cancels.
+func waitExporting(t *testing.T, api *shedAPI, n int64) {
+	t.Helper()
+	waitFor(t, "exports in their handler", api.exporting.Load, n)
+}
+
+// waitInFlight waits until the worker shedder counts n exports in flight.
+func waitInFlight(t *testing.T, api *shedAPI, n int64) {
+	t.Helper()
+	waitFor(t, "in flight", api.worker.InFlight, n)
 }
 
 // Exports that run until the test cancels them: bob's third at once is
@@ -68,7 +83,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	}
 	hold("bob")
 	hold("bob")
-	waitInFlight(t, api, 2)
+	waitExporting(t, api, 2)
 	r := do(t, context.Background(), "GET", srv.URL+"/exports", "Authorization", "token bob")
 	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
 	assert.Equal(t, shed.LimiterConcurrency, r.Header.Get(shed.HeaderLimiter))
@@ -77,7 +92,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 
 	hold("c1")
 	hold("c2")
-	waitInFlight(t, api, 4)
+	waitExporting(t, api, 4)
 	r = do(t, context.Background(), "POST", srv.URL+"/exports", "Authorization", "token c3")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
 	assert.Equal(t, shed.LimiterFleet, r.Header.Get(shed.HeaderLimiter))
