@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -47,10 +48,30 @@ func newRig(t *testing.T, mode throttler.FailureMode) *rig {
 	g.opts = shed.Options{
 		Worker:      g.worker,
 		Fleet:       g.fleet,
-		Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc, Key: throttler.KeyByHeader("Client")},
-		Rate:        &shed.Rate{Throttler: g.th, Policy: g.rate, Key: throttler.KeyByHeader("Client")},
+		Concurrency: g.concurrency(t, nil),
+		Rate:        g.rateLimit(t, nil),
 	}
 	return g
+}
+
+// concurrency is httplimit's Concurrency over the rig's limit.
+func (g *rig) concurrency(t *testing.T, o *httplimit.Options) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httplimit.Concurrency(g.th, g.conc, httplimit.KeyByHeader("Client"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// rateLimit is httplimit's Rate over the rig's limit.
+func (g *rig) rateLimit(t *testing.T, o *httplimit.Options) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httplimit.Rate(g.th, g.rate, httplimit.KeyByHeader("Client"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
 }
 
 // shedAll brings the worker shedder to shed every shed-able request.
@@ -226,7 +247,8 @@ func TestMiddlewareReleasesOnPanic(t *testing.T) {
 // TestMiddlewareErrors: a request without a client key is answered 400 by
 // the concurrency limit; a failing store with a Throttler that fails
 // closed is answered 503 with Retry-After: 1 by the first limiter that asks
-// it, and never with the error's text.
+// it, and never with the error's text; a limit's own OnError answers its
+// errors, under HeaderLimiter.
 func TestMiddlewareErrors(t *testing.T) {
 	g := newRig(t, throttler.FailClosed)
 	h := g.handler(t)
@@ -246,15 +268,16 @@ func TestMiddlewareErrors(t *testing.T) {
 	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency, "Retry-After": "1"})
 
 	var got []error
-	g.opts.OnError = func(w http.ResponseWriter, r *http.Request, err error) {
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
 		got = append(got, err)
 		w.WriteHeader(599)
 	}
 	g.opts.Concurrency = nil
+	g.opts.Rate = g.rateLimit(t, &httplimit.Options{OnError: onError})
 	h = g.handler(t)
-	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches the chain's OnError
+	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches its OnError
 	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: shed.LimiterRate})
-	if len(got) != 1 || !errors.Is(got[0], throttler.ErrNoKey) {
+	if len(got) != 1 || !errors.Is(got[0], httplimit.ErrNoKey) {
 		t.Errorf("OnError got %v, want one ErrNoKey", got)
 	}
 	if g.reached != 0 {
@@ -270,7 +293,7 @@ func TestMiddlewareReleaseError(t *testing.T) {
 	g := newRig(t, throttler.FailClosed)
 	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
 	var released []error
-	g.opts.OnReleaseError = func(r *http.Request, err error) { released = append(released, err) }
+	g.opts.Concurrency = g.concurrency(t, &httplimit.Options{OnReleaseError: func(r *http.Request, err error) { released = append(released, err) }})
 	g.inHandler = func(http.ResponseWriter, *http.Request) { g.store.setFail(errors.New("store down")) }
 	w := g.serve(g.handler(t), "GET", "alice")
 	if w.Code != 200 || len(released) != 1 {
@@ -279,13 +302,6 @@ func TestMiddlewareReleaseError(t *testing.T) {
 }
 
 func TestMiddlewareBuildErrors(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
-	m, err := memory.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
-	key := throttler.KeyByHeader("Client")
 	for _, tc := range []struct {
 		name string
 		o    *shed.Options
@@ -295,14 +311,6 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 		{"none", &shed.Options{Classify: shed.DefaultClassifier}, "needs at least one"},
 		{"zero worker", &shed.Options{Worker: &shed.Worker{}}, "Options.Worker was not built by NewWorker"},
 		{"zero fleet", &shed.Options{Fleet: &shed.Fleet{}}, "Options.Fleet was not built by NewFleet"},
-		{"concurrency without throttler", &shed.Options{Concurrency: &shed.Concurrency{Policy: g.conc, Key: key}}, "Concurrency.Throttler is nil"},
-		{"concurrency without leases", &shed.Options{Concurrency: &shed.Concurrency{Throttler: noLeases, Policy: g.conc, Key: key}}, "does not hold leases"},
-		{"concurrency without key", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc}}, "Concurrency.Key is nil"},
-		{"concurrency bad policy", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}, "shed: Options.Concurrency.Policy: invalid policy: concurrency limit"},
-		{"rate without throttler", &shed.Options{Rate: &shed.Rate{Policy: g.rate, Key: key}}, "Rate.Throttler is nil"},
-		{"rate bad policy", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: throttler.PerMinute(0), Key: key}}, "shed: Options.Rate: invalid policy"},
-		{"rate without key", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate}}, "shed: Options.Rate: Middleware needs a KeyFunc"},
-		{"rate bad status", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate, Key: key, Options: &throttler.MiddlewareOptions{DeniedStatus: 200}}}, "DeniedStatus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mw, err := shed.Middleware(tc.o)
@@ -310,9 +318,6 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 				t.Fatalf("Middleware: %v, %v; want an error containing %q", mw != nil, err, tc.want)
 			}
 		})
-	}
-	if _, err := shed.Middleware(&shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}); !errors.Is(err, throttler.ErrInvalidPolicy) {
-		t.Errorf("a bad concurrency policy: %v does not match ErrInvalidPolicy", err)
 	}
 }
 
@@ -330,7 +335,11 @@ func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := shed.Middleware(&shed.Options{Rate: &shed.Rate{Throttler: th, Policy: throttler.PerMinute(2).With(throttler.SlidingWindow), Key: throttler.KeyByHeader("Client")}})
+	rate, err := httplimit.Rate(th, throttler.PerMinute(2).With(throttler.SlidingWindow), httplimit.KeyByHeader("Client"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Rate: rate})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,7 +145,7 @@ func TestBadSheddingFailsBeforeListening(t *testing.T) {
 		{"no workers", func(s *shedding) { s.workers = 0 }, "-workers must be at least 1"},
 		{"no fleet", func(s *shedding) { s.fleet = 0 }, "concurrency limit must be between"},
 		{"share above 1", func(s *shedding) { s.share = 1.5 }, "Share must be in (0, 1]"},
-		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: shed: Options.Concurrency.Policy"},
+		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: throttler: invalid policy: concurrency limit"},
 		{"ramp negative", func(s *shedding) { s.ramp = -time.Second }, "Ramp must be >= 0"},
 	} {
 		sh := defaultShedding(5, time.Minute)
