@@ -10,18 +10,18 @@ import (
 )
 
 // HeaderLimiter names, on every refusal by Middleware, which of the four
-// limiters refused the request: LimiterWorker, LimiterFleet,
-// LimiterConcurrency or LimiterRate. With the status (503 for the shedders,
-// 429 for the limits) it tells a client whether to back off (an overloaded
+// limiters refused the request: "worker-shedder", "fleet-shedder",
+// "concurrency" or "rate". With the status (503 for the shedders, 429 for
+// the limits) it tells a client whether to back off (an overloaded
 // service) or slow down (its own limit).
 const HeaderLimiter = "X-RateLimit-Limiter"
 
 // The values of HeaderLimiter.
 const (
-	LimiterWorker      = "worker-shedder"
-	LimiterFleet       = "fleet-shedder"
-	LimiterConcurrency = "concurrency"
-	LimiterRate        = "rate"
+	limiterWorker      = "worker-shedder"
+	limiterFleet       = "fleet-shedder"
+	limiterConcurrency = "concurrency"
+	limiterRate        = "rate"
 )
 
 // Options configure Middleware: each limiter is optional (nil: off), but at
@@ -107,16 +107,16 @@ type chain struct {
 func (m *chain) wrap(next http.Handler) http.Handler {
 	inner := next
 	if m.rate != nil {
-		inner = limited(LimiterRate, m.rate, inner)
+		inner = limited(limiterRate, m.rate, inner)
 	}
 	if m.conc != nil {
-		inner = limited(LimiterConcurrency, m.conc, inner)
+		inner = limited(limiterConcurrency, m.conc, inner)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := m.classify(r)
 		if m.worker != nil {
 			if !m.worker.Admit(c) {
-				w.Header().Set(HeaderLimiter, LimiterWorker)
+				w.Header().Set(HeaderLimiter, limiterWorker)
 				http.Error(w, "service overloaded: request shed, retry later", http.StatusServiceUnavailable)
 				return
 			}
@@ -125,13 +125,13 @@ func (m *chain) wrap(next http.Handler) http.Handler {
 		if m.fleet != nil {
 			a, err := m.fleet.Admit(r.Context(), c)
 			if err != nil {
-				w.Header().Set(HeaderLimiter, LimiterFleet)
+				w.Header().Set(HeaderLimiter, limiterFleet)
 				m.onError(w, r, err)
 				return
 			}
 			defer m.release(r, a.Lease)
 			if !a.Allowed {
-				w.Header().Set(HeaderLimiter, LimiterFleet)
+				w.Header().Set(HeaderLimiter, limiterFleet)
 				w.Header().Set("X-RateLimit-Resource", m.fleet.Name())
 				http.Error(w, "service overloaded: request shed, retry later", http.StatusServiceUnavailable)
 				return

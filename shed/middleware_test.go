@@ -158,7 +158,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// refused by the rate limit.
 	g.serve(h, "GET", "alice")
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "rate", w, 429, map[string]string{shed.HeaderLimiter: shed.LimiterRate, "X-RateLimit-Resource": "core", "X-RateLimit-Remaining": "0", "Retry-After": "60"})
+	checkHeaders(t, "rate", w, 429, map[string]string{shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "core", "X-RateLimit-Remaining": "0", "Retry-After": "60"})
 
 	// Concurrency: bob holds a lease already; his request is refused
 	// before the rate limit counts it.
@@ -168,7 +168,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	}
 	w = g.serve(h, "GET", "bob")
 	checkHeaders(t, "concurrency", w, 429, map[string]string{
-		shed.HeaderLimiter: shed.LimiterConcurrency, "X-RateLimit-Resource": "inflight", "X-RateLimit-Limit": "1",
+		shed.HeaderLimiter: "concurrency", "X-RateLimit-Resource": "inflight", "X-RateLimit-Limit": "1",
 		"X-RateLimit-Remaining": "0", "X-RateLimit-Used": "1", "Retry-After": "10",
 		"X-RateLimit-Reset": fmt.Sprint(t0.Add(10 * time.Second).Unix()),
 	})
@@ -187,7 +187,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 		t.Fatal(held, err)
 	}
 	w = g.serve(h, "POST", "carol")
-	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "X-RateLimit-Resource": "fleet", "Retry-After": ""})
+	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: "fleet-shedder", "X-RateLimit-Resource": "fleet", "Retry-After": ""})
 	if g.store.held("carol", "inflight") != 0 || g.rateUsed(t, "carol") != 0 {
 		t.Error("a request the fleet shed reached the limiters after it")
 	}
@@ -208,7 +208,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// before the fleet is asked. Critical traffic still passes.
 	g.shedAll()
 	w = g.serve(hc, "GET", "dave")
-	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterWorker, "Retry-After": ""})
+	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: "worker-shedder", "Retry-After": ""})
 	if g.rateUsed(t, "dave") != 0 || g.worker.InFlight() != 0 {
 		t.Error("a request the worker shed reached the limiters after it")
 	}
@@ -253,11 +253,11 @@ func TestMiddlewareErrors(t *testing.T) {
 	g := newRig(t, throttler.FailClosed)
 	h := g.handler(t)
 	w := g.serve(h, "GET", "")
-	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency})
+	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: "concurrency"})
 
 	g.store.setFail(errors.New("store down: secret-key-alice"))
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "store down", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "Retry-After": "1"})
+	checkHeaders(t, "store down", w, 503, map[string]string{shed.HeaderLimiter: "fleet-shedder", "Retry-After": "1"})
 	if strings.Contains(w.Body.String(), "secret") {
 		t.Errorf("the response holds the error: %q", w.Body)
 	}
@@ -265,7 +265,7 @@ func TestMiddlewareErrors(t *testing.T) {
 	g.opts.Fleet = nil
 	h = g.handler(t)
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency, "Retry-After": "1"})
+	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: "concurrency", "Retry-After": "1"})
 
 	var got []error
 	onError := func(w http.ResponseWriter, r *http.Request, err error) {
@@ -276,7 +276,7 @@ func TestMiddlewareErrors(t *testing.T) {
 	g.opts.Rate = g.rateLimit(t, &httplimit.Options{OnError: onError})
 	h = g.handler(t)
 	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches its OnError
-	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: shed.LimiterRate})
+	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: "rate"})
 	if len(got) != 1 || !errors.Is(got[0], httplimit.ErrNoKey) {
 		t.Errorf("OnError got %v, want one ErrNoKey", got)
 	}
@@ -355,7 +355,7 @@ func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	serve()
 	w := serve()
 	checkHeaders(t, "refused", w, 429, map[string]string{
-		shed.HeaderLimiter: shed.LimiterRate, "Retry-After": "60",
+		shed.HeaderLimiter: "rate", "Retry-After": "60",
 		"X-RateLimit-Reset": fmt.Sprint(now.Add(time.Minute).Unix()),
 	})
 	now = now.Add(time.Minute)

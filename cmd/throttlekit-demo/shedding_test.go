@@ -71,7 +71,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	waitInFlight(t, api, 2)
 	r := do(t, context.Background(), "GET", srv.URL+"/exports", "Authorization", "token bob")
 	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
-	assert.Equal(t, shed.LimiterConcurrency, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "concurrency", r.Header.Get(shed.HeaderLimiter))
 	assert.Equal(t, "exports-inflight", r.Header.Get("X-RateLimit-Resource"))
 	assert.Equal(t, "2", r.Header.Get("X-RateLimit-Limit"))
 
@@ -80,7 +80,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	waitInFlight(t, api, 4)
 	r = do(t, context.Background(), "POST", srv.URL+"/exports", "Authorization", "token c3")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterFleet, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "fleet-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, context.Background(), "POST", srv.URL+"/charges", "Authorization", "token c3")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "critical traffic is never shed")
 	assert.Empty(t, r.Header.Get(shed.HeaderLimiter))
@@ -115,7 +115,7 @@ func TestDemoWorkerShedder(t *testing.T) {
 	}
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave", "X-Test-Mode", "1")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterWorker, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "worker-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "reads are not shed yet")
 	r = do(t, bg, "POST", srv.URL+"/charges", "Authorization", "token dave", "X-Test-Mode", "1")
