@@ -15,7 +15,8 @@
 // Concurrency goes first, so that a request refused for being one too many
 // in flight is not counted against the rate:
 //
-//	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(2, time.Minute).Named("inflight"), user, nil)
+//	user := httplimit.KeyByHeader("X-User-ID")
+//	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(2, time.Minute), user, nil)
 //	...
 //	perMinute, err := httplimit.Rate(th, throttler.PerMinute(100).Named("api"), user, nil)
 //	...
