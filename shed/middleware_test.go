@@ -285,6 +285,34 @@ func TestMiddlewareErrors(t *testing.T) {
 	}
 }
 
+// TestMiddlewareClientGone: a request whose client has gone while its
+// store call ran is answered 499 by whichever limiter asked the store, the
+// fleet shedder as the limits: one mapping (httplimit.Error) for all, where
+// the chain used to answer 503 and the rate limit 400.
+func TestMiddlewareClientGone(t *testing.T) {
+	g := newRig(t, throttler.FailClosed)
+	g.store.setFail(context.Canceled) // what a network store returns for a cancelled call
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		limiter string
+		edit    func()
+	}{
+		{"fleet-shedder", func() {}},
+		{"concurrency", func() { g.opts.Fleet = nil }},
+	} {
+		tc.edit()
+		r := newRequest("GET", "/v1/things").WithContext(ctx)
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		g.handler(t).ServeHTTP(w, r)
+		checkHeaders(t, tc.limiter, w, 499, map[string]string{shed.HeaderLimiter: tc.limiter, "Retry-After": ""})
+	}
+	if g.reached != 0 {
+		t.Errorf("the handler ran %d times", g.reached)
+	}
+}
+
 // TestMiddlewareReleaseError: a release that fails is reported to
 // OnReleaseError. Under FailClosed: a Throttler that fails open answers a
 // failed Release with (false, nil), reporting the failure only to its
