@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -81,18 +82,26 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	if err != nil {
 		return nil, err
 	}
+	ietf := &httplimit.Options{IETFHeaders: true}
+	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), clientKey, nil)
+	if err != nil {
+		return nil, fmt.Errorf("/exports: %w", err)
+	}
+	exportRate, err := httplimit.Rate(th, sh.rate, clientKey, ietf)
+	if err != nil {
+		return nil, fmt.Errorf("/exports: %w", err)
+	}
 	exports, err := shed.Middleware(&shed.Options{
-		Classify: classify, Worker: api.worker, Fleet: api.fleet,
-		Concurrency: &shed.Concurrency{Throttler: th, Policy: throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), Key: clientKey},
-		Rate:        &shed.Rate{Throttler: th, Policy: sh.rate, Key: clientKey, Options: &throttler.MiddlewareOptions{IETFHeaders: true}},
+		Classify: classify, Worker: api.worker, Fleet: api.fleet, Concurrency: inflight, Rate: exportRate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("/exports: %w", err)
 	}
-	charges, err := shed.Middleware(&shed.Options{
-		Classify: classify, Worker: api.worker, Fleet: api.fleet,
-		Rate: &shed.Rate{Throttler: th, Policy: sh.charges, Key: clientKey, Options: &throttler.MiddlewareOptions{IETFHeaders: true}},
-	})
+	chargeRate, err := httplimit.Rate(th, sh.charges, clientKey, ietf)
+	if err != nil {
+		return nil, fmt.Errorf("/charges: %w", err)
+	}
+	charges, err := shed.Middleware(&shed.Options{Classify: classify, Worker: api.worker, Fleet: api.fleet, Rate: chargeRate})
 	if err != nil {
 		return nil, fmt.Errorf("/charges: %w", err)
 	}

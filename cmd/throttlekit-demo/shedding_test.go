@@ -86,7 +86,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	waitExporting(t, api, 2)
 	r := do(t, context.Background(), "GET", srv.URL+"/exports", "Authorization", "token bob")
 	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
-	assert.Equal(t, shed.LimiterConcurrency, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "concurrency", r.Header.Get(shed.HeaderLimiter))
 	assert.Equal(t, "exports-inflight", r.Header.Get("X-RateLimit-Resource"))
 	assert.Equal(t, "2", r.Header.Get("X-RateLimit-Limit"))
 
@@ -95,7 +95,7 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	waitExporting(t, api, 4)
 	r = do(t, context.Background(), "POST", srv.URL+"/exports", "Authorization", "token c3")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterFleet, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "fleet-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, context.Background(), "POST", srv.URL+"/charges", "Authorization", "token c3")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "critical traffic is never shed")
 	assert.Empty(t, r.Header.Get(shed.HeaderLimiter))
@@ -130,7 +130,7 @@ func TestDemoWorkerShedder(t *testing.T) {
 	}
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave", "X-Test-Mode", "1")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterWorker, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "worker-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "reads are not shed yet")
 	r = do(t, bg, "POST", srv.URL+"/charges", "Authorization", "token dave", "X-Test-Mode", "1")
@@ -160,7 +160,7 @@ func TestBadSheddingFailsBeforeListening(t *testing.T) {
 		{"no workers", func(s *shedding) { s.workers = 0 }, "-workers must be at least 1"},
 		{"no fleet", func(s *shedding) { s.fleet = 0 }, "concurrency limit must be between"},
 		{"share above 1", func(s *shedding) { s.share = 1.5 }, "Share must be in (0, 1]"},
-		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: shed: Options.Concurrency.Policy"},
+		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: throttler: invalid policy: concurrency limit"},
 		{"ramp negative", func(s *shedding) { s.ramp = -time.Second }, "Ramp must be >= 0"},
 	} {
 		sh := defaultShedding(5, time.Minute)
