@@ -161,11 +161,11 @@ func TestMovingKeysLeases(t *testing.T) {
 	// Moving until TTL + Settle after the change. The lease granted on both
 	// is not the router's: released on both stores, whenever.
 	clock.set(one.TTL + settle - time.Nanosecond)
-	if _, moving := (&strategy{mv: m.moves}).leaseRoute(key, one.TTL); !moving {
+	if _, moving := m.moves.leaseRoute(key, one.TTL); !moving {
 		t.Fatal("not moving before TTL + Settle")
 	}
 	clock.set(one.TTL + settle)
-	if _, moving := (&strategy{mv: m.moves}).leaseRoute(key, one.TTL); moving {
+	if _, moving := m.moves.leaseRoute(key, one.TTL); moving {
 		t.Fatal("still moving at TTL + Settle")
 	}
 	held, _, err = m.Release(ctx, key, one, 3, t0.Add(2*time.Second))

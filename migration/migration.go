@@ -145,7 +145,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 		_ = fwd.Close()
 		return nil, optionsError("Reverse", err)
 	}
-	routes := &strategy{rollout: r}
+	routes := new(strategy) // set up below, once r is known to be usable
 	rt, err := flags.NewRouterWith(fwd, rev, r, routes, o.Router)
 	if err != nil {
 		// Only r can be wrong here; the error names it ("flags: rollout
@@ -164,10 +164,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
 	}
-	if pc, ok := flags.AsPercenter(r); ok {
-		m.moves = newMover(pc, o.Settle, mono)
-	}
-	routes.init(m)
+	routes.init(m, r, o.Settle, mono)
 	return m, nil
 }
 

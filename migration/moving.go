@@ -126,8 +126,10 @@ func (mv *mover) close() {
 	}
 }
 
-func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duration) *mover {
-	mv := &mover{pct: pc, bucket: flags.NewBucketer(pc.GroupID()), settle: settle, mono: mono, stop: make(chan struct{})}
+// init sets up mv for pc, with mono as its monotonic clock (nil: the
+// process's, kept by a ticker).
+func (mv *mover) init(pc flags.Percenter, settle time.Duration, mono func() time.Duration) {
+	mv.pct, mv.bucket, mv.settle, mv.mono, mv.stop = pc, flags.NewBucketer(pc.GroupID()), settle, mono, make(chan struct{})
 	if mono == nil {
 		epoch := time.Now()
 		mv.mono = func() time.Duration { return time.Since(epoch) }
@@ -135,7 +137,6 @@ func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duratio
 		mv.tick = min(max(settle/32, time.Millisecond), time.Second)
 	}
 	mv.hist.Store(&history{cur: min(max(pc.Percent(), 0), 100)})
-	return mv
 }
 
 // route returns where key goes under pct, and whether it is moving: routed
@@ -251,20 +252,26 @@ func newStore(b throttler.Backend, isNew bool) store {
 
 // strategy is a Migration's flags.Strategy: it reads the percentage once
 // per call, and sends a moving key's call to both stores (a pair). Without
-// a mover (a rollout that cannot tell its percentage) it routes by the
-// rollout, and no key is ever moving.
+// a percentage (a rollout that cannot tell it) it routes by the rollout,
+// and no key is ever moving. The mover is inline: every call reads it.
 type strategy struct {
+	mover
+	tracked bool // the mover is set up
 	rollout flags.Rollout
-	mv      *mover
 	// pairs[moving][toNew] are both stores, the serving one first.
 	pairs [2][2]*pair
 }
 
 var _ flags.Strategy = (*strategy)(nil)
 
-// init completes s once m is built.
-func (s *strategy) init(m *Migration) {
-	s.mv = m.moves
+// init completes s for m, with mono as the mover's clock (see mover.init).
+func (s *strategy) init(m *Migration, r flags.Rollout, settle time.Duration, mono func() time.Duration) {
+	s.rollout = r
+	if pc, ok := flags.AsPercenter(r); ok {
+		s.mover.init(pc, settle, mono)
+		s.tracked = true
+		m.moves = &s.mover
+	}
 	for i, moving := range []bool{false, true} {
 		for j, toNew := range []bool{false, true} {
 			s.pairs[i][j] = &pair{m: m, toNew: toNew, moving: moving}
@@ -282,16 +289,15 @@ func b2i(b bool) int {
 // Route returns where a call for key under p goes, and for a moving key
 // the pair of stores.
 func (s *strategy) Route(key string, p throttler.Policy) (bool, throttler.Backend) {
-	mv := s.mv
-	if mv == nil {
+	if !s.tracked {
 		return s.rollout.UseNew(key), nil
 	}
-	pct := min(max(mv.pct.Percent(), 0), 100)
-	h := mv.hist.Load()
+	pct := min(max(s.pct.Percent(), 0), 100)
+	h := s.hist.Load()
 	if pct == h.cur && len(h.marks) == 0 {
-		return pct == 100 || pct > 0 && mv.bucket.Bucket(key) <= pct, nil
+		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, nil
 	}
-	toNew, moving := mv.route(h, pct, key, p)
+	toNew, moving := s.route(h, pct, key, p)
 	if moving {
 		return toNew, s.pairs[1][b2i(toNew)]
 	}
@@ -302,17 +308,18 @@ func (s *strategy) Route(key string, p throttler.Policy) (bool, throttler.Backen
 // plus Settle. The pair is returned whether or not the key is moving: the
 // router's Release of a lease it does not know goes to both stores.
 func (s *strategy) RouteLease(key string, p throttler.ConcurrencyPolicy) (bool, bool, throttler.LeaseBackend) {
-	toNew, moving := s.leaseRoute(key, p.TTL)
+	var toNew, moving bool
+	if s.tracked {
+		toNew, moving = s.leaseRoute(key, p.TTL)
+	} else {
+		toNew = s.rollout.UseNew(key)
+	}
 	return toNew, moving, s.pairs[b2i(moving)][b2i(toNew)]
 }
 
 // leaseRoute returns where key's lease calls go, and whether they are
 // moving, for leases of ttl.
-func (s *strategy) leaseRoute(key string, ttl time.Duration) (toNew, moving bool) {
-	mv := s.mv
-	if mv == nil {
-		return s.rollout.UseNew(key), false
-	}
+func (mv *mover) leaseRoute(key string, ttl time.Duration) (toNew, moving bool) {
 	pct := min(max(mv.pct.Percent(), 0), 100)
 	if h := mv.hist.Load(); pct != h.cur || len(h.marks) != 0 {
 		return mv.routeWithin(h, pct, key, ttl)
