@@ -18,7 +18,7 @@ type namedStore struct {
 	err  error
 }
 
-func (s namedStore) Store(string, throttler.Policy) string { return s.name }
+func (s namedStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
 
 func (s namedStore) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if s.err != nil {
@@ -44,7 +44,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 		if rt.UseNew(key) {
 			want = "memory"
 		}
-		if got := rt.Store(key, p); got != want {
+		if got := rt.Store(throttler.OpTake, key, p); got != want {
 			t.Fatalf("%q: Store %q, want %q", key, got, want)
 		}
 		seen[want]++
@@ -55,7 +55,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	if err := pct.Set(100); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Store("user-0", p); got != "memory" {
+	if got := rt.Store(throttler.OpTake, "user-0", p); got != "memory" {
 		t.Errorf("at 100%%: Store %q, want the new backend's", got)
 	}
 	var _ backend.Stores = rt

@@ -117,6 +117,8 @@ func (req *request) scriptArgs() []any {
 // lane batches the requests of one client.
 type lane struct {
 	c     Client
+	store string                   // the client's name in errors: "redis shard 1 (10.0.0.1:6379)"
+	dials *dialWatch               // nil: the client's dials are not watched
 	pipe  func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
 	max   int
 	stats *counters

@@ -54,7 +54,8 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 		err = checkLeaseReply(res, t, true)
 	}
 	if err != nil {
-		return throttler.Decision{}, opError("acquire", key, p, err)
+		l := b.shardFor(h).primaryLane
+		return throttler.Decision{}, opError("acquire", key, p, storeError(l.store, l.dials, err))
 	}
 	return backend.LeaseDecision(p, res[1], res[2], t, res[0] == 1), nil
 }
@@ -74,7 +75,8 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 		err = checkLeaseReply(res, t, false)
 	}
 	if err != nil {
-		return false, throttler.Decision{}, opError("release", key, p, err)
+		l := b.shardFor(h).primaryLane
+		return false, throttler.Decision{}, opError("release", key, p, storeError(l.store, l.dials, err))
 	}
 	return res[0] == 1, backend.LeaseDecision(p, res[1], res[2], t, res[1] < p.Limit), nil
 }
