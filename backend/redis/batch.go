@@ -474,9 +474,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
+			return scripts[req.fn].Eval(ctx, once{p: pipe}, []string{req.sk}, req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
+		return scripts[req.fn].EvalSha(ctx, once{p: pipe}, []string{req.sk}, req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
@@ -511,9 +511,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 	}
 	var cmd *goredis.Cmd
 	if source {
-		cmd = takesScript.Eval(ctx, pipe, keys, args...)
+		cmd = takesScript.Eval(ctx, once{p: pipe}, keys, args...)
 	} else {
-		cmd = takesScript.EvalSha(ctx, pipe, keys, args...)
+		cmd = takesScript.EvalSha(ctx, once{p: pipe}, keys, args...)
 	}
 	clear(keys)
 	clear(args)
@@ -585,8 +585,72 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.scriptArgs()...).Result()
+	var sc goredis.Scripter = c
+	if p, ok := c.(processor); ok {
+		sc = once{p: p}
+	}
+	return scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
 }
+
+// Scripts run at most once. go-redis re-sends a command that failed in a
+// way it deems transient (a connection reset or EOF, a read timeout,
+// LOADING, TRYAGAIN, CLUSTERDOWN), and a Cluster's pipeline re-sends a
+// node's whole sub-batch when its first command failed so, or when the
+// connection failed part way (osscluster.go, pipelineReadCmds, v9.23):
+// the scripts of that sub-batch that had run would run again, a Take
+// counted twice. A command whose NoRetry is true is never re-sent, nor is
+// a sub-batch holding one; redirections (MOVED, ASK), which Redis gives
+// before running anything, are still followed command by command, and a
+// command never written (a stale pooled connection) is still sent again.
+// A script that fails so fails its call: a store failure, never a unit
+// counted twice.
+
+// processor is a client or a pipeline that sends any command.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
+// once is a Scripter whose EVAL and EVALSHA go-redis never re-sends.
+type once struct {
+	goredis.Scripter // nil: Script uses only Eval and EvalSha
+	p                processor
+}
+
+var (
+	_ processor = (*goredis.Client)(nil)
+	_ processor = (*goredis.ClusterClient)(nil)
+	_ processor = (*goredis.Ring)(nil)
+	_ processor = goredis.Pipeliner(nil)
+)
+
+func (o once) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	return o.run(ctx, "eval", script, keys, args)
+}
+
+func (o once) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
+	return o.run(ctx, "evalsha", sha, keys, args)
+}
+
+// run sends name (eval or evalsha) as go-redis's Eval does, but as a
+// command that is never retried.
+func (o once) run(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
+	a := make([]any, 3, 3+len(keys)+len(args))
+	a[0], a[1], a[2] = name, payload, len(keys)
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	cmd := goredis.NewCmd(ctx, append(a, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = o.p.Process(ctx, onceCmd{cmd})
+	return cmd
+}
+
+// onceCmd is a command go-redis never re-sends (see once).
+type onceCmd struct{ *goredis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 func cmdReply(c goredis.Cmder) (any, error) {
 	switch c := c.(type) {

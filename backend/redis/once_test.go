@@ -1,0 +1,172 @@
+package redis
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// scriptServer is a loopback server speaking just enough RESP2 for a
+// go-redis client: it answers every script with reply(n), n counting the
+// scripts received from 1, and anything else with OK (HELLO with an error,
+// so that the client speaks RESP2). A reply of "" closes the connection
+// without answering, as a server that ran the script and then lost the
+// connection would. ran counts the scripts answered as run.
+type scriptServer struct {
+	addr  string
+	n     atomic.Int64
+	ran   atomic.Int64
+	reply func(n int64) string
+}
+
+func newScriptServer(t *testing.T, reply func(n int64) string) *scriptServer {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scriptServer{addr: l.Addr().String(), reply: reply}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); s.serve(c) }()
+		}
+	}()
+	return s
+}
+
+func (s *scriptServer) serve(c net.Conn) {
+	defer c.Close()
+	r := bufio.NewReader(c)
+	for {
+		cmd, err := readCommand(r)
+		if err != nil {
+			return
+		}
+		var out string
+		switch strings.ToLower(cmd) {
+		case "hello":
+			out = "-ERR unknown command 'HELLO'\r\n"
+		case "eval", "evalsha":
+			out = s.reply(s.n.Add(1))
+			if out == "" {
+				s.ran.Add(1)
+				return
+			}
+			if out[0] != '-' {
+				s.ran.Add(1)
+			}
+		default:
+			out = "+OK\r\n"
+		}
+		if _, err := io.WriteString(c, out); err != nil {
+			return
+		}
+	}
+}
+
+// readCommand reads one RESP array of bulk strings and returns its name.
+func readCommand(r *bufio.Reader) (string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+	if err != nil || line[0] != '*' {
+		return "", fmt.Errorf("not an array: %q", line)
+	}
+	var name string
+	for i := range n {
+		if _, err := r.ReadString('\n'); err != nil { // $len
+			return "", err
+		}
+		arg, err := r.ReadString('\n')
+		if err != nil {
+			return "", err
+		}
+		if i == 0 {
+			name = strings.TrimSpace(arg)
+		}
+	}
+	return name, nil
+}
+
+// takeReply is take.lua's answer to an admitted Take.
+var takeReply = fmt.Sprintf("*3\r\n:1\r\n:1\r\n:%d\r\n", reset)
+
+// go-redis re-sends a command that failed in a way it deems transient: a
+// Take whose script ran, and whose connection then dropped before the
+// reply, ran once per attempt (4 with the default MaxRetries). It runs
+// once now, alone or in a batch.
+func TestTakeRunsOnceWhenItsReplyIsLost(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) {
+			if batched {
+				alwaysBatch(t)
+			}
+			srv := newScriptServer(t, func(int64) string { return "" })
+			c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
+			defer c.Close()
+			b := newBackend(t, c, nil)
+			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err == nil {
+				t.Error("Take answered, want the lost reply's error")
+			}
+			if n := srv.ran.Load(); n != 1 {
+				t.Errorf("the script ran %d times, want once", n)
+			}
+		})
+	}
+}
+
+// A Cluster's pipeline re-sent a node's whole sub-batch when its first
+// command was refused with TRYAGAIN, so the scripts after it that had run
+// ran again. The refused one fails its call; the others ran once.
+func TestClusterBatchIsNotResentWhole(t *testing.T) {
+	srv := newScriptServer(t, func(n int64) string {
+		if n == 1 {
+			return "-TRYAGAIN Multiple keys request during rehashing of slot\r\n"
+		}
+		return takeReply
+	})
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs: []string{srv.addr}, Protocol: 2, DisableIdentity: true,
+		ClusterSlots: func(context.Context) ([]goredis.ClusterSlot, error) {
+			return []goredis.ClusterSlot{{Start: 0, End: 16383, Nodes: []goredis.ClusterNode{{Addr: srv.addr}}}}, nil
+		},
+	})
+	defer cc.Close()
+	var stats counters
+	l := newLane(cc, 128, &stats)
+	var live []*pending
+	for _, key := range []string{"a", "b", "c"} {
+		live = append(live, &pending{req: &request{fn: fnTake, sk: key, take: takeArgs{1, 2, 10, 1, 3}}})
+	}
+	l.run(context.Background(), live)
+	if n := srv.ran.Load(); n != 2 {
+		t.Errorf("scripts ran %d times for the 2 not refused, want 2", n)
+	}
+	if !goredis.HasErrorPrefix(live[0].err, "TRYAGAIN") {
+		t.Errorf("refused Take: %v, want TRYAGAIN", live[0].err)
+	}
+	for _, p := range live[1:] {
+		if p.err != nil {
+			t.Errorf("%s: %v", p.req.sk, p.err)
+		}
+	}
+}
