@@ -87,6 +87,79 @@ func TestBreakerRedisPausedReplica(t *testing.T) {
 	}
 }
 
+// A shard's primary and its replica are stores apart. With the primary
+// paused, Peeks the replica answered used to reset the primary's failure
+// count, so its breaker never opened and every Take paid the whole
+// Timeout (48 of 48). Now Takes open the primary's breaker after
+// BreakerThreshold failures and the rest skip it at once, while every
+// Peek is still answered by the replica, whose breaker stays closed.
+func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
+	primary, replicas := redisReplicaSet(t, 1)
+	pc := redisClient(t, primary.Addr)
+	b, err := redis.NewSharded([]redis.Shard{{
+		Primary:  pc,
+		Replicas: []redis.Client{redisClient(t, replicas[0].Addr)},
+	}}, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	var counts sourceCounts
+	var mu sync.Mutex
+	stores := map[string]bool{}
+	const timeout, threshold = 100 * time.Millisecond, 5
+	th, err := throttler.New(b, &throttler.Options{Timeout: timeout, BreakerThreshold: threshold, BreakerCooldown: time.Minute,
+		Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
+			counts.observe(o)
+			mu.Lock()
+			stores[o.Op.String()+" "+o.Store] = true
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	p := throttler.Policy{Name: "primary-paused", Limit: 10, Window: time.Hour}
+	run := fmt.Sprint(now.UnixNano())
+	const workers, rounds = 8, 6
+	for w := range workers {
+		_, err := th.AllowN(ctx, fmt.Sprint(run, "-", w), p, 3)
+		require.NoError(t, err)
+	}
+	require.NoError(t, pc.Wait(ctx, 1, 5*time.Second).Err())
+
+	redisPause(t, primary)
+
+	var slowTakes, badPeeks atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			key := fmt.Sprint(run, "-", w)
+			for range rounds {
+				d, err := th.Peek(ctx, key, p)
+				if err != nil || d.Degraded || d.Used != 3 {
+					badPeeks.Add(1)
+					t.Errorf("Peek: %+v, %v; want the replica's Used 3", d, err)
+				}
+				start := time.Now()
+				if d, _ := th.Allow(ctx, key, p); !d.Degraded {
+					t.Errorf("a paused primary answered a Take: %+v", d)
+				}
+				if time.Since(start) >= timeout/2 {
+					slowTakes.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	t.Logf("%d of %d Takes waited for the paused primary; peeks: %d from the replica, %d failed open",
+		slowTakes.Load(), workers*rounds, counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
+	// The breaker opens after threshold failures; the calls already under
+	// way then (one per worker at most) still wait.
+	assert.LessOrEqual(t, slowTakes.Load(), int64(threshold+workers), "the primary's breaker opened")
+	assert.Zero(t, badPeeks.Load(), "every Peek is answered by the replica")
+	replicaStore := "peek redis replicas (" + replicas[0].Addr + ")"
+	assert.True(t, stores[replicaStore], "Peeks are the replicas' store: %v", stores)
+	assert.True(t, stores["take redis ("+primary.Addr+")"], "Takes are the primary's store: %v", stores)
+}
+
 // Issue 11, case 2: one key that always errors opened the breaker for every
 // key after 5 calls. A key another program wrote with another type
 // (WRONGTYPE) is that key's failure alone.
