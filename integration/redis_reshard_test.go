@@ -45,7 +45,11 @@ func TestRedisClusterReshard(t *testing.T) {
 			return err == nil && strings.Count(out, "master") == len(nodes) && !strings.Contains(out, "handshake")
 		})
 	}
-	b := redisNew(t, redisClusterClient(t, addrs), &redis.Options{Prefix: "reshard:"})
+	// go-redis's own retries on (MaxRetries left as is): the backend's
+	// scripts must run once whatever the client re-sends.
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { cc.Close() })
+	b := redisNew(t, cc, &redis.Options{Prefix: "reshard:"})
 
 	// A worker visits its keys in turn and makes a burst of Takes on each,
 	// more than its Limit: every burst meets the bound, and between two

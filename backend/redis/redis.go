@@ -18,10 +18,15 @@
 // is down) matches throttler.ErrUnavailable (backend.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
 // program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
-// and never does. Each shard is a store of its own (backend.Stores): one
-// shard's outage switches limiting off for its keys only. A replica that
-// fails a Peek in any way, its share of the time running out included, is
-// never reported: the primary answers instead.
+// and never does. Each shard's primary is a store of its own, and so are
+// its replicas, which Peeks reach first (backend.Stores): one shard's
+// outage switches limiting off for its keys only, and a primary and its
+// replicas fail apart. A replica that fails a Peek in any way, its share of
+// the time running out included, costs the Peek time, not its answer: the
+// primary answers instead. Every error names the client it came from and,
+// for a deadline on a client whose last dial failed, that dial's error;
+// Check pings every server at start-up. Scripts are sent as commands
+// go-redis never re-sends (batch.go, once), so none counts twice.
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
