@@ -339,15 +339,16 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 	_, _ = pipe.Exec(ctx) // each command holds its own error
 	again := sc.again[:0]
 	for i, c := range cmds {
-		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := c.Err(); err != nil && (goredis.HasErrorPrefix(err, "NOSCRIPT") || refused(err)) {
 			again = append(again, i)
 			continue
 		}
 		deliver(&calls[i], c)
 	}
 	if len(again) > 0 {
-		// A server that lost its scripts (a restart, a failover): once
-		// more with their sources, which EVAL caches.
+		// A server that lost its scripts (a restart, a failover), or
+		// that refused them before they ran (see refused): once more,
+		// with their sources, which EVAL caches.
 		pipe = l.pipe()
 		for _, i := range again {
 			cmds[i] = sc.queue(ctx, pipe, &calls[i], true)
@@ -589,7 +590,33 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	if p, ok := c.(processor); ok {
 		sc = once{p: p}
 	}
-	return scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
+	reply, err := scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
+	if refused(err) && ctx.Err() == nil {
+		reply, err = scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
+	}
+	return reply, err
+}
+
+// refusedPrefixes begin the replies of a server that refused a script
+// before it ran or wrote anything: loading, a replica cut from its primary,
+// a Cluster slot in the middle of a move or a Cluster without a quorum
+// (all refused at dispatch), and a replica refusing a write (a script's
+// first write fails, and the script stops there; after a failover, the
+// client's next connection reaches the new primary).
+var refusedPrefixes = []string{"READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"}
+
+// refused reports whether err is such a refusal, which a script may be
+// sent again after, once: it never ran.
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range refusedPrefixes {
+		if goredis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // Scripts run at most once. go-redis re-sends a command that failed in a
@@ -601,9 +628,11 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 // counted twice. A command whose NoRetry is true is never re-sent, nor is
 // a sub-batch holding one; redirections (MOVED, ASK), which Redis gives
 // before running anything, are still followed command by command, and a
-// command never written (a stale pooled connection) is still sent again.
-// A script that fails so fails its call: a store failure, never a unit
-// counted twice.
+// pooled connection found closed is replaced before anything is written
+// (go-redis checks idle connections). A script that fails so fails its
+// call: a store failure, never a unit counted twice. The backend sends a
+// script again itself, once, only when the server's reply says it never
+// ran (refused).
 
 // processor is a client or a pipeline that sends any command.
 type processor interface {

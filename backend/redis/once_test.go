@@ -136,7 +136,8 @@ func TestTakeRunsOnceWhenItsReplyIsLost(t *testing.T) {
 
 // A Cluster's pipeline re-sent a node's whole sub-batch when its first
 // command was refused with TRYAGAIN, so the scripts after it that had run
-// ran again. The refused one fails its call; the others ran once.
+// ran again (5 runs for 3 Takes). Only the refused one is sent again: each
+// Take runs once.
 func TestClusterBatchIsNotResentWhole(t *testing.T) {
 	srv := newScriptServer(t, func(n int64) string {
 		if n == 1 {
@@ -158,15 +159,43 @@ func TestClusterBatchIsNotResentWhole(t *testing.T) {
 		live = append(live, &pending{req: &request{fn: fnTake, sk: key, take: takeArgs{1, 2, 10, 1, 3}}})
 	}
 	l.run(context.Background(), live)
-	if n := srv.ran.Load(); n != 2 {
-		t.Errorf("scripts ran %d times for the 2 not refused, want 2", n)
+	if ran, sent := srv.ran.Load(), srv.n.Load(); ran != 3 || sent != 4 {
+		t.Errorf("scripts ran %d times of %d sent, want 3 of 4 (the refused one sent again)", ran, sent)
 	}
-	if !goredis.HasErrorPrefix(live[0].err, "TRYAGAIN") {
-		t.Errorf("refused Take: %v, want TRYAGAIN", live[0].err)
-	}
-	for _, p := range live[1:] {
+	for _, p := range live {
 		if p.err != nil {
 			t.Errorf("%s: %v", p.req.sk, p.err)
 		}
+	}
+}
+
+// A script the server refused before it ran (READONLY: a demoted primary
+// after a failover) is sent again once, alone or in a batch; one the server
+// refuses again fails its call.
+func TestRefusedScriptIsSentAgainOnce(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) {
+			if batched {
+				alwaysBatch(t)
+			}
+			srv := newScriptServer(t, func(n int64) string {
+				if n == 1 || n >= 3 {
+					return "-READONLY You can't write against a read only replica.\r\n"
+				}
+				return takeReply
+			})
+			c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
+			defer c.Close()
+			b := newBackend(t, c, nil)
+			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err != nil {
+				t.Errorf("first Take: %v, want the second attempt's answer", err)
+			}
+			if _, err := b.Take(context.Background(), "k", policy, 1, t0); !strings.Contains(fmt.Sprint(err), "READONLY") {
+				t.Errorf("second Take: %v, want READONLY after one more attempt", err)
+			}
+			if sent := srv.n.Load(); sent != 4 {
+				t.Errorf("%d scripts sent, want 4 (each Take twice)", sent)
+			}
+		})
 	}
 }
