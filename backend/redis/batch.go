@@ -586,15 +586,22 @@ func single(ctx context.Context, c Client, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
+	return runScript(ctx, c, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
+}
+
+// runScript runs s on c outside batches: EVALSHA, then EVAL on NOSCRIPT,
+// never re-sent by go-redis (once), and sent again once if the server
+// refused it before it ran.
+func runScript(ctx context.Context, c Client, s *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	var sc goredis.Scripter = c
 	if p, ok := c.(processor); ok {
 		sc = once{p: p}
 	}
-	reply, err := scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
-	if refused(err) && ctx.Err() == nil {
-		reply, err = scripts[req.fn].Run(ctx, sc, []string{req.sk}, req.scriptArgs()...).Result()
+	cmd := s.Run(ctx, sc, keys, args...)
+	if refused(cmd.Err()) && ctx.Err() == nil {
+		cmd = s.Run(ctx, sc, keys, args...)
 	}
-	return reply, err
+	return cmd
 }
 
 // refusedPrefixes begin the replies of a server that refused a script

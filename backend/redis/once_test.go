@@ -199,3 +199,18 @@ func TestRefusedScriptIsSentAgainOnce(t *testing.T) {
 		})
 	}
 }
+
+// Lease scripts run once too: an Acquire whose reply is lost ran once per
+// attempt.
+func TestAcquireRunsOnceWhenItsReplyIsLost(t *testing.T) {
+	srv := newScriptServer(t, func(int64) string { return "" })
+	c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
+	defer c.Close()
+	b := newBackend(t, c, nil)
+	if _, err := b.Acquire(context.Background(), "k", leasePolicy, 1, t0); err == nil {
+		t.Error("Acquire answered, want the lost reply's error")
+	}
+	if n := srv.ran.Load(); n != 1 {
+		t.Errorf("the script ran %d times, want once", n)
+	}
+}
