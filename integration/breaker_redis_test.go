@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -105,10 +106,14 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	var counts sourceCounts
 	var mu sync.Mutex
 	stores := map[string]bool{}
+	var reached atomic.Int64 // Takes that reached the primary, not skipped by its breaker
 	const timeout, threshold = 100 * time.Millisecond, 5
 	th, err := throttler.New(b, &throttler.Options{Timeout: timeout, BreakerThreshold: threshold, BreakerCooldown: time.Minute,
 		Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
 			counts.observe(o)
+			if o.Op == throttler.OpTake && !strings.Contains(fmt.Sprint(o.Err), "skipped") {
+				reached.Add(1)
+			}
 			mu.Lock()
 			stores[o.Op.String()+" "+o.Store] = true
 			mu.Unlock()
@@ -118,11 +123,14 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	p := throttler.Policy{Name: "primary-paused", Limit: 10, Window: time.Hour}
 	run := fmt.Sprint(now.UnixNano())
 	const workers, rounds = 8, 6
-	for w := range workers {
-		_, err := th.AllowN(ctx, fmt.Sprint(run, "-", w), p, 3)
+	for w := range workers { // on the backend: a Throttler's Timeout could fail a seed open
+		d, err := b.Take(ctx, fmt.Sprint(run, "-", w), p, 3, now)
 		require.NoError(t, err)
+		require.True(t, d.Allowed)
 	}
-	require.NoError(t, pc.Wait(ctx, 1, 5*time.Second).Err())
+	acked, err := pc.Wait(ctx, 1, 5*time.Second).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, acked, "the replica has the seeds")
 
 	redisPause(t, primary)
 
@@ -149,12 +157,19 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	}
 	wg.Wait()
 
-	t.Logf("%d of %d Takes waited for the paused primary; peeks: %d from the replica, %d failed open",
-		slowTakes.Load(), workers*rounds, counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
+	t.Logf("%d of %d Takes reached the paused primary, %d took Timeout/2 or more; peeks: %d from the replica, %d failed open",
+		reached.Load(), workers*rounds, slowTakes.Load(), counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
 	// The breaker opens after threshold failures; the calls already under
-	// way then (one per worker at most) still wait.
-	assert.LessOrEqual(t, slowTakes.Load(), int64(threshold+workers), "the primary's breaker opened")
+	// way then (one per worker at most) still reach the primary.
+	assert.LessOrEqual(t, reached.Load(), int64(threshold+workers), "the primary's breaker opened")
 	assert.Zero(t, badPeeks.Load(), "every Peek is answered by the replica")
+	// Check names the paused primary, and only it.
+	checkCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err = b.Check(checkCtx)
+	assert.ErrorIs(t, err, throttler.ErrUnavailable)
+	assert.ErrorContains(t, err, "redis ("+primary.Addr+"): ")
+	assert.NotContains(t, fmt.Sprint(err), replicas[0].Addr, "the live replica answered")
 	replicaStore := "peek redis replicas (" + replicas[0].Addr + ")"
 	assert.True(t, stores[replicaStore], "Peeks are the replicas' store: %v", stores)
 	assert.True(t, stores["take redis ("+primary.Addr+")"], "Takes are the primary's store: %v", stores)

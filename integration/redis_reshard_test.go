@@ -50,6 +50,7 @@ func TestRedisClusterReshard(t *testing.T) {
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { cc.Close() })
 	b := redisNew(t, cc, &redis.Options{Prefix: "reshard:"})
+	require.NoError(t, b.Check(ctx), "every node answers PING")
 
 	// A worker visits its keys in turn and makes a burst of Takes on each,
 	// more than its Limit: every burst meets the bound, and between two

@@ -3,6 +3,7 @@ package redis
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -212,5 +214,48 @@ func TestAcquireRunsOnceWhenItsReplyIsLost(t *testing.T) {
 	}
 	if n := srv.ran.Load(); n != 1 {
 		t.Errorf("the script ran %d times, want once", n)
+	}
+}
+
+// lateContext is a context whose deadline has passed but whose Done is not
+// closed yet, as a context's is until its timer fires.
+type lateContext struct {
+	context.Context
+	deadline time.Time
+	done     chan struct{}
+	closed   atomic.Bool
+}
+
+func (c *lateContext) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *lateContext) Done() <-chan struct{}       { return c.done }
+func (c *lateContext) Err() error {
+	if c.closed.Load() {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// A batch that timed out at its callers' deadline answered a caller whose
+// context had not said so yet: a Throttler, which counts a deadline as a
+// store failure only when its own context ended, did not count it. The
+// caller now returns once its context has ended.
+func TestBatchTimeoutReturnsAfterTheCallersDeadline(t *testing.T) {
+	alwaysBatch(t)
+	srv := newScriptServer(t, func(int64) string { return takeReply })
+	c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
+	defer c.Close()
+	l := newLane(c, 128, new(counters))
+	ctx := &lateContext{Context: context.Background(), deadline: time.Now().Add(-time.Millisecond), done: make(chan struct{})}
+	go func() {
+		time.Sleep(20 * time.Millisecond) // the context's timer, late
+		ctx.closed.Store(true)
+		close(ctx.done)
+	}()
+	_, err := l.do(ctx, &request{fn: fnTake, sk: "k", take: takeArgs{1, 2, 10, 1, 3}})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("do: %v, want the batch's deadline", err)
+	}
+	if ctx.Err() == nil {
+		t.Error("do returned before the caller's context ended")
 	}
 }
