@@ -42,7 +42,10 @@ func TestFailureMarks(t *testing.T) {
 
 type namedStores struct{ acceptAll }
 
-func (namedStores) Store(_ throttler.Op, key string, _ throttler.Policy) string {
+func (namedStores) Store(op throttler.Op, key string, _ throttler.Policy) string {
+	if op == throttler.OpPeek {
+		return "replicas of " + key
+	}
 	return "store of " + key
 }
 
@@ -63,5 +66,6 @@ func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.T
 func TestStoreOf(t *testing.T) {
 	p := throttler.PerMinute(1)
 	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, throttler.OpTake, "k", p))
+	assert.Equal(t, "replicas of k", backend.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
 	assert.Equal(t, "", backend.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
 }

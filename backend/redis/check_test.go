@@ -104,7 +104,8 @@ func TestCheck(t *testing.T) {
 		t.Errorf("a live redis-server: %v", err)
 	}
 	down := &fakeClient{evalErr: replyErr("LOADING Redis is loading")}
-	b, err := NewSharded([]Shard{{Primary: ok, Replicas: []Client{down}}, {Primary: ok}}, nil)
+	ok2 := &fakeClient{evalVal: int64(1)} // Check calls each client at once: one fake each
+	b, err := NewSharded([]Shard{{Primary: ok, Replicas: []Client{down}}, {Primary: ok2}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
