@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
+	"github.com/throttlekit/throttlekit/internal/httpheaders"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -236,13 +236,11 @@ func (m *chain) acquire(w http.ResponseWriter, r *http.Request) (throttler.Lease
 	if m.conc.Policy.Name != "" {
 		h.Set("X-RateLimit-Resource", m.conc.Policy.Name)
 	}
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
-	if d.Known() {
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-		h.Set("X-RateLimit-Used", strconv.FormatInt(d.Used, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetUnix(), 10))
-	}
-	retry := ceilSeconds(d.RetryAfter)
+	// A lease's RetryAfter is ResetAt - now (when the earliest held lease
+	// expires), so the Reset names the instant Retry-After does, never an
+	// earlier one, as the rate limit's headers do.
+	httpheaders.SetCounts(h, d.Limit, d.Remaining, d.Used, d.ResetAt)
+	retry := httpheaders.CeilSeconds(d.RetryAfter)
 	h.Set("Retry-After", strconv.FormatInt(retry, 10))
 	http.Error(w, fmt.Sprintf("too many concurrent requests: at most %d in flight; retry in %ds", d.Limit, retry), http.StatusTooManyRequests)
 	return l, false
@@ -271,11 +269,4 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 		w.Header().Set("Retry-After", "1")
 	}
 	http.Error(w, http.StatusText(status), status)
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }

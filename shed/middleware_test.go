@@ -315,3 +315,40 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 		t.Errorf("a bad concurrency policy: %v does not match ErrInvalidPolicy", err)
 	}
 }
+
+// TestMiddlewareRateResetAgreesWithRetryAfter: a sliding-window counter's
+// refusal names in X-RateLimit-Reset the instant its Retry-After does, not
+// the end of the current window (30s earlier here, while the previous
+// window's count still weighs), and a client returning then is admitted.
+func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
+	store, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(30 * time.Second) // halfway through an epoch-aligned minute
+	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Rate: &shed.Rate{Throttler: th, Policy: throttler.PerMinute(2).With(throttler.SlidingWindow), Key: throttler.KeyByHeader("Client")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	serve := func() *httptest.ResponseRecorder {
+		r := newRequest("GET", "/v1/things")
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	serve()
+	serve()
+	w := serve()
+	checkHeaders(t, "refused", w, 429, map[string]string{
+		shed.HeaderLimiter: shed.LimiterRate, "Retry-After": "60",
+		"X-RateLimit-Reset": fmt.Sprint(now.Add(time.Minute).Unix()),
+	})
+	now = now.Add(time.Minute)
+	checkHeaders(t, "returning at the reset", serve(), 200, nil)
+}

@@ -90,7 +90,8 @@
 // admitted, sleeping each denial's RetryAfter (plus a little jitter, never
 // less), and return ErrWouldExceedDeadline at once when the context's
 // deadline comes before the earliest admission, as golang.org/x/time/rate
-// does. They are for callers that can afford to delay work (outbound calls;
+// does, also for a waiter queued behind others of its key (see WaitN for
+// how it knows). They are for callers that can afford to delay work (outbound calls;
 // see package outbound), not for answering clients.
 //
 // Errors may contain the client's key: log them, never send them to a

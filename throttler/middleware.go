@@ -1,6 +1,7 @@
 package throttler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/felixge/httpsnoop"
+
+	"github.com/throttlekit/throttlekit/internal/httpheaders"
 )
 
 // KeyFunc names the client a request counts against. An error answers the
@@ -99,9 +102,19 @@ func defaultOnError(w http.ResponseWriter, r *http.Request, err error) {
 // Middleware limits every request to p per key. It counts one unit at the
 // start of a request, so concurrent requests can never exceed the last
 // allowed one, and gives it back when the handler's response is refundable
-// (304 Not Modified). Every response carries the X-RateLimit-* headers of
-// the single backend call that decided it; a denied request is answered
-// with DeniedStatus and Retry-After, and never reaches the handler.
+// (304 Not Modified), also when the client has gone: the refund runs
+// without the request's cancellation, bounded by the Throttler's Timeout.
+// Every response carries the X-RateLimit-* headers of the single backend
+// call that decided it; a denied request is answered with DeniedStatus and
+// Retry-After, and never reaches the handler.
+//
+// X-RateLimit-Reset (and the IETF RateLimit's t) names an instant at which a
+// client that returns is admitted if nobody else spent in between, on every
+// algorithm: a denied answer's is never earlier than its Retry-After, and an
+// answer with nothing remaining names when one unit fits again. It is the
+// Decision's ResetAt except where that comes earlier: a sliding-window
+// counter's ResetAt is the end of the current window, while the previous
+// window's count may still weigh after it.
 //
 // It returns an error, naming what is wrong, for an invalid policy, a nil
 // key function or bad options: a server misconfiguration fails when the
@@ -132,15 +145,16 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 				o.OnError(w, r, err)
 				return
 			}
-			d, err := t.Allow(r.Context(), k, p)
+			d, now, err := t.takeOne(r.Context(), k, p)
 			if err != nil {
 				o.OnError(w, r, err)
 				return
 			}
-			t.setHeaders(w.Header(), p, d, o.IETFHeaders)
+			setHeaders(w.Header(), p, d, now, o.IETFHeaders)
 			if !d.Allowed {
-				w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))
-				http.Error(w, fmt.Sprintf("rate limit exceeded: %s; retry in %ds", rate(p), ceilSeconds(d.RetryAfter)), o.DeniedStatus)
+				retry := httpheaders.CeilSeconds(d.RetryAfter)
+				w.Header().Set("Retry-After", strconv.FormatInt(retry, 10))
+				http.Error(w, fmt.Sprintf("rate limit exceeded: %s; retry in %ds", rate(p), retry), o.DeniedStatus)
 				return
 			}
 			next.ServeHTTP(refundOnce(w, func(status int) {
@@ -148,9 +162,12 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 					return
 				}
 				// The unit goes back before the headers are sent, so they
-				// show the count after the refund.
-				if d, err := t.Refund(r.Context(), k, p, 1, d); err == nil {
-					t.setHeaders(w.Header(), p, d, o.IETFHeaders)
+				// show the count after the refund. A client that has gone
+				// (its context cancelled) still gets its unit back: the
+				// refund runs without the cancellation, bounded by the
+				// Throttler's Timeout, as a lease's Release does.
+				if d, now, err := t.refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
+					setHeaders(w.Header(), p, d, now, o.IETFHeaders)
 				}
 			}), r)
 		})
@@ -158,33 +175,58 @@ func (t *Throttler) Middleware(p Policy, key KeyFunc, opts *MiddlewareOptions) (
 }
 
 // setHeaders writes GitHub's X-RateLimit-* headers (and optionally the IETF
-// draft's) from one decision. A degraded decision with no known count sets
-// only the limit: the headers never claim what no store said.
-func (t *Throttler) setHeaders(h http.Header, p Policy, d Decision, ietf bool) {
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(d.Limit, 10))
+// draft's) from one decision, made at now: the instant the Throttler read
+// for it, so that the clock is read once per decision. A degraded decision
+// with no known count sets only the limit: the headers never claim what no
+// store said. The reset they name is resetOf's.
+func setHeaders(h http.Header, p Policy, d Decision, now time.Time, ietf bool) {
 	if p.Name != "" {
 		h.Set("X-RateLimit-Resource", p.Name)
 	}
-	if !d.Known() {
-		h.Del("X-RateLimit-Remaining")
-		h.Del("X-RateLimit-Used")
-		h.Del("X-RateLimit-Reset")
-		return
-	}
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-	h.Set("X-RateLimit-Used", strconv.FormatInt(d.Used, 10))
-	// Rounded up: a client that waits until this second is never early.
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(d.ResetUnix(), 10))
-	if ietf {
+	reset := resetOf(p, d, now)
+	httpheaders.SetCounts(h, d.Limit, d.Remaining, d.Used, reset)
+	if ietf && !reset.IsZero() {
 		name := p.Name
 		if name == "" {
 			name = "default"
 		}
 		// q and w are the policy's rate, for a token bucket too: its
 		// burst is no quota per window (r may then exceed q, up to Burst).
-		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, p.Limit, ceilSeconds(p.Window)))
-		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, ceilSeconds(d.ResetAt.Sub(t.opts.Clock()))))
+		h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, p.Limit, httpheaders.CeilSeconds(p.Window)))
+		h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, httpheaders.CeilSeconds(reset.Sub(now))))
 	}
+}
+
+// resetOf is the instant that X-RateLimit-Reset and the IETF RateLimit's t
+// name for d, made at now under p (zero when d knows no count). A client
+// that returns then is admitted if nobody else spent in between, on every
+// algorithm, and a denied answer's reset is never before its Retry-After:
+//   - a denied answer names ResetAt, or its earliest admission (the ms of
+//     the call plus RetryAfter) when that is later: a sliding-window
+//     counter's ResetAt is the end of the current window (the same on
+//     every backend), and its wait may reach past it while the previous
+//     window still weighs;
+//   - a sliding-window counter's admission that leaves nothing names
+//     ResetAt plus ceil(w/Limit) ms: at ResetAt the window now current
+//     becomes the previous one and weighs its whole count (at most Limit),
+//     and one unit fits once that weight is down to Limit - 1;
+//   - any other answer names ResetAt: when the fixed window ends, the
+//     bucket is full again, the log's newest entry ends.
+func resetOf(p Policy, d Decision, now time.Time) time.Time {
+	switch {
+	case !d.Known():
+		return time.Time{}
+	case !d.Allowed:
+		// The store counted from now's ms, truncated: the admission is an
+		// instant that does not wobble with the sub-ms part of now.
+		if at := time.UnixMilli(now.UnixMilli()).Add(d.RetryAfter); at.After(d.ResetAt) {
+			return at
+		}
+	case p.Algorithm == SlidingWindow && d.Remaining == 0:
+		w, l := p.Window.Milliseconds(), p.Limit
+		return d.ResetAt.Add(time.Duration((w+l-1)/l) * time.Millisecond)
+	}
+	return d.ResetAt
 }
 
 // rate describes p for a person: "2 per 1h0m0s", and a token bucket's
@@ -195,13 +237,6 @@ func rate(p Policy) string {
 		return fmt.Sprintf("%d per %v, burst %d", p.Limit, p.Window, p.Capacity())
 	}
 	return fmt.Sprintf("%d per %v", p.Limit, p.Window)
-}
-
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + time.Second - 1) / time.Second)
 }
 
 // refundOnce wraps w so that refund runs with the response's status just

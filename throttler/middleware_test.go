@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -484,4 +485,178 @@ func TestMiddlewareDeniedBodyStatesTheRate(t *testing.T) {
 		assert.Equal(t, http.StatusTooManyRequests, w.Code, "%+v", tc.p)
 		assert.Equal(t, tc.want, w.Body.String(), "%+v", tc.p)
 	}
+}
+
+// TestMiddlewareResetAdmitsTheClientThatReturns: on every algorithm, the
+// instants an answer names (X-RateLimit-Reset, and for a denial
+// Retry-After; the IETF RateLimit's t) are ones at which a client that
+// returns, with nobody else spending in between, is admitted; a denied
+// answer's t is never shorter than its Retry-After. t0 is 7s into an
+// epoch-aligned minute: the sliding-window counter's rows spend 2 at 30s
+// into it, so its window ends 30s later, while a unit fits only 30s after
+// that (the previous window's 2 weigh 1 there).
+func TestMiddlewareResetAdmitsTheClientThatReturns(t *testing.T) {
+	s, ms := time.Second, time.Millisecond
+	tests := []struct {
+		name  string
+		p     throttler.Policy
+		spend []time.Duration // after t0: one request each, all admitted
+		at    time.Duration   // after t0, the answer read: a denial, or the last admission when at is the last spend
+		reset time.Duration   // after t0, X-RateLimit-Reset: the earliest admission, in whole seconds
+	}{
+		{"fixed window, last admitted", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 10 * s, 61 * s},
+		{"fixed window, denied", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 20*s + 700*ms, 61 * s},
+		{"token bucket, last admitted", throttler.PerMinute(2).With(throttler.TokenBucket), []time.Duration{0, 0}, 0, 60 * s},
+		{"token bucket, denied", throttler.PerMinute(2).WithBurst(3), []time.Duration{0, 0, 0}, 700 * ms, 90 * s},
+		{"sliding log, last admitted", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 20 * s, 80 * s},
+		{"sliding log, denied", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 30*s + 300*ms, 80 * s},
+		{"sliding window, last admitted", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23 * s, 83 * s},
+		{"sliding window, denied", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23*s + 400*ms, 83 * s},
+		{"sliding window, denied in the next window", throttler.PerMinute(3).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s, 23 * s}, 53*s + 100*ms, 113 * s},
+		{"sliding window of 1, denied", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23*s + 1*ms, 113 * s},
+		{"sliding window of 1, last admitted", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23 * s, 113 * s},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// replay spends on a fresh store and returns the last answer.
+			replay := func() (*fakeClock, http.Handler, *httptest.ResponseRecorder) {
+				clock := &fakeClock{now: t0}
+				th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+				h := newMiddleware(t, th, tc.p, throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+				var w *httptest.ResponseRecorder
+				for _, at := range tc.spend {
+					clock.now = t0.Add(at)
+					w = serve(h)
+					require.Equal(t, http.StatusOK, w.Code, "spending at %v", at)
+				}
+				if tc.at != tc.spend[len(tc.spend)-1] {
+					clock.now = t0.Add(tc.at)
+					w = serve(h)
+					require.Equal(t, http.StatusTooManyRequests, w.Code)
+				}
+				return clock, h, w
+			}
+			_, _, w := replay()
+			now := t0.Add(tc.at)
+			require.Equal(t, "0", w.Header().Get("X-RateLimit-Remaining"))
+			reset, err := strconv.ParseInt(w.Header().Get("X-RateLimit-Reset"), 10, 64)
+			require.NoError(t, err)
+			assert.Equal(t, t0.Add(tc.reset), time.Unix(reset, 0).UTC(), "X-RateLimit-Reset")
+			var tSec int64
+			_, err = fmt.Sscanf(w.Header().Get("RateLimit"), `"default";r=0;t=%d`, &tSec)
+			require.NoError(t, err, "RateLimit: %q", w.Header().Get("RateLimit"))
+			returns := map[string]time.Time{
+				"X-RateLimit-Reset": time.Unix(reset, 0),
+				"RateLimit t":       now.Add(time.Duration(tSec) * s),
+			}
+			if w.Code == http.StatusTooManyRequests {
+				retry, err := strconv.ParseInt(w.Header().Get("Retry-After"), 10, 64)
+				require.NoError(t, err)
+				assert.GreaterOrEqual(t, tSec, retry, "RateLimit t is shorter than Retry-After")
+				returns["Retry-After"] = now.Add(time.Duration(retry) * s)
+				assert.False(t, time.Unix(reset, 0).Before(now.Add(time.Duration(retry-1)*s)), "X-RateLimit-Reset %v more than a second before Retry-After %ds", time.Unix(reset, 0), retry)
+			}
+			for header, at := range returns {
+				clock, h, _ := replay()
+				clock.now = at
+				assert.Equal(t, http.StatusOK, serve(h).Code, "a client returning at %s (%v after the answer) is refused", header, at.Sub(now))
+			}
+		})
+	}
+}
+
+// countingClock moves on by a second every time it is read, and counts
+// the readings.
+type countingClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	reads int
+}
+
+func (c *countingClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	c.now = c.now.Add(time.Second)
+	return c.now
+}
+
+// TestMiddlewareReadsTheClockOncePerDecision: the headers of an answer are
+// computed at the instant its Take was made at, the IETF RateLimit's t
+// included: one reading of the clock for a request, and one more for a
+// 304's refund, which is a decision of its own.
+func TestMiddlewareReadsTheClockOncePerDecision(t *testing.T) {
+	clock := &countingClock{now: t0.Add(-time.Second)}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+	h := newMiddleware(t, th, throttler.PerMinute(5).Named("core"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+
+	w := serve(h)
+	assert.Equal(t, 1, clock.reads)
+	assert.Equal(t, `"core";r=4;t=60`, w.Header().Get("RateLimit"), "t is counted from the Take's instant")
+
+	w = serve(h, "If-None-Match", `"v1"`)
+	assert.Equal(t, http.StatusNotModified, w.Code)
+	assert.Equal(t, 3, clock.reads, "a take and its refund")
+	assert.Equal(t, `"core";r=4;t=58`, w.Header().Get("RateLimit"), "after the refund, from the refund's instant")
+}
+
+// TestResetAdmitsOnRandomTraces: on random traces of every algorithm (small
+// limits and windows, costs up to the capacity, the clock stepping by up to
+// a window, sometimes back), every Take's answer that leaves nothing or is
+// denied names a reset (before the headers round it to seconds) at which a
+// Take of one unit, with nothing spent in between, is admitted; a denial's
+// is never before the call's ms plus its RetryAfter.
+func TestResetAdmitsOnRandomTraces(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 6))
+	ctx := context.Background()
+	type step struct {
+		at   time.Time
+		cost int64
+	}
+	checked := 0
+	for trace := range 400 {
+		alg := throttler.Algorithm(trace % 4)
+		p := throttler.Policy{Limit: 1 + r.Int64N(4), Window: time.Duration(5+r.Int64N(20)) * time.Millisecond, Algorithm: alg}
+		if alg == throttler.TokenBucket && r.IntN(2) == 0 {
+			p.Burst = 1 + r.Int64N(6)
+		}
+		var steps []step
+		at := t0
+		for range 12 {
+			w := p.Window
+			if r.IntN(6) == 0 {
+				at = at.Add(-time.Duration(r.Int64N(int64(w/time.Millisecond))) * time.Millisecond)
+			} else {
+				at = at.Add(time.Duration(r.Int64N(int64(w/time.Millisecond)+1)) * time.Millisecond)
+			}
+			steps = append(steps, step{at, 1 + r.Int64N(p.Capacity())})
+		}
+		// replay takes steps[:n] on a fresh store and returns the last answer.
+		replay := func(n int) throttler.Backend {
+			m := newMemory(t)
+			for _, s := range steps[:n] {
+				_, err := m.Take(ctx, "k", p, s.cost, s.at)
+				require.NoError(t, err)
+			}
+			return m
+		}
+		m := newMemory(t)
+		for i, s := range steps {
+			d, err := m.Take(ctx, "k", p, s.cost, s.at)
+			require.NoError(t, err)
+			if d.Allowed && d.Remaining > 0 {
+				continue
+			}
+			reset := throttler.ResetOf(p, d, s.at)
+			if !d.Allowed {
+				assert.False(t, reset.Before(time.UnixMilli(s.at.UnixMilli()).Add(d.RetryAfter)), "trace %d step %d %v: reset %v before the admission", trace, i, p, reset)
+			}
+			again, err := replay(i+1).Take(ctx, "k", p, 1, reset)
+			require.NoError(t, err)
+			assert.True(t, again.Allowed, "trace %d step %d %v at %v cost %d: %+v; one unit refused at the reset %v",
+				trace, i, p, s.at.Sub(t0), s.cost, d, reset.Sub(t0))
+			checked++
+		}
+	}
+	t.Logf("%d answers checked", checked)
 }

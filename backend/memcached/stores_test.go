@@ -101,6 +101,7 @@ func TestFailuresAreClassified(t *testing.T) {
 		{"SERVER_ERROR reply", fmt.Errorf("memcache: unexpected response line from %q: %q", "add", "SERVER_ERROR out of memory storing object\r\n"), store},
 		{"SERVER_ERROR read as a number", &strconv.NumError{Func: "ParseUint", Num: "SERVER_ERROR out of memory", Err: strconv.ErrSyntax}, store},
 		{"broken reply", errors.New("memcache: corrupt get result read"), store},
+		{"no servers", memcache.ErrNoServers, store},
 		{"CLIENT_ERROR", errors.New("memcache: client error: cannot increment or decrement non-numeric value"), key},
 		{"malformed key", memcache.ErrMalformedKey, neither},
 		{"deadline", context.DeadlineExceeded, neither},
@@ -113,8 +114,8 @@ func TestFailuresAreClassified(t *testing.T) {
 				b := mustNew(t, f, &Options{Selector: sel, NoCache: true})
 				f.setBefore(func(op, _ string) error { return tt.err })
 				_, err := b.Take(ctx, "k", p, 1, t0)
-				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "memcached: ") {
-					t.Fatalf("err %v, want memcached: … %v", err, tt.err)
+				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "memcached") || !strings.HasSuffix(err.Error(), tt.err.Error()) {
+					t.Fatalf("err %v, want memcached… %v", err, tt.err)
 				}
 				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
 					t.Errorf("store failure %v, want %v (%v)", got, tt.want == store, err)
@@ -141,6 +142,21 @@ func TestFailuresAreClassified(t *testing.T) {
 				}
 				if named.FailedStore() != want {
 					t.Errorf("blamed %q, want %q", named.FailedStore(), want)
+				}
+				// The message names the server, when anything tells it, in
+				// place of the package's prefix.
+				prefix := want
+				switch {
+				case prefix != "":
+				case tt.name == "read timeout":
+					prefix = "memcached 127.0.0.1:1"
+				case tt.name == "connect timeout":
+					prefix = "memcached 127.0.0.1:2"
+				default:
+					prefix = "memcached"
+				}
+				if !strings.HasPrefix(err.Error(), prefix+": get window of ") {
+					t.Errorf("err %q, want it to start with %q", err, prefix+": get window of ")
 				}
 			}
 		})

@@ -122,6 +122,7 @@ type lane struct {
 	pipe  func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
 	max   int
 	stats *counters
+	wait  *waiter // nil: writes are not followed by WAIT (wait.go)
 
 	one     bool // one server: a batch's windows go as one takes.lua call
 	always  bool // tests: every request goes through a batch (redisbatch.Always)
@@ -180,7 +181,7 @@ const (
 func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	if l.pipe == nil {
 		l.stats.roundTrip(1)
-		return single(ctx, l.c, req)
+		return l.single(ctx, req)
 	}
 	l.mu.Lock()
 	if !l.always && l.flushers == 0 && len(l.queue) == 0 &&
@@ -188,7 +189,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		l.inFlight++
 		l.mu.Unlock()
 		l.stats.roundTrip(1)
-		reply, err := single(ctx, l.c, req)
+		reply, err := l.single(ctx, req)
 		l.finish()
 		return reply, err
 	}
@@ -341,7 +342,7 @@ func (l *lane) send(batch []*pending) {
 // (its key's) that one's alone (and its window's Takes').
 func (l *lane) run(ctx context.Context, live []*pending) {
 	if len(live) == 1 && !l.always {
-		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
+		live[0].reply, live[0].err = l.single(ctx, live[0].req)
 		return
 	}
 	sc := scratches.Get().(*scratch)
@@ -349,10 +350,14 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 	calls := sc.coalesce(live, l.one)
 	cmds := sc.cmds[:0]
 	pipe := l.pipe()
+	writes := false
 	for i := range calls {
 		cmds = append(cmds, sc.queue(ctx, pipe, &calls[i], false))
+		writes = writes || l.wait != nil && calls[i].writes()
 	}
-	_, _ = pipe.Exec(ctx) // each command holds its own error
+	ack := l.wait.queue(ctx, pipe, writes) // one WAIT after every write
+	_, _ = pipe.Exec(ctx)                  // each command holds its own error
+	werr := l.wait.check(ack)
 	again := sc.again[:0]
 	for i, c := range cmds {
 		if err := c.Err(); err != nil && (goredis.HasErrorPrefix(err, "NOSCRIPT") || refused(err)) {
@@ -360,18 +365,24 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 			continue
 		}
 		deliver(&calls[i], c)
+		calls[i].fail(werr)
 	}
 	if len(again) > 0 {
 		// A server that lost its scripts (a restart, a failover), or
 		// that refused them before they ran (see refused): once more,
 		// with their sources, which EVAL caches.
 		pipe = l.pipe()
+		writes = false
 		for _, i := range again {
 			cmds[i] = sc.queue(ctx, pipe, &calls[i], true)
+			writes = writes || l.wait != nil && calls[i].writes()
 		}
+		ack = l.wait.queue(ctx, pipe, writes)
 		_, _ = pipe.Exec(ctx)
+		werr = l.wait.check(ack)
 		for _, i := range again {
 			deliver(&calls[i], cmds[i])
+			calls[i].fail(werr)
 		}
 	}
 	clear(cmds)

@@ -48,14 +48,13 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(runScript(ctx, b.shardFor(h).primary, acquireScript, []string{sk},
+	err = parseInts(b.shardFor(h).run(ctx, acquireScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10), t+p.TTL.Milliseconds(), p.Limit, b.marginMS), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, true)
 	}
 	if err != nil {
-		l := b.shardFor(h).primaryLane
-		return throttler.Decision{}, opError("acquire", key, p, storeError(l.store, l.dials, err))
+		return throttler.Decision{}, opError("acquire", key, p, err)
 	}
 	return backend.LeaseDecision(p, res[1], res[2], t, res[0] == 1), nil
 }
@@ -69,14 +68,13 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(runScript(ctx, b.shardFor(h).primary, releaseScript, []string{sk},
+	err = parseInts(b.shardFor(h).run(ctx, releaseScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10)), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, false)
 	}
 	if err != nil {
-		l := b.shardFor(h).primaryLane
-		return false, throttler.Decision{}, opError("release", key, p, storeError(l.store, l.dials, err))
+		return false, throttler.Decision{}, opError("release", key, p, err)
 	}
 	return res[0] == 1, backend.LeaseDecision(p, res[1], res[2], t, res[1] < p.Limit), nil
 }

@@ -130,6 +130,24 @@ type Options struct {
 	// would admit after another process refunds units or raises the Limit
 	// (see the over-limit cache in docs/backends-redis.md). default: 0, off
 	OverLimitCache int
+	// WaitReplicas makes every write (a Take, a Refund, a lease's Acquire
+	// or Release) wait until that many replicas of its primary hold it:
+	// WAIT, in the same pipeline as the script, so still one round trip.
+	// Fewer acknowledgements within WaitTimeout fail the call with
+	// ErrTooFewReplicas, a store failure, though the primary did write.
+	// It narrows what a failover can lose, it does not make Redis
+	// consistent ("Failover" in docs/backends-redis.md). Each primary must
+	// be a *goredis.Client (one server, or a FailoverClient). Negative is
+	// an error. default: 0, off (writes are acknowledged by the primary
+	// alone)
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT, rounded to whole milliseconds. Redis
+	// ends a WAIT that times out on its cron tick (100ms at its default hz
+	// of 10), so a shortfall can take that long: a Throttler's Timeout
+	// below it ends such calls first, a store failure too. It must be
+	// below each primary's ReadTimeout. Negative, below 1ms, or set while
+	// WaitReplicas is 0 is an error. default: 50ms when WaitReplicas > 0
+	WaitTimeout time.Duration
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -158,7 +176,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.OverLimitCache < 0 {
 		return out, fmt.Errorf("redis: Options.OverLimitCache must be >= 0 (0: off), got %d", out.OverLimitCache)
 	}
-	return out, nil
+	return out, waitDefaults(&out)
 }
 
 // Shard is one independent Redis of a sharded layout: a primary that takes
@@ -255,6 +273,9 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
 		}
 		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
+		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
+			return nil, err
+		}
 		for _, r := range sh.replicas {
 			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
 		}
