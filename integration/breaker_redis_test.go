@@ -107,7 +107,11 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	var mu sync.Mutex
 	stores := map[string]bool{}
 	var reached atomic.Int64 // Takes that reached the primary, not skipped by its breaker
-	const timeout, threshold = 100 * time.Millisecond, 5
+	// A Peek gives the replica half of the Timeout: 150 ms, so that on a
+	// loaded -race run the live replica still answers in its half (with
+	// 100 ms, 47 of 48 Peeks once failed on both, which opened the
+	// replicas' breaker).
+	const timeout, threshold = 300 * time.Millisecond, 5
 	th, err := throttler.New(b, &throttler.Options{Timeout: timeout, BreakerThreshold: threshold, BreakerCooldown: time.Minute,
 		Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
 			counts.observe(o)
@@ -131,6 +135,11 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	acked, err := pc.Wait(ctx, 1, 5*time.Second).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 1, acked, "the replica has the seeds")
+	for w := range workers { // and its connections are open before the pause
+		d, err := b.Peek(ctx, fmt.Sprint(run, "-", w), p, now)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, d.Used)
+	}
 
 	redisPause(t, primary)
 
