@@ -116,13 +116,14 @@ func (req *request) scriptArgs() []any {
 
 // lane batches the requests of one client.
 type lane struct {
-	c     Client
-	store string                   // the client's name in errors: "redis shard 1 (10.0.0.1:6379)"
-	dials *dialWatch               // nil: the client's dials are not watched
-	pipe  func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
-	max   int
-	stats *counters
-	wait  *waiter // nil: writes are not followed by WAIT (wait.go)
+	c       Client
+	scripts goredis.Scripter         // c's scripts, never re-sent (scriptsOf)
+	store   string                   // the client's name in errors: "redis shard 1 (10.0.0.1:6379)"
+	dials   *dialWatch               // nil: the client's dials are not watched
+	pipe    func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
+	max     int
+	stats   *counters
+	wait    *waiter // nil: writes are not followed by WAIT (wait.go)
 
 	one     bool // one server: a batch's windows go as one takes.lua call
 	always  bool // tests: every request goes through a batch (redisbatch.Always)
@@ -139,7 +140,7 @@ type lane struct {
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
-	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
+	l := &lane{c: c, scripts: scriptsOf(c), max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
 		slots: maxInFlight, batches: maxBatches}
 	switch x := c.(type) {
 	case *goredis.Client:
@@ -386,7 +387,7 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 		}
 	}
 	clear(cmds)
-	sc.cmds, sc.again = cmds[:0], again[:0]
+	sc.cmds, sc.again, sc.pipe.p = cmds[:0], again[:0], nil
 }
 
 // command is the requests one command answers: one request, or the Takes
@@ -413,6 +414,13 @@ type scratch struct {
 	first []int // by parameter set: the request whose arguments it takes
 	cmds  []goredis.Cmder
 	again []int
+	pipe  once // the batch's pipeline as a Scripter (once): no allocation per script
+}
+
+// once returns pipe as a Scripter whose scripts go-redis never re-sends.
+func (sc *scratch) once(pipe goredis.Pipeliner) *once {
+	sc.pipe.p = pipe
+	return &sc.pipe
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -502,9 +510,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, once{p: pipe}, []string{req.sk}, req.scriptArgs()...)
+			return scripts[req.fn].Eval(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, once{p: pipe}, []string{req.sk}, req.scriptArgs()...)
+		return scripts[req.fn].EvalSha(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
@@ -539,9 +547,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 	}
 	var cmd *goredis.Cmd
 	if source {
-		cmd = takesScript.Eval(ctx, once{p: pipe}, keys, args...)
+		cmd = takesScript.Eval(ctx, sc.once(pipe), keys, args...)
 	} else {
-		cmd = takesScript.EvalSha(ctx, once{p: pipe}, keys, args...)
+		cmd = takesScript.EvalSha(ctx, sc.once(pipe), keys, args...)
 	}
 	clear(keys)
 	clear(args)
@@ -608,22 +616,26 @@ func flatOK(c *command, vals []any) bool {
 	return at == len(vals)
 }
 
-// single runs one request on its own.
-func single(ctx context.Context, c Client, req *request) (any, error) {
+// single runs one request on its own, on l's client.
+func single(ctx context.Context, l *lane, req *request) (any, error) {
 	if req.fn == fnPeek {
-		return c.HMGet(ctx, req.sk, "u", "r").Result()
+		return l.c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return runScript(ctx, c, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
+	return runScript(ctx, l.scripts, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
 }
 
-// runScript runs s on c outside batches: EVALSHA, then EVAL on NOSCRIPT,
-// never re-sent by go-redis (once), and sent again once if the server
-// refused it before it ran.
-func runScript(ctx context.Context, c Client, s *goredis.Script, keys []string, args ...any) *goredis.Cmd {
-	var sc goredis.Scripter = c
+// scriptsOf is how c runs scripts: through once, never re-sent, when c
+// can send any command (every go-redis client); c itself otherwise.
+func scriptsOf(c Client) goredis.Scripter {
 	if p, ok := c.(processor); ok {
-		sc = once{p: p}
+		return &once{p: p}
 	}
+	return c
+}
+
+// runScript runs s through sc (scriptsOf) outside batches: EVALSHA, then
+// EVAL on NOSCRIPT, and once more if the server refused it before it ran.
+func runScript(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	cmd := s.Run(ctx, sc, keys, args...)
 	if refused(cmd.Err()) && ctx.Err() == nil {
 		cmd = s.Run(ctx, sc, keys, args...)
@@ -686,17 +698,17 @@ var (
 	_ processor = goredis.Pipeliner(nil)
 )
 
-func (o once) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+func (o *once) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
 	return o.run(ctx, "eval", script, keys, args)
 }
 
-func (o once) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
+func (o *once) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
 	return o.run(ctx, "evalsha", sha, keys, args)
 }
 
 // run sends name (eval or evalsha) as go-redis's Eval does, but as a
 // command that is never retried.
-func (o once) run(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
+func (o *once) run(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
 	a := make([]any, 3, 3+len(keys)+len(args))
 	a[0], a[1], a[2] = name, payload, len(keys)
 	for _, k := range keys {
