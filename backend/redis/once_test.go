@@ -53,6 +53,13 @@ func newScriptServer(t *testing.T, reply func(n int64) string) *scriptServer {
 	return s
 }
 
+// client is a client of s, speaking RESP2, closed when the test ends.
+func (s *scriptServer) client(t *testing.T) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: s.addr, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 func (s *scriptServer) serve(c net.Conn) {
 	defer c.Close()
 	r := bufio.NewReader(c)
@@ -123,9 +130,7 @@ func TestTakeRunsOnceWhenItsReplyIsLost(t *testing.T) {
 				alwaysBatch(t)
 			}
 			srv := newScriptServer(t, func(int64) string { return "" })
-			c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
-			defer c.Close()
-			b := newBackend(t, c, nil)
+			b := newBackend(t, srv.client(t), nil)
 			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err == nil {
 				t.Error("Take answered, want the lost reply's error")
 			}
@@ -186,9 +191,7 @@ func TestRefusedScriptIsSentAgainOnce(t *testing.T) {
 				}
 				return takeReply
 			})
-			c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
-			defer c.Close()
-			b := newBackend(t, c, nil)
+			b := newBackend(t, srv.client(t), nil)
 			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err != nil {
 				t.Errorf("first Take: %v, want the second attempt's answer", err)
 			}
@@ -206,9 +209,7 @@ func TestRefusedScriptIsSentAgainOnce(t *testing.T) {
 // attempt.
 func TestAcquireRunsOnceWhenItsReplyIsLost(t *testing.T) {
 	srv := newScriptServer(t, func(int64) string { return "" })
-	c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
-	defer c.Close()
-	b := newBackend(t, c, nil)
+	b := newBackend(t, srv.client(t), nil)
 	if _, err := b.Acquire(context.Background(), "k", leasePolicy, 1, t0); err == nil {
 		t.Error("Acquire answered, want the lost reply's error")
 	}
@@ -242,9 +243,7 @@ func (c *lateContext) Err() error {
 func TestBatchTimeoutReturnsAfterTheCallersDeadline(t *testing.T) {
 	alwaysBatch(t)
 	srv := newScriptServer(t, func(int64) string { return takeReply })
-	c := goredis.NewClient(&goredis.Options{Addr: srv.addr, Protocol: 2, DisableIdentity: true})
-	defer c.Close()
-	l := newLane(c, 128, new(counters))
+	l := newLane(srv.client(t), 128, new(counters))
 	ctx := &lateContext{Context: context.Background(), deadline: time.Now().Add(-time.Millisecond), done: make(chan struct{})}
 	go func() {
 		time.Sleep(20 * time.Millisecond) // the context's timer, late
