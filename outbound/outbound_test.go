@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/outbound"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -765,7 +766,7 @@ func TestAgainstThrottlekitsMiddleware(t *testing.T) {
 				w := newWorld()
 				server, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
 				require.NoError(t, err)
-				mw, err := server.Middleware(tc.p.Named("api"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: ietf})
+				mw, err := httplimit.Rate(server, tc.p.Named("api"), httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: ietf})
 				require.NoError(t, err)
 				var statuses []int
 				var at []time.Time

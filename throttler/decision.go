@@ -1,10 +1,6 @@
 package throttler
 
-import (
-	"time"
-
-	"github.com/throttlekit/throttlekit/internal/httpheaders"
-)
+import "time"
 
 // Decision is the state of one key's window after an operation, as the
 // backend saw it in the same single call that decided.
@@ -41,8 +37,3 @@ type Decision struct {
 // Known reports whether d carries a real count (false only for a degraded
 // decision made without any backend).
 func (d Decision) Known() bool { return !d.ResetAt.IsZero() }
-
-// ResetUnix is ResetAt in Unix seconds, rounded up so that a client waiting
-// until that second is never early: the value of X-RateLimit-Reset, except
-// where the middleware names a later instant (see Middleware).
-func (d Decision) ResetUnix() int64 { return httpheaders.UnixCeil(d.ResetAt) }

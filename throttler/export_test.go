@@ -13,7 +13,3 @@ func Breakers(t *Throttler) int {
 	}
 	return 0
 }
-
-// ResetOf is the instant the middleware's X-RateLimit-Reset names for d,
-// made at now under p.
-func ResetOf(p Policy, d Decision, now time.Time) time.Time { return resetOf(p, d, now) }

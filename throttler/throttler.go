@@ -176,9 +176,9 @@ func (o *Options) withDefaults() (Options, error) {
 
 // Throttler applies policies to keys over a Backend. It owns the clock, the
 // per-call timeout and what happens when the backend fails. It is safe for
-// concurrent use; most callers want Allow, or Middleware for HTTP. The zero
-// value has no backend: build one with New (a zero or nil Throttler answers
-// every call with an error, never a panic).
+// concurrent use; most callers want Allow (or package httplimit, for HTTP).
+// The zero value has no backend: build one with New (a zero or nil
+// Throttler answers every call with an error, never a panic).
 type Throttler struct {
 	backend Backend
 	opts    Options
@@ -332,8 +332,9 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	return t.doAt(ctx, &r)
 }
 
-// takeOne is Allow for the middleware, which also needs the instant the
-// decision was made at for its headers: the one reading of the clock.
+// takeOne is Allow for the HTTP edge (see edge.go), which also needs the
+// instant the decision was made at for its headers: the one reading of the
+// clock.
 func (t *Throttler) takeOne(ctx context.Context, key string, p Policy) (Decision, time.Time, error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.p, r.n = OpTake, key, p, 1

@@ -1,4 +1,4 @@
-package httpheaders_test
+package httplimit
 
 import (
 	"net/http"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/throttlekit/throttlekit/internal/httpheaders"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 func TestCeilSeconds(t *testing.T) {
@@ -22,27 +22,29 @@ func TestCeilSeconds(t *testing.T) {
 		{time.Second + time.Millisecond, 2},
 		{50 * time.Second, 50},
 	} {
-		assert.Equal(t, tc.want, httpheaders.CeilSeconds(tc.d), "%v", tc.d)
+		assert.Equal(t, tc.want, ceilSeconds(tc.d), "%v", tc.d)
 	}
 }
 
 func TestUnixCeil(t *testing.T) {
 	at := time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
-	assert.Equal(t, at.Unix(), httpheaders.UnixCeil(at), "a whole second is itself")
-	assert.Equal(t, at.Unix()+1, httpheaders.UnixCeil(at.Add(time.Nanosecond)))
-	assert.Equal(t, at.Unix()+1, httpheaders.UnixCeil(at.Add(999*time.Millisecond)))
+	assert.Equal(t, at.Unix(), unixCeil(at), "a whole second is itself")
+	assert.Equal(t, at.Unix()+1, unixCeil(at.Add(time.Nanosecond)))
+	assert.Equal(t, at.Unix()+1, unixCeil(at.Add(999*time.Millisecond)))
 }
 
-func TestSetCounts(t *testing.T) {
+func TestSetHeaders(t *testing.T) {
 	at := time.Date(2031, time.March, 4, 5, 6, 7, 250_000_000, time.UTC)
 	h := http.Header{}
-	httpheaders.SetCounts(h, 10, 3, 7, at)
+	setHeaders(h, "", throttler.Decision{Limit: 10, Remaining: 3, Used: 7}, at)
 	assert.Equal(t, http.Header{
 		"X-Ratelimit-Limit":     {"10"},
 		"X-Ratelimit-Remaining": {"3"},
 		"X-Ratelimit-Used":      {"7"},
 		"X-Ratelimit-Reset":     {"1930367168"},
 	}, h)
-	httpheaders.SetCounts(h, 10, 0, 0, time.Time{})
+	setHeaders(h, "", throttler.Decision{Limit: 10}, time.Time{})
 	assert.Equal(t, http.Header{"X-Ratelimit-Limit": {"10"}}, h, "no count is claimed when none is known")
+	setHeaders(h, "core", throttler.Decision{Limit: 10}, time.Time{})
+	assert.Equal(t, http.Header{"X-Ratelimit-Limit": {"10"}, "X-Ratelimit-Resource": {"core"}}, h, "a named limit names itself")
 }
