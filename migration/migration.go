@@ -196,9 +196,11 @@ func (m *Migration) InProcess() bool { return m.router.InProcess() }
 // context (see backend.ContextBlind).
 func (m *Migration) IgnoresContext() bool { return m.router.IgnoresContext() }
 
-// Store names the store the call for key under p reaches now (see
+// Store names the store op for key under p reaches now (see
 // backend.Stores and Migration).
-func (m *Migration) Store(key string, p throttler.Policy) string { return m.router.Store(key, p) }
+func (m *Migration) Store(op throttler.Op, key string, p throttler.Policy) string {
+	return m.router.Store(op, key, p)
+}
 
 // optionsError renames a shadow's refusal of its options: the backends are
 // checked before, so shadow.New can only fail as "shadow: Options.<field>

@@ -310,7 +310,7 @@ func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, t
 		if t.opts.Observe != nil {
 			var store string
 			if t.stores != nil {
-				store = t.stores.Store(key, p)
+				store = t.stores.Store(OpRefund, key, p)
 			}
 			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
@@ -373,7 +373,7 @@ func (t *Throttler) start(r *request) {
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	var store string
 	if t.stores != nil {
-		store = t.stores.Store(r.key, r.p)
+		store = t.stores.Store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	if t.opts.Observe != nil {

@@ -697,8 +697,8 @@ var _ backend.Stores = (*Backend)(nil)
 // Options.Selector picks it ("memcached 10.0.0.2:11211"; see
 // backend.Stores), or "" without a Selector. For a fixed window that is
 // the head's server: a window's counter may live on another, and a failure
-// there is blamed on that server (see classify).
-func (b *Backend) Store(key string, p throttler.Policy) string {
+// there is blamed on that server (see classify). Every op reaches it.
+func (b *Backend) Store(_ throttler.Op, key string, p throttler.Policy) string {
 	if b.opts.Selector == nil {
 		return ""
 	}

@@ -114,12 +114,14 @@ func (c *command) writes() bool {
 // the command's error.
 func (w *waiter) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	pipe := w.pipe()
-	cmd := script.EvalSha(ctx, pipe, keys, args...)
+	cmd := script.EvalSha(ctx, &once{p: pipe}, keys, args...)
 	ack := w.send(ctx, pipe)
 	_, _ = pipe.Exec(ctx)
-	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if goredis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") || refused(cmd.Err()) && ctx.Err() == nil {
+		// Not cached, or refused before it ran (see refused): once more,
+		// with the source.
 		pipe = w.pipe()
-		cmd = script.Eval(ctx, pipe, keys, args...)
+		cmd = script.Eval(ctx, &once{p: pipe}, keys, args...)
 		ack = w.send(ctx, pipe)
 		_, _ = pipe.Exec(ctx)
 	}
@@ -180,16 +182,16 @@ func (c *command) fail(err error) {
 // lane waits.
 func (l *lane) single(ctx context.Context, req *request) (any, error) {
 	if l.wait == nil || !req.writes() {
-		return single(ctx, l.c, req)
+		return single(ctx, l, req)
 	}
 	return l.wait.run(ctx, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
 }
 
 // run runs a write script outside batches (a lease's) on s's primary:
-// Script.Run, with WAIT after it when the backend waits for replicas.
+// runScript, with WAIT after it when the backend waits for replicas.
 func (s *shard) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	if s.primaryLane.wait == nil {
-		return script.Run(ctx, s.primary, keys, args...)
+		return runScript(ctx, s.primaryLane.scripts, script, keys, args...)
 	}
 	return s.primaryLane.wait.run(ctx, script, keys, args...)
 }
