@@ -235,9 +235,12 @@ type Stats struct {
 	// Reverse compares the old store against the new one, for the keys the
 	// new one serves: it shows that a rollback would land on warm counts.
 	Reverse shadow.Stats
-	// Routed counts the calls served by each store: a moving key's call
-	// counts for the store that serves it now.
-	Routed flags.Stats // lease calls included, and counted in its Leases
+	// Routed is the router's count of the calls served by each store, lease
+	// calls included: a moving key's call counts for the store that serves
+	// it now. Its Leases counts the lease calls made through a shadow; those
+	// made on both stores directly (a moving key's, the Release of a lease
+	// the router did not remember) count in Old and New only.
+	Routed flags.Stats
 	// Moving counts the calls for moving keys, made on both stores.
 	Moving MovingStats
 }
