@@ -362,3 +362,81 @@ func TestSteadyStateMemoryIsBounded(t *testing.T) {
 	}
 	assert.Less(t, most, 10_000, "at most the last few seconds' keys, of 60,000")
 }
+
+// ClockHold holds from a backend's first call: a client spends its hour, the
+// clock jumps a day ahead while another key makes enough calls for sweeps,
+// and comes back a second later. The client must find its hour spent, on
+// every algorithm, with one shard and with the defaults (where the clients
+// spread over shards with random seeds: many clients, many runs).
+func TestClockHoldHoldsFromTheFirstCall(t *testing.T) {
+	ctx := context.Background()
+	algs := []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow}
+	for _, alg := range algs {
+		for _, tc := range []struct {
+			name          string
+			opts          *memory.Options
+			clients, runs int
+		}{
+			{"one shard", &memory.Options{Shards: 1}, 1, 1},
+			{"defaults", nil, 100, 10},
+		} {
+			t.Run(fmt.Sprintf("%v/%s", alg, tc.name), func(t *testing.T) {
+				p := throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour, Algorithm: alg}
+				admitted := 0
+				for run := 0; run < tc.runs; run++ {
+					b, clock := newWithClock(t, tc.opts)
+					for c := 0; c < tc.clients; c++ {
+						d, err := b.Take(ctx, fmt.Sprint("client", c), p, 10, t0)
+						require.NoError(t, err)
+						require.True(t, d.Allowed)
+					}
+					clock.set(time.Millisecond)
+					for i := 0; i < 1100; i++ {
+						_, err := b.Take(ctx, "other", p, 1, t0.Add(24*time.Hour))
+						require.NoError(t, err)
+					}
+					clock.set(2 * time.Millisecond)
+					for c := 0; c < tc.clients; c++ {
+						d, err := b.Take(ctx, fmt.Sprint("client", c), p, 1, t0.Add(time.Second))
+						require.NoError(t, err)
+						if d.Allowed {
+							admitted++
+						}
+					}
+				}
+				assert.Zero(t, admitted, "units admitted beyond spent hours")
+			})
+		}
+	}
+}
+
+// The same after an idle spell longer than 2·ClockHold: the client's calls
+// still vouch for the clock they showed, moved on by the real time passed,
+// so its state answers as in a backend that saw no other key.
+func TestClockHoldHoldsAfterIdle(t *testing.T) {
+	ctx := context.Background()
+	idle := 25 * time.Minute // ClockHold is 10m
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour, Algorithm: alg}
+			alone, clockA := newWithClock(t, &memory.Options{Shards: 1})
+			busy, clockB := newWithClock(t, &memory.Options{Shards: 1})
+			for _, b := range []*memory.Backend{alone, busy} {
+				_, err := b.Take(ctx, "client", p, 10, t0)
+				require.NoError(t, err)
+			}
+			clockA.set(idle)
+			clockB.set(idle)
+			for i := 0; i < 1100; i++ {
+				_, err := busy.Take(ctx, "other", p, 1, t0.Add(idle+24*time.Hour))
+				require.NoError(t, err)
+			}
+			at := t0.Add(idle + time.Second)
+			want, err := alone.Take(ctx, "client", p, 1, at)
+			require.NoError(t, err)
+			got, err := busy.Take(ctx, "client", p, 1, at)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+		})
+	}
+}

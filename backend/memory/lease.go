@@ -40,7 +40,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	pid := leaseIdent(p)
@@ -70,7 +70,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	var none backend.LeaseSet

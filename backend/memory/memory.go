@@ -12,26 +12,32 @@
 // counter pair two windows on), and sweeps, made by the calls themselves,
 // drop it. Dropped state answers like none only for a now at or after its
 // end, so what matters is which nows the backend will still be asked
-// about. A sweep drops the state that ended Options.Lag before the callers'
-// clock as the backend trusts it, which is never ahead of
+// about. A sweep drops the state that ended Options.Lag before the
+// callers' clock as the backend trusts it: the monotonic clock plus the
+// lowest offset (now − monotonic time) that its clock guard recorded in
+// the last ClockHold to 2·ClockHold of real time, and the last one of the
+// newest spell before that which recorded any. The guard records
 //
-//   - the now of the call that sweeps, nor
-//   - the lowest clock a sweeping call showed in the last ClockHold to
-//     2·ClockHold of real time, moved on by the real time passed since: the
-//     monotonic clock, read once per sweep, never per call.
+//   - the now of each call that sweeps, and
+//   - before any sweep of a shard, the lowest now of the shard's calls
+//     since its last sweep, forgiven Lag, with the monotonic time of the
+//     call that showed it (read only by a call that lowers it: about once
+//     per sweep under a clock that moves on, never per call).
 //
-// So a call whose now trails the clock by up to Lag (a goroutine that read
-// the clock and called later, a shadow's mirrored call) finds its state,
-// and two backends given the same calls for a key answer alike whatever
-// other keys' calls do. One call with a now far in the future moves
-// cleanup nowhere, even as the first call of a new backend (then its now is
-// trusted only as far as its shard's recent calls vouch for it). A clock
-// that steps forward moves cleanup only as fast as real time passes, so if
-// it comes back within ClockHold no state was lost; one that stays stepped
-// for 2·ClockHold is trusted from then on. A clock that steps back makes
-// cleanup later, never earlier. Under a steady clock, state goes about Lag
-// after it ends, plus the time its shard takes to make a sweep's worth of
-// calls.
+// So every call's now, a new backend's first call included, reaches the
+// guard before a sweep of its shard can drop the state it made: the
+// trusted clock never runs ahead of what the calls showed, moved on by
+// real time. A call whose now trails the clock by up to Lag (a goroutine
+// that read the clock and called later, a shadow's mirrored call) finds
+// its state, and two backends given the same calls for a key answer alike
+// whatever other keys' calls do. One call with a now far in the future
+// moves cleanup nowhere. A clock that steps forward moves cleanup only as
+// fast as real time passes, so if it comes back within ClockHold no state
+// was lost, on a new backend or after any idle spell; one that stays
+// stepped for ClockHold to 2·ClockHold is trusted from then on. A clock
+// that steps back makes cleanup later, never earlier. Under a steady
+// clock, state goes about Lag after it ends, plus the time its shard takes
+// to make a sweep's worth of calls.
 package memory
 
 import (
@@ -156,7 +162,7 @@ func New(opts *Options) (*Backend, error) {
 		shards:     make([]shard, o.Shards),
 		shardShift: 64,
 		lag:        o.Lag.Milliseconds(),
-		guard:      clockGuard{hold: o.ClockHold.Milliseconds()},
+		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds())},
 		mono:       func() time.Duration { return time.Since(start) },
 		maxKeys:    int64(o.MaxKeys),
 		errFull: fmt.Errorf("%w: the table holds Options.MaxKeys (%d) states, none of them ended; "+
@@ -214,7 +220,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	w := s.table.find(h, key, ident(p))
@@ -252,7 +258,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
@@ -266,7 +272,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
