@@ -21,9 +21,16 @@ type shard struct {
 	// ref is the last sweep's reference instant, kept when a sweep knows
 	// no clock at all.
 	ref       int64
-	sinceScan int      // calls since the last sweep
-	peak      int      // the most states held since the last sweep
-	_         [48]byte // 128 bytes: shards side by side share no cache line
+	sinceScan int // calls since the last sweep
+	peak      int // the most states held since the last sweep
+	// Eviction (evict.go): the second tier, the CLOCK hand, evictions
+	// since the last sweep, and the counts for Stats.
+	tier            tier
+	hand            int
+	sinceSweepEvict int
+	evictions       uint64
+	tierHits        uint64
+	_               [112]byte // 256 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {
@@ -53,6 +60,7 @@ func (b *Backend) sweep(s *shard, now int64, called bool) {
 		s.table.resize(sizeFor(s.peak))
 	}
 	s.peak = s.table.live
+	s.forgetEnded()
 }
 
 // reference is the instant by which a sweep of the locked shard s may drop
@@ -96,63 +104,9 @@ func (b *Backend) makeRoom(s *shard, now int64) {
 
 // dropped accounts for n states a sweep dropped.
 func (b *Backend) dropped(n int) {
-	if b.maxKeys > 0 && n > 0 {
+	if n > 0 {
 		b.keys.Add(-int64(n))
 	}
-}
-
-// reserve counts a new state against MaxKeys, for a call at ms in the
-// locked shard s. When the table is full it first sweeps every shard for
-// ended state (see reclaim).
-func (b *Backend) reserve(s *shard, ms int64) bool {
-	if b.take1() {
-		return true
-	}
-	b.reclaim(s, ms)
-	return b.take1()
-}
-
-// take1 counts one more state if the bound allows it, exactly under any
-// concurrency.
-func (b *Backend) take1() bool {
-	for {
-		n := b.keys.Load()
-		if n >= b.maxKeys {
-			return false
-		}
-		if b.keys.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
-}
-
-// fullSweepShare bounds the time a full table spends sweeping for room:
-// after a sweep of every shard that took d, the next waits 19·d, so a flood
-// of new keys costs at most a twentieth of a core in sweeps.
-const fullSweepShare = 20
-
-// reclaim sweeps every shard of a full table for ended state: s (locked by
-// the caller) with its call's now, and each other shard that no one holds
-// (TryLock: never waiting, so no lock order to keep). At most one runs at a
-// time, and not again until fullSweepShare times its duration has passed:
-// a call that finds one running or too recent is refused at once.
-func (b *Backend) reclaim(s *shard, ms int64) {
-	start := b.mono()
-	if start.Nanoseconds() < b.nextFull.Load() || !b.fullSweep.CompareAndSwap(false, true) {
-		return
-	}
-	defer b.fullSweep.Store(false)
-	b.fullSweeps.Add(1)
-	b.sweep(s, ms, true)
-	for i := range b.shards {
-		o := &b.shards[i]
-		if o != s && o.mu.TryLock() {
-			b.sweep(o, 0, false)
-			o.mu.Unlock()
-		}
-	}
-	end := b.mono()
-	b.nextFull.Store(end.Nanoseconds() + (fullSweepShare-1)*(end-start).Nanoseconds())
 }
 
 // clockGuard is the callers' clock as cleanup trusts it. Sweeps record

@@ -3,14 +3,32 @@
 //
 // State lives in a fixed number of shards, each a hash table behind its own
 // mutex, so goroutines working on different keys rarely contend and every
-// operation on one key is atomic. The backend starts no goroutines.
+// operation on one key is atomic.
+//
+// # Bound and eviction
+//
+// The table holds at most Options.MaxKeys (key, policy) states
+// (DefaultMaxKeys unless set), each shard its share. A full shard never
+// refuses a rate limit's key and never hands one a fresh window: it drops
+// what has ended, else evicts a seldom used live state into its second
+// tier, a fixed array of cells keyed by a hash of (key, policy) that keeps
+// what the state counted and until when. A cell that two states share
+// keeps the stricter of each (more units, later end), so the second tier
+// may over-count, never under-count: a key that returns after eviction is
+// answered at least as strictly as its state would have been, and a new key
+// only in the rare case that its fingerprint matches a shared cell (see
+// evict.go for each algorithm's rule). Stats counts evictions and the
+// calls the second tier answered.
 //
 // # Cleanup
 //
 // State ends by the now values callers pass (a fixed window at its
 // ResetAt, a bucket when full again, a log when its newest entry ends, a
-// counter pair two windows on), and sweeps, made by the calls themselves,
-// drop it. Dropped state answers like none only for a now at or after its
+// counter pair two windows on), and sweeps drop it: sweeps made by the
+// calls themselves, and while the backend holds anything, a sweep of every
+// shard each Options.SweepEvery by a timer (no goroutine between sweeps;
+// Close stops it), so memory returns to its baseline within SweepEvery of
+// the end of the last state plus Lag, without calls to drive it. Dropped state answers like none only for a now at or after its
 // end, so what matters is which nows the backend will still be asked
 // about. A sweep drops the state that ended Options.Lag before the
 // callers' clock as the backend trusts it: the monotonic clock plus the
@@ -52,23 +70,27 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// ErrFull is returned by Take for a key the table has no room for: it
-// holds Options.MaxKeys (key, policy) states and none of them has ended.
-// The keys it holds keep being limited; their state is never evicted to
-// make room, since that would hand their clients a fresh window. A
-// Throttler applies its failure mode to the call.
+// ErrFull is returned by Acquire for a key the table has no room for: its
+// shard holds its share of Options.MaxKeys states and all of them are
+// concurrency limits' leases, which are never evicted. Rate limits never
+// get it: a full shard evicts (see Eviction).
 var ErrFull = errors.New("memory: full")
+
+// DefaultMaxKeys is Options.MaxKeys' default: 786,432 states, 3,072 in each
+// of the default 256 shards (three quarters of a 4,096-slot table), about
+// 120 MiB with the second tier in use; see Eviction.
+const DefaultMaxKeys = 3 << 18
 
 // Options configure a Backend. The zero value (or nil) means defaults.
 type Options struct {
 	// Shards is the number of independently locked maps, rounded up to a
 	// power of two, at most 65536. default: 256
 	Shards int
-	// MaxKeys bounds the (key, policy) states the whole table holds. When
-	// it is full, a Take that needs a new state first has every shard drop
-	// what has ended (at most a twentieth of the time: a flood of new keys
-	// is refused without a sweep each); if that frees nothing it fails with
-	// ErrFull. default: 0, no bound
+	// MaxKeys bounds the (key, policy) states the whole table holds: each
+	// shard holds at most MaxKeys/Shards (at least one). A full shard
+	// makes room by dropping ended state or evicting the least recently
+	// used live state to its second tier, which keeps what it counted
+	// (see Eviction). default: DefaultMaxKeys
 	MaxKeys int
 	// Lag is how far behind the other calls a call's now may be and still
 	// find its state: cleanup keeps ended state this long (see Cleanup).
@@ -79,6 +101,10 @@ type Options struct {
 	// forward and back within it costs no key its state. Longer keeps the
 	// state made after a lasting step longer. default: 10m
 	ClockHold time.Duration
+	// SweepEvery is how often, while the backend holds any state, a
+	// timer sweeps every shard for ended state, with no call to drive it;
+	// Close stops it. default: 1s
+	SweepEvery time.Duration
 }
 
 // maxShards bounds Options.Shards: more locks than this buy nothing on any
@@ -94,7 +120,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("memory: Options.Shards must be between 0 (default) and %d, got %d", maxShards, out.Shards)
 	}
 	if out.MaxKeys < 0 {
-		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: no bound), got %d", out.MaxKeys)
+		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: the default, %d), got %d", DefaultMaxKeys, out.MaxKeys)
+	}
+	if out.SweepEvery < 0 {
+		return out, fmt.Errorf("memory: Options.SweepEvery must be >= 0 (0: the default, 1s), got %v", out.SweepEvery)
 	}
 	if out.Lag < 0 {
 		return out, fmt.Errorf("memory: Options.Lag must be >= 0 (0: the default, 1s), got %v", out.Lag)
@@ -104,6 +133,12 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if out.Shards == 0 {
 		out.Shards = 256
+	}
+	if out.MaxKeys == 0 {
+		out.MaxKeys = DefaultMaxKeys
+	}
+	if out.SweepEvery == 0 {
+		out.SweepEvery = time.Second
 	}
 	if out.Lag == 0 {
 		out.Lag = time.Second
@@ -132,12 +167,14 @@ type Backend struct {
 	// (export_test.go).
 	mono func() time.Duration
 
-	maxKeys    int64        // Options.MaxKeys; 0: no bound
-	keys       atomic.Int64 // states held, counted when maxKeys > 0
-	errFull    error        // ErrFull, saying what the bound is
-	fullSweep  atomic.Bool  // a sweep of every shard for room is running
-	nextFull   atomic.Int64 // mono ns before which no other may start
-	fullSweeps atomic.Int64 // how many ran, for tests
+	maxKeys int64        // Options.MaxKeys
+	quota   int          // the states a shard may hold: its share of MaxKeys, rounded up
+	keys    atomic.Int64 // states held
+	// elsewhere picks where evictElsewhere starts looking.
+	elsewhere atomic.Uint32
+	errFull   error // ErrFull, saying what the bound is
+
+	sweeper sweeper
 }
 
 var (
@@ -165,9 +202,13 @@ func New(opts *Options) (*Backend, error) {
 		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds())},
 		mono:       func() time.Duration { return time.Since(start) },
 		maxKeys:    int64(o.MaxKeys),
-		errFull: fmt.Errorf("%w: the table holds Options.MaxKeys (%d) states, none of them ended; "+
-			"a new key is refused until one ends, and the keys held are still limited", ErrFull, o.MaxKeys),
+		quota:      (o.MaxKeys + o.Shards - 1) / o.Shards,
+		errFull: fmt.Errorf("%w: a shard holds its share of Options.MaxKeys (%d), all of them leases; "+
+			"a new key's lease is refused until one ends", ErrFull, o.MaxKeys),
 	}
+	b.sweeper.every = o.SweepEvery
+	b.sweeper.sweep = b.sweepAll
+	b.sweeper.holding = func() bool { return b.keys.Load() > 0 }
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
 	}
@@ -177,19 +218,45 @@ func New(opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// Close releases the stored state. The Backend starts no goroutines, so
-// Close only exists to free memory early; it returns nil.
+// Close stops the sweeper and releases the stored state; it returns nil.
+// A Backend must not be used after Close.
 func (b *Backend) Close() error {
+	b.sweeper.stop()
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		if b.maxKeys > 0 {
-			b.keys.Add(-int64(s.table.live))
-		}
-		s.table = table{}
+		b.keys.Add(-int64(s.table.live))
+		s.table, s.tier = table{}, tier{}
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// Stats are a Backend's counts: what it holds and what making room cost.
+type Stats struct {
+	// Keys is how many (key, policy) states are held now, ended ones not
+	// yet reclaimed included.
+	Keys int
+	// Evictions counts live states moved to the second tier to make room
+	// in a full shard.
+	Evictions uint64
+	// SecondTierHits counts calls that found no state but answered from
+	// one the second tier remembered.
+	SecondTierHits uint64
+}
+
+// Stats reads the counts, locking each shard in turn.
+func (b *Backend) Stats() Stats {
+	var st Stats
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		st.Keys += s.table.live
+		st.Evictions += s.evictions
+		st.SecondTierHits += s.tierHits
+		s.mu.Unlock()
+	}
+	return st
 }
 
 // Len reports how many (key, policy) states are stored, ended ones not yet
@@ -225,6 +292,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	}
 	w := s.table.find(h, key, ident(p))
 	if w != nil {
+		w.used1()
 		// The common case, stored state that admits the Take: each
 		// algorithm's arithmetic for it alone (fast.go), and the
 		// Decision that the general path would build for it.
@@ -248,7 +316,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, 0, ms, now)
+	return b.answer(s, h, w, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
@@ -261,7 +329,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
+	return b.answer(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
@@ -275,7 +343,28 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+	return b.answer(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+}
+
+// answer is apply, for a (key, p) with no state in the table (w nil) from
+// the state the second tier remembers for it, if any: a Peek reads it in
+// place, and a Take or Refund brings it back into the table first.
+func (b *Backend) answer(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+	if w != nil {
+		w.used1()
+	} else if old, ok := b.recall(s, h, p, ms, op != throttler.OpPeek); ok {
+		w = &old
+		if op != throttler.OpPeek {
+			n, err := b.make(s, h, nil, key, p, ms)
+			if err != nil {
+				s.mu.Unlock()
+				return throttler.Decision{}, err
+			}
+			n.used, n.resetAt, n.prev, n.window, n.end, n.log = old.used, old.resetAt, old.prev, old.window, old.end, old.log
+			w = n
+		}
+	}
+	return b.apply(s, h, w, op, key, p, cost, r, ms, now)
 }
 
 // apply runs op at ms (now in Unix ms; r a Refund's receipt) on the slot w
@@ -369,23 +458,24 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string
 }
 
 // make returns w, or when it is nil a new slot for (key, p) in the locked
-// shard s, for a call at ms: ErrFull (b.errFull) when the table is full.
+// shard s, for a call at ms.
 func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, ms int64) (*slot, error) {
 	return b.makeSlot(s, h, w, key, ident(*p), ms)
 }
 
-// makeSlot is make for a slot of identity id.
+// makeSlot is make for a slot of identity id (see room).
 func (b *Backend) makeSlot(s *shard, h uint64, w *slot, key string, id policyID, ms int64) (*slot, error) {
 	if w != nil {
 		return w, nil
 	}
-	if b.maxKeys > 0 && !b.reserve(s, ms) {
+	if !b.room(s, ms, id.alg == leaseAlg) {
 		return nil, b.errFull
 	}
 	if s.table.crowded() {
 		b.makeRoom(s, ms)
 	}
 	s.peak = max(s.peak, s.table.live+1)
+	b.sweeper.arm()
 	return s.table.insert(h, key, id), nil
 }
 

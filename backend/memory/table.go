@@ -34,6 +34,7 @@ type slot struct {
 	end     int64              // Unix ms from which the state answers like none: a sweep may drop it
 	log     *backend.LogBuffer // a sliding log's entries, apart so that other algorithms' slots stay small
 	leases  *backend.LeaseSet  // a concurrency limit's leases (lease.go), apart likewise
+	uses    uint8              // calls since the eviction hand last passed, up to maxUses (evict.go)
 }
 
 // policyID is a policy's storage identity: its name and algorithm, or for

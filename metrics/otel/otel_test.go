@@ -3,6 +3,7 @@ package throttleotel_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -12,8 +13,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 func newMetrics(t *testing.T, o *throttleotel.Options) (*throttleotel.Metrics, *sdkmetric.ManualReader) {
@@ -210,4 +213,28 @@ func TestBatchingCollect(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int64{"1": 6, "2-3": 1, "4-7": 0, "8-15": 3, "16-31": 0, "32-63": 0, "64-127": 0, "128+": 0}, sizes)
 	assert.EqualError(t, m.AddBatching("other", nil), `throttleotel: AddBatching "other": nil`)
+}
+
+// An in-process backend's counts as observable instruments, under
+// throttlekit.backend=name: a table of one key that two keys share.
+func TestMemoryCollect(t *testing.T) {
+	m, reader := newMetrics(t, nil)
+	mem, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mem.Close() })
+	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	p := throttler.PerHour(10)
+	for _, k := range []string{"a", "b", "a"} {
+		_, err := mem.Take(context.Background(), k, p, 1, time.Unix(1e9, 0))
+		require.NoError(t, err)
+	}
+	got := collect(t, reader)
+	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "embedded")) }
+	metricdatatest.AssertAggregationsEqual(t, one(2), got["throttlekit.memory.evictions"].Data, metricdatatest.IgnoreTimestamp())
+	metricdatatest.AssertAggregationsEqual(t, one(1), got["throttlekit.memory.second_tier_hits"].Data, metricdatatest.IgnoreTimestamp())
+	keys, ok := got["throttlekit.memory.keys"].Data.(metricdata.Gauge[int64])
+	require.True(t, ok)
+	require.Len(t, keys.DataPoints, 1)
+	assert.Equal(t, int64(1), keys.DataPoints[0].Value)
+	assert.EqualError(t, m.AddMemory("other", nil), `throttleotel: AddMemory "other": nil`)
 }

@@ -1,6 +1,7 @@
 package throttleprom_test
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -301,4 +303,35 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys"))
 	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `throttleprom: AddBatching "redis": name already added`)
 	assert.EqualError(t, m.AddBatching("other", nil), `throttleprom: AddBatching "other": nil`)
+}
+
+// An in-process backend's counts, read at each scrape under backend=name:
+// here a table of one key that two keys share, so one was evicted and
+// came back from the second tier, evicting the other.
+func TestMemoryScrape(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	mem, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = mem.Close() })
+	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	p := throttler.PerHour(10)
+	for _, k := range []string{"a", "b", "a"} {
+		_, err := mem.Take(context.Background(), k, p, 1, time.Unix(1e9, 0))
+		require.NoError(t, err)
+	}
+	want := `
+# HELP throttlekit_memory_evictions_total Live states a full in-process backend moved to its second tier to make room.
+# TYPE throttlekit_memory_evictions_total counter
+throttlekit_memory_evictions_total{backend="embedded"} 2
+# HELP throttlekit_memory_keys (key, policy) states an in-process backend holds, bounded by its MaxKeys.
+# TYPE throttlekit_memory_keys gauge
+throttlekit_memory_keys{backend="embedded"} 1
+# HELP throttlekit_memory_second_tier_hits_total Calls an in-process backend answered from a state its second tier remembered (may over-count, never under).
+# TYPE throttlekit_memory_second_tier_hits_total counter
+throttlekit_memory_second_tier_hits_total{backend="embedded"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total"))
+	assert.EqualError(t, m.AddMemory("embedded", mem.Stats), `throttleprom: AddMemory "embedded": name already added`)
+	assert.EqualError(t, m.AddMemory("other", nil), `throttleprom: AddMemory "other": nil`)
 }
