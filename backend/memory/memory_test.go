@@ -43,7 +43,6 @@ type monoClock struct{ d atomic.Int64 }
 
 func (c *monoClock) read() time.Duration { return time.Duration(c.d.Load()) }
 func (c *monoClock) set(d time.Duration) { c.d.Store(int64(d)) }
-func (c *monoClock) add(d time.Duration) { c.d.Add(int64(d)) }
 
 func newWithClock(t testing.TB, o *memory.Options) (*memory.Backend, *monoClock) {
 	t.Helper()
