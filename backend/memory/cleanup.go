@@ -30,7 +30,8 @@ type shard struct {
 	sinceSweepEvict int
 	evictions       uint64
 	tierHits        uint64
-	_               [112]byte // 256 bytes: shards side by side share no cache line
+	last            lastPolicy // the policy of the shard's last call (idents.go)
+	_               [16]byte   // 256 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {

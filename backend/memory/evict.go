@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"hash/maphash"
 	"math"
 	"math/bits"
 
@@ -88,8 +87,8 @@ func uncount(n uint32, limit int64) int64 {
 // tierKey is where (key, policy) lives in the second tier: a hash of the
 // key's hash and the policy's identity, whose low bits pick the cell and
 // whose high bits are the fingerprint (three of 64 mask bits).
-func (b *Backend) tierKey(h uint64, id policyID) (hash, fp uint64) {
-	x := maphash.Comparable(b.seed, id) ^ uint64(uint32(h))*0x9e3779b97f4a7c15
+func tierKey(h uint32, id uint32) (hash, fp uint64) {
+	x := (uint64(id)<<32 | uint64(h)) * 0x9e3779b97f4a7c15
 	x ^= x >> 29
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 32
@@ -112,23 +111,23 @@ func tierCells(quota int) int {
 func (b *Backend) remember(s *shard, w *slot) {
 	var until int64
 	var a, c uint32
-	switch w.policy.alg {
-	case throttler.FixedWindow:
+	switch w.kind() {
+	case kindFixed:
 		until, a = w.resetAt, count32(w.used)
-	case throttler.TokenBucket:
+	case kindBucket:
 		until = w.end
-	case throttler.SlidingWindow:
-		until, a, c = w.end, count32(w.used), count32(w.prev)
-	case throttler.SlidingLog:
+	case kindCounter:
+		until, a, c = w.ends(), count32(w.used), count32(w.prev)
+	case kindLog:
 		// Every entry's units, live or not yet dropped: a Peek under a
 		// window that keeps them all.
-		d, _ := w.log.Apply(throttler.Policy{Limit: throttler.MaxLogLimit, Window: 1 << 62}, throttler.OpPeek, 1, 0, 0)
+		d, _ := s.table.extraOf(w).log.Apply(throttler.Policy{Limit: throttler.MaxLogLimit, Window: 1 << 62}, throttler.OpPeek, 1, 0, 0)
 		until, a = w.end, count32(d.Used)
 	}
 	if s.tier.cells == nil {
 		s.tier.cells = make([]cell, tierCells(b.quota))
 	}
-	hash, fp := b.tierKey(w.hash, w.policy)
+	hash, fp := tierKey(w.hash, w.id)
 	owner := hash | 1 // never 0
 	x := &s.tier.cells[hash&uint64(len(s.tier.cells)-1)]
 	if x.until <= s.ref || x.owner == owner {
@@ -145,20 +144,20 @@ func (b *Backend) remember(s *shard, w *slot) {
 }
 
 // recall returns the state the locked shard's second tier remembers for
-// (key, p) at t (Unix ms), as a slot that is not in the table, or false.
-// With take set the state goes back to the table: a cell the (key, p)
-// owns is emptied.
-func (b *Backend) recall(s *shard, h uint64, p *throttler.Policy, t int64, take bool) (slot, bool) {
-	if s.tier.cells == nil || p.Algorithm > throttler.SlidingWindow {
-		return slot{}, false
+// (key, p), whose identity number is id, at t (Unix ms), as a slot that is
+// not in the table (and a log's buffer), or false. With take set the state
+// goes back to the table: a cell the (key, p) owns is emptied.
+func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t int64, take bool) (slot, *backend.LogBuffer, bool) {
+	if s.tier.cells == nil {
+		return slot{}, nil, false
 	}
-	id := ident(*p)
-	hash, fp := b.tierKey(h, id)
+	hash, fp := tierKey(uint32(h), id)
 	x := s.tier.cells[hash&uint64(len(s.tier.cells)-1)]
 	if x.until <= t || x.mask&fp != fp || x.owner != 0 && x.owner != hash|1 {
-		return slot{}, false
+		return slot{}, nil, false
 	}
-	w := slot{hash: h, policy: id}
+	w := slot{hash: uint32(h), id: id, meta: kindOf(p.Algorithm) << 5}
+	var lg *backend.LogBuffer
 	wms := p.Window.Milliseconds()
 	switch p.Algorithm {
 	case throttler.FixedWindow:
@@ -170,25 +169,25 @@ func (b *Backend) recall(s *shard, h uint64, p *throttler.Policy, t int64, take 
 		if hi, lo := bits.Mul64(uint64(x.until-t), uint64(p.Limit)); hi == 0 && lo < uint64(full) {
 			tokens = full - int64(lo)
 		}
-		w.used, w.resetAt, w.window, w.end = tokens, t, wms, x.until
+		w.used, w.resetAt, w.prev, w.end = tokens, t, wms, x.until
 	case throttler.SlidingWindow:
 		k := x.until / wms
 		if x.until%wms < 0 {
 			k--
 		}
-		w.resetAt, w.used, w.prev, w.window, w.end = k-2, uncount(x.a, p.Limit), uncount(x.b, p.Limit), wms, x.until
+		w.resetAt, w.used, w.prev, w.end = k-2, uncount(x.a, p.Limit), uncount(x.b, p.Limit), wms // end: the window
 	case throttler.SlidingLog:
-		w.log = new(backend.LogBuffer)
+		lg = new(backend.LogBuffer)
 		if n := uncount(x.a, p.Limit); n > 0 {
-			w.log.Apply(*p, throttler.OpTake, n, 0, x.until-wms)
+			lg.Apply(*p, throttler.OpTake, n, 0, x.until-wms)
 		}
-		w.end = w.log.End(*p)
+		w.end = lg.End(*p)
 	}
 	if take && x.owner == hash|1 {
 		s.tier.cells[hash&uint64(len(s.tier.cells)-1)] = cell{}
 	}
 	s.tierHits++
-	return w, true
+	return w, lg, true
 }
 
 // maxUses caps a slot's count of calls: a client that stops calling is
@@ -275,7 +274,7 @@ func (b *Backend) evict(s *shard, now int64, called bool) bool {
 		i := s.hand & (n - 1)
 		s.hand++
 		w := &t.slots[i]
-		if w.key.empty() || w.leases != nil {
+		if w.empty() || w.kind() == kindLease {
 			continue
 		}
 		if w.uses > 0 {

@@ -23,14 +23,14 @@ var _ throttler.LeaseBackend = (*Backend)(nil)
 // algorithm has it, so a lease set never meets a window of the same name.
 const leaseAlg = throttler.Algorithm(255)
 
-// leaseIdent is the storage identity of p in a slot, without an
-// allocation: (Name, key) for a named policy, the whole definition for an
-// unnamed one (see backend.LeaseIdentity).
-func leaseIdent(p throttler.ConcurrencyPolicy) policyID {
+// leaseIdent is the storage identity number of p: (Name, key) for a named
+// policy, the whole definition for an unnamed one (see
+// backend.LeaseIdentity).
+func (b *Backend) leaseIdent(p throttler.ConcurrencyPolicy) uint32 {
 	if p.Name != "" {
-		return policyID{name: p.Name, alg: leaseAlg}
+		return b.ids.number(policyID{name: p.Name, alg: leaseAlg})
 	}
-	return policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg}
+	return b.ids.number(policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg})
 }
 
 // Acquire takes a lease of id on key under p, by the lease contract.
@@ -43,18 +43,18 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	pid := leaseIdent(p)
+	pid := b.leaseIdent(p)
 	w := s.table.find(h, key, pid)
 	if w == nil {
 		// No leases: this one is admitted (Limit >= 1) and needs a slot.
 		var err error
-		if w, err = b.makeSlot(s, h, nil, key, pid, ms); err != nil {
+		if w, err = b.makeSlot(s, h, key, pid, kindLease, ms); err != nil {
 			s.mu.Unlock()
 			return throttler.Decision{}, err
 		}
-		w.leases, w.end = new(backend.LeaseSet), ms
+		s.table.extraOf(w).leases, w.end = new(backend.LeaseSet), ms
 	}
-	used, earliest, allowed, _ := w.leases.Hold(p, id, ms)
+	used, earliest, allowed, _ := s.table.extraOf(w).leases.Hold(p, id, ms)
 	if allowed {
 		w.end = max(w.end, ms+p.TTL.Milliseconds())
 	}
@@ -75,8 +75,8 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	var none backend.LeaseSet
 	set := &none
-	if w := s.table.find(h, key, leaseIdent(p)); w != nil {
-		set = w.leases
+	if w := s.table.find(h, key, b.leaseIdent(p)); w != nil {
+		set = s.table.extraOf(w).leases
 	}
 	held, used, earliest, _ := set.Drop(id, ms)
 	s.mu.Unlock()

@@ -175,6 +175,7 @@ type Backend struct {
 	errFull   error // ErrFull, saying what the bound is
 
 	sweeper sweeper
+	ids     idents
 }
 
 var (
@@ -290,7 +291,8 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	w := s.table.find(h, key, ident(p))
+	id := b.idOf(s, &p)
+	w := s.table.find(h, key, id)
 	if w != nil {
 		w.used1()
 		// The common case, stored state that admits the Take: each
@@ -306,7 +308,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		case throttler.SlidingWindow:
 			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingLog:
-			if used, resetAt, ok = w.log.Take(p, cost, ms); ok {
+			if used, resetAt, ok = s.table.extraOf(w).log.Take(p, cost, ms); ok {
 				w.end = resetAt // the log's End: its newest entry's
 			}
 		}
@@ -316,7 +318,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.answer(s, h, w, throttler.OpTake, key, &p, cost, 0, ms, now)
+	return b.answer(s, h, w, id, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
@@ -329,7 +331,8 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.answer(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
+	id := b.idOf(s, &p)
+	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
@@ -343,82 +346,88 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.answer(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+	id := b.idOf(s, &p)
+	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
 }
 
-// answer is apply, for a (key, p) with no state in the table (w nil) from
-// the state the second tier remembers for it, if any: a Peek reads it in
-// place, and a Take or Refund brings it back into the table first.
-func (b *Backend) answer(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+// answer runs op on the slot w of (key, p), whose identity number is id,
+// in the locked shard s, and unlocks it. With no state in the table (w
+// nil) it answers from the state the second tier remembers, if any: a
+// Peek reads it in place, and a Take or Refund brings it back into the
+// table first.
+func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+	defer s.mu.Unlock()
+	var lg *backend.LogBuffer
 	if w != nil {
 		w.used1()
-	} else if old, ok := b.recall(s, h, p, ms, op != throttler.OpPeek); ok {
-		w = &old
+		if w.kind() == kindLog {
+			lg = s.table.extraOf(w).log
+		}
+	} else if old, oldLog, ok := b.recall(s, h, id, p, ms, op != throttler.OpPeek); ok {
+		w, lg = &old, oldLog
 		if op != throttler.OpPeek {
-			n, err := b.make(s, h, nil, key, p, ms)
+			n, err := b.make(s, h, nil, key, p, id, ms)
 			if err != nil {
-				s.mu.Unlock()
 				return throttler.Decision{}, err
 			}
-			n.used, n.resetAt, n.prev, n.window, n.end, n.log = old.used, old.resetAt, old.prev, old.window, old.end, old.log
+			n.used, n.resetAt, n.end = old.used, old.resetAt, old.end
+			if n.kind() == kindLog {
+				s.table.extraOf(n).log = lg
+			} else {
+				n.prev = old.prev
+			}
 			w = n
 		}
 	}
-	return b.apply(s, h, w, op, key, p, cost, r, ms, now)
+	return b.apply(s, h, w, lg, id, op, key, p, cost, r, ms, now)
 }
 
 // apply runs op at ms (now in Unix ms; r a Refund's receipt) on the slot w
-// of (key, p), nil when none is stored, in the locked shard s, and unlocks
-// it. It makes a slot
-// only when the call writes: a Peek and a denied Take store nothing.
-//
-// Each algorithm keeps its state in the slot's fields: a fixed window is
-// used and resetAt; a token bucket used = scaled tokens, resetAt = t0; a
-// sliding-window counter resetAt = K, used = curr, prev; both with their
-// window; a sliding log its own buffer. end is when the state answers like
-// none: a sweep may drop it then.
-func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
-	defer s.mu.Unlock()
+// of (key, p), nil when none is stored, and a log's buffer lg, in the
+// locked shard s. It makes a slot only when the call writes: a Peek and a
+// denied Take store nothing. Each algorithm keeps its state in the slot's
+// fields as the slot's doc says.
+func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
 	write := false
 	switch p.Algorithm {
 	case throttler.FixedWindow:
-		return b.fixed(s, h, w, op, key, p, cost, r, ms, now)
+		return b.fixed(s, h, w, id, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
 		var st, next backend.BucketState
 		if w != nil {
-			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
 		}
 		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, r, ms); write {
-			if w, err = b.make(s, h, w, key, p, ms); err == nil {
+			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
 				// backend.BucketEnd, without computing it twice.
-				w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
+				w.used, w.resetAt, w.prev, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
 			}
 		}
 	case throttler.SlidingWindow:
 		var st, next backend.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
 		}
 		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, r, ms); write {
-			if w, err = b.make(s, h, w, key, p, ms); err == nil {
-				w.resetAt, w.used, w.prev, w.window = next.K, next.Curr, next.Prev, next.Window
-				w.end = (next.K + 2) * next.Window // backend.CounterEnd
+			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
+				w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, next.Window // end: the window (slot)
 			}
 		}
 	case throttler.SlidingLog:
 		if w != nil {
-			if d, write = w.log.Apply(*p, op, cost, r, ms); write {
-				w.end = w.log.End(*p)
+			if d, write = lg.Apply(*p, op, cost, r, ms); write {
+				w.end = lg.End(*p)
 			}
 			break
 		}
 		// No log: answer from an empty one, kept only if the call wrote.
 		var l backend.LogBuffer
 		if d, write = l.Apply(*p, op, cost, r, ms); write {
-			if w, err = b.make(s, h, nil, key, p, ms); err == nil {
-				w.log = new(backend.LogBuffer)
-				*w.log = l
+			if w, err = b.make(s, h, nil, key, p, id, ms); err == nil {
+				x := s.table.extraOf(w)
+				x.log = new(backend.LogBuffer)
+				*x.log = l
 				w.end = l.End(*p)
 			}
 		}
@@ -430,13 +439,13 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string
 }
 
 // fixed runs op on a fixed window (see apply).
-func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) fixed(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	open := w != nil && w.resetAt > ms
 	switch op {
 	case throttler.OpTake:
 		if !open {
 			var err error
-			if w, err = b.make(s, h, w, key, p, ms); err != nil {
+			if w, err = b.make(s, h, w, key, p, id, ms); err != nil {
 				return throttler.Decision{}, err
 			}
 			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
@@ -457,18 +466,19 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string
 	return state(*p, w.used, w.resetAt, now), nil
 }
 
-// make returns w, or when it is nil a new slot for (key, p) in the locked
-// shard s, for a call at ms.
-func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, ms int64) (*slot, error) {
-	return b.makeSlot(s, h, w, key, ident(*p), ms)
-}
-
-// makeSlot is make for a slot of identity id (see room).
-func (b *Backend) makeSlot(s *shard, h uint64, w *slot, key string, id policyID, ms int64) (*slot, error) {
+// make returns w, or when it is nil a new slot for (key, p), whose
+// identity number is id, in the locked shard s, for a call at ms.
+func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, id uint32, ms int64) (*slot, error) {
 	if w != nil {
 		return w, nil
 	}
-	if !b.room(s, ms, id.alg == leaseAlg) {
+	return b.makeSlot(s, h, key, id, kindOf(p.Algorithm), ms)
+}
+
+// makeSlot returns a new slot of kind for (key, policy id) in the locked
+// shard s, for a call at ms (see room).
+func (b *Backend) makeSlot(s *shard, h uint64, key string, id uint32, kind uint8, ms int64) (*slot, error) {
+	if !b.room(s, ms, kind == kindLease) {
 		return nil, b.errFull
 	}
 	if s.table.crowded() {
@@ -476,17 +486,7 @@ func (b *Backend) makeSlot(s *shard, h uint64, w *slot, key string, id policyID,
 	}
 	s.peak = max(s.peak, s.table.live+1)
 	b.sweeper.arm()
-	return s.table.insert(h, key, id), nil
-}
-
-// ident is the storage identity of p in a slot, without an allocation: a
-// named policy's Name, or an unnamed policy's Limit and Window (see
-// backend.Identity).
-func ident(p throttler.Policy) policyID {
-	if p.Name != "" {
-		return policyID{name: p.Name, alg: p.Algorithm}
-	}
-	return policyID{limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm}
+	return s.table.insert(h, key, id, kind), nil
 }
 
 // state is the Peek/Refund Decision for a window that counted used units and
