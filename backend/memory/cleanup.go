@@ -89,17 +89,19 @@ func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 }
 
 // makeRoom readies the locked shard's crowded table for an insert by a
-// call at now: a sweep first, then the array doubles unless that freed a
-// quarter of it, so that crowding again takes as many inserts as the sweep
-// cost. When most calls make new keys, sweeps come from here.
+// call at now: a sweep first, then the array grows by a fifth (up to the
+// size the shard's share of MaxKeys needs) unless that freed a fifth of
+// it, so that crowding again takes a number of inserts in proportion to
+// what the sweep cost. When most calls make new keys, sweeps come from
+// here.
 func (b *Backend) makeRoom(s *shard, now int64) {
 	if len(s.table.slots) > 0 {
 		b.sweep(s, now, true)
 	}
 	if n := len(s.table.slots); n == 0 {
 		s.table.resize(minSlots)
-	} else if s.table.live*2 > n {
-		s.table.resize(2 * n)
+	} else if s.table.live*100 > n*64 {
+		s.table.resize(max(n+1, min(grown(n), b.quota*5/4+2)))
 	}
 }
 

@@ -240,12 +240,17 @@ func TestMaxKeysBoundsTheWholeTable(t *testing.T) {
 	ctx := context.Background()
 	b, clock := newWithClock(t, &memory.Options{MaxKeys: 1000}) // 256 shards
 	p := throttler.Policy{Name: "p", Limit: 2, Window: time.Second}
+	denied := 0
 	for i := 0; i < 3000; i++ {
 		d, err := b.Take(ctx, fmt.Sprint("k", i), p, 2, t0)
 		require.NoError(t, err, "key %d of 3000", i)
-		require.True(t, d.Allowed)
+		if !d.Allowed {
+			denied++ // a new key whose fingerprint a shared cell holds
+		}
 		require.LessOrEqual(t, b.Len(), 1000)
 	}
+	t.Logf("%d new keys falsely denied", denied)
+	assert.LessOrEqual(t, denied, 30, "new keys falsely denied, of 3000")
 	for i := 0; i < 3000; i++ {
 		d, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
 		require.NoError(t, err)

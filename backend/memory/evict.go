@@ -85,7 +85,7 @@ func uncount(n uint32, limit int64) int64 {
 }
 
 // tierKey is where (key, policy) lives in the second tier: a hash of the
-// key's hash and the policy's identity, whose low bits pick the cell and
+// key's hash and the policy's identity, whose low 32 bits pick the cell and
 // whose high bits are the fingerprint (three of 64 mask bits).
 func tierKey(h uint32, id uint32) (hash, fp uint64) {
 	x := (uint64(id)<<32 | uint64(h)) * 0x9e3779b97f4a7c15
@@ -96,15 +96,9 @@ func tierKey(h uint32, id uint32) (hash, fp uint64) {
 }
 
 // tierCells is the size of a shard's second tier: two cells per state the
-// shard may hold, at least, so that a flood's evicted states share cells
-// with few others.
-func tierCells(quota int) int {
-	n := minSlots
-	for n < 2*quota {
-		n *= 2
-	}
-	return n
-}
+// shard may hold, so that a flood's evicted states share cells with few
+// others.
+func tierCells(quota int) int { return 2 * quota }
 
 // remember merges the state of slot w, about to be evicted, into the
 // locked shard's second tier.
@@ -129,7 +123,7 @@ func (b *Backend) remember(s *shard, w *slot) {
 	}
 	hash, fp := tierKey(w.hash, w.id)
 	owner := hash | 1 // never 0
-	x := &s.tier.cells[hash&uint64(len(s.tier.cells)-1)]
+	x := &s.tier.cells[home(uint32(hash), len(s.tier.cells))]
 	if x.until <= s.ref || x.owner == owner {
 		// Ended by the last sweep's reference (what it held answers like
 		// none for every call a sweep would have kept state for), or this
@@ -152,7 +146,8 @@ func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t i
 		return slot{}, nil, false
 	}
 	hash, fp := tierKey(uint32(h), id)
-	x := s.tier.cells[hash&uint64(len(s.tier.cells)-1)]
+	i := home(uint32(hash), len(s.tier.cells))
+	x := s.tier.cells[i]
 	if x.until <= t || x.mask&fp != fp || x.owner != 0 && x.owner != hash|1 {
 		return slot{}, nil, false
 	}
@@ -184,7 +179,7 @@ func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t i
 		w.end = lg.End(*p)
 	}
 	if take && x.owner == hash|1 {
-		s.tier.cells[hash&uint64(len(s.tier.cells)-1)] = cell{}
+		s.tier.cells[i] = cell{}
 	}
 	s.tierHits++
 	return w, lg, true
@@ -271,7 +266,7 @@ func (b *Backend) evict(s *shard, now int64, called bool) bool {
 	t := &s.table
 	n := len(t.slots)
 	for range (maxUses + 1) * n {
-		i := s.hand & (n - 1)
+		i := s.hand % n
 		s.hand++
 		w := &t.slots[i]
 		if w.empty() || w.kind() == kindLease {

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"encoding/binary"
+	"slices"
 	"strings"
 
 	"github.com/throttlekit/throttlekit/backend"
@@ -18,8 +19,10 @@ import (
 // guards it.
 //
 // An ended state is reused by its own key, and sweeps drop every ended one
-// in place (see sweep); the array grows when three quarters full and
-// shrinks when an eighth.
+// in place (see sweep). The array grows by a fifth when four fifths full,
+// so that it is always two thirds to four fifths full while it grows (80
+// to 96 bytes a state), and shrinks when an eighth full. Its size need not
+// be a power of two: a hash's home is its 32 bits scaled to the size.
 type table struct {
 	slots []slot
 	live  int // used slots
@@ -108,6 +111,10 @@ func (w *slot) ends() int64 {
 
 const minSlots = 8
 
+// home is where a hash's probe run starts in a table of n slots: the hash
+// scaled to n (all 32 bits count, with no power-of-two mask).
+func home(h uint32, n int) int { return int(uint64(h) * uint64(n) >> 32) }
+
 // keyOf returns w's key.
 func (t *table) keyOf(w *slot) string {
 	if w.long() {
@@ -150,9 +157,9 @@ func (t *table) find(h uint64, key string, id uint32) *slot {
 	if len(t.slots) == 0 {
 		return nil
 	}
-	mask := uint64(len(t.slots) - 1)
+	n := len(t.slots)
 	h32 := uint32(h)
-	for i := h & mask; ; i = (i + 1) & mask {
+	for i := home(h32, n); ; {
 		s := &t.slots[i]
 		if s.empty() {
 			return nil
@@ -160,20 +167,28 @@ func (t *table) find(h uint64, key string, id uint32) *slot {
 		if s.hash == h32 && s.id == id && t.equal(s, key) {
 			return s
 		}
+		if i++; i == n {
+			i = 0
+		}
 	}
 }
 
-// crowded reports whether one more slot would fill the table past three
-// quarters, where probe runs grow long: time to sweep or grow.
-func (t *table) crowded() bool { return (t.live+1)*4 > len(t.slots)*3 }
+// crowded reports whether one more slot would fill the table past four
+// fifths, where probe runs grow long: time to sweep or grow.
+func (t *table) crowded() bool { return (t.live+1)*5 > len(t.slots)*4 }
+
+// grown is the size a crowded table of n slots grows to: a fifth more.
+func grown(n int) int { return max(minSlots, n+(n+4)/5) }
 
 // insert adds an empty state of kind for (key, policy id), which must not
 // be present, to a table that is not crowded.
 func (t *table) insert(h uint64, key string, id uint32, kind uint8) *slot {
-	mask := uint64(len(t.slots) - 1)
-	i := h & mask
+	n := len(t.slots)
+	i := home(uint32(h), n)
 	for !t.slots[i].empty() {
-		i = (i + 1) & mask
+		if i++; i == n {
+			i = 0
+		}
 	}
 	t.live++
 	s := &t.slots[i]
@@ -208,10 +223,12 @@ func (t *table) sweep(ref int64) int {
 	for !t.slots[start].empty() {
 		start++
 	}
-	mask := n - 1
 	dropped := 0
 	for k := 1; k <= n; k++ {
-		i := (start + k) & mask
+		i := start + k
+		if i >= n {
+			i -= n
+		}
 		for s := &t.slots[i]; !s.empty() && s.ends() <= ref; {
 			t.remove(i) // moves a later slot into i, if any: look again
 			dropped++
@@ -229,12 +246,18 @@ func (t *table) remove(i int) {
 		t.extras[n-1] = extra{}
 		t.free = append(t.free, n)
 	}
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; !t.slots[j].empty(); j = (j + 1) & mask {
-		home := int(t.slots[j].hash) & mask
-		stays := i < home && home <= j // the run does not wrap between i and j
+	n := len(t.slots)
+	next := func(j int) int {
+		if j++; j == n {
+			return 0
+		}
+		return j
+	}
+	for j := next(i); !t.slots[j].empty(); j = next(j) {
+		h := home(t.slots[j].hash, n)
+		stays := i < h && h <= j // the run does not wrap between i and j
 		if j < i {
-			stays = i < home || home <= j
+			stays = i < h || h <= j
 		}
 		if !stays {
 			t.slots[i] = t.slots[j]
@@ -244,19 +267,25 @@ func (t *table) remove(i int) {
 	t.slots[i] = slot{}
 }
 
-// resize moves the slots into a new array of n slots, a power of two that
-// holds them without crowding. With no slot left, the extras go too.
+// resize moves the slots into a new array of at least n slots, which holds
+// them without crowding: as many as the allocation holds (the allocator
+// rounds a size up to its size class, or to whole pages past 32 KiB, and
+// the slots use it rather than waste it). With no slot left, the extras go
+// too.
 func (t *table) resize(n int) {
 	old := t.slots
-	t.slots = make([]slot, n)
-	mask := uint32(n - 1)
+	t.slots = slices.Grow([]slot(nil), n)
+	t.slots = t.slots[:cap(t.slots)]
+	n = len(t.slots)
 	for _, s := range old {
 		if s.empty() {
 			continue
 		}
-		i := s.hash & mask
+		i := home(s.hash, n)
 		for !t.slots[i].empty() {
-			i = (i + 1) & mask
+			if i++; i == n {
+				i = 0
+			}
 		}
 		t.slots[i] = s
 	}
@@ -267,10 +296,4 @@ func (t *table) resize(n int) {
 
 // sizeFor is the number of slots for live slots after a shrink: a quarter
 // full at most, so that it takes many inserts to grow again.
-func sizeFor(live int) int {
-	n := minSlots
-	for n < live*4 {
-		n *= 2
-	}
-	return n
-}
+func sizeFor(live int) int { return max(minSlots, live*4) }
