@@ -215,9 +215,11 @@ func BenchmarkMemoryTake(b *testing.B) {
 // BenchmarkMemoryTakeInterleaved runs the limiters side by side in one
 // benchmark, because on a shared machine whose load moves by 2x between
 // runs only figures taken together compare. Each round gives every
-// limiter a turn; the metrics are medians over rounds of each one's ns per
-// call and of each throttlekit algorithm's ratio to each peer in the same
-// round, so rounds that other work disturbed drop out.
+// limiter a turn on the same keys, starting with another limiter each
+// round; the metrics are medians over rounds of each one's ns per call and
+// of each throttlekit algorithm's ratio to each peer in the same round, so
+// rounds that other work disturbed (and the turns that first read the
+// round's keys) drop out.
 //
 // On 1 goroutine a turn is 1,000 calls timed by the thread's own CPU time
 // (the goroutine is locked to its thread), which other processes' load
@@ -266,8 +268,12 @@ func BenchmarkMemoryTakeInterleaved(b *testing.B) {
 				b.ResetTimer()
 				for round := 0; b.Loop(); {
 					for range rounds {
-						for p, take := range takes {
-							costs[p] = append(costs[p], turn(take, round*1000))
+						// Each round starts with another limiter: the
+						// first to walk a round's keys reads their bytes
+						// from memory, the others from the cache.
+						for j := range takes {
+							p := (j + round) % len(takes)
+							costs[p] = append(costs[p], turn(takes[p], round*1000))
 						}
 						round++
 					}
