@@ -115,14 +115,6 @@ const minSlots = 8
 // scaled to n (all 32 bits count, with no power-of-two mask).
 func home(h uint32, n int) int { return int(uint64(h) * uint64(n) >> 32) }
 
-// keyOf returns w's key.
-func (t *table) keyOf(w *slot) string {
-	if w.long() {
-		return t.extras[w.extraNum()-1].key
-	}
-	return string(w.key[:w.keyLen()])
-}
-
 // extraOf returns w's extra, making one if it has none.
 func (t *table) extraOf(w *slot) *extra {
 	n := w.extraNum()

@@ -3,7 +3,6 @@ package throttleotel_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,10 +12,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
-	"github.com/throttlekit/throttlekit/throttler"
 )
 
 func newMetrics(t *testing.T, o *throttleotel.Options) (*throttleotel.Metrics, *sdkmetric.ManualReader) {
@@ -219,15 +216,8 @@ func TestBatchingCollect(t *testing.T) {
 // throttlekit.backend=name: a table of one key that two keys share.
 func TestMemoryCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
-	mem, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = mem.Close() })
+	mem := traffic.FullMemory(t) // its comment says what it holds
 	require.NoError(t, m.AddMemory("embedded", mem.Stats))
-	p := throttler.PerHour(10)
-	for _, k := range []string{"a", "b", "a"} {
-		_, err := mem.Take(context.Background(), k, p, 1, time.Unix(1e9, 0))
-		require.NoError(t, err)
-	}
 	got := collect(t, reader)
 	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "embedded")) }
 	metricdatatest.AssertAggregationsEqual(t, one(2), got["throttlekit.memory.evictions"].Data, metricdatatest.IgnoreTimestamp())

@@ -1,7 +1,6 @@
 package throttleprom_test
 
 import (
-	"context"
 	"math"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -310,15 +308,8 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 // came back from the second tier, evicting the other.
 func TestMemoryScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
-	mem, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = mem.Close() })
+	mem := traffic.FullMemory(t) // its comment says what it holds
 	require.NoError(t, m.AddMemory("embedded", mem.Stats))
-	p := throttler.PerHour(10)
-	for _, k := range []string{"a", "b", "a"} {
-		_, err := mem.Take(context.Background(), k, p, 1, time.Unix(1e9, 0))
-		require.NoError(t, err)
-	}
 	want := `
 # HELP throttlekit_memory_evictions_total Live states a full in-process backend moved to its second tier to make room.
 # TYPE throttlekit_memory_evictions_total counter
