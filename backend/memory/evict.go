@@ -11,11 +11,13 @@ import (
 // Eviction: a shard holds at most its share of Options.MaxKeys states.
 // When it is full, a new state first takes the place of one that ended (a
 // sweep, at most once per quarter of the shard's share of evictions), else
-// of a live state seldom used: a CLOCK hand walks the slots, taking one
-// from each slot's count of calls (up to maxUses) and evicting the first
-// slot with none. A state is made with none, so a key seen once (a flood's)
-// goes the first time the hand meets it, and a client that calls again
-// before the hand comes round twice stays.
+// of a live state seldom used. A hand walks the slots. A state made by one
+// call and not called since (a flood's key) goes first: the hand evicts
+// the first such state within probation slots of it, passing the others
+// untouched, so a flood of keys seen once cycles through the table without
+// wearing down the clients that call again. When there is none that near,
+// the hand works as a CLOCK: it takes one from each state's count of calls
+// (up to maxUses) and evicts the first with none.
 // An evicted state is not forgotten: the shard's second tier, an array of
 // cells addressed by a hash of (key, policy), remembers what it counted and
 // until when, merged with whatever the cell already holds, keeping the
@@ -185,15 +187,22 @@ func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t i
 	return w, lg, true
 }
 
-// maxUses caps a slot's count of calls: a client that stops calling is
-// evicted after the hand has passed it that many times.
-const maxUses = 3
+// A slot's uses: calledAgain once a call found the state (or it came
+// back from the second tier), and below it the count of calls since the
+// hand last passed, capped at maxUses: a client that stops calling is
+// evicted after the CLOCK has passed it that many times.
+const (
+	calledAgain = 0x80
+	maxUses     = 3
+)
+
+// probation bounds how far the hand looks for a state made by one call and
+// not called since, before it falls back to the CLOCK.
+const probation = 64
 
 // used1 counts a call on the slot for eviction.
 func (w *slot) used1() {
-	if w.uses < maxUses {
-		w.uses++
-	}
+	w.uses = calledAgain | min(w.uses&^calledAgain+1, maxUses)
 }
 
 // room counts a new state in the locked shard s against the bounds, a
@@ -265,17 +274,32 @@ func (b *Backend) evict(s *shard, now int64, called bool) bool {
 	}
 	t := &s.table
 	n := len(t.slots)
-	for range (maxUses + 1) * n {
+	if t.live == 0 {
+		return false
+	}
+	for k := range probation + (maxUses+1)*n {
 		i := s.hand % n
-		s.hand++
 		w := &t.slots[i]
 		if w.empty() || w.kind() == kindLease {
+			s.hand++
 			continue
 		}
-		if w.uses > 0 {
+		if k < probation && w.uses&calledAgain != 0 {
+			// Looking for a state seen once; past the probation slots,
+			// start the CLOCK from where the hand began.
+			if k == probation-1 {
+				s.hand -= probation - 1
+			} else {
+				s.hand++
+			}
+			continue
+		}
+		if w.uses&^calledAgain > 0 && k >= probation {
 			w.uses--
+			s.hand++
 			continue
 		}
+		s.hand++
 		b.remember(s, w)
 		t.remove(i)
 		t.live--

@@ -135,10 +135,11 @@ type floodFigures struct {
 
 // runFlood floods a backend of options o with n distinct keys, each taking the
 // whole limit of an hourly policy, over ten minutes of the callers' clock
-// moving with real time. Meanwhile 1,000 clients take a unit a minute, and
-// every 10 s a new client takes 20 units at once. Each is checked against
-// a backend with room for them alone: admitted there too (no unit over),
-// or denied there too (else a false denial).
+// moving with real time. From two minutes before the flood, 1,000 clients
+// take a unit a minute, and every 10 s a new client takes 20 units at
+// once. Each is checked against a backend with room for them alone:
+// admitted there too (no unit over), or denied there too (else a false
+// denial).
 func runFlood(t testing.TB, o *memory.Options, alg throttler.Algorithm, n int) floodFigures {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour, Algorithm: alg}
@@ -165,14 +166,17 @@ func runFlood(t testing.TB, o *memory.Options, alg throttler.Algorithm, n int) f
 	const span = 10 * time.Minute
 	const clients = 1000
 	step := span / time.Duration(n)
+	warm := int(2 * time.Minute / step) // the clients' calls before the flood
 	newClient := 0
-	for i := 0; i < n; i++ {
+	for i := 0; i < warm+n; i++ {
 		at := time.Duration(i) * step
 		clock.set(at)
 		clockE.set(at)
 		now := t0.Add(at)
-		if _, err := b.Take(ctx, "flood-"+strconv.Itoa(i), p, p.Limit, now); err != nil {
-			f.errors++
+		if i >= warm {
+			if _, err := b.Take(ctx, "flood-"+strconv.Itoa(i-warm), p, p.Limit, now); err != nil {
+				f.errors++
+			}
 		}
 		// Client c calls at c·60ms past each minute.
 		if prev := time.Duration(i-1) * step; i > 0 && prev/(60*time.Millisecond) != at/(60*time.Millisecond) {

@@ -371,6 +371,7 @@ func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op
 				return throttler.Decision{}, err
 			}
 			n.used, n.resetAt, n.end = old.used, old.resetAt, old.end
+			n.used1() // a client that returns
 			if n.kind() == kindLog {
 				s.table.extraOf(n).log = lg
 			} else {
