@@ -61,10 +61,11 @@ func (n *idents) number(id policyID) uint32 {
 	return k
 }
 
-// lastPolicy is a shard's memo of the policy its last call named and that
-// identity's number: callers pass the same Policy value call after call,
-// so comparing it (the name's bytes are the same string, compared by
-// pointer first) is cheaper than looking the identity up.
+// lastPolicy is a shard's memo of the policy its last call named, which
+// was valid, and its identity's number: callers pass the same Policy value
+// call after call, so comparing it (the name's bytes are the same string,
+// compared by pointer first) is cheaper than validating it and looking its
+// identity up.
 type lastPolicy struct {
 	name                 string
 	limit, window, burst int64
@@ -72,17 +73,20 @@ type lastPolicy struct {
 	id                   uint32
 }
 
-// idOf returns p's identity number, from the locked shard s's memo when p
-// is the policy its last call named.
-func (b *Backend) idOf(s *shard, p *throttler.Policy) uint32 {
+// idOf validates p and returns its identity number, both from the locked
+// shard s's memo when p is the policy its last call named.
+func (b *Backend) idOf(s *shard, p *throttler.Policy) (uint32, error) {
 	m := &s.last
-	if m.id != 0 && p.Name == m.name && p.Algorithm == m.alg &&
-		(p.Name != "" || p.Limit == m.limit && int64(p.Window) == m.window && p.Burst == m.burst) {
-		return m.id
+	if m.id != 0 && p.Name == m.name && p.Algorithm == m.alg && p.Limit == m.limit &&
+		int64(p.Window) == m.window && p.Burst == m.burst {
+		return m.id, nil
+	}
+	if err := p.Validate(); err != nil {
+		return 0, err
 	}
 	id := b.ids.number(ident(p))
 	*m = lastPolicy{name: p.Name, limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm, id: id}
-	return id
+	return id, nil
 }
 
 // kindOf is the kind of state an algorithm keeps.

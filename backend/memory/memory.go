@@ -273,6 +273,27 @@ func (b *Backend) Len() int {
 	return n
 }
 
+// begin validates a call as backend.ValidateCall does, in its order (the
+// key, the policy, the cost), and returns the key's shard, locked, the
+// key's hash and the policy's identity number. A shard remembers the last
+// policy it validated, so a caller that passes the same Policy call after
+// call has it validated once per shard.
+func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost int64) (*shard, uint64, uint32, error) {
+	if err := throttler.ValidateKey(key); err != nil {
+		return nil, 0, 0, err
+	}
+	s, h := b.lock(key)
+	id, err := b.idOf(s, p)
+	if err == nil {
+		err = p.ValidateCost(op, cost)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, 0, 0, err
+	}
+	return s, h, id, nil
+}
+
 // lock returns the key's shard, locked, and the key's hash.
 func (b *Backend) lock(key string) (*shard, uint64) {
 	h := maphash.String(b.seed, key)
@@ -283,15 +304,14 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	s, h, id, err := b.begin(throttler.OpTake, key, &p, cost)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	id := b.idOf(s, &p)
 	w := s.table.find(h, key, id)
 	if w != nil {
 		w.used1()
@@ -323,30 +343,32 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 
 // Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
+	s, h, id, err := b.begin(throttler.OpPeek, key, &p, 1)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	id := b.idOf(s, &p)
 	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
+	s, h, id, err := b.begin(throttler.OpRefund, key, &p, cost)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
+	if receipt.IsZero() {
+		s.mu.Unlock()
+		return throttler.Decision{}, backend.ValidateRefund(key, p, cost, receipt) // the receipt's error
+	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	id := b.idOf(s, &p)
 	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
 }
 

@@ -373,3 +373,31 @@ func median(v []float64) float64 {
 	slices.Sort(v)
 	return v[len(v)/2]
 }
+
+// A shard remembers the last policy it validated; a policy that differs in
+// any field is validated again, so a bad one is refused even right after
+// a good one of the same name.
+func TestValidationIsNotMemoisedAcrossPolicies(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, &memory.Options{Shards: 1})
+	good := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
+	for _, bad := range []throttler.Policy{
+		{Name: "p", Limit: 0, Window: time.Second},
+		{Name: "p", Limit: 10, Window: time.Second + time.Microsecond},
+		{Name: "p", Limit: 10, Window: time.Second, Burst: 5},
+		{Name: "p", Limit: 10, Window: time.Second, Algorithm: 9},
+	} {
+		_, err := b.Take(ctx, "k", good, 1, t0)
+		require.NoError(t, err)
+		_, err = b.Take(ctx, "k", bad, 1, t0)
+		require.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", bad)
+		_, err = b.Peek(ctx, "k", bad, t0)
+		require.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", bad)
+	}
+	_, err := b.Take(ctx, "k", good, 11, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidCost, "the cost is checked on a remembered policy")
+	_, err = b.Refund(ctx, "k", good, 1, time.Time{}, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidReceipt)
+	_, err = b.Take(ctx, "", good, 1, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidKey)
+}
