@@ -207,15 +207,25 @@ func (w *slot) used1() {
 
 // room counts a new state in the locked shard s against the bounds, a
 // shard's share of MaxKeys and MaxKeys itself (exactly, under any
-// concurrency), evicting from s to make room, or when s has nothing to
-// evict while other shards hold MaxKeys, from another shard no one holds
+// concurrency), evicting from s to make room. When s has nothing to evict
+// (it holds only leases, or nothing), the state goes in above s's share if
+// MaxKeys allows, else a state is evicted from another shard no one holds
 // (TryLock: never waiting, so no lock order to keep). When nothing can be
-// evicted (only leases are held), a lease is refused (false) and a rate
-// limit's state goes in above the bound, so that no call is ever admitted
-// without its limit.
+// evicted anywhere (only leases are held), a lease is refused (false) and
+// a rate limit's state goes in above the bound, so that no call is ever
+// admitted without its limit.
 func (b *Backend) room(s *shard, ms int64, lease bool) bool {
-	for s.table.live >= b.quota || !b.take1() {
-		if b.evict(s, ms, true) || s.table.live < b.quota && b.evictElsewhere(s) {
+	for {
+		if s.table.live < b.quota && b.take1() {
+			return true
+		}
+		if b.evict(s, ms, true) {
+			continue
+		}
+		if b.take1() {
+			return true
+		}
+		if b.evictElsewhere(s) {
 			continue
 		}
 		if lease {
@@ -224,7 +234,6 @@ func (b *Backend) room(s *shard, ms int64, lease bool) bool {
 		b.keys.Add(1)
 		return true
 	}
-	return true
 }
 
 // evictElsewhere evicts a state from a shard other than s that no one

@@ -240,3 +240,18 @@ func BenchmarkLeaseVsTake(b *testing.B) {
 	b.ReportMetric(median(ratios), "pair/take")
 	b.ReportMetric(0, "ns/op")
 }
+
+// MaxKeys bounds the whole table: leases that land in one shard beyond its
+// share go in while the table has room (a shard full of leases has nothing
+// to evict), and the first beyond MaxKeys is refused.
+func TestLeasesFillTheWholeBound(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, &memory.Options{Shards: 8, MaxKeys: 8}) // a share of 1 a shard
+	for i := 0; i < 8; i++ {
+		_, err := b.Acquire(ctx, fmt.Sprint("k", i), leasePolicy, 1, t0)
+		require.NoError(t, err, "lease %d of 8", i)
+	}
+	_, err := b.Acquire(ctx, "k8", leasePolicy, 1, t0)
+	require.ErrorIs(t, err, memory.ErrFull)
+	assert.Equal(t, 8, b.Len())
+}
