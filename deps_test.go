@@ -19,37 +19,36 @@ const module = "github.com/throttlekit/throttlekit"
 // packages, because the packages inside a module move with its versions;
 // a module is what reaches a user's go.sum and build.
 //
-// Everything imports throttler, so everything has httpsnoop (the
-// middleware's writer). Only flags/unleash has the Unleash client, and
-// with it what that client imports even outside its tests (testify's mock,
-// yaml, objx).
+// Only the HTTP edge (httplimit, and shed, which runs it) has httpsnoop
+// (the rate middleware's writer). Only flags/unleash has the Unleash
+// client, and with it what that client imports even outside its tests
+// (testify's mock, yaml, objx).
 var wantDeps = map[string][]string{
-	"throttler":         {"github.com/felixge/httpsnoop"},
-	"backend":           {"github.com/felixge/httpsnoop"},
-	"backend/memory":    {"github.com/felixge/httpsnoop"},
-	"backend/memcached": {"github.com/bradfitz/gomemcache", "github.com/felixge/httpsnoop"},
+	"throttler":         nil,
+	"backend":           nil,
+	"backend/memory":    nil,
+	"backend/memcached": {"github.com/bradfitz/gomemcache"},
 	"backend/redis": {
-		"github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop", "github.com/redis/go-redis/v9",
-		"go.uber.org/atomic", "golang.org/x/sys",
+		"github.com/cespare/xxhash/v2", "github.com/redis/go-redis/v9", "go.uber.org/atomic", "golang.org/x/sys",
 	},
-	"flags": {"github.com/felixge/httpsnoop"},
+	"flags": nil,
 	"flags/unleash": {
-		"github.com/Masterminds/semver/v3", "github.com/Unleash/unleash-client-go/v4", "github.com/felixge/httpsnoop",
+		"github.com/Masterminds/semver/v3", "github.com/Unleash/unleash-client-go/v4",
 		"github.com/stretchr/objx", "github.com/stretchr/testify", "github.com/twmb/murmur3", "go.yaml.in/yaml/v3",
 	},
-	"shadow":    {"github.com/felixge/httpsnoop"},
-	"migration": {"github.com/felixge/httpsnoop"},
-	"outbound":  {"github.com/felixge/httpsnoop"},
+	"shadow":    nil,
+	"migration": nil,
+	"outbound":  nil,
+	"httplimit": {"github.com/felixge/httpsnoop"},
 	"shed":      {"github.com/felixge/httpsnoop"},
 	// The metrics adapters are the only packages with a metrics library,
 	// each with its own and what that library compiles in.
 	"metrics/prometheus": {
-		"github.com/beorn7/perks", "github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop",
-		"github.com/munnerz/goautoneg", "github.com/prometheus/client_golang", "github.com/prometheus/client_model",
+		"github.com/beorn7/perks", "github.com/cespare/xxhash/v2", "github.com/munnerz/goautoneg", "github.com/prometheus/client_golang", "github.com/prometheus/client_model",
 		"github.com/prometheus/common", "github.com/prometheus/procfs", "golang.org/x/sys", "google.golang.org/protobuf",
 	},
 	"metrics/otel": {
-		"github.com/cespare/xxhash/v2", "github.com/felixge/httpsnoop", "go.opentelemetry.io/otel", "go.opentelemetry.io/otel/metric",
+		"github.com/cespare/xxhash/v2", "go.opentelemetry.io/otel", "go.opentelemetry.io/otel/metric",
 	},
 }
 
@@ -70,22 +69,8 @@ func TestThirdPartyDeps(t *testing.T) {
 		targets = append(targets, module+"/"+p)
 	}
 	slices.Sort(targets)
-	args := append([]string{"list", "-deps", "-json=ImportPath,Standard,Module,Deps"}, targets...)
-	cmd := exec.Command("go", args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
-	}
 	pkgs := map[string]listed{}
-	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
-		var p listed
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatalf("go list output: %v", err)
-		}
+	for _, p := range goList(t, append([]string{"-deps", "-json=ImportPath,Standard,Module,Deps"}, targets...)...) {
 		pkgs[p.ImportPath] = p
 	}
 	for _, target := range targets {
@@ -121,5 +106,52 @@ func TestThirdPartyDeps(t *testing.T) {
 				t.Errorf("%s no longer compiles in %s: remove it from wantDeps", name, m)
 			}
 		}
+	}
+}
+
+// TestCoreCompilesInNoHTTP: the core (throttler, backend) and every store
+// under backend/ compile in no HTTP code, not even the standard library's:
+// HTTP lives in package httplimit, which a program imports only when it
+// serves HTTP. backend/backendtest is left out: the conformance suite runs
+// in tests, and testify's assert, which it uses, has HTTP helpers.
+func TestCoreCompilesInNoHTTP(t *testing.T) {
+	checked := 0
+	for _, p := range goList(t, "-json=ImportPath,Deps", module+"/throttler", module+"/backend/...") {
+		if p.ImportPath == module+"/backend/backendtest" {
+			continue
+		}
+		checked++
+		for _, d := range p.Deps {
+			if d == "net/http" || strings.HasPrefix(d, "net/http/") {
+				t.Errorf("%s compiles in %s: HTTP code belongs in httplimit", strings.TrimPrefix(p.ImportPath, module+"/"), d)
+				break
+			}
+		}
+	}
+	if checked < 5 { // throttler, backend and its three stores at least
+		t.Errorf("checked %d packages; go list did not list the core and the stores", checked)
+	}
+}
+
+// goList runs `go list` with args and returns the packages it describes.
+func goList(t *testing.T, args ...string) []listed {
+	t.Helper()
+	args = append([]string{"list"}, args...)
+	cmd := exec.Command("go", args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+	}
+	var pkgs []listed
+	for dec := json.NewDecoder(bytes.NewReader(out)); ; {
+		var p listed
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			return pkgs
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		pkgs = append(pkgs, p)
 	}
 }

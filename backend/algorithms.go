@@ -8,13 +8,13 @@ import (
 )
 
 // The arithmetic of the token bucket, the sliding log and the sliding-window
-// counter, exactly as DESIGN.md ("Algorithms") pins it and docs/algorithms.md
-// explains it, for the backends written in Go (memory, Memcached); the Redis
-// scripts compute the same in Lua. Each function is pure: it takes the
-// stored state (or none), the call and its instant t in Unix milliseconds,
-// and returns the Decision, the state after the call, and whether that state
-// must be written. A denied Take and a Peek never write. Inputs must have
-// passed ValidateCall (a Refund: ValidateRefund).
+// counter, exactly as docs/algorithms.md states it, for the backends written
+// in Go (memory, Memcached); the Redis scripts compute the same in Lua. Each
+// function is pure: it takes the stored state (or none), the call and its
+// instant t in Unix milliseconds, and returns the Decision, the state after
+// the call, and whether that state must be written. A denied Take and a Peek
+// never write. Inputs must have passed ValidateCall (a Refund:
+// ValidateRefund).
 //
 // A Refund names the Take that counted its units by r, that Take's
 // Decision.ResetAt in Unix ms (its receipt), and gives units back only to

@@ -6,10 +6,17 @@ import (
 
 // Stores is implemented by a backend whose keys live on several stores that
 // fail apart (the shards of a sharded Redis, the servers of a Memcached
-// client), and by wrappers (a router, a shadow), which name the store of the
-// backend the call will reach. A Throttler keeps one breaker per store, so
-// that a failing shard or server switches limiting off for its own keys
-// only. A backend without it is one store.
+// client, a primary and the replicas that serve its reads), and by wrappers
+// (a router, a shadow), which name the store of the backend the call will
+// reach. A Throttler keeps one breaker per store, so that a failing shard or
+// server switches limiting off for its own keys only.
+//
+// Store names the store that op (throttler.OpTake, OpPeek or OpRefund) on
+// key under p reaches first: a backend whose Peeks go to other servers than
+// its Takes (replicas) names those for a Peek, so that the replicas'
+// answers never close the breaker of a failing primary, and a primary's
+// open breaker never stops the Peeks its replicas can answer. A backend
+// without it is one store.
 //
 // Store runs before every call: it must do no I/O, be safe for concurrent
 // use, and return one of a small set of stable names fixed by the
@@ -17,14 +24,14 @@ import (
 // such as "redis shard 1 (10.0.0.1:6379)" or "memcached 10.0.0.2:11211".
 // "" is the backend's only store.
 type Stores interface {
-	Store(key string, p throttler.Policy) string
+	Store(op throttler.Op, key string, p throttler.Policy) string
 }
 
-// StoreOf returns the store of b that serves key under p, or "" when b does
-// not name its stores.
-func StoreOf(b throttler.Backend, key string, p throttler.Policy) string {
+// StoreOf returns the store of b that op on key under p reaches, or "" when
+// b does not name its stores.
+func StoreOf(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) string {
 	if s, ok := b.(Stores); ok {
-		return s.Store(key, p)
+		return s.Store(op, key, p)
 	}
 	return ""
 }

@@ -42,7 +42,12 @@ func TestFailureMarks(t *testing.T) {
 
 type namedStores struct{ acceptAll }
 
-func (namedStores) Store(key string, _ throttler.Policy) string { return "store of " + key }
+func (namedStores) Store(op throttler.Op, key string, _ throttler.Policy) string {
+	if op == throttler.OpPeek {
+		return "replicas of " + key
+	}
+	return "store of " + key
+}
 
 type acceptAll struct{}
 
@@ -60,6 +65,7 @@ func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.T
 
 func TestStoreOf(t *testing.T) {
 	p := throttler.PerMinute(1)
-	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, "k", p))
-	assert.Equal(t, "", backend.StoreOf(acceptAll{}, "k", p), "a backend that names none is one store")
+	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, throttler.OpTake, "k", p))
+	assert.Equal(t, "replicas of k", backend.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
+	assert.Equal(t, "", backend.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
 }

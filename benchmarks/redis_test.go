@@ -190,15 +190,31 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
 	take, takeAP := redisBackend(b, c, nil), redisBackend(b, ap, nil)
 	rate, rateAP := redis_rate.NewLimiter(c), redis_rate.NewLimiter(ap)
-	variants := []struct {
-		name string
-		f    func(key string) error
-	}{
+	perSec := redisRounds(b, goroutines, []redisVariant{
 		{"take", func(key string) error { _, err := take.Take(ctx, key, p, 1, now); return err }},
 		{"take-autopipeline", func(key string) error { _, err := takeAP.Take(ctx, key, p, 1, now); return err }},
 		{"redis_rate", func(key string) error { _, err := rate.Allow(ctx, key, rateLimit); return err }},
 		{"redis_rate-autopipeline", func(key string) error { _, err := rateAP.Allow(ctx, key, rateLimit); return err }},
-	}
+	})
+	b.ReportMetric(perSec[0]/perSec[2], "take/redis_rate")
+	b.ReportMetric(perSec[1]/perSec[2], "take-autopipeline/redis_rate")
+	b.ReportMetric(perSec[1]/perSec[3], "take-autopipeline/redis_rate-autopipeline")
+}
+
+// redisBurst is how long each variant runs in a round of
+// BenchmarkRedisThroughputPaired.
+const redisBurst = 200 * time.Millisecond
+
+// redisVariant is one way to make a call, named for its metric.
+type redisVariant struct {
+	name string
+	f    func(key string) error
+}
+
+// redisRounds runs paired rounds, one per iteration of b: in each, every
+// variant in turn runs for redisBurst on goroutines goroutines, each on its
+// own key. It reports and returns each variant's calls/s over all rounds.
+func redisRounds(b *testing.B, goroutines int, variants []redisVariant) []float64 {
 	calls := make([]int64, len(variants))
 	var elapsed time.Duration
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -208,9 +224,7 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
 			for g := range goroutines {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					key := v.name + ":" + run + ":" + strconv.Itoa(g)
 					for {
 						select {
@@ -224,7 +238,7 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 						}
 						n.Add(1)
 					}
-				}()
+				})
 			}
 			time.Sleep(redisBurst)
 			close(stop)
@@ -238,14 +252,8 @@ func BenchmarkRedisThroughputPaired(b *testing.B) {
 		perSec[i] = float64(calls[i]) / elapsed.Seconds()
 		b.ReportMetric(perSec[i], v.name+"-calls/s")
 	}
-	b.ReportMetric(perSec[0]/perSec[2], "take/redis_rate")
-	b.ReportMetric(perSec[1]/perSec[2], "take-autopipeline/redis_rate")
-	b.ReportMetric(perSec[1]/perSec[3], "take-autopipeline/redis_rate-autopipeline")
+	return perSec
 }
-
-// redisBurst is how long each variant runs in a round of
-// BenchmarkRedisThroughputPaired.
-const redisBurst = 200 * time.Millisecond
 
 // redisRun calls f b.N times over the given number of goroutines, each
 // with a key of its own.

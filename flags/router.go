@@ -127,13 +127,13 @@ func (r *Router) IgnoresContext() bool {
 	return backend.IgnoresContext(r.old) || backend.IgnoresContext(r.new)
 }
 
-// Store names the store the call for key under p reaches now (see
+// Store names the store op for key under p reaches now (see
 // backend.Stores): the one the backend the key is routed to names, or, for
 // a backend that names none, that backend (RouterOptions.OldName or
 // NewName), so that a Throttler keeps the two backends' breakers apart.
-func (r *Router) Store(key string, p throttler.Policy) string {
+func (r *Router) Store(op throttler.Op, key string, p throttler.Policy) string {
 	b, name := r.routed(key)
-	if s := backend.StoreOf(b, key, p); s != "" {
+	if s := backend.StoreOf(b, op, key, p); s != "" {
 		return s
 	}
 	return name

@@ -18,13 +18,33 @@ type namedStore struct {
 	err  error
 }
 
-func (s namedStore) Store(string, throttler.Policy) string { return s.name }
+func (s namedStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
 
 func (s namedStore) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if s.err != nil {
 		return throttler.Decision{}, s.err
 	}
 	return s.Backend.Take(ctx, key, p, cost, now)
+}
+
+// peekStore names its Peeks' store apart, as a sharded Redis does its
+// replicas.
+type peekStore struct{ namedStore }
+
+func (s peekStore) Store(op throttler.Op, key string, p throttler.Policy) string {
+	if op == throttler.OpPeek {
+		return "replicas"
+	}
+	return s.namedStore.Store(op, key, p)
+}
+
+// flags0 is a rollout that keeps every key on the old backend.
+func flags0(t *testing.T) *Percent {
+	pct, err := NewPercent(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pct
 }
 
 // The router names the store of the backend each key is routed to now: its
@@ -44,7 +64,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 		if rt.UseNew(key) {
 			want = "memory"
 		}
-		if got := rt.Store(key, p); got != want {
+		if got := rt.Store(throttler.OpTake, key, p); got != want {
 			t.Fatalf("%q: Store %q, want %q", key, got, want)
 		}
 		seen[want]++
@@ -55,10 +75,16 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	if err := pct.Set(100); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Store("user-0", p); got != "memory" {
+	if got := rt.Store(throttler.OpTake, "user-0", p); got != "memory" {
 		t.Errorf("at 100%%: Store %q, want the new backend's", got)
 	}
 	var _ backend.Stores = rt
+
+	// The op is passed on: a backend may name its Peeks' store apart.
+	peeks := router(t, peekStore{namedStore{Backend: mem(t), name: "primary"}}, mem(t), flags0(t), nil)
+	if got := peeks.Store(throttler.OpPeek, "k", p); got != "replicas" {
+		t.Errorf("Peek: Store %q, want the routed backend's name for Peeks", got)
+	}
 }
 
 // Issue 11, case 2, through a router: the old store failing opened the

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,6 +86,102 @@ func TestBreakerRedisPausedReplica(t *testing.T) {
 	for w := range workers {
 		assert.Equal(t, p.Limit, admitted[w].Load(), "worker %d's key is limited exactly", w)
 	}
+}
+
+// A shard's primary and its replica are stores apart. With the primary
+// paused, Peeks the replica answered used to reset the primary's failure
+// count, so its breaker never opened and every Take paid the whole
+// Timeout (48 of 48). Now Takes open the primary's breaker after
+// BreakerThreshold failures and the rest skip it at once, while every
+// Peek is still answered by the replica, whose breaker stays closed.
+func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
+	primary, replicas := redisReplicaSet(t, 1)
+	pc := redisClient(t, primary.Addr)
+	b, err := redis.NewSharded([]redis.Shard{{
+		Primary:  pc,
+		Replicas: []redis.Client{redisClient(t, replicas[0].Addr)},
+	}}, nil)
+	require.NoError(t, err)
+	now := time.Now()
+	var counts sourceCounts
+	var mu sync.Mutex
+	stores := map[string]bool{}
+	var reached atomic.Int64 // Takes that reached the primary, not skipped by its breaker
+	// A Peek gives the replica half of the Timeout: 150 ms, so that on a
+	// loaded -race run the live replica still answers in its half (with
+	// 100 ms, 47 of 48 Peeks once failed on both, which opened the
+	// replicas' breaker).
+	const timeout, threshold = 300 * time.Millisecond, 5
+	th, err := throttler.New(b, &throttler.Options{Timeout: timeout, BreakerThreshold: threshold, BreakerCooldown: time.Minute,
+		Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
+			counts.observe(o)
+			if o.Op == throttler.OpTake && !strings.Contains(fmt.Sprint(o.Err), "skipped") {
+				reached.Add(1)
+			}
+			mu.Lock()
+			stores[o.Op.String()+" "+o.Store] = true
+			mu.Unlock()
+		}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	p := throttler.Policy{Name: "primary-paused", Limit: 10, Window: time.Hour}
+	run := fmt.Sprint(now.UnixNano())
+	const workers, rounds = 8, 6
+	for w := range workers { // on the backend: a Throttler's Timeout could fail a seed open
+		d, err := b.Take(ctx, fmt.Sprint(run, "-", w), p, 3, now)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+	}
+	acked, err := pc.Wait(ctx, 1, 5*time.Second).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, acked, "the replica has the seeds")
+	for w := range workers { // and its connections are open before the pause
+		d, err := b.Peek(ctx, fmt.Sprint(run, "-", w), p, now)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, d.Used)
+	}
+
+	redisPause(t, primary)
+
+	var slowTakes, badPeeks atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			key := fmt.Sprint(run, "-", w)
+			for range rounds {
+				d, err := th.Peek(ctx, key, p)
+				if err != nil || d.Degraded || d.Used != 3 {
+					badPeeks.Add(1)
+					t.Errorf("Peek: %+v, %v; want the replica's Used 3", d, err)
+				}
+				start := time.Now()
+				if d, _ := th.Allow(ctx, key, p); !d.Degraded {
+					t.Errorf("a paused primary answered a Take: %+v", d)
+				}
+				if time.Since(start) >= timeout/2 {
+					slowTakes.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	t.Logf("%d of %d Takes reached the paused primary, %d took Timeout/2 or more; peeks: %d from the replica, %d failed open",
+		reached.Load(), workers*rounds, slowTakes.Load(), counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
+	// The breaker opens after threshold failures; the calls already under
+	// way then (one per worker at most) still reach the primary.
+	assert.LessOrEqual(t, reached.Load(), int64(threshold+workers), "the primary's breaker opened")
+	assert.Zero(t, badPeeks.Load(), "every Peek is answered by the replica")
+	// Check names the paused primary, and only it.
+	checkCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err = b.Check(checkCtx)
+	assert.ErrorIs(t, err, throttler.ErrUnavailable)
+	assert.ErrorContains(t, err, "redis ("+primary.Addr+"): ")
+	assert.NotContains(t, fmt.Sprint(err), replicas[0].Addr, "the live replica answered")
+	replicaStore := "peek redis replicas (" + replicas[0].Addr + ")"
+	assert.True(t, stores[replicaStore], "Peeks are the replicas' store: %v", stores)
+	assert.True(t, stores["take redis ("+primary.Addr+")"], "Takes are the primary's store: %v", stores)
 }
 
 // Issue 11, case 2: one key that always errors opened the breaker for every

@@ -201,8 +201,11 @@ func TestCLI(t *testing.T) {
 		if code != 3 {
 			t.Fatalf("exit status %d, want 3; stderr %s\n%s", code, errOut, out)
 		}
-		if !strings.Contains(out, "connection refused") || !strings.Contains(out, "a store is unreachable") {
-			t.Errorf("output does not say why:\n%s", out)
+		// The start-up check stops it (Redis has Check): no report, the
+		// store and the cause on stderr.
+		if !strings.Contains(errOut, "connection refused") || !strings.Contains(errOut, "store redis (") ||
+			!strings.Contains(errOut, "does not answer") {
+			t.Errorf("output does not say why:\n%s\n%s", errOut, out)
 		}
 		if d := time.Since(start); d > 20*time.Second {
 			t.Errorf("took %v", d)

@@ -17,7 +17,7 @@ import (
 // TestMemcachedEviction measures the weakness that motivates migrating: a
 // Memcached with little memory (-m 4), filled with unrelated cache items,
 // evicts live limiter windows, and those clients get a fresh window.
-// docs/backends.md quotes the figures this test logs.
+// docs/backends-memcached.md quotes the figures this test logs.
 //
 // 3 groups of 200 idle clients take one unit each in an open 1-hour window,
 // then make no request while unrelated items are written; each group takes

@@ -98,7 +98,7 @@ func TestMemcachedExactness(t *testing.T) {
 // of 1 to 3 units. Never more than Limit units admitted, denied Takes leave
 // no units behind (the stored count is exactly what was admitted), and the
 // window fills up: spurious denials, which a concurrent overshoot can cause
-// (docs/backends.md), are retried and leave at most a few units unused.
+// (docs/backends-memcached.md), are retried and leave at most a few units unused.
 func TestMemcachedMixedCosts(t *testing.T) {
 	const clients, goroutines, perGoroutine, maxCost = 4, 32, 12, 3
 	s := memcachedStart(t)

@@ -114,6 +114,13 @@ func redisReplicaSet(t testing.TB, n int) (*redisContainer, []*redisContainer) {
 // container address, which the host cannot reach.
 func redisCluster(t testing.TB, n int) []string {
 	t.Helper()
+	return redisClusterOwned(t, n, n)
+}
+
+// redisClusterOwned is redisCluster with the slots split over the first
+// owners masters only: the others join empty, for a reshard to fill.
+func redisClusterOwned(t testing.TB, n, owners int) []string {
+	t.Helper()
 	ports := redisFreePorts(t, n)
 	addrs := make([]string, n)
 	clients := make([]*goredis.Client, n)
@@ -125,6 +132,11 @@ func redisCluster(t testing.TB, n int) []string {
 			"--port", p, "--bind", "127.0.0.1",
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes-"+p+".conf",
 			"--cluster-node-timeout", "5000")
+		if owners < n {
+			// A master a reshard empties stays a master, rather than
+			// turning into a replica of the one that took its last slot.
+			args = append(args, "--cluster-allow-replica-migration", "no")
+		}
 		c, err := testcontainers.Run(ctx, redisImage,
 			testcontainers.WithCmd(args...),
 			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
@@ -140,9 +152,10 @@ func redisCluster(t testing.TB, n int) []string {
 	// Split the 16384 slots evenly, then introduce every node to the first.
 	const slots = 16384
 	for i, c := range clients {
-		lo, hi := i*slots/n, (i+1)*slots/n-1
-		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, addrs[i], err)
+		if lo, hi := i*slots/owners, (i+1)*slots/owners-1; i < owners {
+			if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+				t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, addrs[i], err)
+			}
 		}
 		if i > 0 {
 			if err := c.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(ports[0])).Err(); err != nil {

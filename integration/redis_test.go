@@ -18,6 +18,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/redis"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -308,7 +309,7 @@ func redisTestResetAtNeverWobbles(t *testing.T, b throttler.Backend, primaries [
 	thr, err := throttler.New(b, &throttler.Options{Clock: clock, Timeout: 2 * time.Second})
 	require.NoError(t, err)
 	p := throttler.Policy{Name: "wobble", Limit: 5000, Window: time.Hour}
-	mw, err := thr.Middleware(p, throttler.KeyByHeader("X-Client"), nil)
+	mw, err := httplimit.Rate(thr, p, httplimit.KeyByHeader("X-Client"), nil)
 	require.NoError(t, err)
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	key := fmt.Sprint("client-", time.Now().UnixNano())

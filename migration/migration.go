@@ -1,5 +1,5 @@
 // Package migration is the one piece of code that moves a live system from
-// an old rate-limit store to a new one, as DESIGN.md's "Migration" runs it:
+// an old rate-limit store to a new one, as docs/migration.md's playbook runs it:
 //
 //	m, err := migration.New(memcachedBackend, redisBackend, rollout, nil)
 //	if err != nil {

@@ -16,7 +16,7 @@ type failingStore struct {
 	name string
 }
 
-func (s failingStore) Store(string, throttler.Policy) string { return s.name }
+func (s failingStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
 
 func (s failingStore) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, backend.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
@@ -44,7 +44,7 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 		if m.UseNew(key) {
 			want = "new"
 		}
-		if got := m.Store(key, p); got != want {
+		if got := m.Store(throttler.OpTake, key, p); got != want {
 			t.Fatalf("%q: Store %q, want %q", key, got, want)
 		}
 		if want != "new" {

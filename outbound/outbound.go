@@ -215,7 +215,9 @@ func New(th *throttler.Throttler, opts *Options) (*Transport, error) {
 // throttler.ErrUnavailable from one that fails closed while its store is
 // down); ErrLimited with FailFast; the context's, wrapped, when it ends
 // while waiting; throttler.ErrWouldExceedDeadline, at once, when the wait
-// would outlast the request's deadline; and the base transport's.
+// would outlast the request's deadline, also for a request queued behind
+// others waiting for its key (Throttler.WaitN says how it knows); and the
+// base transport's.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r, err := t.route(req)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/outbound"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -676,6 +677,58 @@ func TestDeadlinesAndCancellation(t *testing.T) {
 	assert.Len(t, r.Calls(), 1)
 }
 
+// TestQueuedRequestReturnsAtOnceWhenTheDeadlineComesFirst runs on the real
+// clock: a request queued behind another waiting for its key's capacity
+// (the billing-day pattern: most waiters are queued) fails at once with
+// ErrWouldExceedDeadline when its deadline comes before the capacity can,
+// as one alone does, without a call to the store.
+func TestQueuedRequestReturnsAtOnceWhenTheDeadlineComesFirst(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine; typically well under 1ms
+	store := &counted{Backend: mustMemory(t)}
+	th, err := throttler.New(store, nil)
+	require.NoError(t, err)
+	r := &remote{w: &world{}}
+	tr, err := outbound.New(th, &outbound.Options{Policy: throttler.PerMinute(1).Named("gateway"), Base: r})
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodGet, "https://gateway.example/", nil)
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req) // spends the minute's unit
+	require.NoError(t, err)
+	resp.Body.Close()
+
+	head, stopHead := context.WithCancel(context.Background())
+	headDone := make(chan error, 1)
+	go func() {
+		req, _ := post(t, head)
+		_, err := tr.RoundTrip(req)
+		headDone <- err
+	}()
+	// Until the head has queued, a request asks the store itself and is
+	// refused by its own denial; once it has, the request is queued.
+	queued := false
+	for start := time.Now(); !queued && time.Since(start) < 10*time.Second; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, body := post(t, ctx)
+		takes := store.takes.Load()
+		sent := time.Now()
+		_, err := tr.RoundTrip(req)
+		took := time.Since(sent)
+		cancel()
+		require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline)
+		require.Less(t, took, bound, "not at once")
+		assert.True(t, body.closed)
+		queued = store.takes.Load() == takes
+		if queued {
+			t.Logf("queued, returned after %v", took)
+		}
+	}
+	assert.True(t, queued, "no request ever queued behind the head")
+	stopHead()
+	require.ErrorIs(t, <-headDone, context.Canceled)
+	assert.Len(t, r.Calls(), 1)
+}
+
 func mustMemory(t *testing.T) *memory.Backend {
 	m, err := memory.New(nil)
 	require.NoError(t, err)
@@ -692,47 +745,60 @@ func (h handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestAgainstThrottlekitsMiddleware: a remote limited by this module's own
-// middleware, 2 a minute, and a client that believes it may make 5: the
-// remaining count of 0 on the second answer pauses the client until the
-// reset, so the remote never answers 429.
+// middleware, 2 a minute, on every algorithm, and a client that believes it
+// may make 5: the remaining count of 0 on the second answer pauses the
+// client until the reset, and the remote never answers 429. t0 is 7s into
+// an epoch-aligned minute: the sliding-window counter's window ends 53s
+// later, where the previous window's 2 still weigh 2; its reset names when
+// they weigh 1, 30s into the next window.
 func TestAgainstThrottlekitsMiddleware(t *testing.T) {
-	for _, ietf := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ietf=%v", ietf), func(t *testing.T) {
-			w := newWorld()
-			server, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
-			require.NoError(t, err)
-			mw, err := server.Middleware(throttler.PerMinute(2).Named("api"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: ietf})
-			require.NoError(t, err)
-			var statuses []int
-			var at []time.Time
-			api := mw(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { at = append(at, w.Now()) }))
-			base := handlerTransport{http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-				rec := httptest.NewRecorder()
-				api.ServeHTTP(rec, r)
-				statuses = append(statuses, rec.Code)
-				for k, v := range rec.Header() {
-					rw.Header()[k] = v
+	for _, tc := range []struct {
+		p     throttler.Policy
+		third time.Duration // after t0: when the third call is served
+	}{
+		{throttler.PerMinute(2), time.Minute},
+		{throttler.PerMinute(2).With(throttler.TokenBucket), time.Minute},
+		{throttler.PerMinute(2).With(throttler.SlidingLog), time.Minute},
+		{throttler.PerMinute(2).With(throttler.SlidingWindow), 83 * time.Second},
+	} {
+		for _, ietf := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/ietf=%v", tc.p.Algorithm, ietf), func(t *testing.T) {
+				w := newWorld()
+				server, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
+				require.NoError(t, err)
+				mw, err := httplimit.Rate(server, tc.p.Named("api"), httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: ietf})
+				require.NoError(t, err)
+				var statuses []int
+				var at []time.Time
+				api := mw(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { at = append(at, w.Now()) }))
+				base := handlerTransport{http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+					rec := httptest.NewRecorder()
+					api.ServeHTTP(rec, r)
+					statuses = append(statuses, rec.Code)
+					for k, v := range rec.Header() {
+						rw.Header()[k] = v
+					}
+					rw.WriteHeader(rec.Code)
+				})}
+				client, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
+				require.NoError(t, err)
+				tr, err := outbound.New(client, &outbound.Options{Policy: throttler.PerMinute(5), Base: base})
+				require.NoError(t, err)
+				outbound.SetWorld(tr, w.Now, w.Sleep, noJitter)
+				for range 3 {
+					req, err := http.NewRequest(http.MethodGet, "http://api.example/", nil)
+					require.NoError(t, err)
+					req.Header.Set("X-Client", "us")
+					resp, err := tr.RoundTrip(req)
+					require.NoError(t, err)
+					resp.Body.Close()
 				}
-				rw.WriteHeader(rec.Code)
-			})}
-			client, err := throttler.New(mustMemory(t), &throttler.Options{Clock: w.Now})
-			require.NoError(t, err)
-			tr, err := outbound.New(client, &outbound.Options{Policy: throttler.PerMinute(5), Base: base})
-			require.NoError(t, err)
-			outbound.SetWorld(tr, w.Now, w.Sleep, noJitter)
-			for range 3 {
-				req, err := http.NewRequest(http.MethodGet, "http://api.example/", nil)
-				require.NoError(t, err)
-				req.Header.Set("X-Client", "us")
-				resp, err := tr.RoundTrip(req)
-				require.NoError(t, err)
-				resp.Body.Close()
-			}
-			assert.Equal(t, []int{200, 200, 200}, statuses)
-			require.Len(t, at, 3)
-			assert.False(t, at[2].Before(t0.Add(time.Minute)), "third served at %v, inside the first window", at[2])
-			assert.Len(t, w.Sleeps(), 1)
-		})
+				assert.Equal(t, []int{200, 200, 200}, statuses)
+				require.Len(t, at, 3)
+				assert.Equal(t, t0.Add(tc.third), at[2], "the third was served at the reset")
+				assert.Len(t, w.Sleeps(), 1)
+			})
+		}
 	}
 }
 

@@ -82,6 +82,17 @@ func (b *Backend) noLeases() error {
 // its TTL it would make the candidate stricter than the control. A failure
 // is left alone: the lease then expires at its TTL.
 func (b *Backend) undoAcquire(w *worker, c *call) {
-	defer func() { _ = recover() }() // a candidate's panic never reaches a worker
-	_, _, _ = b.candidateLeases.Release(w.callContext(b.ctx, b.opts.Timeout), c.key, c.lease.p, c.lease.id, c.now)
+	if w.jobs == nil {
+		_, _, _ = b.invoke(w.callContext(b.ctx, b.opts.Timeout), c, true)
+		return
+	}
+	if w.stuck && !b.awaitRunner(w) {
+		w.skip = true
+		return
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, b.opts.Timeout)
+	defer cancel()
+	if _, _, _, abandoned := w.hand(ctx, c, true); abandoned {
+		w.skip = true
+	}
 }

@@ -31,7 +31,8 @@ const (
 	// to compare. The candidate was still called, to keep its counts warm.
 	ControlError
 	// Dropped: the call was never mirrored, because the worker's queue was
-	// full or the Backend was closed. The candidate's counts now lag.
+	// full, the Backend was closed, or an earlier call taken with it timed
+	// out (see Options.Timeout). The candidate's counts now lag.
 	Dropped
 	// RetryAfterDiffers: both denied (or both allowed with a RetryAfter)
 	// but RetryAfter differs by more than Options.ResetAtTolerance: the two

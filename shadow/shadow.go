@@ -42,6 +42,10 @@ var (
 	ErrCandidateTimeout = errors.New("shadow: candidate timed out")
 	// ErrCandidatePanic: the candidate panicked; the panic was recovered.
 	ErrCandidatePanic = errors.New("shadow: candidate panicked")
+	// errNotSent is a Dropped call's CandidateErr when an earlier call of
+	// its batch timed out (see Options.Timeout). One value for every
+	// such call: a dead candidate makes them many.
+	errNotSent = fmt.Errorf("%w: not sent: an earlier call queued with it timed out", ErrCandidateTimeout)
 	// ErrClosed: Flush was called after Close.
 	ErrClosed = errors.New("shadow: closed")
 )
@@ -59,14 +63,23 @@ type Options struct {
 	// 2*Workers*QueueSize calls are held in all, and with Publish as many
 	// drops again may wait for it (see Publish). default: 1024
 	QueueSize int
-	// Timeout bounds each candidate call, through its context's deadline:
-	// a worker's calls share a context while at least about 7/8 of
-	// Timeout is left of it. A call that fails once the deadline has
-	// passed is a CandidateError matching ErrCandidateTimeout; one that
-	// answers late is still compared. A candidate that ignores its
-	// context holds its worker until it returns; the calls queued behind
-	// it are dropped once the queue is full, and the control path is
-	// still unaffected. default: 100ms
+	// Timeout bounds each candidate call, through its context's deadline
+	// (the calls to an in-process candidate share a context while at least
+	// about 7/8 of Timeout is left of it). A call that fails once the
+	// deadline has passed is a CandidateError matching ErrCandidateTimeout.
+	// The worker waits for a candidate that may block (one that is not
+	// backend.InProcess) no longer than the deadline: a call still running
+	// then is abandoned, counted as a timeout, and left to return on its
+	// own; the worker sends the candidate nothing more until it has
+	// returned, and waits for that at most Timeout per batch. After a
+	// timeout, the rest of the calls the worker took with it, all queued
+	// before it timed out, are not sent: they are Dropped, their
+	// CandidateErr matching ErrCandidateTimeout. So a dead candidate costs
+	// each worker about one Timeout per batch of calls it takes, not one
+	// per call: every call is accounted within about twice Timeout of
+	// being queued, however the keys fall on the workers, and Flush
+	// returns. A Timeout below 1ms is an error (Timeout: 100 is 100ns, a
+	// unit slip). default: 100ms
 	Timeout time.Duration
 	// DrainTimeout is how long Close lets the workers finish the queued
 	// calls before it cancels the calls in flight and drops the rest.
@@ -138,6 +151,10 @@ type Options struct {
 	KeepMismatches int
 }
 
+// minTimeout is the shortest Options.Timeout New accepts: a shorter one is
+// most likely a unit slip (Timeout: 100 is 100ns).
+const minTimeout = time.Millisecond
+
 // withDefaults returns o with its zero fields set to their defaults, or an
 // error naming the first negative field, as "Field is …" (New adds
 // "shadow: Options.", package migration "migration: Options.Forward.").
@@ -156,6 +173,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return neg("QueueSize", out.QueueSize, "1024")
 	case out.Timeout < 0:
 		return neg("Timeout", out.Timeout, "100ms")
+	case out.Timeout > 0 && out.Timeout < minTimeout:
+		// Timeout: 100 is 100ns, not 100ms: every candidate call would
+		// time out, and the shadow would compare nothing.
+		return out, fmt.Errorf("%s is %v; want 0 (default 100ms) or at least %v: no store answers sooner", "Timeout", out.Timeout, minTimeout)
 	case out.DrainTimeout < 0:
 		return neg("DrainTimeout", out.DrainTimeout, "1s")
 	case out.UsedTolerance < 0:
@@ -292,8 +313,28 @@ type worker struct {
 	stale *atomic.Bool
 	aging *time.Timer
 
+	// A candidate that may block runs on the runner goroutine (see
+	// runner), so that the worker can stop waiting for it; jobs is nil
+	// for one that is backend.InProcess, which the worker calls itself.
+	jobs    chan *job // to the runner
+	answers chan *job // from the runner, capacity 1
+	job     *job      // the runner's; reused once its answer is read
+	stuck   bool      // job was abandoned and has not returned yet
+	skip    bool      // a call of this batch timed out: send no more of it
+
 	tally  tally    // this batch's results, not yet in counts
 	counts counters // what Stats reads
+}
+
+// job is one call handed to the runner: a copy, since an abandoned call
+// outlives the queue slot it came from.
+type job struct {
+	ctx  context.Context
+	c    call
+	undo bool // release c's lease (undoAcquire) instead of making c
+	d    throttler.Decision
+	held bool
+	err  error
 }
 
 // New returns a Backend that serves from control and mirrors to candidate,
@@ -326,8 +367,14 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	if o.Publish != nil {
 		b.pub = newPublisher(o.Workers)
 	}
+	blocks := !backend.IsInProcess(candidate)
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
+		if blocks {
+			w.jobs, w.answers, w.job = make(chan *job, 1), make(chan *job, 1), new(job)
+			b.wg.Add(1)
+			go b.runner(w)
+		}
 		stale := new(atomic.Bool)
 		stale.Store(true)
 		w.stale = stale
@@ -450,6 +497,9 @@ func (b *Backend) run(w *worker) {
 		if w.cancel != nil {
 			w.cancel()
 		}
+		if w.jobs != nil {
+			close(w.jobs)
+		}
 	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -499,6 +549,7 @@ func (b *Backend) run(w *worker) {
 		// write a cache miss. They keep at most QueueSize keys alive.
 		floor := looked
 		looked = time.Now()
+		w.skip = false
 		for i := range next {
 			b.process(w, &next[i], floor)
 		}
@@ -525,6 +576,12 @@ func (b *Backend) process(w *worker, c *call, queued time.Time) {
 	if b.discard.Load() {
 		b.discarded.Add(1)
 		r.Kinds = Dropped
+		b.record(w, &r)
+		return
+	}
+	if w.skip || w.stuck && !b.awaitRunner(w) {
+		w.skip = true
+		r.Kinds, r.CandidateErr = Dropped, errNotSent
 		b.record(w, &r)
 		return
 	}
@@ -572,32 +629,112 @@ func (c *call) result() Result {
 }
 
 // callCandidate makes the call with a deadline, turning a timeout or a
-// panic into an error; held is a Release's answer.
+// panic into an error; held is a Release's answer. A timeout makes the
+// worker skip the rest of its batch.
 func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held bool, err error) {
-	ctx := w.callContext(b.ctx, b.opts.Timeout)
-	defer func() {
-		if v := recover(); v != nil {
-			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
-		}
-	}()
-	if c.op == throttler.OpAcquire || c.op == throttler.OpRelease {
-		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
+	var ctx context.Context
+	abandoned := false
+	if w.jobs == nil {
+		ctx = w.callContext(b.ctx, b.opts.Timeout)
+		d, held, err = b.invoke(ctx, c, false)
 	} else {
-		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.receipt, c.now)
+		// Its own context: a shared one, made stale by a timer, can be
+		// handed on expired when that timer is late, and then the worker
+		// would abandon a call that never had its Timeout.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(b.ctx, b.opts.Timeout)
+		defer cancel()
+		d, held, err, abandoned = w.hand(ctx, c, false)
 	}
 	if err == nil {
 		// A call that answered is compared, even if it answered late.
 		return d, held, nil
 	}
+	how := ""
+	if abandoned {
+		how = ", still running: abandoned"
+	}
 	switch cerr := ctx.Err(); {
 	case errors.Is(cerr, context.DeadlineExceeded):
 		w.stale.Store(true)
-		return throttler.Decision{}, false, fmt.Errorf("%w after %v: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, c.op, c.key, err)
+		w.skip = true
+		return throttler.Decision{}, false, fmt.Errorf("%w after %v%s: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, how, c.op, c.key, err)
 	case cerr != nil:
 		w.stale.Store(true)
-		return throttler.Decision{}, false, fmt.Errorf("candidate %s %q cancelled by Close: %w", c.op, c.key, err)
+		return throttler.Decision{}, false, fmt.Errorf("candidate %s %q cancelled by Close%s: %w", c.op, c.key, how, err)
 	}
 	return throttler.Decision{}, false, fmt.Errorf("candidate %s %q: %w", c.op, c.key, err)
+}
+
+// invoke calls the candidate for c (or, with undo, releases c's lease on
+// it), turning a panic into an error.
+func (b *Backend) invoke(ctx context.Context, c *call, undo bool) (d throttler.Decision, held bool, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
+		}
+	}()
+	switch {
+	case undo:
+		held, d, err = b.candidateLeases.Release(ctx, c.key, c.lease.p, c.lease.id, c.now)
+	case c.op == throttler.OpAcquire || c.op == throttler.OpRelease:
+		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
+	default:
+		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.receipt, c.now)
+	}
+	return d, held, err
+}
+
+// runner makes w's candidate calls for a candidate that may block, one at
+// a time, until the worker stops. A call that ignores its context holds
+// the runner, never the worker (see hand).
+func (b *Backend) runner(w *worker) {
+	defer b.wg.Done()
+	for j := range w.jobs {
+		j.d, j.held, j.err = b.invoke(j.ctx, &j.c, j.undo)
+		w.answers <- j
+	}
+}
+
+// hand has the runner make the call and waits for its answer until ctx
+// ends; then it abandons the call, marks the runner stuck and reports
+// ctx's error. The runner is idle: the worker hands it nothing while it
+// is stuck (see awaitRunner).
+func (w *worker) hand(ctx context.Context, c *call, undo bool) (d throttler.Decision, held bool, err error, abandoned bool) {
+	j := w.job
+	j.ctx, j.c, j.undo = ctx, *c, undo
+	w.jobs <- j
+	select {
+	case <-w.answers:
+	case <-ctx.Done():
+		select {
+		case <-w.answers: // it answered as the deadline passed
+		default:
+			w.stuck = true
+			return throttler.Decision{}, false, ctx.Err(), true
+		}
+	}
+	d, held, err = j.d, j.held, j.err
+	j.ctx, j.d, j.err = nil, throttler.Decision{}, nil
+	return d, held, err, false
+}
+
+// awaitRunner waits up to Timeout for the runner's abandoned call to
+// return, and reports whether it did: a candidate that honours its context
+// returns just after its deadline, one that ignores it may never. Its
+// answer is discarded: the call was counted as a timeout.
+func (b *Backend) awaitRunner(w *worker) bool {
+	timer := time.NewTimer(b.opts.Timeout)
+	defer timer.Stop()
+	select {
+	case j := <-w.answers:
+		j.ctx, j.d, j.err = nil, throttler.Decision{}, nil
+		w.stuck = false
+		return true
+	case <-timer.C:
+	case <-b.ctx.Done():
+	}
+	return false
 }
 
 // callContext returns a context whose deadline is Timeout after it was

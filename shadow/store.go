@@ -10,8 +10,8 @@ var _ backend.Stores = (*Backend)(nil)
 // Store names the control's store for key under p (see backend.Stores): the
 // control answers every call, and the candidate's failures never reach the
 // caller, so only the control's stores may trip a Throttler's breakers.
-func (b *Backend) Store(key string, p throttler.Policy) string {
-	return backend.StoreOf(b.control, key, p)
+func (b *Backend) Store(op throttler.Op, key string, p throttler.Policy) string {
+	return backend.StoreOf(b.control, op, key, p)
 }
 
 // IgnoresContext reports whether the control's calls, the ones made on the

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -97,9 +98,15 @@ func BenchmarkMiddleware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	key := throttler.KeyByHeader("Client")
-	conc := &shed.Concurrency{Throttler: th, Policy: throttler.Concurrent(1000, time.Minute).Named("inflight"), Key: key}
-	rate := &shed.Rate{Throttler: th, Policy: throttler.Policy{Name: "api", Limit: throttler.MaxLimit, Window: time.Hour}, Key: key}
+	key := httplimit.KeyByHeader("Client")
+	conc, err := httplimit.Concurrency(th, throttler.Concurrent(1000, time.Minute).Named("inflight"), key, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rate, err := httplimit.Rate(th, throttler.Policy{Name: "api", Limit: throttler.MaxLimit, Window: time.Hour}, key, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	for _, bc := range []struct {
 		name string

@@ -9,8 +9,9 @@
 //     traffic: Stripe's fleet usage load shedder, built on a Throttler's
 //     leases (Throttler.Acquire) over one global key.
 //   - Middleware runs the worker shedder, the fleet shedder, a per-client
-//     concurrency limit and a per-client request rate, in that order, each
-//     optional, each refusal with its own status and headers.
+//     concurrency limit and a per-client request rate (package httplimit's
+//     Concurrency and Rate), in that order, each optional, each refusal
+//     with its own status and headers.
 //
 // Requests are sorted into priority Classes by a Classifier; shedders drop
 // the least important first (test-mode traffic, then reads, then writes) and

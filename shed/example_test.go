@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -38,13 +39,16 @@ func ExampleMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	user := throttler.KeyByHeader("X-User-ID")
-	mw, err := shed.Middleware(&shed.Options{
-		Worker:      worker,
-		Fleet:       fleet,
-		Concurrency: &shed.Concurrency{Throttler: th, Policy: throttler.Concurrent(2, time.Minute).Named("inflight"), Key: user},
-		Rate:        &shed.Rate{Throttler: th, Policy: throttler.PerMinute(100).Named("api"), Key: user},
-	})
+	user := httplimit.KeyByHeader("X-User-ID")
+	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(2, time.Minute).Named("inflight"), user, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rate, err := httplimit.Rate(th, throttler.PerMinute(100).Named("api"), user, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Worker: worker, Fleet: fleet, Concurrency: inflight, Rate: rate})
 	if err != nil {
 		log.Fatal(err)
 	}

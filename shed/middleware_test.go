@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -47,10 +48,30 @@ func newRig(t *testing.T, mode throttler.FailureMode) *rig {
 	g.opts = shed.Options{
 		Worker:      g.worker,
 		Fleet:       g.fleet,
-		Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc, Key: throttler.KeyByHeader("Client")},
-		Rate:        &shed.Rate{Throttler: g.th, Policy: g.rate, Key: throttler.KeyByHeader("Client")},
+		Concurrency: g.concurrency(t, nil),
+		Rate:        g.rateLimit(t, nil),
 	}
 	return g
+}
+
+// concurrency is httplimit's Concurrency over the rig's limit.
+func (g *rig) concurrency(t *testing.T, o *httplimit.Options) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httplimit.Concurrency(g.th, g.conc, httplimit.KeyByHeader("Client"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+// rateLimit is httplimit's Rate over the rig's limit.
+func (g *rig) rateLimit(t *testing.T, o *httplimit.Options) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := httplimit.Rate(g.th, g.rate, httplimit.KeyByHeader("Client"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
 }
 
 // shedAll brings the worker shedder to shed every shed-able request.
@@ -137,7 +158,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// refused by the rate limit.
 	g.serve(h, "GET", "alice")
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "rate", w, 429, map[string]string{shed.HeaderLimiter: shed.LimiterRate, "X-RateLimit-Resource": "core", "X-RateLimit-Remaining": "0", "Retry-After": "60"})
+	checkHeaders(t, "rate", w, 429, map[string]string{shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "core", "X-RateLimit-Remaining": "0", "Retry-After": "60"})
 
 	// Concurrency: bob holds a lease already; his request is refused
 	// before the rate limit counts it.
@@ -147,7 +168,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	}
 	w = g.serve(h, "GET", "bob")
 	checkHeaders(t, "concurrency", w, 429, map[string]string{
-		shed.HeaderLimiter: shed.LimiterConcurrency, "X-RateLimit-Resource": "inflight", "X-RateLimit-Limit": "1",
+		shed.HeaderLimiter: "concurrency", "X-RateLimit-Resource": "inflight", "X-RateLimit-Limit": "1",
 		"X-RateLimit-Remaining": "0", "X-RateLimit-Used": "1", "Retry-After": "10",
 		"X-RateLimit-Reset": fmt.Sprint(t0.Add(10 * time.Second).Unix()),
 	})
@@ -166,7 +187,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 		t.Fatal(held, err)
 	}
 	w = g.serve(h, "POST", "carol")
-	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "X-RateLimit-Resource": "fleet", "Retry-After": ""})
+	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: "fleet-shedder", "X-RateLimit-Resource": "fleet", "Retry-After": ""})
 	if g.store.held("carol", "inflight") != 0 || g.rateUsed(t, "carol") != 0 {
 		t.Error("a request the fleet shed reached the limiters after it")
 	}
@@ -187,7 +208,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// before the fleet is asked. Critical traffic still passes.
 	g.shedAll()
 	w = g.serve(hc, "GET", "dave")
-	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterWorker, "Retry-After": ""})
+	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: "worker-shedder", "Retry-After": ""})
 	if g.rateUsed(t, "dave") != 0 || g.worker.InFlight() != 0 {
 		t.Error("a request the worker shed reached the limiters after it")
 	}
@@ -226,16 +247,17 @@ func TestMiddlewareReleasesOnPanic(t *testing.T) {
 // TestMiddlewareErrors: a request without a client key is answered 400 by
 // the concurrency limit; a failing store with a Throttler that fails
 // closed is answered 503 with Retry-After: 1 by the first limiter that asks
-// it, and never with the error's text.
+// it, and never with the error's text; a limit's own OnError answers its
+// errors, under HeaderLimiter.
 func TestMiddlewareErrors(t *testing.T) {
 	g := newRig(t, throttler.FailClosed)
 	h := g.handler(t)
 	w := g.serve(h, "GET", "")
-	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency})
+	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: "concurrency"})
 
 	g.store.setFail(errors.New("store down: secret-key-alice"))
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "store down", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterFleet, "Retry-After": "1"})
+	checkHeaders(t, "store down", w, 503, map[string]string{shed.HeaderLimiter: "fleet-shedder", "Retry-After": "1"})
 	if strings.Contains(w.Body.String(), "secret") {
 		t.Errorf("the response holds the error: %q", w.Body)
 	}
@@ -243,19 +265,48 @@ func TestMiddlewareErrors(t *testing.T) {
 	g.opts.Fleet = nil
 	h = g.handler(t)
 	w = g.serve(h, "GET", "alice")
-	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: shed.LimiterConcurrency, "Retry-After": "1"})
+	checkHeaders(t, "store down, no fleet", w, 503, map[string]string{shed.HeaderLimiter: "concurrency", "Retry-After": "1"})
 
 	var got []error
-	g.opts.OnError = func(w http.ResponseWriter, r *http.Request, err error) {
+	onError := func(w http.ResponseWriter, r *http.Request, err error) {
 		got = append(got, err)
 		w.WriteHeader(599)
 	}
 	g.opts.Concurrency = nil
+	g.opts.Rate = g.rateLimit(t, &httplimit.Options{OnError: onError})
 	h = g.handler(t)
-	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches the chain's OnError
-	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: shed.LimiterRate})
-	if len(got) != 1 || !errors.Is(got[0], throttler.ErrNoKey) {
+	w = g.serve(h, "GET", "") // the rate limit's own KeyFunc error reaches its OnError
+	checkHeaders(t, "custom OnError", w, 599, map[string]string{shed.HeaderLimiter: "rate"})
+	if len(got) != 1 || !errors.Is(got[0], httplimit.ErrNoKey) {
 		t.Errorf("OnError got %v, want one ErrNoKey", got)
+	}
+	if g.reached != 0 {
+		t.Errorf("the handler ran %d times", g.reached)
+	}
+}
+
+// TestMiddlewareClientGone: a request whose client has gone while its
+// store call ran is answered 499 by whichever limiter asked the store, the
+// fleet shedder as the limits: one mapping (httplimit.Error) for all, where
+// the chain used to answer 503 and the rate limit 400.
+func TestMiddlewareClientGone(t *testing.T) {
+	g := newRig(t, throttler.FailClosed)
+	g.store.setFail(context.Canceled) // what a network store returns for a cancelled call
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tc := range []struct {
+		limiter string
+		edit    func()
+	}{
+		{"fleet-shedder", func() {}},
+		{"concurrency", func() { g.opts.Fleet = nil }},
+	} {
+		tc.edit()
+		r := newRequest("GET", "/v1/things").WithContext(ctx)
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		g.handler(t).ServeHTTP(w, r)
+		checkHeaders(t, tc.limiter, w, 499, map[string]string{shed.HeaderLimiter: tc.limiter, "Retry-After": ""})
 	}
 	if g.reached != 0 {
 		t.Errorf("the handler ran %d times", g.reached)
@@ -270,7 +321,7 @@ func TestMiddlewareReleaseError(t *testing.T) {
 	g := newRig(t, throttler.FailClosed)
 	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
 	var released []error
-	g.opts.OnReleaseError = func(r *http.Request, err error) { released = append(released, err) }
+	g.opts.Concurrency = g.concurrency(t, &httplimit.Options{OnReleaseError: func(r *http.Request, err error) { released = append(released, err) }})
 	g.inHandler = func(http.ResponseWriter, *http.Request) { g.store.setFail(errors.New("store down")) }
 	w := g.serve(g.handler(t), "GET", "alice")
 	if w.Code != 200 || len(released) != 1 {
@@ -279,13 +330,6 @@ func TestMiddlewareReleaseError(t *testing.T) {
 }
 
 func TestMiddlewareBuildErrors(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
-	m, err := memory.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
-	key := throttler.KeyByHeader("Client")
 	for _, tc := range []struct {
 		name string
 		o    *shed.Options
@@ -295,14 +339,6 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 		{"none", &shed.Options{Classify: shed.DefaultClassifier}, "needs at least one"},
 		{"zero worker", &shed.Options{Worker: &shed.Worker{}}, "Options.Worker was not built by NewWorker"},
 		{"zero fleet", &shed.Options{Fleet: &shed.Fleet{}}, "Options.Fleet was not built by NewFleet"},
-		{"concurrency without throttler", &shed.Options{Concurrency: &shed.Concurrency{Policy: g.conc, Key: key}}, "Concurrency.Throttler is nil"},
-		{"concurrency without leases", &shed.Options{Concurrency: &shed.Concurrency{Throttler: noLeases, Policy: g.conc, Key: key}}, "does not hold leases"},
-		{"concurrency without key", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: g.conc}}, "Concurrency.Key is nil"},
-		{"concurrency bad policy", &shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}, "shed: Options.Concurrency.Policy: invalid policy: concurrency limit"},
-		{"rate without throttler", &shed.Options{Rate: &shed.Rate{Policy: g.rate, Key: key}}, "Rate.Throttler is nil"},
-		{"rate bad policy", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: throttler.PerMinute(0), Key: key}}, "shed: Options.Rate: invalid policy"},
-		{"rate without key", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate}}, "shed: Options.Rate: Middleware needs a KeyFunc"},
-		{"rate bad status", &shed.Options{Rate: &shed.Rate{Throttler: g.th, Policy: g.rate, Key: key, Options: &throttler.MiddlewareOptions{DeniedStatus: 200}}}, "DeniedStatus"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mw, err := shed.Middleware(tc.o)
@@ -311,7 +347,45 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := shed.Middleware(&shed.Options{Concurrency: &shed.Concurrency{Throttler: g.th, Policy: throttler.Concurrent(0, time.Second), Key: key}}); !errors.Is(err, throttler.ErrInvalidPolicy) {
-		t.Errorf("a bad concurrency policy: %v does not match ErrInvalidPolicy", err)
+}
+
+// TestMiddlewareRateResetAgreesWithRetryAfter: a sliding-window counter's
+// refusal names in X-RateLimit-Reset the instant its Retry-After does, not
+// the end of the current window (30s earlier here, while the previous
+// window's count still weighs), and a client returning then is admitted.
+func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
+	store, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
 	}
+	now := t0.Add(30 * time.Second) // halfway through an epoch-aligned minute
+	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate, err := httplimit.Rate(th, throttler.PerMinute(2).With(throttler.SlidingWindow), httplimit.KeyByHeader("Client"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	serve := func() *httptest.ResponseRecorder {
+		r := newRequest("GET", "/v1/things")
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	serve()
+	serve()
+	w := serve()
+	checkHeaders(t, "refused", w, 429, map[string]string{
+		shed.HeaderLimiter: "rate", "Retry-After": "60",
+		"X-RateLimit-Reset": fmt.Sprint(now.Add(time.Minute).Unix()),
+	})
+	now = now.Add(time.Minute)
+	checkHeaders(t, "returning at the reset", serve(), 200, nil)
 }

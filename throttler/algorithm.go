@@ -3,9 +3,8 @@ package throttler
 import "fmt"
 
 // Algorithm says how a backend counts a Policy. Every backend implements
-// every algorithm with the same answers to the millisecond (the arithmetic
-// is in DESIGN.md, "Algorithms", and docs/algorithms.md), so a router or a
-// shadow works the same for all of them.
+// every algorithm with the same answers to the millisecond (docs/algorithms.md
+// has the arithmetic), so a router or a shadow works the same for all of them.
 type Algorithm uint8
 
 const (

@@ -2,8 +2,6 @@ package throttler_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"slices"
 	"testing"
@@ -79,21 +77,6 @@ func BenchmarkAllow(b *testing.B) {
 		}
 		report()
 	})
-}
-
-// BenchmarkMiddleware is one allowed request through the middleware: the
-// key, the decision, the headers and the wrapped writer.
-func BenchmarkMiddleware(b *testing.B) {
-	th := newThrottler(b, newMemory(b), nil)
-	mw := newMiddleware(b, th, throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}, throttler.KeyByHeader("X-Client"), nil)
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) }))
-	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	r.Header.Set("X-Client", "alice")
-	w := httptest.NewRecorder()
-	b.ReportAllocs()
-	for b.Loop() {
-		h.ServeHTTP(w, r)
-	}
 }
 
 // remote hides the memory backend's InProcess, as a network backend has

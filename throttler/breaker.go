@@ -30,9 +30,11 @@ import (
 // Time is the monotonic clock (Throttler.mono), never Options.Clock: the
 // window clock may step, and a cooldown must last what it says.
 
-// storeNamer is package backend's Stores.
+// storeNamer is package backend's Stores: the store that op (a rate
+// operation) reaches, so that a Peek served by replicas never closes, nor is
+// stopped by, its primary's breaker.
 type storeNamer interface {
-	Store(key string, p Policy) string
+	Store(op Op, key string, p Policy) string
 }
 
 // leaseStoreNamer is package backend's LeaseStores: the store of a lease

@@ -52,7 +52,9 @@ func storeOf(key string) string {
 	return "store " + s
 }
 
-func (b *storesBackend) Store(key string, _ throttler.Policy) string { return storeOf(key) }
+func (b *storesBackend) Store(_ throttler.Op, key string, _ throttler.Policy) string {
+	return storeOf(key)
+}
 
 func (b *storesBackend) set(storeOrKey string, err error) {
 	b.mu.Lock()
@@ -440,7 +442,7 @@ func TestFailureBlamedOnAnotherStore(t *testing.T) {
 // Throttler's map of breakers stays bounded anyway.
 type manyStores struct{ *storesBackend }
 
-func (manyStores) Store(key string, _ throttler.Policy) string { return "store " + key }
+func (manyStores) Store(_ throttler.Op, key string, _ throttler.Policy) string { return "store " + key }
 
 func TestBreakersAreBounded(t *testing.T) {
 	th := newThrottler(t, manyStores{newStoresBackend(t)}, nil)
@@ -498,7 +500,7 @@ func BenchmarkBreakerParallel(b *testing.B) {
 // sharded backend would.
 type namedMemory struct{ *memory.Backend }
 
-func (namedMemory) Store(key string, _ throttler.Policy) string {
+func (namedMemory) Store(_ throttler.Op, key string, _ throttler.Policy) string {
 	if strings.HasPrefix(key, "a:") {
 		return "store a"
 	}

@@ -8,7 +8,8 @@ type Decision struct {
 	// Allowed reports, for Take, whether the cost was admitted and counted.
 	// For Peek and Refund it reports whether one more unit would be admitted.
 	Allowed bool
-	// Limit is the policy's limit.
+	// Limit is the policy's capacity (Policy.Capacity: Limit, or a token
+	// bucket's Burst), the same whichever part of a Throttler answered.
 	Limit int64
 	// Used is how many units the open window has counted.
 	Used int64
@@ -20,8 +21,12 @@ type Decision struct {
 	// window opened now would end. Zero only in a degraded decision made
 	// without any backend, when the state is not known.
 	ResetAt time.Time
-	// RetryAfter is how long a denied caller should wait: ResetAt - now.
-	// Zero when Allowed.
+	// RetryAfter is how long a denied caller should wait: the least wait
+	// after which its Take would be admitted if nothing else happened
+	// (ResetAt - now for a fixed window). At most ResetAt - now, except on
+	// a sliding-window counter, whose ResetAt is the end of the current
+	// window while the previous one may still weigh after it. Zero when
+	// Allowed.
 	RetryAfter time.Duration
 	// Degraded reports that the primary backend did not make this decision:
 	// the fallback did, or the Throttler's failure mode did (then ResetAt is
@@ -32,13 +37,3 @@ type Decision struct {
 // Known reports whether d carries a real count (false only for a degraded
 // decision made without any backend).
 func (d Decision) Known() bool { return !d.ResetAt.IsZero() }
-
-// ResetUnix is ResetAt in Unix seconds, rounded up so that a client waiting
-// until that second is never early: the value of X-RateLimit-Reset.
-func (d Decision) ResetUnix() int64 {
-	s := d.ResetAt.Unix()
-	if d.ResetAt.Nanosecond() > 0 {
-		s++
-	}
-	return s
-}

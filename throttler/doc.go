@@ -1,8 +1,7 @@
 // Package throttler limits how often each client may do something: the API
 // an application uses. Pick a Backend (the in-process backend/memory, or
 // backend/redis or backend/memcached for a fleet), build a Throttler over it
-// once, and ask it per request, directly or through its HTTP middleware
-// (Example shows the whole set-up, runnable):
+// once, and ask it per request (ExampleThrottler_Allow runs it):
 //
 //	import (
 //		"github.com/throttlekit/throttlekit/backend/memory"
@@ -15,23 +14,23 @@
 //	if err != nil { ... }
 //	core := throttler.PerHour(5000).Named("core")
 //
-//	mw, err := th.Middleware(core, throttler.KeyByHeader("X-User-ID"), nil)
-//	if err != nil { ... } // a bad policy or option fails here, at start-up
-//	http.Handle("/api/", mw(api))
-//
-//	d, err := th.Allow(ctx, "user:42", core) // or directly
+//	d, err := th.Allow(ctx, "user:42", core)
 //	if err == nil && !d.Allowed {
 //		// over the limit: retry after d.RetryAfter
 //	}
 //
+// To limit HTTP requests, put package httplimit's middleware in front of a
+// handler: it counts each request, refunds a 304 and writes the
+// X-RateLimit-* headers.
+//
 // # Construction
 //
-// Every constructor (New, Middleware, and the backends' New) checks what it
-// is given and returns an error naming the bad field: a nil backend, a
-// negative duration, an unknown FailureMode, an invalid Policy, a nil
-// KeyFunc. A misconfigured limiter fails when the program starts, never by
-// failing every call and letting everything through. Zero values mean
-// defaults; nil options mean all defaults.
+// Every constructor (New, and the backends' New) checks what it is given
+// and returns an error naming the bad field: a nil backend, a negative
+// duration, an unknown FailureMode, an invalid Policy. A misconfigured
+// limiter fails when the program starts, never by failing every call and
+// letting everything through. Zero values mean defaults; nil options mean
+// all defaults.
 //
 // # Policies and decisions
 //
@@ -41,16 +40,6 @@
 // one call saw: Allowed, Limit, Used, Remaining, ResetAt and RetryAfter,
 // all from the single backend call that decided, so the headers built from
 // it never contradict each other.
-//
-// # HTTP
-//
-// Middleware counts one unit when a request starts and gives it back for a
-// refundable answer (304 Not Modified). Every answer carries
-// X-RateLimit-Limit, -Remaining, -Used, -Reset (Unix seconds, rounded up)
-// and -Resource (the policy's Name); with MiddlewareOptions.IETFHeaders also
-// RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers). A
-// denied request gets 429 and Retry-After. The handler's writer keeps the
-// server's http.Flusher, http.Hijacker and io.ReaderFrom, so streaming works.
 //
 // # Failures
 //
@@ -90,13 +79,13 @@
 // admitted, sleeping each denial's RetryAfter (plus a little jitter, never
 // less), and return ErrWouldExceedDeadline at once when the context's
 // deadline comes before the earliest admission, as golang.org/x/time/rate
-// does. They are for callers that can afford to delay work (outbound calls;
+// does, also for a waiter queued behind others of its key (see WaitN for
+// how it knows). They are for callers that can afford to delay work (outbound calls;
 // see package outbound), not for answering clients.
 //
 // Errors may contain the client's key: log them, never send them to a
-// client. The middleware's default answers (400, 503) hold only the status
-// text. Keys that are secrets (API tokens) are best hashed by the KeyFunc
-// before they reach a store (see ExampleKeyFunc_hashed).
+// client (package httplimit's answers hold only the status text). Keys
+// that are secrets (API tokens) are best hashed before they reach a store.
 //
 // # Time
 //

@@ -2,54 +2,13 @@ package throttler_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// A whole set-up: a store, a Throttler over it, and middleware limiting an
-// API to 2 requests a minute per user. Every constructor returns an error
-// for a configuration that cannot work, so a mistake stops the server at
-// start-up instead of silently letting everything through.
-func Example() {
-	store, err := memory.New(nil) // or backend/redis, backend/memcached
-	if err != nil {
-		log.Fatal(err)
-	}
-	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC) // a fixed clock, for the output below
-	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
-	if err != nil {
-		log.Fatal(err)
-	}
-	mw, err := th.Middleware(throttler.PerMinute(2).Named("api"), throttler.KeyByHeader("X-User-ID"), nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	api := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") }))
-
-	for range 3 {
-		r := httptest.NewRequest(http.MethodGet, "/api/", nil)
-		r.Header.Set("X-User-ID", "42")
-		w := httptest.NewRecorder()
-		api.ServeHTTP(w, r)
-		h := w.Header()
-		fmt.Printf("%d %s limit=%s remaining=%s used=%s reset=%s resource=%s retry-after=%q\n",
-			w.Code, strings.TrimSpace(w.Body.String()), h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"),
-			h.Get("X-RateLimit-Used"), h.Get("X-RateLimit-Reset"), h.Get("X-RateLimit-Resource"), h.Get("Retry-After"))
-	}
-	// Output:
-	// 200 hello limit=2 remaining=1 used=1 reset=1925089505 resource=api retry-after=""
-	// 200 hello limit=2 remaining=0 used=2 reset=1925089505 resource=api retry-after=""
-	// 429 rate limit exceeded: 2 per 1m0s; retry in 60s limit=2 remaining=0 used=2 reset=1925089505 resource=api retry-after="60"
-}
 
 func ExampleThrottler_Allow() {
 	store, err := memory.New(nil)
@@ -73,59 +32,6 @@ func ExampleThrottler_Allow() {
 	// allowed=true remaining=1 retry in 0s
 	// allowed=true remaining=0 retry in 0s
 	// allowed=false remaining=0 retry in 1m0s
-}
-
-func ExampleThrottler_Middleware() {
-	store, err := memory.New(nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	th, err := throttler.New(store, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	mw, err := th.Middleware(throttler.PerHour(1).Named("core"), throttler.KeyByHeader("Authorization"),
-		&throttler.MiddlewareOptions{IETFHeaders: true}) // also RateLimit-Policy and RateLimit
-	if err != nil {
-		log.Fatal(err)
-	}
-	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") }))
-
-	for range 2 {
-		r := httptest.NewRequest(http.MethodGet, "/", nil)
-		r.Header.Set("Authorization", "token abc")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		fmt.Printf("%d remaining=%s retry-after=%q policy=%s\n", w.Code, w.Header().Get("X-RateLimit-Remaining"), w.Header().Get("Retry-After"), w.Header().Get("RateLimit-Policy"))
-	}
-
-	// A configuration that cannot work fails here, not on every request.
-	_, err = th.Middleware(throttler.Policy{}, throttler.KeyByRemoteIP, nil)
-	fmt.Println(err)
-	// Output:
-	// 200 remaining=0 retry-after="" policy="core";q=1;w=3600
-	// 429 remaining=0 retry-after="3600" policy="core";q=1;w=3600
-	// throttler: invalid policy: limit must be between 1 and 2^48, got 0
-}
-
-// Keys that are secrets (API tokens) are best hashed before they reach a
-// store, where anyone reading the store, its logs or its metrics would see
-// them.
-func ExampleKeyFunc_hashed() {
-	hashed := func(r *http.Request) (string, error) {
-		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || tok == "" {
-			return "", fmt.Errorf("no bearer token")
-		}
-		sum := sha256.Sum256([]byte(tok))
-		return "tok:" + hex.EncodeToString(sum[:16]), nil
-	}
-	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	r.Header.Set("Authorization", "Bearer s3cr3t")
-	key, _ := hashed(r)
-	fmt.Println(key)
-	// Output:
-	// tok:4e738ca5563c06cfd0018299933d58db
 }
 
 func ExamplePolicy() {

@@ -31,8 +31,8 @@ const MaxPolicyNameLen = 128
 // policies on one key never share a window: PerHour(3) and PerMinute(2) are
 // counted apart. Name the policies whose Limit may change while they run.
 //
-// Check a policy once, when it is configured, with Validate; a Throttler's
-// Middleware does so when it is built.
+// Check a policy once, when it is configured, with Validate; the HTTP
+// middleware (package httplimit) does so when it is built.
 type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
 	// header. It may be empty; otherwise it is printable ASCII without spaces.

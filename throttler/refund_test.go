@@ -3,8 +3,6 @@ package throttler_test
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -176,38 +174,4 @@ func TestRefundOfAnUncountedTake(t *testing.T) {
 	// Bad input is reported as such, whatever the take was.
 	_, err = th.Refund(ctx, "", p, 1, denied)
 	assert.True(t, errors.Is(err, throttler.ErrInvalidKey), "%v", err)
-}
-
-// A 304 whose handler ran past the window's end is not refunded into the
-// next window by the middleware.
-func TestMiddlewareRefundsOnlyInTheTakesWindow(t *testing.T) {
-	clock := &fakeClock{now: t0}
-	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
-	p := throttler.PerMinute(2)
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Slow") != "" {
-			// The window ends, and another request opens the next one.
-			clock.Add(time.Minute)
-			d, err := th.Allow(r.Context(), "alice", p)
-			require.NoError(t, err)
-			require.Equal(t, int64(1), d.Used)
-		}
-		w.WriteHeader(http.StatusNotModified)
-	})
-	h := newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(slow)
-	do := func(slow bool) int {
-		req := httptest.NewRequest(http.MethodGet, "/", nil)
-		req.Header.Set("X-Client", "alice")
-		if slow {
-			req.Header.Set("X-Slow", "1")
-		}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
-		return w.Code
-	}
-	assert.Equal(t, 304, do(false)) // refunded: Used 0
-	assert.Equal(t, 304, do(true))  // ends in the next window: not refunded there
-	d, err := th.Peek(context.Background(), "alice", p)
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), d.Used, "the next window was credited a unit it never counted")
 }

@@ -67,7 +67,10 @@ type Observation struct {
 type Options struct {
 	// Clock is the one source of time for every window. default: time.Now
 	Clock func() time.Time
-	// Timeout bounds each backend call, through its context. default: 100ms
+	// Timeout bounds each backend call, through its context: 0 (the
+	// default) or at least 1ms. A shorter one is an error from New: no store
+	// answers in microseconds, so every call would time out and fail open (a
+	// bare number such as 100 is 100ns, not 100ms). default: 100ms
 	Timeout time.Duration
 	// FailureMode is what to answer when the backend fails and no fallback
 	// answers. default: FailOpen
@@ -125,6 +128,10 @@ type Options struct {
 	Observe func(Observation)
 }
 
+// minTimeout is the shortest Options.Timeout: below it a store call cannot
+// answer, so a shorter Timeout is a unit slip (100 for 100ms), never a choice.
+const minTimeout = time.Millisecond
+
 // withDefaults validates o and fills in the defaults. Negative numbers and
 // unknown modes are errors: a misconfigured Throttler must fail when it is
 // built, never turn into "allow everything" at call time.
@@ -136,6 +143,8 @@ func (o *Options) withDefaults() (Options, error) {
 	switch {
 	case out.Timeout < 0:
 		return out, fmt.Errorf("throttler: Options.Timeout must be >= 0, got %v", out.Timeout)
+	case out.Timeout > 0 && out.Timeout < minTimeout:
+		return out, fmt.Errorf("throttler: Options.Timeout must be 0 (the default, 100ms) or at least %v, got %v: every call would time out and fail open (a duration counts nanoseconds)", minTimeout, out.Timeout)
 	case out.FailureMode != FailOpen && out.FailureMode != FailClosed:
 		return out, fmt.Errorf("throttler: Options.FailureMode %d is neither FailOpen nor FailClosed", out.FailureMode)
 	case out.BreakerThreshold < 0:
@@ -167,9 +176,9 @@ func (o *Options) withDefaults() (Options, error) {
 
 // Throttler applies policies to keys over a Backend. It owns the clock, the
 // per-call timeout and what happens when the backend fails. It is safe for
-// concurrent use; most callers want Allow, or Middleware for HTTP. The zero
-// value has no backend: build one with New (a zero or nil Throttler answers
-// every call with an error, never a panic).
+// concurrent use; most callers want Allow (or package httplimit, for HTTP).
+// The zero value has no backend: build one with New (a zero or nil
+// Throttler answers every call with an error, never a panic).
 type Throttler struct {
 	backend Backend
 	opts    Options
@@ -201,7 +210,8 @@ type target struct {
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
 // error naming the problem for a nil backend and for options that cannot
-// work (a negative duration or count, an unknown FailureMode).
+// work (a negative duration or count, a Timeout under 1ms, an unknown
+// FailureMode).
 func New(b Backend, opts *Options) (*Throttler, error) {
 	if b == nil {
 		return nil, errors.New("throttler: New needs a backend, got nil")
@@ -282,6 +292,12 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
+	d, _, err := t.refund(ctx, key, p, n, taken)
+	return d, err
+}
+
+// refund is Refund, which also returns the instant it was decided at.
+func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.p, r.n, r.receipt = OpRefund, key, p, n, taken.ResetAt
 	t.start(&r)
@@ -294,13 +310,14 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		if t.opts.Observe != nil {
 			var store string
 			if t.stores != nil {
-				store = t.stores.Store(key, p)
+				store = t.stores.Store(OpRefund, key, p)
 			}
 			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
-		return Decision{}, err
+		return Decision{}, r.now, err
 	}
-	return t.doAt(ctx, &r)
+	d, err := t.doAt(ctx, &r)
+	return d, r.now, err
 }
 
 func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
@@ -313,6 +330,17 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
 	return t.doAt(ctx, &r)
+}
+
+// takeOne is Allow for the HTTP edge (see edge.go), which also needs the
+// instant the decision was made at for its headers: the one reading of the
+// clock.
+func (t *Throttler) takeOne(ctx context.Context, key string, p Policy) (Decision, time.Time, error) {
+	var r request // filled in place, as in do
+	r.op, r.key, r.p, r.n = OpTake, key, p, 1
+	t.start(&r)
+	d, err := t.doAt(ctx, &r)
+	return d, r.now, err
 }
 
 // unrefundable says why the units of taken cannot be refunded at now, or "".
@@ -345,7 +373,7 @@ func (t *Throttler) start(r *request) {
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	var store string
 	if t.stores != nil {
-		store = t.stores.Store(r.key, r.p)
+		store = t.stores.Store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	if t.opts.Observe != nil {
@@ -486,8 +514,11 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 }
 
 // failureMode is the decision of FailureMode for r, made without any store.
+// Its Limit is what a store's Decision says (a token bucket's capacity, as
+// the algorithm's Decision reports it), so X-RateLimit-Limit does not
+// change while the store is down.
 func (t *Throttler) failureMode(r *request) Decision {
-	limit := r.p.Limit
+	limit := r.p.Capacity()
 	if r.isLease() {
 		limit = r.cp.Limit
 	}

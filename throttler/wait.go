@@ -44,8 +44,9 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // the admitting Decision, or with an error the last Decision it saw:
 //   - ctx's error, wrapped (errors.Is matches context.Canceled or
 //     context.DeadlineExceeded, and the context's cause), when ctx ends first;
-//   - ErrWouldExceedDeadline, at once, when a denial's RetryAfter reaches
-//     ctx's deadline;
+//   - ErrWouldExceedDeadline, at once, when ctx's deadline comes no later
+//     than the earliest instant the units could be admitted (see below),
+//     queued or not;
 //   - an input error at once, such as ErrInvalidCost for an n above p's
 //     capacity, which no wait could admit;
 //   - when the store is down: ErrUnavailable at once from a Throttler that
@@ -66,6 +67,22 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // goroutines wait on it. A call that finds no one waiting asks the store at
 // once, in parallel with others.
 //
+// The earliest instant units could be admitted is what the store's denials say,
+// as a RetryAfter does: the least wait if nothing else happened (no units given
+// back by a Refund, no Limit raised in between). A caller that asked the store
+// itself and was denied has its own: that instant plus the denial's RetryAfter.
+// A queued caller that has not asked has the one the waiter at the head of the
+// queue last learned from the store (not from a Fallback), when its own cost is
+// at least the head's: the head was denied cost c until an instant A, and no
+// Take of c or more can be admitted before A (a larger cost never fits sooner;
+// others' admissions only push it later), whether the head stays or leaves. A
+// queued caller's deadline at or before A is ErrWouldExceedDeadline at once,
+// also when the head learns A while the caller waits, with the head's denial
+// (its RetryAfter counted from now). The head's own admission, and the waiters
+// between, are not added: any of them may leave before its turn. A caller whose
+// cost is smaller than the head's has no such instant (it could fit while the
+// head's cost does not) and waits for its turn.
+//
 // Deadlines are compared with the wall clock (time.Now), on which contexts
 // set them; RetryAfter, a duration, comes from the Throttler's Clock.
 func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
@@ -74,9 +91,11 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	}
 	k := laneKey{t: t, key: key, p: p}
 	var d Decision
-	denied := false // d is a denial fresh from the store, to sleep on
+	var asked time.Time // when d was asked for, on the wall clock
+	denied := false     // d is a denial fresh from the store, to sleep on
 	if !lanes.busy(k) {
 		var err error
+		asked = waitWorld.now()
 		if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
 			return d, waitFailed(ctx, err)
 		}
@@ -88,7 +107,17 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	l, head := lanes.join(k)
 	defer lanes.leave(k, l)
 	if !head {
-		if err := l.await(ctx); err != nil {
+		if denied {
+			// Someone queued while this one asked: its own denial bounds
+			// its wait, as it does a caller alone.
+			if _, err := untilRetry(ctx, d.RetryAfter, n); err != nil {
+				return d, err
+			}
+		}
+		if ahead, err := l.await(ctx, n); err != nil {
+			if errors.Is(err, ErrWouldExceedDeadline) {
+				return ahead, err
+			}
 			return d, waitEnded(ctx)
 		}
 		denied = false // stale: others were admitted while this one queued
@@ -101,10 +130,12 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 				return d, waitEnded(ctx)
 			}
 			var err error
+			asked = waitWorld.now()
 			if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
 				return d, waitFailed(ctx, err)
 			}
 		}
+		l.learn(n, asked, d)
 		if err := sleepUntilRetry(ctx, d, &backoff, n); err != nil {
 			return d, err
 		}
@@ -123,17 +154,32 @@ func sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n 
 		wait = *backoff
 	}
 	extra := waitWorld.jitter(jitterBound(wait))
-	if deadline, ok := ctx.Deadline(); ok {
-		left := deadline.Sub(waitWorld.now())
-		if wait >= left {
-			return fmt.Errorf("%w: a cost of %d could be admitted in %v at the earliest; the deadline is in %v", ErrWouldExceedDeadline, n, wait, left)
-		}
+	left, err := untilRetry(ctx, wait, n)
+	if err != nil {
+		return err
+	}
+	if left > 0 {
 		extra = min(extra, (left-wait)/2)
 	}
 	if err := waitWorld.sleep(ctx, wait+extra); err != nil {
 		return waitEnded(ctx)
 	}
 	return nil
+}
+
+// untilRetry returns the time left before ctx's deadline (0 without one), or
+// ErrWouldExceedDeadline when a cost of n that can be admitted in wait at
+// the earliest cannot be before the deadline.
+func untilRetry(ctx context.Context, wait time.Duration, n int64) (time.Duration, error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return 0, nil
+	}
+	left := deadline.Sub(waitWorld.now())
+	if wait >= left {
+		return left, fmt.Errorf("%w: a cost of %d could be admitted in %v at the earliest; the deadline is in %v", ErrWouldExceedDeadline, n, wait, left)
+	}
+	return left, nil
 }
 
 // jitterBound is the largest extra added to a sleep of d.
@@ -200,6 +246,21 @@ type laneKey struct {
 type lane struct {
 	turn    chan struct{} // capacity 1: full while someone holds the turn
 	waiters int           // holding or awaiting the turn; guarded by lanes.mu
+
+	mu sync.Mutex
+	// head is the head's latest denial with a RetryAfter, for the queued
+	// waiters' deadlines (see WaitN); head.cost 0: none yet.
+	head headDenial
+	// learned is closed, and replaced, when head changes.
+	learned chan struct{}
+}
+
+// headDenial is a denial the head of a lane got: no Take of cost or more
+// can be admitted before at, on the wall clock.
+type headDenial struct {
+	d    Decision
+	cost int64
+	at   time.Time
 }
 
 // lanes holds a lane for each laneKey with waiters, and only while it has
@@ -224,7 +285,7 @@ func (s *laneSet) join(k laneKey) (l *lane, head bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l = s.m[k]; l == nil {
-		l = &lane{turn: make(chan struct{}, 1)}
+		l = &lane{turn: make(chan struct{}, 1), learned: make(chan struct{})}
 		l.turn <- struct{}{}
 		s.m[k] = l
 		head = true
@@ -242,14 +303,53 @@ func (s *laneSet) leave(k laneKey, l *lane) {
 	}
 }
 
-// await blocks until the caller holds the turn, or ctx is done.
-func (l *lane) await(ctx context.Context) error {
-	select {
-	case l.turn <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+// await blocks until the caller, of cost n, holds the turn, or ctx is
+// done, or ctx's deadline comes no later than the head's denial says a cost
+// of n could be admitted: then it returns that denial, its RetryAfter
+// counted from now, and ErrWouldExceedDeadline.
+func (l *lane) await(ctx context.Context, n int64) (Decision, error) {
+	deadline, bounded := ctx.Deadline()
+	for {
+		var learned chan struct{} // nil without a deadline: never ready
+		if bounded {
+			l.mu.Lock()
+			h := l.head
+			learned = l.learned
+			l.mu.Unlock()
+			if h.cost > 0 && n >= h.cost && !h.at.Before(deadline) {
+				now := waitWorld.now()
+				d := h.d
+				d.RetryAfter = max(h.at.Sub(now), 0)
+				return d, fmt.Errorf("%w: queued behind a waiter denied a cost of %d, a cost of %d could be admitted in %v at the earliest; the deadline is in %v",
+					ErrWouldExceedDeadline, h.cost, n, d.RetryAfter, deadline.Sub(now))
+			}
+		}
+		select {
+		case l.turn <- struct{}{}:
+			return Decision{}, nil
+		case <-ctx.Done():
+			return Decision{}, ctx.Err()
+		case <-learned: // the head learned another denial: check again
+		}
 	}
+}
+
+// learn records the denial d of a cost of n, asked for at asked, by the
+// head of the lane, and wakes the queued waiters to check their deadlines.
+// A denial without a RetryAfter says nothing of when, and a Degraded one
+// (the fallback's) nothing of the store, which may admit as soon as it is
+// back.
+func (l *lane) learn(n int64, asked time.Time, d Decision) {
+	if d.RetryAfter <= 0 || d.Degraded {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// asked is before the store's instant of the decision: counting from
+	// it can only make the earliest admission earlier than it is.
+	l.head = headDenial{d: d, cost: n, at: asked.Add(d.RetryAfter)}
+	close(l.learned)
+	l.learned = make(chan struct{})
 }
 
 // pass gives up the turn held, to the next waiter.

@@ -3,6 +3,7 @@ package throttler_test
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
@@ -499,16 +500,21 @@ func TestWaitEndsWithItsContext(t *testing.T) {
 	})
 
 	t.Run("deadline while queued", func(t *testing.T) {
+		// The head waits for 2 of 2 with 1 spent; a waiter of 1 behind it
+		// could fit at once if the head left, so only its deadline ends it.
+		p2 := throttler.PerMinute(2)
+		_, err := th.Allow(context.Background(), "k2", p2)
+		require.NoError(t, err)
 		head, stopHead := context.WithCancel(context.Background())
 		defer stopHead()
 		headDone := make(chan error, 1)
-		go func() { _, err := th.Wait(head, "k", p); headDone <- err }()
-		waitUntil(t, "the head sleeps", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 1 })
+		go func() { _, err := th.WaitN(head, "k2", p2, 2); headDone <- err }()
+		waitUntil(t, "the head sleeps", func() bool { return throttler.WaitLaneWaiters(th, "k2", p2) == 1 })
 
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
 		deadline, _ := ctx.Deadline()
-		_, err := th.Wait(ctx, "k", p)
+		_, err = th.Wait(ctx, "k2", p2)
 		late := time.Since(deadline)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.GreaterOrEqual(t, late, time.Duration(0))
@@ -518,5 +524,319 @@ func TestWaitEndsWithItsContext(t *testing.T) {
 		stopHead()
 		require.ErrorIs(t, <-headDone, context.Canceled)
 	})
+
+	t.Run("queued, the deadline before the head's admission", func(t *testing.T) {
+		head, stopHead := context.WithCancel(context.Background())
+		defer stopHead()
+		headDone := make(chan error, 1)
+		go func() { _, err := th.Wait(head, "k", p); headDone <- err }()
+		waitUntil(t, "the head sleeps", func() bool { return throttler.WaitLaneWaiters(th, "k", p) == 1 })
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		start := time.Now()
+		d, err := th.Wait(ctx, "k", p)
+		took := time.Since(start)
+		require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline)
+		assert.False(t, d.Allowed)
+		assert.Greater(t, d.RetryAfter, 50*time.Second, "the head's denial, counted from now")
+		assert.Less(t, took, bound)
+		t.Logf("returned after %v", took)
+
+		stopHead()
+		require.ErrorIs(t, <-headDone, context.Canceled)
+	})
 	assert.Zero(t, throttler.WaitLanes())
+}
+
+// waitResult is what a Wait run on a goroutine returned, and the fake
+// instant it returned at.
+type waitResult struct {
+	d   throttler.Decision
+	err error
+	at  time.Time
+}
+
+// goWait runs WaitN on a goroutine.
+func goWait(ctx context.Context, th *throttler.Throttler, key string, p throttler.Policy, n int64, now func() time.Time) <-chan waitResult {
+	ch := make(chan waitResult, 1)
+	go func() {
+		d, err := th.WaitN(ctx, key, p, n)
+		ch <- waitResult{d, err, now()}
+	}()
+	return ch
+}
+
+// receive returns what a goroutine sends on ch, failing after a generous
+// real-time bound (a Wait that blocks where it should return).
+func receive[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+func newWaitGated(t *testing.T) *waitGated {
+	g := &waitGated{Fake: sleep.NewFake(waitT0), asleep: make(chan time.Duration), wake: make(chan struct{})}
+	throttler.SetWaitWorld(t, g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 })
+	return g
+}
+
+// goHead starts a waiter of n on key and returns once it sleeps, with how
+// long, and a stop that cancels it and returns what it returned.
+func (g *waitGated) goHead(t *testing.T, th *throttler.Throttler, key string, p throttler.Policy, n int64) (time.Duration, func() waitResult) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := goWait(ctx, th, key, p, n, g.Now)
+	slept := receive(t, "the head's sleep", g.asleep)
+	return slept, func() waitResult { cancel(); return receive(t, "the head", ch) }
+}
+
+// goQueued starts a waiter of n on key whose deadline is the given time
+// after waitT0, and returns once it queues behind the head.
+func (g *waitGated) goQueued(t *testing.T, th *throttler.Throttler, key string, p throttler.Policy, n int64, deadline time.Duration) <-chan waitResult {
+	t.Helper()
+	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(deadline))
+	t.Cleanup(cancel)
+	ch := goWait(ctx, th, key, p, n, g.Now)
+	waitUntil(t, "the waiter queues", func() bool { return throttler.WaitLaneWaiters(th, key, p) == 2 })
+	return ch
+}
+
+// TestQueuedWaitReturnsAtOnceWhenTheDeadlineComesFirst: a waiter queued
+// behind a head denied until an instant A returns ErrWouldExceedDeadline at
+// once, without a store call, when its deadline is at or before A and its
+// cost at least the head's: no Take of that cost can be admitted before A,
+// whether the head stays or leaves. The Decision is the head's denial, its
+// RetryAfter counted from now.
+func TestQueuedWaitReturnsAtOnceWhenTheDeadlineComesFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration // after waitT0
+		n        int64
+	}{
+		{"deadline well before the head's admission", 30 * time.Second, 1},
+		{"deadline at the head's admission", time.Minute, 1},
+		{"a larger cost than the head's", 30 * time.Second, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newWaitGated(t)
+			store := &waitTakeCounter{Backend: waitMemory(t)}
+			th := waitThrottler(t, store, &throttler.Options{Clock: g.Now})
+			p := throttler.PerMinute(2)
+			_, err := th.AllowN(context.Background(), "k", p, 2)
+			require.NoError(t, err)
+			slept, stopHead := g.goHead(t, th, "k", p, 1)
+			require.Equal(t, time.Minute, slept)
+			before := store.takes.Load()
+
+			ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(tc.deadline))
+			defer cancel()
+			r := receive(t, "the queued waiter", goWait(ctx, th, "k", p, tc.n, g.Now))
+			require.ErrorIs(t, r.err, throttler.ErrWouldExceedDeadline)
+			assert.NotErrorIs(t, r.err, context.DeadlineExceeded, "the context has not ended")
+			assert.Equal(t, waitT0, r.at, "at once")
+			assert.False(t, r.d.Allowed)
+			assert.Equal(t, time.Minute, r.d.RetryAfter, "the head's denial says when")
+			assert.Equal(t, int64(2), r.d.Used, "the head's denial")
+			assert.Equal(t, before, store.takes.Load(), "the queued waiter asked the store")
+			assert.Equal(t, 1, throttler.WaitLaneWaiters(th, "k", p), "the refused waiter left the lane")
+
+			require.ErrorIs(t, stopHead().err, context.Canceled)
+			assert.Zero(t, throttler.WaitLanes())
+		})
+	}
+}
+
+// TestQueuedWaitNeverRefusedWhenItCouldFit: a queued waiter is refused only
+// when it could not be admitted before its deadline. A cost smaller than
+// the head's may fit while the head's does not, and a store whose fallback
+// denied the head may be back: such a waiter waits for its turn and, the
+// head gone, is admitted at once; a deadline after the head's admission
+// waits for its turn, and is refused only by its own denial.
+func TestQueuedWaitNeverRefusedWhenItCouldFit(t *testing.T) {
+	t.Run("a smaller cost than the head's", func(t *testing.T) {
+		g := newWaitGated(t)
+		th := waitThrottler(t, waitMemory(t), &throttler.Options{Clock: g.Now})
+		p := throttler.PerMinute(2)
+		_, err := th.Allow(context.Background(), "k", p)
+		require.NoError(t, err)
+		_, stopHead := g.goHead(t, th, "k", p, 2)
+
+		queued := g.goQueued(t, th, "k", p, 1, 30*time.Second)
+		require.ErrorIs(t, stopHead().err, context.Canceled)
+
+		r := receive(t, "the queued waiter", queued)
+		require.NoError(t, r.err)
+		assert.True(t, r.d.Allowed)
+		assert.Equal(t, waitT0, r.at)
+	})
+	t.Run("the head denied by the fallback", func(t *testing.T) {
+		// The fallback's denial says nothing of the store, which admits
+		// as soon as it is back.
+		g := newWaitGated(t)
+		primary := &stubBackend{next: waitMemory(t), err: errDown}
+		th := waitThrottler(t, primary, &throttler.Options{Clock: g.Now, Fallback: waitMemory(t)})
+		p := throttler.PerMinute(1)
+		_, err := th.Allow(context.Background(), "k", p)
+		require.NoError(t, err)
+		slept, stopHead := g.goHead(t, th, "k", p, 1)
+		require.Equal(t, time.Minute, slept)
+
+		queued := g.goQueued(t, th, "k", p, 1, 30*time.Second)
+		primary.set(nil)
+		require.ErrorIs(t, stopHead().err, context.Canceled)
+
+		r := receive(t, "the queued waiter", queued)
+		require.NoError(t, r.err)
+		assert.True(t, r.d.Allowed)
+		assert.False(t, r.d.Degraded, "admitted by the store, back")
+		assert.Equal(t, waitT0, r.at)
+	})
+	t.Run("a deadline after the head's admission", func(t *testing.T) {
+		g := newWaitGated(t)
+		store := &waitTakeCounter{Backend: waitMemory(t)}
+		th := waitThrottler(t, store, &throttler.Options{Clock: g.Now})
+		p := throttler.PerMinute(1)
+		_, err := th.Allow(context.Background(), "k", p)
+		require.NoError(t, err)
+		head := goWait(context.Background(), th, "k", p, 1, g.Now)
+		require.Equal(t, time.Minute, receive(t, "the head's sleep", g.asleep))
+
+		queued := g.goQueued(t, th, "k", p, 1, time.Minute+time.Millisecond)
+		g.wake <- struct{}{}
+		h := receive(t, "the head", head)
+		require.NoError(t, h.err)
+		require.True(t, h.d.Allowed)
+
+		// Its turn came at the head's admission, which took the unit: its
+		// own denial, a window later, is what refuses it.
+		r := receive(t, "the queued waiter", queued)
+		require.ErrorIs(t, r.err, throttler.ErrWouldExceedDeadline)
+		assert.Equal(t, waitT0.Add(time.Minute), r.at)
+		assert.Equal(t, time.Minute, r.d.RetryAfter)
+		assert.Equal(t, int64(4), store.takes.Load(), "the spend, the head's denial and admission, the waiter's own denial")
+	})
+}
+
+// TestQueuedWaitLearnsFromTheHeadsNextDenial: a waiter whose deadline
+// came after the head's first denial returns as soon as the head is denied
+// again, for longer (another process spent in between), at the instant of
+// that denial.
+func TestQueuedWaitLearnsFromTheHeadsNextDenial(t *testing.T) {
+	g := newWaitGated(t)
+	denied := throttler.Decision{Limit: 1, Used: 1, RetryAfter: time.Minute}
+	th := waitThrottler(t, &waitScripted{answers: []throttler.Decision{denied, denied}}, &throttler.Options{Clock: g.Now})
+	p := throttler.PerMinute(1)
+	slept, stopHead := g.goHead(t, th, "k", p, 1)
+	require.Equal(t, time.Minute, slept)
+
+	queued := g.goQueued(t, th, "k", p, 1, 100*time.Second)
+	g.wake <- struct{}{}
+	assert.Equal(t, time.Minute, receive(t, "the head's second sleep", g.asleep))
+
+	r := receive(t, "the queued waiter", queued)
+	require.ErrorIs(t, r.err, throttler.ErrWouldExceedDeadline)
+	assert.Equal(t, waitT0.Add(time.Minute), r.at, "at the head's second denial")
+	assert.Equal(t, time.Minute, r.d.RetryAfter)
+	require.ErrorIs(t, stopHead().err, context.Canceled)
+}
+
+// waitHook runs hook on the first Take after it is armed, before the Take
+// reaches the store; Takes made meanwhile (by the hook) go straight on.
+type waitHook struct {
+	throttler.Backend
+	hook  func()
+	armed atomic.Bool
+}
+
+func (h *waitHook) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if h.armed.CompareAndSwap(true, false) {
+		h.hook()
+	}
+	return h.Backend.Take(ctx, key, p, cost, now)
+}
+
+// TestWaitQueuedAfterItsOwnDenial: a waiter that asked the store and was
+// denied, and found someone queued when it joined the queue, is bounded by
+// its own denial as a waiter alone is.
+func TestWaitQueuedAfterItsOwnDenial(t *testing.T) {
+	g := newWaitGated(t)
+	store := &waitHook{Backend: waitMemory(t)}
+	th := waitThrottler(t, store, &throttler.Options{Clock: g.Now, Timeout: time.Minute})
+	p := throttler.PerMinute(1)
+	_, err := th.Allow(context.Background(), "k", p)
+	require.NoError(t, err)
+	var stopHead func() waitResult
+	store.hook = func() { _, stopHead = g.goHead(t, th, "k", p, 1) } // the head queues while the waiter asks
+	store.armed.Store(true)
+
+	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(30*time.Second))
+	defer cancel()
+	r := receive(t, "the waiter", goWait(ctx, th, "k", p, 1, g.Now))
+	require.NotNil(t, stopHead)
+	require.ErrorIs(t, r.err, throttler.ErrWouldExceedDeadline)
+	assert.Equal(t, waitT0, r.at, "at once")
+	assert.Equal(t, time.Minute, r.d.RetryAfter, "its own denial")
+	require.ErrorIs(t, stopHead().err, context.Canceled)
+}
+
+// TestALargerCostNeverFitsSooner is what a queued waiter's refusal rests
+// on, on random traces of every algorithm: after a Take of c denied at t
+// with RetryAfter r, a Take of c or more at any instant before t + r (with
+// nothing else spent) is denied too.
+func TestALargerCostNeverFitsSooner(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 5))
+	ctx := context.Background()
+	type take struct {
+		at   time.Time
+		cost int64
+	}
+	checked := 0
+	for trace := range 400 {
+		alg := throttler.Algorithm(trace % 4)
+		p := throttler.Policy{Limit: 1 + r.Int64N(5), Window: time.Duration(5+r.Int64N(20)) * time.Millisecond, Algorithm: alg}
+		if alg == throttler.TokenBucket && r.IntN(2) == 0 {
+			p.Burst = 1 + r.Int64N(6)
+		}
+		ms := func(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+		var takes []take
+		at := waitT0
+		for range 10 {
+			if r.IntN(6) == 0 {
+				at = at.Add(-ms(r.Int64N(p.Window.Milliseconds())))
+			} else {
+				at = at.Add(ms(r.Int64N(p.Window.Milliseconds() + 1)))
+			}
+			takes = append(takes, take{at, 1 + r.Int64N(p.Capacity())})
+		}
+		m := waitMemory(t)
+		for i, tk := range takes {
+			d, err := m.Take(ctx, "k", p, tk.cost, tk.at)
+			require.NoError(t, err)
+			if d.Allowed {
+				continue
+			}
+			require.Positive(t, d.RetryAfter, "a denial says when")
+			// Replay the trace before this Take, then try a cost of at
+			// least its own, at an instant before its admission.
+			n := tk.cost + r.Int64N(p.Capacity()-tk.cost+1)
+			try := tk.at.Add(ms(r.Int64N(d.RetryAfter.Milliseconds())))
+			replay := waitMemory(t)
+			for _, prev := range takes[:i] {
+				_, err := replay.Take(ctx, "k", p, prev.cost, prev.at)
+				require.NoError(t, err)
+			}
+			got, err := replay.Take(ctx, "k", p, n, try)
+			require.NoError(t, err)
+			assert.False(t, got.Allowed, "trace %d take %d %v: %d denied at %v until +%v, yet %d admitted at +%v",
+				trace, i, p, tk.cost, tk.at.Sub(waitT0), d.RetryAfter, n, try.Sub(tk.at))
+			checked++
+		}
+	}
+	t.Logf("%d denials checked", checked)
 }

@@ -193,7 +193,7 @@ func testAlgorithmsConcurrent(t *testing.T, b throttler.Backend, key func(string
 // testDifferentialTraces runs random calls on a few keys under every
 // algorithm, the clock jumping forward and back, and requires every
 // Decision to equal the reference model's. A backend may have dropped a
-// key's state that ended by the latest now it was given (DESIGN.md); a
+// key's state that ended by the latest now it was given (docs/algorithms.md); a
 // difference is accepted only if the model, dropping that state too, gives
 // the backend's answer.
 func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) string) {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,14 +31,10 @@ var algPolicies = []throttler.Policy{
 }
 
 // startMemcached runs a memcached process on a free local port for the
-// test and returns its address; it skips the test when memcached is not on
-// PATH.
+// test and returns its address (see memcachedBinary).
 func startMemcached(t testing.TB) string {
 	t.Helper()
-	bin, err := exec.LookPath("memcached")
-	if err != nil {
-		t.Skip("memcached is not on PATH")
-	}
+	bin := memcachedBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +73,53 @@ func startMemcached(t testing.TB) string {
 			t.Fatalf("memcached at %s did not start: %v", addr, err)
 		}
 		time.Sleep(10 * time.Millisecond) // waiting for a process, not moving a clock
+	}
+}
+
+// memcachedBinary returns the path of memcached. Without it the test is
+// skipped, so that a checkout without memcached still tests the rest; but
+// under CI=true it fails: a green CI run must have run these tests.
+func memcachedBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("memcached")
+	switch {
+	case err == nil:
+		return bin
+	case os.Getenv("CI") == "true":
+		t.Fatalf("memcached is not on PATH, and CI=true: install it (Debian: apt-get install memcached) so that these tests run: %v", err)
+	default:
+		t.Skip("memcached is not on PATH (under CI=true this fails)")
+	}
+	return ""
+}
+
+// recorder is a testing.TB that records how a helper ended the test, on a
+// goroutine of its own (Fatal and Skip end it with runtime.Goexit).
+type recorder struct {
+	testing.TB
+	failed, skipped bool
+}
+
+func (r *recorder) Fatalf(string, ...any) { r.failed = true; runtime.Goexit() }
+func (r *recorder) Skip(...any)           { r.skipped = true; runtime.Goexit() }
+
+func (r *recorder) run(f func(testing.TB)) {
+	done := make(chan struct{})
+	go func() { defer close(done); f(r) }()
+	<-done
+}
+
+// Without the memcached binary, the tests that need it are skipped, except
+// under CI=true, where they fail: a green CI run cannot have tested nothing.
+func TestMissingMemcachedFailsUnderCI(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	for _, ci := range []string{"", "false", "true"} {
+		t.Setenv("CI", ci)
+		r := &recorder{TB: t}
+		r.run(func(tb testing.TB) { memcachedBinary(tb) })
+		if want := ci == "true"; r.failed != want || r.skipped == want {
+			t.Errorf("CI=%q: failed %v, skipped %v; want failed %v", ci, r.failed, r.skipped, want)
+		}
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 
 // Example needs a Memcached server, so it is compiled but not run.
 // gomemcache takes no context, so the client's Timeout is what bounds each
-// call: set it below the Throttler's Timeout (docs/backends.md).
+// call: set it below the Throttler's Timeout (docs/backends-memcached.md).
 func Example() {
 	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
 	c.Timeout = 50 * time.Millisecond // below the Throttler's 100ms

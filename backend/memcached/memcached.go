@@ -1,7 +1,7 @@
 // Package memcached is a throttler.Backend on Memcached, for teams whose
 // limiter already lives there: the same fixed-window contract as every other
 // backend, as correct as Memcached allows, with what it cannot promise
-// written down (docs/backends.md).
+// written down (docs/backends-memcached.md).
 //
 // # Items and the sequence of calls
 //
@@ -63,7 +63,7 @@
 // multi-key gets). Memcached's LRU does not count incr as an access, only a
 // fetch, so a counter that is only incremented ages from its creation and
 // is evicted before idle items written after it; the fetch keeps an active
-// pair's counter warm (docs/backends.md has the measurement). It also makes
+// pair's counter warm (docs/backends-memcached.md has the measurement). It also makes
 // an uncached Peek one round trip.
 //
 // Only a call whose now has reached the reset-at replaces the head, so no
@@ -122,7 +122,13 @@
 // (Options.Selector), the backend names the server of each call
 // (backend.Stores) and blames a failure on the server it came from, so a
 // Throttler keeps a breaker per server: one stalled server switches
-// limiting off only for the keys whose items it holds.
+// limiting off only for the keys whose items it holds. A server's failure
+// names the server ahead of its cause ("memcached 10.0.0.2:11211: get
+// window of ...: dial tcp ...: connection refused") whenever the selector
+// or the network error tells it. memcache.ErrNoServers (a selector left
+// with no server) is a store failure too; a client that has none when New
+// can see its servers is refused there, and Check verifies at start-up
+// that every server answers.
 //
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
@@ -282,16 +288,23 @@ func (o *Options) withDefaults() (Options, error) {
 // Backend is a throttler.Backend storing fixed windows in Memcached. It is
 // safe for concurrent use, by any number of processes sharing the servers.
 type Backend struct {
-	c     Client
-	opts  Options
-	cache *headCache // with NoCache, a hint of the counter key only
-	locks stateLocks // one caller per state item at a time (algorithms.go)
-	names sync.Map   // server address → store name, so Store does not allocate
+	c    Client
+	opts Options
+	// servers is Options.Selector, else the ServerSelector inside a
+	// *memcache.Client; nil when the servers cannot be seen. Check and
+	// the errors use it; only Options.Selector names stores (Store).
+	servers memcache.ServerSelector
+	cache   *headCache // with NoCache, a hint of the counter key only
+	locks   stateLocks // one caller per state item at a time (algorithms.go)
+	names   sync.Map   // server address → store name, so Store does not allocate
 }
 
 // New returns a Backend over c, usually a *memcache.Client whose Timeout
 // bounds each call. Nil options mean defaults. A nil c, or an option that
-// cannot work, is an error naming it.
+// cannot work, is an error naming it; so is a client with no server (a
+// *memcache.Client, or Options.Selector, that lists none), matching
+// memcache.ErrNoServers: every call would fail. New dials nothing; Check
+// verifies that the servers answer.
 func New(c Client, opts *Options) (*Backend, error) {
 	if err := nilness.Check("memcached: the Client", c); err != nil {
 		return nil, err
@@ -300,11 +313,15 @@ func New(c Client, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	servers, err := knownServers(c, o.Selector)
+	if err != nil {
+		return nil, err
+	}
 	ttl := o.CacheFor.Milliseconds()
 	if o.NoCache {
 		ttl = 0 // never trusted: remembered only to fetch the counter with the head
 	}
-	return &Backend{c: c, opts: o, cache: newHeadCache(o.CacheSize, ttl, o.CacheFor.Milliseconds())}, nil
+	return &Backend{c: c, opts: o, servers: servers, cache: newHeadCache(o.CacheSize, ttl, o.CacheFor.Milliseconds())}, nil
 }
 
 // window is what the head says: the open window's reset-at, if any.
@@ -680,8 +697,8 @@ var _ backend.Stores = (*Backend)(nil)
 // Options.Selector picks it ("memcached 10.0.0.2:11211"; see
 // backend.Stores), or "" without a Selector. For a fixed window that is
 // the head's server: a window's counter may live on another, and a failure
-// there is blamed on that server (see classify).
-func (b *Backend) Store(key string, p throttler.Policy) string {
+// there is blamed on that server (see classify). Every op reaches it.
+func (b *Backend) Store(_ throttler.Op, key string, p throttler.Policy) string {
 	if b.opts.Selector == nil {
 		return ""
 	}
@@ -698,8 +715,11 @@ func (b *Backend) homeItem(key string, p throttler.Policy) string {
 }
 
 // serverOf names the server of an item, or "" if the selector has none.
-func (b *Backend) serverOf(item string) string {
-	addr, err := b.opts.Selector.PickServer(item)
+func (b *Backend) serverOf(item string) string { return b.pick(b.opts.Selector, item) }
+
+// pick names the server of sel that holds item, or "" if sel has none.
+func (b *Backend) pick(sel memcache.ServerSelector, item string) string {
+	addr, err := sel.PickServer(item)
 	if err != nil {
 		return ""
 	}
@@ -731,7 +751,7 @@ func (b *Backend) classifyAt(home func() string, err error) error {
 	case clientError(err):
 		return backend.KeyFailure(err)
 	case serverFailure(err):
-		return backend.StoreFailure(b.failedServer(home, err), err)
+		return b.storeFailure(home, err)
 	}
 	return err
 }
@@ -743,18 +763,15 @@ func (b *Backend) failedServer(home func() string, err error) string {
 	if b.opts.Selector == nil {
 		return ""
 	}
-	var addr net.Addr
-	var opErr *net.OpError
-	var dialErr *memcache.ConnectTimeoutError
-	switch {
-	case errors.As(err, &opErr):
-		addr = opErr.Addr
-	case errors.As(err, &dialErr):
-		addr = dialErr.Addr
-	}
-	if addr != nil {
+	return b.serverIn(b.opts.Selector, home, err)
+}
+
+// serverIn names the server of sel that a failure came from (see
+// failedServer).
+func (b *Backend) serverIn(sel memcache.ServerSelector, home func() string, err error) string {
+	if addr := errAddr(err); addr != nil {
 		known := false
-		_ = b.opts.Selector.Each(func(a net.Addr) error {
+		_ = sel.Each(func(a net.Addr) error {
 			known = known || a.String() == addr.String()
 			return nil
 		})
@@ -762,7 +779,20 @@ func (b *Backend) failedServer(home func() string, err error) string {
 			return b.serverName(addr.String())
 		}
 	}
-	return b.serverOf(home())
+	return b.pick(sel, home())
+}
+
+// errAddr is the server address in a network error, or nil.
+func errAddr(err error) net.Addr {
+	var opErr *net.OpError
+	var dialErr *memcache.ConnectTimeoutError
+	switch {
+	case errors.As(err, &opErr):
+		return opErr.Addr
+	case errors.As(err, &dialErr):
+		return dialErr.Addr
+	}
+	return nil
 }
 
 // gomemcache reports what a server answered in the text of its errors; the
@@ -793,8 +823,10 @@ func serverFailure(err error) bool {
 	}
 	var ne net.Error
 	var dialErr *memcache.ConnectTimeoutError
+	// ErrNoServers: a selector left with no server (a ServerList emptied
+	// at run time, a client New could not see into) fails every call.
 	if errors.As(err, &ne) || errors.As(err, &dialErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, memcache.ErrServerError) {
+		errors.Is(err, memcache.ErrServerError) || errors.Is(err, memcache.ErrNoServers) {
 		return true
 	}
 	// incr and decr read a SERVER_ERROR line as a number.

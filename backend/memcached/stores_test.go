@@ -54,7 +54,7 @@ func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 				item = k.state()
 			}
 			want := "memcached " + pick(t, sel, item).String()
-			if got := b.Store(key, p); got != want {
+			if got := b.Store(throttler.OpTake, key, p); got != want {
 				t.Fatalf("%v %q: Store %q, want %q", alg, key, got, want)
 			}
 			seen[want] = true
@@ -63,7 +63,7 @@ func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 	if len(seen) != 2 {
 		t.Errorf("servers named %v, want both", seen)
 	}
-	if got := mustNew(t, newFakeClient(), nil).Store("k", throttler.PerMinute(1)); got != "" {
+	if got := mustNew(t, newFakeClient(), nil).Store(throttler.OpTake, "k", throttler.PerMinute(1)); got != "" {
 		t.Errorf("without a Selector: Store %q, want one store", got)
 	}
 }
@@ -101,6 +101,7 @@ func TestFailuresAreClassified(t *testing.T) {
 		{"SERVER_ERROR reply", fmt.Errorf("memcache: unexpected response line from %q: %q", "add", "SERVER_ERROR out of memory storing object\r\n"), store},
 		{"SERVER_ERROR read as a number", &strconv.NumError{Func: "ParseUint", Num: "SERVER_ERROR out of memory", Err: strconv.ErrSyntax}, store},
 		{"broken reply", errors.New("memcache: corrupt get result read"), store},
+		{"no servers", memcache.ErrNoServers, store},
 		{"CLIENT_ERROR", errors.New("memcache: client error: cannot increment or decrement non-numeric value"), key},
 		{"malformed key", memcache.ErrMalformedKey, neither},
 		{"deadline", context.DeadlineExceeded, neither},
@@ -113,8 +114,8 @@ func TestFailuresAreClassified(t *testing.T) {
 				b := mustNew(t, f, &Options{Selector: sel, NoCache: true})
 				f.setBefore(func(op, _ string) error { return tt.err })
 				_, err := b.Take(ctx, "k", p, 1, t0)
-				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "memcached: ") {
-					t.Fatalf("err %v, want memcached: … %v", err, tt.err)
+				if !errors.Is(err, tt.err) || !strings.HasPrefix(err.Error(), "memcached") || !strings.HasSuffix(err.Error(), tt.err.Error()) {
+					t.Fatalf("err %v, want memcached… %v", err, tt.err)
 				}
 				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
 					t.Errorf("store failure %v, want %v (%v)", got, tt.want == store, err)
@@ -131,7 +132,7 @@ func TestFailuresAreClassified(t *testing.T) {
 				}
 				want := ""
 				if sel != nil {
-					want = b.Store("k", p)
+					want = b.Store(throttler.OpTake, "k", p)
 					if tt.name == "read timeout" {
 						want = "memcached 127.0.0.1:1" // the address in the error
 					}
@@ -141,6 +142,21 @@ func TestFailuresAreClassified(t *testing.T) {
 				}
 				if named.FailedStore() != want {
 					t.Errorf("blamed %q, want %q", named.FailedStore(), want)
+				}
+				// The message names the server, when anything tells it, in
+				// place of the package's prefix.
+				prefix := want
+				switch {
+				case prefix != "":
+				case tt.name == "read timeout":
+					prefix = "memcached 127.0.0.1:1"
+				case tt.name == "connect timeout":
+					prefix = "memcached 127.0.0.1:2"
+				default:
+					prefix = "memcached"
+				}
+				if !strings.HasPrefix(err.Error(), prefix+": get window of ") {
+					t.Errorf("err %q, want it to start with %q", err, prefix+": get window of ")
 				}
 			}
 		})
@@ -209,7 +225,7 @@ func TestCounterFailureBlamesTheCountersServer(t *testing.T) {
 	if !errors.As(err, &named) {
 		t.Fatalf("err %v names no store", err)
 	}
-	if want := "memcached " + pick(t, sel, counter).String(); named.FailedStore() != want || b.Store(key, p) == want {
-		t.Errorf("blamed %q, want the counter's server %q, not the head's %q", named.FailedStore(), want, b.Store(key, p))
+	if want := "memcached " + pick(t, sel, counter).String(); named.FailedStore() != want || b.Store(throttler.OpTake, key, p) == want {
+		t.Errorf("blamed %q, want the counter's server %q, not the head's %q", named.FailedStore(), want, b.Store(throttler.OpTake, key, p))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -26,12 +27,13 @@ import (
 // startRedis starts a redis-server of its own on a free local port, without
 // persistence, for the test's lifetime, and returns a client on it; args
 // are added to the server's command line. It skips the test when
-// redis-server is not on PATH.
+// redis-server is not on PATH, and fails it then under CI=true, so that a
+// green CI run has tested the scripts (see missingServer).
 func startRedis(t testing.TB, args ...string) (*goredis.Client, int) {
 	t.Helper()
 	path, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Skip("redis-server is not on PATH")
+		missingServer(t, "redis-server is not on PATH")
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -59,6 +61,29 @@ func startRedis(t testing.TB, args ...string) (*goredis.Client, int) {
 			t.Fatalf("redis-server on port %d: %v", port, err)
 		}
 		time.Sleep(10 * time.Millisecond) // the server starting, not the clock
+	}
+}
+
+// missingServer skips t for want of a server binary, or fails it under
+// CI=true, where a skip would leave the Lua scripts untested.
+func missingServer(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why + ", and CI=true: install it (Debian: redis-server)")
+	}
+	t.Skip(why)
+}
+
+// Under CI=true the tests that need redis-server fail without it rather
+// than skip: the test binary is run again with an empty PATH.
+func TestMissingRedisServerFailsUnderCI(t *testing.T) {
+	for ci, wantFail := range map[string]bool{"true": true, "": false} {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestConformanceLocalRedis$", "-test.count", "1", "-test.v")
+		cmd.Env = append(os.Environ(), "PATH=", "CI="+ci)
+		out, err := cmd.CombinedOutput()
+		if failed := err != nil; failed != wantFail || !strings.Contains(string(out), "redis-server is not on PATH") {
+			t.Errorf("CI=%q without redis-server: failed %v (%v), want %v; output:\n%s", ci, failed, err, wantFail, out)
+		}
 	}
 }
 

@@ -116,10 +116,14 @@ func (req *request) scriptArgs() []any {
 
 // lane batches the requests of one client.
 type lane struct {
-	c     Client
-	pipe  func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
-	max   int
-	stats *counters
+	c       Client
+	scripts goredis.Scripter         // c's scripts, never re-sent (scriptsOf)
+	store   string                   // the client's name in errors: "redis shard 1 (10.0.0.1:6379)"
+	dials   *dialWatch               // nil: the client's dials are not watched
+	pipe    func() goredis.Pipeliner // nil: never batched (an AutoPipeliner, a client of another type)
+	max     int
+	stats   *counters
+	wait    *waiter // nil: writes are not followed by WAIT (wait.go)
 
 	one     bool // one server: a batch's windows go as one takes.lua call
 	always  bool // tests: every request goes through a batch (redisbatch.Always)
@@ -136,7 +140,7 @@ type lane struct {
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
-	l := &lane{c: c, max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
+	l := &lane{c: c, scripts: scriptsOf(c), max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
 		slots: maxInFlight, batches: maxBatches}
 	switch x := c.(type) {
 	case *goredis.Client:
@@ -178,7 +182,7 @@ const (
 func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	if l.pipe == nil {
 		l.stats.roundTrip(1)
-		return single(ctx, l.c, req)
+		return l.single(ctx, req)
 	}
 	l.mu.Lock()
 	if !l.always && l.flushers == 0 && len(l.queue) == 0 &&
@@ -186,7 +190,7 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		l.inFlight++
 		l.mu.Unlock()
 		l.stats.roundTrip(1)
-		reply, err := single(ctx, l.c, req)
+		reply, err := l.single(ctx, req)
 		l.finish()
 		return reply, err
 	}
@@ -212,12 +216,28 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 		reply, err := p.reply, p.err
 		p.req, p.deadline, p.reply, p.err = nil, time.Time{}, nil, nil
 		pendings.Put(p)
+		if err != nil && ctx.Err() == nil {
+			awaitDeadline(ctx)
+		}
 		return reply, err
 	case <-ctx.Done():
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			l.stats.abandoned.Add(1)
 		}
 		return nil, ctx.Err()
+	}
+}
+
+// awaitDeadline waits, when ctx's deadline has passed, for ctx to say so.
+// A batch runs with the latest deadline of its callers, so its round trip
+// can time out at a caller's own deadline and answer it a moment before
+// that caller's context ends: a Throttler then saw a failure before its
+// own Timeout expired and did not count it toward the store's breaker
+// (measured: 4 of 8 Takes on a paused primary, those batched). The
+// context's timer is due: the wait is a scheduling delay.
+func awaitDeadline(ctx context.Context) {
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		<-ctx.Done()
 	}
 }
 
@@ -323,7 +343,7 @@ func (l *lane) send(batch []*pending) {
 // (its key's) that one's alone (and its window's Takes').
 func (l *lane) run(ctx context.Context, live []*pending) {
 	if len(live) == 1 && !l.always {
-		live[0].reply, live[0].err = single(ctx, l.c, live[0].req)
+		live[0].reply, live[0].err = l.single(ctx, live[0].req)
 		return
 	}
 	sc := scratches.Get().(*scratch)
@@ -331,32 +351,43 @@ func (l *lane) run(ctx context.Context, live []*pending) {
 	calls := sc.coalesce(live, l.one)
 	cmds := sc.cmds[:0]
 	pipe := l.pipe()
+	writes := false
 	for i := range calls {
 		cmds = append(cmds, sc.queue(ctx, pipe, &calls[i], false))
+		writes = writes || l.wait != nil && calls[i].writes()
 	}
-	_, _ = pipe.Exec(ctx) // each command holds its own error
+	ack := l.wait.queue(ctx, pipe, writes) // one WAIT after every write
+	_, _ = pipe.Exec(ctx)                  // each command holds its own error
+	werr := l.wait.check(ack)
 	again := sc.again[:0]
 	for i, c := range cmds {
-		if err := c.Err(); err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := c.Err(); err != nil && (goredis.HasErrorPrefix(err, "NOSCRIPT") || refused(err)) {
 			again = append(again, i)
 			continue
 		}
 		deliver(&calls[i], c)
+		calls[i].fail(werr)
 	}
 	if len(again) > 0 {
-		// A server that lost its scripts (a restart, a failover): once
-		// more with their sources, which EVAL caches.
+		// A server that lost its scripts (a restart, a failover), or
+		// that refused them before they ran (see refused): once more,
+		// with their sources, which EVAL caches.
 		pipe = l.pipe()
+		writes = false
 		for _, i := range again {
 			cmds[i] = sc.queue(ctx, pipe, &calls[i], true)
+			writes = writes || l.wait != nil && calls[i].writes()
 		}
+		ack = l.wait.queue(ctx, pipe, writes)
 		_, _ = pipe.Exec(ctx)
+		werr = l.wait.check(ack)
 		for _, i := range again {
 			deliver(&calls[i], cmds[i])
+			calls[i].fail(werr)
 		}
 	}
 	clear(cmds)
-	sc.cmds, sc.again = cmds[:0], again[:0]
+	sc.cmds, sc.again, sc.pipe.p = cmds[:0], again[:0], nil
 }
 
 // command is the requests one command answers: one request, or the Takes
@@ -383,6 +414,13 @@ type scratch struct {
 	first []int // by parameter set: the request whose arguments it takes
 	cmds  []goredis.Cmder
 	again []int
+	pipe  once // the batch's pipeline as a Scripter (once): no allocation per script
+}
+
+// once returns pipe as a Scripter whose scripts go-redis never re-sends.
+func (sc *scratch) once(pipe goredis.Pipeliner) *once {
+	sc.pipe.p = pipe
+	return &sc.pipe
 }
 
 var scratches = sync.Pool{New: func() any {
@@ -472,9 +510,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
+			return scripts[req.fn].Eval(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, pipe, []string{req.sk}, req.scriptArgs()...)
+		return scripts[req.fn].EvalSha(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
@@ -509,9 +547,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 	}
 	var cmd *goredis.Cmd
 	if source {
-		cmd = takesScript.Eval(ctx, pipe, keys, args...)
+		cmd = takesScript.Eval(ctx, sc.once(pipe), keys, args...)
 	} else {
-		cmd = takesScript.EvalSha(ctx, pipe, keys, args...)
+		cmd = takesScript.EvalSha(ctx, sc.once(pipe), keys, args...)
 	}
 	clear(keys)
 	clear(args)
@@ -578,13 +616,116 @@ func flatOK(c *command, vals []any) bool {
 	return at == len(vals)
 }
 
-// single runs one request on its own.
-func single(ctx context.Context, c Client, req *request) (any, error) {
+// single runs one request on its own, on l's client.
+func single(ctx context.Context, l *lane, req *request) (any, error) {
 	if req.fn == fnPeek {
-		return c.HMGet(ctx, req.sk, "u", "r").Result()
+		return l.c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return scripts[req.fn].Run(ctx, c, []string{req.sk}, req.scriptArgs()...).Result()
+	return runScript(ctx, l.scripts, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
 }
+
+// scriptsOf is how c runs scripts: through once, never re-sent, when c
+// can send any command (every go-redis client); c itself otherwise.
+func scriptsOf(c Client) goredis.Scripter {
+	if p, ok := c.(processor); ok {
+		return &once{p: p}
+	}
+	return c
+}
+
+// runScript runs s through sc (scriptsOf) outside batches: EVALSHA, then
+// EVAL on NOSCRIPT, and once more if the server refused it before it ran.
+func runScript(ctx context.Context, sc goredis.Scripter, s *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	cmd := s.Run(ctx, sc, keys, args...)
+	if refused(cmd.Err()) && ctx.Err() == nil {
+		cmd = s.Run(ctx, sc, keys, args...)
+	}
+	return cmd
+}
+
+// refusedPrefixes begin the replies of a server that refused a script
+// before it ran or wrote anything: loading, a replica cut from its primary,
+// a Cluster slot in the middle of a move or a Cluster without a quorum
+// (all refused at dispatch), and a replica refusing a write (a script's
+// first write fails, and the script stops there; after a failover, the
+// client's next connection reaches the new primary).
+var refusedPrefixes = []string{"READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"}
+
+// refused reports whether err is such a refusal, which a script may be
+// sent again after, once: it never ran.
+func refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range refusedPrefixes {
+		if goredis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Scripts run at most once. go-redis re-sends a command that failed in a
+// way it deems transient (a connection reset or EOF, a read timeout,
+// LOADING, TRYAGAIN, CLUSTERDOWN), and a Cluster's pipeline re-sends a
+// node's whole sub-batch when its first command failed so, or when the
+// connection failed part way (osscluster.go, pipelineReadCmds, v9.23):
+// the scripts of that sub-batch that had run would run again, a Take
+// counted twice. A command whose NoRetry is true is never re-sent, nor is
+// a sub-batch holding one; redirections (MOVED, ASK), which Redis gives
+// before running anything, are still followed command by command, and a
+// pooled connection found closed is replaced before anything is written
+// (go-redis checks idle connections). A script that fails so fails its
+// call: a store failure, never a unit counted twice. The backend sends a
+// script again itself, once, only when the server's reply says it never
+// ran (refused).
+
+// processor is a client or a pipeline that sends any command.
+type processor interface {
+	Process(ctx context.Context, cmd goredis.Cmder) error
+}
+
+// once is a Scripter whose EVAL and EVALSHA go-redis never re-sends.
+type once struct {
+	goredis.Scripter // nil: Script uses only Eval and EvalSha
+	p                processor
+}
+
+var (
+	_ processor = (*goredis.Client)(nil)
+	_ processor = (*goredis.ClusterClient)(nil)
+	_ processor = (*goredis.Ring)(nil)
+	_ processor = goredis.Pipeliner(nil)
+)
+
+func (o *once) Eval(ctx context.Context, script string, keys []string, args ...any) *goredis.Cmd {
+	return o.run(ctx, "eval", script, keys, args)
+}
+
+func (o *once) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *goredis.Cmd {
+	return o.run(ctx, "evalsha", sha, keys, args)
+}
+
+// run sends name (eval or evalsha) as go-redis's Eval does, but as a
+// command that is never retried.
+func (o *once) run(ctx context.Context, name, payload string, keys []string, args []any) *goredis.Cmd {
+	a := make([]any, 3, 3+len(keys)+len(args))
+	a[0], a[1], a[2] = name, payload, len(keys)
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	cmd := goredis.NewCmd(ctx, append(a, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = o.p.Process(ctx, onceCmd{cmd})
+	return cmd
+}
+
+// onceCmd is a command go-redis never re-sends (see once).
+type onceCmd struct{ *goredis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
 
 func cmdReply(c goredis.Cmder) (any, error) {
 	switch c := c.(type) {

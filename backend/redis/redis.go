@@ -18,10 +18,15 @@
 // is down) matches throttler.ErrUnavailable (backend.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
 // program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
-// and never does. Each shard is a store of its own (backend.Stores): one
-// shard's outage switches limiting off for its keys only. A replica that
-// fails a Peek in any way, its share of the time running out included, is
-// never reported: the primary answers instead.
+// and never does. Each shard's primary is a store of its own, and so are
+// its replicas, which Peeks reach first (backend.Stores): one shard's
+// outage switches limiting off for its keys only, and a primary and its
+// replicas fail apart. A replica that fails a Peek in any way, its share of
+// the time running out included, costs the Peek time, not its answer: the
+// primary answers instead. Every error names the client it came from and,
+// for a deadline on a client whose last dial failed, that dial's error;
+// Check pings every server at start-up. Scripts are sent as commands
+// go-redis never re-sends (batch.go, once), so none counts twice.
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
@@ -125,6 +130,24 @@ type Options struct {
 	// would admit after another process refunds units or raises the Limit
 	// (see the over-limit cache in docs/backends-redis.md). default: 0, off
 	OverLimitCache int
+	// WaitReplicas makes every write (a Take, a Refund, a lease's Acquire
+	// or Release) wait until that many replicas of its primary hold it:
+	// WAIT, in the same pipeline as the script, so still one round trip.
+	// Fewer acknowledgements within WaitTimeout fail the call with
+	// ErrTooFewReplicas, a store failure, though the primary did write.
+	// It narrows what a failover can lose, it does not make Redis
+	// consistent ("Failover" in docs/backends-redis.md). Each primary must
+	// be a *goredis.Client (one server, or a FailoverClient). Negative is
+	// an error. default: 0, off (writes are acknowledged by the primary
+	// alone)
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT, rounded to whole milliseconds. Redis
+	// ends a WAIT that times out on its cron tick (100ms at its default hz
+	// of 10), so a shortfall can take that long: a Throttler's Timeout
+	// below it ends such calls first, a store failure too. It must be
+	// below each primary's ReadTimeout. Negative, below 1ms, or set while
+	// WaitReplicas is 0 is an error. default: 50ms when WaitReplicas > 0
+	WaitTimeout time.Duration
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -153,7 +176,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if out.OverLimitCache < 0 {
 		return out, fmt.Errorf("redis: Options.OverLimitCache must be >= 0 (0: off), got %d", out.OverLimitCache)
 	}
-	return out, nil
+	return out, waitDefaults(&out)
 }
 
 // Shard is one independent Redis of a sharded layout: a primary that takes
@@ -169,7 +192,8 @@ type shard struct {
 	primaryLane  *lane         // batches primary's requests
 	replicaLanes []*lane       // and each replica's
 	next         atomic.Uint32 // round robin over replicas
-	name         string        // the store, for a Throttler's breakers
+	name         string        // the primary's store, for a Throttler's breakers
+	replicasName string        // the replicas' store, which Peeks reach first
 }
 
 // Backend stores rate limits in Redis. It is safe for concurrent use. It
@@ -233,6 +257,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: max(o.ExpiryMargin.Milliseconds(), 1)}
+	watched := map[Client]*dialWatch{} // a client in two roles gets one hook
 	for i, s := range shards {
 		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
 			return nil, err
@@ -242,10 +267,17 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 				return nil, err
 			}
 		}
-		sh := &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...), name: storeName(i, len(shards), s.Primary)}
-		sh.primaryLane = newLane(s.Primary, o.MaxBatch, &b.counters)
+		sh := &shard{primary: s.Primary, replicas: append([]Client(nil), s.Replicas...),
+			name: storeName(i, len(shards), "", s.Primary)}
+		if len(s.Replicas) > 0 {
+			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
+		}
+		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
+		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
+			return nil, err
+		}
 		for _, r := range sh.replicas {
-			sh.replicaLanes = append(sh.replicaLanes, newLane(r, o.MaxBatch, &b.counters))
+			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
 		}
 		b.shards[i] = sh
 	}
@@ -255,33 +287,71 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// storeName names shard i of n for a Throttler's breakers and its
-// observations: "redis shard 1 (10.0.0.1:6379)", or "redis (…)" for a
-// single client; the address when the client tells it (a *goredis.Client).
-func storeName(i, n int, c Client) string {
+// newLane is the lane of client c, named store in errors, with c's dials
+// watched (once per client).
+func (b *Backend) newLane(c Client, maxBatch int, store string, watched map[Client]*dialWatch) *lane {
+	l := newLane(c, maxBatch, &b.counters)
+	w, ok := watched[c]
+	if !ok {
+		w = watchDials(c)
+		watched[c] = w
+	}
+	l.store, l.dials = store, w
+	return l
+}
+
+// storeName names the clients cs of shard i of n, in role (a primary: "",
+// or " replicas"), for a Throttler's breakers, its observations and errors:
+// "redis shard 1 (10.0.0.1:6379)", "redis shard 1 replicas (10.0.0.2:6379,
+// 10.0.0.3:6379)", or "redis (…)" for a single shard; the addresses when
+// the clients tell them (a *goredis.Client).
+func storeName(i, n int, role string, cs ...Client) string {
 	name := "redis"
 	if n > 1 {
 		name = "redis shard " + strconv.Itoa(i)
 	}
-	if o, ok := c.(interface{ Options() *goredis.Options }); ok && o.Options() != nil && o.Options().Addr != "" {
-		name += " (" + o.Options().Addr + ")"
+	name += role
+	var addrs []string
+	for _, c := range cs {
+		if a := addrOf(c); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) > 0 {
+		name += " (" + strings.Join(addrs, ", ") + ")"
 	}
 	return name
 }
 
+// addrOf is a client's address when it tells one (a *goredis.Client), or "".
+func addrOf(c Client) string {
+	if o, ok := c.(interface{ Options() *goredis.Options }); ok && o.Options() != nil {
+		return o.Options().Addr
+	}
+	return ""
+}
+
 var _ backend.Stores = (*Backend)(nil)
 
-// Store names the shard that holds key under p (see backend.Stores): each
-// shard fails on its own, replicas included, so each gets its own breaker.
-// A Cluster or a Ring is one store: the client routes inside it.
-func (b *Backend) Store(key string, p throttler.Policy) string {
-	if len(b.shards) == 1 {
-		return b.shards[0].name
+// Store names the store op on key under p reaches first (see
+// backend.Stores): the primary of the key's shard for a Take or a Refund,
+// its replicas for a Peek when it has some. Each shard fails on its own, and
+// so do its primary and its replicas: a replica's answers never close the
+// breaker of a failing primary, and a primary's open breaker never stops
+// the Peeks its replicas answer. A Cluster or a Ring is one store: the
+// client routes inside it.
+func (b *Backend) Store(op throttler.Op, key string, p throttler.Policy) string {
+	s := b.shards[0]
+	if len(b.shards) > 1 {
+		var idBuf [throttler.MaxPolicyNameLen]byte
+		var lenBuf [20]byte
+		_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
+		s = b.shardFor(h)
 	}
-	var idBuf [throttler.MaxPolicyNameLen]byte
-	var lenBuf [20]byte
-	_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
-	return b.shardFor(h).name
+	if op == throttler.OpPeek && s.replicasName != "" {
+		return s.replicasName
+	}
+	return s.name
 }
 
 // required reports a nil client, including a nil pointer in the interface
@@ -442,13 +512,16 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *request, parse func(reply any) error) error {
 	f := func(ctx context.Context, l *lane) error {
 		reply, err := l.do(ctx, req)
-		if errors.Is(err, goredis.Nil) {
-			return fmt.Errorf("%w: nil", ErrUnexpectedReply)
+		switch {
+		case errors.Is(err, goredis.Nil):
+			err = fmt.Errorf("%w: nil", ErrUnexpectedReply)
+		case err == nil:
+			err = parse(reply)
 		}
 		if err != nil {
-			return err
+			return storeError(l.store, l.dials, err)
 		}
-		return parse(reply)
+		return nil
 	}
 	if op == throttler.OpPeek {
 		return b.read(ctx, s, f)
@@ -461,8 +534,10 @@ func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *requ
 // included; on the primary alone when the shard has no replica. A replica
 // only gets half of the call's remaining time, so that a paused one leaves
 // the primary the other half: it costs a Peek some latency, never its
-// answer, and its failure is never the primary's (a Throttler never hears
-// of it). Only the caller's own context ending stops the fallback.
+// answer. A Peek is its shard's replicas' call (Store): one the primary
+// answered is their success, and one that failed on both their failure,
+// never the primary's, whose breaker Takes alone open and close. Only the
+// caller's own context ending stops the fallback.
 func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *lane) error) error {
 	n := len(s.replicaLanes)
 	if n == 0 {
@@ -477,7 +552,12 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *l
 	}
 	err := f(rctx, r)
 	if err != nil && ctx.Err() == nil {
-		err = f(ctx, s.primaryLane)
+		// The primary's failure is the call's; the replica's is told, not
+		// chained: its half deadline is no deadline of the caller's.
+		if perr := f(ctx, s.primaryLane); perr != nil {
+			return fmt.Errorf("%w (after %v)", perr, err)
+		}
+		return nil
 	}
 	return err
 }

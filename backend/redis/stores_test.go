@@ -72,7 +72,10 @@ func TestPeekOnAPausedReplicaFallsBackToThePrimaryInTime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+			// The replica's half (200 ms) ends while the call has as much
+			// left: a goroutine woken that late only on a loaded machine
+			// (40 ms in all failed a package run at load 11.8).
+			ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 			defer cancel()
 			callDeadline, _ := ctx.Deadline()
 			d, err := b.Peek(ctx, "k", p, t0)
@@ -200,7 +203,7 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 		if _, err := b.Take(context.Background(), key, policy, 1, t0); err != nil {
 			t.Fatal(err)
 		}
-		name := b.Store(key, policy)
+		name := b.Store(throttler.OpTake, key, policy)
 		seen[name] = true
 		for j, f := range fakes {
 			if (len(f.calls) > 0) != (name == fmt.Sprint("redis shard ", j)) {
@@ -215,7 +218,7 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: "10.0.0.1:6379"})
 	defer c.Close()
 	single := newBackend(t, c, nil)
-	if got := single.Store("k", policy); got != "redis (10.0.0.1:6379)" {
+	if got := single.Store(throttler.OpTake, "k", policy); got != "redis (10.0.0.1:6379)" {
 		t.Errorf("single client: Store %q", got)
 	}
 	two, err := NewSharded([]Shard{{Primary: c}, {Primary: fakes[0]}}, nil)
@@ -224,9 +227,105 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 	}
 	names := map[string]bool{}
 	for i := range 50 {
-		names[two.Store(fmt.Sprint(i), policy)] = true
+		names[two.Store(throttler.OpTake, fmt.Sprint(i), policy)] = true
 	}
 	if !names["redis shard 0 (10.0.0.1:6379)"] || !names["redis shard 1"] || len(names) != 2 {
 		t.Errorf("two shards: names %v", names)
+	}
+}
+
+// A shard's primary and its replicas are stores apart. With the primary
+// down and a replica answering Peeks, the replica's answers used to reset
+// the primary's failures, so its breaker never opened and every Take paid
+// the Timeout; and an open primary breaker must not stop the Peeks the
+// replica answers. Peeks are named for the replicas, Takes for the primary.
+func TestPrimaryAndReplicasFailApart(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	primary := &fakeClient{evalErr: refused, hmgetErr: refused}
+	replica := &fakeClient{hmgetVal: []any{"3", fmt.Sprint(reset)}}
+	b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stores []string
+	th, err := throttler.New(b, &throttler.Options{
+		Clock: func() time.Time { return t0 }, BreakerThreshold: 3, BreakerCooldown: time.Hour,
+		Observe: func(o throttler.Observation) { stores = append(stores, o.Op.String()+" "+o.Store) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 5 {
+		primary.calls = nil
+		d, err := th.Allow(ctx, "k", policy)
+		if !d.Degraded || err != nil {
+			t.Fatalf("Take %d: %+v, %v; want failed open", i, d, err)
+		}
+		if reached, want := len(primary.calls) > 0, i < 3; reached != want {
+			t.Errorf("Take %d reached the primary: %v, want %v (breaker opens after 3 failures)", i, reached, want)
+		}
+		d, err = th.Peek(ctx, "k", policy)
+		if err != nil || d.Degraded || d.Used != 3 {
+			t.Errorf("Peek %d: %+v, %v; want the replica's answer, Used 3", i, d, err)
+		}
+	}
+	if want := []string{"take redis", "peek redis replicas"}; stores[0] != want[0] || stores[1] != want[1] {
+		t.Errorf("observed stores %q, want %q", stores[:2], want)
+	}
+}
+
+// A Peek whose replica and primary both fail counts against the store it
+// reached first, the replicas': after the threshold Peeks skip the shard,
+// while Takes, on a primary that answers them, go on.
+func TestPeekFailingEverywhereOpensTheReplicasBreaker(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	primary := &fakeClient{evalVal: []any{int64(1), int64(1), reset}, hmgetErr: refused}
+	replica := &fakeClient{hmgetErr: refused}
+	b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := throttler.New(b, &throttler.Options{
+		Clock: func() time.Time { return t0 }, BreakerThreshold: 2, BreakerCooldown: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 4 {
+		replica.calls = nil
+		if d, _ := th.Peek(ctx, "k", policy); !d.Degraded {
+			t.Errorf("Peek %d answered %+v, want failed open", i, d)
+		}
+		if reached, want := len(replica.calls) > 0, i < 2; reached != want {
+			t.Errorf("Peek %d reached the replica: %v, want %v", i, reached, want)
+		}
+		if d, err := th.Allow(ctx, "k", policy); err != nil || d.Degraded {
+			t.Errorf("Take %d: %+v, %v; want the primary's answer", i, d, err)
+		}
+	}
+}
+
+// A shard's replicas are named apart from its primary, with their
+// addresses when the clients tell them.
+func TestReplicasStoreName(t *testing.T) {
+	c := func(addr string) *goredis.Client { return goredis.NewClient(&goredis.Options{Addr: addr}) }
+	p, r1, r2 := c("10.0.0.1:6379"), c("10.0.0.2:6379"), c("10.0.0.3:6379")
+	defer p.Close()
+	defer r1.Close()
+	defer r2.Close()
+	b, err := NewSharded([]Shard{{Primary: p, Replicas: []Client{r1, r2}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for op, want := range map[throttler.Op]string{
+		throttler.OpTake:   "redis (10.0.0.1:6379)",
+		throttler.OpRefund: "redis (10.0.0.1:6379)",
+		throttler.OpPeek:   "redis replicas (10.0.0.2:6379, 10.0.0.3:6379)",
+	} {
+		if got := b.Store(op, "k", policy); got != want {
+			t.Errorf("%v: Store %q, want %q", op, got, want)
+		}
 	}
 }

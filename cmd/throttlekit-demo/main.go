@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -156,7 +157,7 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		if !ok {
 			return nil, fmt.Errorf("demo: no handler for %s", e.path)
 		}
-		limited, err := th.Middleware(e.p, clientKey, &throttler.MiddlewareOptions{IETFHeaders: true})
+		limited, err := httplimit.Rate(th, e.p, clientKey, &httplimit.Options{IETFHeaders: true})
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", e.path, err)
 		}
@@ -171,16 +172,12 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		resources := map[string]any{}
 		for _, e := range eps {
 			d, err := th.Peek(r.Context(), k, e.p)
-			switch {
-			case throttler.IsInputError(err): // a key the store refuses: the client's to fix
-				http.Error(w, http.StatusText(http.StatusBadRequest), http.StatusBadRequest)
-				return
-			case err != nil:
-				http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
+			if err != nil { // a key the store refuses (400), a store down while failing closed (503)
+				httplimit.Error(w, r, err)
 				return
 			}
 			resources[e.p.Name] = map[string]any{
-				"limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": d.ResetUnix(),
+				"limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": unixCeil(d.ResetAt),
 			}
 		}
 		// GitHub's shape: every resource, and "rate" for core.
@@ -193,6 +190,16 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 	return &handler{Handler: mux, shed: api}, nil
 }
 
+// unixCeil is t in Unix seconds, rounded up, as X-RateLimit-Reset is: a
+// client waiting until that second is never early.
+func unixCeil(t time.Time) int64 {
+	s := t.Unix()
+	if t.Nanosecond() > 0 {
+		s++
+	}
+	return s
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
@@ -200,7 +207,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // clientKey names the client by its token ("Authorization: token X"), or by
 // its IP address when it sends none. A real service would hash a token
-// before it reaches a store (see throttler's ExampleKeyFunc_hashed).
+// before it reaches a store (see httplimit's ExampleKeyFunc_hashed).
 func clientKey(r *http.Request) (string, error) {
 	if auth := r.Header.Get("Authorization"); auth != "" {
 		tok, ok := strings.CutPrefix(auth, "token ")
@@ -209,7 +216,7 @@ func clientKey(r *http.Request) (string, error) {
 		}
 		return "token:" + tok, nil
 	}
-	ip, err := throttler.KeyByRemoteIP(r)
+	ip, err := httplimit.KeyByRemoteIP(r)
 	return "ip:" + ip, err
 }
 

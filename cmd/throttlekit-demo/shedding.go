@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/shed"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -47,6 +48,10 @@ type shedAPI struct {
 	// /admin/utilization sets: the worker shedder sees the larger of it
 	// and the real one (exports in flight over workers).
 	load atomic.Uint64
+	// exporting counts the exports past every limiter, in their handler:
+	// what holds a fleet slot and a concurrency lease, where the worker
+	// shedder's InFlight also counts requests still on their way to them.
+	exporting atomic.Int64
 }
 
 // addShedding adds /exports, POST /charges, PUT /admin/utilization and GET
@@ -77,22 +82,32 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	if err != nil {
 		return nil, err
 	}
+	ietf := &httplimit.Options{IETFHeaders: true}
+	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), clientKey, nil)
+	if err != nil {
+		return nil, fmt.Errorf("/exports: %w", err)
+	}
+	exportRate, err := httplimit.Rate(th, sh.rate, clientKey, ietf)
+	if err != nil {
+		return nil, fmt.Errorf("/exports: %w", err)
+	}
 	exports, err := shed.Middleware(&shed.Options{
-		Classify: classify, Worker: api.worker, Fleet: api.fleet,
-		Concurrency: &shed.Concurrency{Throttler: th, Policy: throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), Key: clientKey},
-		Rate:        &shed.Rate{Throttler: th, Policy: sh.rate, Key: clientKey, Options: &throttler.MiddlewareOptions{IETFHeaders: true}},
+		Classify: classify, Worker: api.worker, Fleet: api.fleet, Concurrency: inflight, Rate: exportRate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("/exports: %w", err)
 	}
-	charges, err := shed.Middleware(&shed.Options{
-		Classify: classify, Worker: api.worker, Fleet: api.fleet,
-		Rate: &shed.Rate{Throttler: th, Policy: sh.charges, Key: clientKey, Options: &throttler.MiddlewareOptions{IETFHeaders: true}},
-	})
+	chargeRate, err := httplimit.Rate(th, sh.charges, clientKey, ietf)
+	if err != nil {
+		return nil, fmt.Errorf("/charges: %w", err)
+	}
+	charges, err := shed.Middleware(&shed.Options{Classify: classify, Worker: api.worker, Fleet: api.fleet, Rate: chargeRate})
 	if err != nil {
 		return nil, fmt.Errorf("/charges: %w", err)
 	}
 	export := exports(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api.exporting.Add(1)
+		defer api.exporting.Add(-1)
 		select {
 		case <-time.After(sh.work):
 		case <-r.Context().Done():

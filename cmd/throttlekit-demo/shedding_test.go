@@ -32,17 +32,32 @@ func do(t *testing.T, ctx context.Context, method, url string, header ...string)
 	return resp
 }
 
-// waitInFlight waits until the worker shedder counts n exports in flight:
-// the requests the test started have reached their handlers.
-func waitInFlight(t *testing.T, api *shedAPI, n int64) {
+// waitFor waits until count() is n, or fails the test after 30s.
+func waitFor(t *testing.T, what string, count func() int64, n int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for api.worker.InFlight() != n {
+	for count() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("in flight: %d, want %d", api.worker.InFlight(), n)
+			t.Fatalf("%s: %d, want %d", what, count(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// waitExporting waits until n exports run in their handler: each holds its
+// fleet slot and its concurrency lease. The worker shedder's InFlight is
+// not enough: it counts a request as soon as that shedder admits it, before
+// the fleet and concurrency limiters have, so a check made then could find
+// a slot still free and start an hour-long export that nothing cancels.
+func waitExporting(t *testing.T, api *shedAPI, n int64) {
+	t.Helper()
+	waitFor(t, "exports in their handler", api.exporting.Load, n)
+}
+
+// waitInFlight waits until the worker shedder counts n exports in flight.
+func waitInFlight(t *testing.T, api *shedAPI, n int64) {
+	t.Helper()
+	waitFor(t, "in flight", api.worker.InFlight, n)
 }
 
 // Exports that run until the test cancels them: bob's third at once is
@@ -68,19 +83,19 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	}
 	hold("bob")
 	hold("bob")
-	waitInFlight(t, api, 2)
+	waitExporting(t, api, 2)
 	r := do(t, context.Background(), "GET", srv.URL+"/exports", "Authorization", "token bob")
 	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
-	assert.Equal(t, shed.LimiterConcurrency, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "concurrency", r.Header.Get(shed.HeaderLimiter))
 	assert.Equal(t, "exports-inflight", r.Header.Get("X-RateLimit-Resource"))
 	assert.Equal(t, "2", r.Header.Get("X-RateLimit-Limit"))
 
 	hold("c1")
 	hold("c2")
-	waitInFlight(t, api, 4)
+	waitExporting(t, api, 4)
 	r = do(t, context.Background(), "POST", srv.URL+"/exports", "Authorization", "token c3")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterFleet, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "fleet-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, context.Background(), "POST", srv.URL+"/charges", "Authorization", "token c3")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "critical traffic is never shed")
 	assert.Empty(t, r.Header.Get(shed.HeaderLimiter))
@@ -115,7 +130,7 @@ func TestDemoWorkerShedder(t *testing.T) {
 	}
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave", "X-Test-Mode", "1")
 	assert.Equal(t, http.StatusServiceUnavailable, r.StatusCode)
-	assert.Equal(t, shed.LimiterWorker, r.Header.Get(shed.HeaderLimiter))
+	assert.Equal(t, "worker-shedder", r.Header.Get(shed.HeaderLimiter))
 	r = do(t, bg, "GET", srv.URL+"/exports", "Authorization", "token dave")
 	assert.Equal(t, http.StatusOK, r.StatusCode, "reads are not shed yet")
 	r = do(t, bg, "POST", srv.URL+"/charges", "Authorization", "token dave", "X-Test-Mode", "1")
@@ -145,7 +160,7 @@ func TestBadSheddingFailsBeforeListening(t *testing.T) {
 		{"no workers", func(s *shedding) { s.workers = 0 }, "-workers must be at least 1"},
 		{"no fleet", func(s *shedding) { s.fleet = 0 }, "concurrency limit must be between"},
 		{"share above 1", func(s *shedding) { s.share = 1.5 }, "Share must be in (0, 1]"},
-		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: shed: Options.Concurrency.Policy"},
+		{"no inflight", func(s *shedding) { s.inflight = 0 }, "/exports: throttler: invalid policy: concurrency limit"},
 		{"ramp negative", func(s *shedding) { s.ramp = -time.Second }, "Ramp must be >= 0"},
 	} {
 		sh := defaultShedding(5, time.Minute)

@@ -210,6 +210,10 @@ admitted), used, remaining, reset at (to the millisecond, UTC) and retry
 after. Peek writes nothing, so a replica may be read, and the key's clients
 are not charged.
 
+Every store is checked first, each within --timeout: every Memcached server
+and Redis node must answer, or the command stops with exit status 3 and an
+error naming the store and the address that failed, before any Peek.
+
 The first store in the table (memcached, then redis, then the replicas) is
 the reference: the VS column says how each other store's answer differs
 from it, with the kinds and tolerances of package shadow: allowed, used
@@ -266,8 +270,10 @@ each policy, writing nothing: a check of live keys, for example after a
 ramp. With --live as well, the synthetic traffic goes to those keys instead;
 its takes spend those clients' budget, so only ask for it knowingly.
 
-Both stores are read once before the traffic starts: a store that does not
-answer ends the run with exit status 3 before anything is written. An
+Every store is checked first (every Memcached server and Redis node must
+answer within --timeout), and both stores are read once before the traffic
+starts: a store that does not answer ends the run with exit status 3 and an
+error naming the address that failed, before anything is written. An
 interrupt (Ctrl-C) stops the traffic; what was sent is still compared and
 reported. The stores must not be serving live traffic under the synthetic
 keys' prefix, and a store that another process writes to under the same

@@ -49,6 +49,9 @@ func inspectCommand() *command {
 				return e.openError(cmd, err)
 			}
 			defer st.Close()
+			if err := checkStores(ctx, st.list, cfg.timeout); err != nil {
+				return e.fail(cmd, exitFor(err), err)
+			}
 			rep := inspectReport{Key: *key, At: e.now()}
 			for _, p := range policies {
 				rep.Policies = append(rep.Policies, peekAll(ctx, st.list, *key, p, rep.At, cfg.timeout))

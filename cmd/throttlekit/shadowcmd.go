@@ -295,6 +295,9 @@ func (e *env) shadow(ctx context.Context, o *shadowOpts, set map[string]bool) in
 		return e.openError(cmd, err)
 	}
 	defer st.Close()
+	if err := checkStores(ctx, st.list, o.cfg.timeout); err != nil {
+		return e.fail(cmd, exitFor(err), err)
+	}
 	control, candidate := st.get(o.control), st.get(o.candidate)
 	start := e.now()
 	runID := strconv.FormatInt(start.UnixMilli(), 36)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -223,6 +224,37 @@ func redisBackend(addrs []string, prefix string, client func(string) *goredis.Cl
 		shards[i] = redis.Shard{Primary: client(a)}
 	}
 	return redis.NewSharded(shards, opts)
+}
+
+// checker is a store that can verify, at start-up, that all of its servers
+// answer (memcached.Backend, redis.Backend). A store without it is not
+// checked; its first call tells instead.
+type checker interface {
+	Check(ctx context.Context) error
+}
+
+// checkStores asks every store that can to check its servers, each within
+// timeout, and returns the first failure, naming the store and its
+// addresses: a wrong address stops a command before it reads or writes
+// anything, with one clear error, instead of a report full of failures.
+func checkStores(ctx context.Context, list []store, timeout time.Duration) error {
+	for _, s := range list {
+		c, ok := s.b.(checker)
+		if !ok {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err := c.Check(cctx)
+		cancel()
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				// Its own timeout: the store did not answer in time.
+				err = fmt.Errorf("%w: no answer within --timeout %v: %w", throttler.ErrUnavailable, timeout, err)
+			}
+			return fmt.Errorf("store %s (%s) does not answer: %w", s.name, strings.Join(s.addrs, ","), err)
+		}
+	}
+	return nil
 }
 
 // openError reports an error of openStores, returning its exit status.

@@ -14,8 +14,8 @@
 -- Returns {allowed (0|1), used, earliest expiry (Unix ms)}: a lease is
 -- always held after an Acquire, the new one or those that denied it.
 --
--- Leases whose expiry is <= t are not held: they are dropped first, which
--- a steady key skips after one look at the earliest. A key with no leases
+-- Leases whose expiry is <= t are not held: they are dropped, which a
+-- steady key skips after one look at the earliest. A key with no leases
 -- (no set) takes three commands, one with leases five. An ID already held is
 -- admitted again with its new expiry, counted once, even above a lowered
 -- limit. Key expiry is a duration, for cleanup only: until the latest
@@ -30,20 +30,37 @@ if first[1] == nil then
   redis.call('PEXPIRE', set, expiry - t + tonumber(ARGV[5]))
   return {1, 1, expiry}
 end
-local stale = false
-if tonumber(first[2]) <= t then
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
-  stale = true
-end
+-- Expired leases are dropped after the new one is added (its expiry is
+-- after t, so it stays), never before: a drop that emptied the set would
+-- delete its key, and on the source node of a Cluster slot being
+-- migrated, any command on a key gone is refused, so the script would fail
+-- after its delete.
+local stale = tonumber(first[2]) <= t
 local used = redis.call('ZCARD', set)
+if stale then
+  used = used - redis.call('ZCOUNT', set, '-inf', ARGV[1])
+end
 
 local allowed = 0
 if used < limit then
-  used = used + redis.call('ZADD', set, ARGV[3], id)
   allowed = 1
-elseif redis.call('ZSCORE', set, id) then
-  redis.call('ZADD', set, ARGV[3], id)
-  allowed = 1
+else
+  local score = redis.call('ZSCORE', set, id)
+  if score and tonumber(score) > t then
+    allowed = 1 -- held: admitted again, above the limit too
+  end
+end
+if allowed == 1 then
+  local added = redis.call('ZADD', set, ARGV[3], id)
+  if stale then
+    redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
+    used = redis.call('ZCARD', set)
+  else
+    used = used + added
+  end
+elseif stale then
+  -- Denied: the live leases (at least the limit, >= 1) keep the key.
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
 end
 
 -- A lease is held now (this one, or the Limit that denied it).

@@ -34,10 +34,12 @@
 -- Used is ZCARD less a ZCOUNT of the ended scores; ResetAt is the newest
 -- member's score; a denied call's RetryAfter is the score of the member by
 -- which enough units will have ended, found by its rank from the newest; a
--- refund drops its newest by rank; a take drops the ended ones and adds its
--- own, wherever its ms falls. A steady take is ZREVRANGE 0 0, ZCARD,
--- ZCOUNT (none when the take fits the log whole), ZREMRANGEBYSCORE (none
--- when nothing ended) and ZADD, with PEXPIRE once per grid cell. backend.Log's
+-- refund drops its newest by rank; a take adds its own, wherever its ms
+-- falls, and drops the ended ones. A steady take is ZREVRANGE 0 0, ZCARD,
+-- ZCOUNT (none when the take fits the log whole), ZADD and
+-- ZREMRANGEBYSCORE (none when nothing ended), with PEXPIRE once per grid
+-- cell. No command touches the key after one that may have deleted it (a
+-- drop that emptied the set): see the take's drop below. backend.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -87,11 +89,6 @@ if op == 1 then
   want = cost
   if used + cost <= limit then
     allowed = 1
-    if ended == nil then
-      used = used - redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
-    elseif ended > 0 then
-      redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
-    end
     -- Number the units after those of this ms already logged: the last of
     -- them sorts last among its score.
     local j = 0
@@ -115,14 +112,23 @@ if op == 1 then
         end
       end
     end
+    -- Drop the units that ended only now that the take's own are logged
+    -- (at t > t - w, never dropped): a drop that emptied the log would
+    -- delete its key, and on the source node of a Cluster slot being
+    -- migrated, any command on a key gone is refused, so the script would
+    -- fail after its delete.
+    if ended == nil then
+      used = used - redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
+    elseif ended > 0 then
+      redis.call('ZREMRANGEBYSCORE', log, '-inf', ARGV[7])
+    end
     used = used + cost
     -- The expiry runs to the end of the grid cell (g ms, cells aligned to
     -- the epoch) holding the newest unit's end, plus the margin. A take at
     -- or after the newest unit whose own unit ends in that same cell finds
     -- it set already and skips PEXPIRE; one whose unit ends in a later
-    -- cell, or after a key deleted by the drop (its newest unit ended, so
-    -- its cell is earlier: g <= w), or from a clock behind the newest unit,
-    -- sets it. A refund only removes units, so the expiry it leaves still
+    -- cell, or after every unit ended (the newest's cell is earlier: g <=
+    -- w), or from a clock behind the newest unit, sets it. A refund only removes units, so the expiry it leaves still
     -- covers the newest.
     local newest = at
     if at == nil or at < t then

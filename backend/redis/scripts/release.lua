@@ -14,17 +14,36 @@
 local set, t, id = KEYS[1], tonumber(ARGV[1]), ARGV[2]
 
 local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
-local stale = false
-if first[1] ~= nil and tonumber(first[2]) <= t then
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
-  stale = true
+if first[1] == nil then
+  return {0, 0, 0}
 end
-local held = redis.call('ZREM', set, id)
-local used = redis.call('ZCARD', set)
+-- Removing the ID or the expired leases may empty the set, which deletes
+-- its key; on the source node of a Cluster slot being migrated, any
+-- command on a key gone is refused, and the script would fail after its
+-- delete. So the count is taken first, and the set is read again only
+-- while it holds a lease.
+local card = redis.call('ZCARD', set)
+local held, removed = 0, 0
+if tonumber(first[2]) > t then
+  held = redis.call('ZREM', set, id)
+  removed = held
+else
+  local score = redis.call('ZSCORE', set, id)
+  if score then
+    if tonumber(score) > t then
+      held = 1
+    end
+    removed = redis.call('ZREM', set, id)
+  end
+  if card > removed then
+    removed = removed + redis.call('ZREMRANGEBYSCORE', set, '-inf', ARGV[1])
+  end
+end
+local used = card - removed
 
 local earliest = 0
 if used > 0 then
-  if stale or (held == 1 and first[1] == id) then
+  if removed > held or (held == 1 and first[1] == id) then
     earliest = tonumber(redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')[2])
   else
     earliest = tonumber(first[2])

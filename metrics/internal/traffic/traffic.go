@@ -46,7 +46,7 @@ func newDown(store string, hang bool) *down {
 	return d
 }
 
-func (d *down) Store(string, throttler.Policy) string { return d.store }
+func (d *down) Store(throttler.Op, string, throttler.Policy) string { return d.store }
 
 // Memory returns a memory backend.
 func Memory(t testing.TB) *memory.Backend {

@@ -1,4 +1,4 @@
-package throttler_test
+package httplimit_test
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/httplimit"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -29,9 +31,9 @@ var etagHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 	_, _ = w.Write([]byte("ok"))
 })
 
-func newMiddleware(t testing.TB, th *throttler.Throttler, p throttler.Policy, key throttler.KeyFunc, o *throttler.MiddlewareOptions) func(http.Handler) http.Handler {
+func newRate(t testing.TB, th *throttler.Throttler, p throttler.Policy, key httplimit.KeyFunc, o *httplimit.Options) func(http.Handler) http.Handler {
 	t.Helper()
-	mw, err := th.Middleware(p, key, o)
+	mw, err := httplimit.Rate(th, p, key, o)
 	require.NoError(t, err)
 	return mw
 }
@@ -47,7 +49,7 @@ func serve(h http.Handler, header ...string) *httptest.ResponseRecorder {
 	return w
 }
 
-func TestMiddlewareRejects(t *testing.T) {
+func TestRateRejects(t *testing.T) {
 	th := newThrottler(t, newMemory(t), nil)
 	p := throttler.PerMinute(10).Named("api")
 	var nilThrottler *throttler.Throttler
@@ -55,23 +57,23 @@ func TestMiddlewareRejects(t *testing.T) {
 		name   string
 		th     *throttler.Throttler
 		p      throttler.Policy
-		key    throttler.KeyFunc
-		o      *throttler.MiddlewareOptions
+		key    httplimit.KeyFunc
+		o      *httplimit.Options
 		want   string
 		wantIs error
 	}{
-		{name: "zero policy", th: th, p: throttler.Policy{}, key: throttler.KeyByRemoteIP, want: "throttler: invalid policy: limit must be between 1 and 2^48, got 0", wantIs: throttler.ErrInvalidPolicy},
-		{name: "no window", th: th, p: throttler.Policy{Limit: 1}, key: throttler.KeyByRemoteIP, want: "throttler: invalid policy: window must be >= 1ms, got 0s", wantIs: throttler.ErrInvalidPolicy},
-		{name: "name with a space", th: th, p: p.Named("my api"), key: throttler.KeyByRemoteIP, want: `throttler: invalid policy: name "my api": only printable ASCII without spaces is allowed`, wantIs: throttler.ErrInvalidPolicy},
-		{name: "nil KeyFunc", th: th, p: p, key: nil, want: "throttler: Middleware needs a KeyFunc, got nil"},
-		{name: "DeniedStatus 200", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 200}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 200"},
-		{name: "DeniedStatus 99", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 99}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 99"},
-		{name: "DeniedStatus 600", th: th, p: p, key: throttler.KeyByRemoteIP, o: &throttler.MiddlewareOptions{DeniedStatus: 600}, want: "throttler: MiddlewareOptions.DeniedStatus must be a 4xx or 5xx status, got 600"},
-		{name: "nil Throttler", th: nilThrottler, p: p, key: throttler.KeyByRemoteIP, want: "throttler: Middleware called on a Throttler that New did not build"},
-		{name: "zero Throttler", th: &throttler.Throttler{}, p: p, key: throttler.KeyByRemoteIP, want: "throttler: Middleware called on a Throttler that New did not build"},
+		{name: "zero policy", th: th, p: throttler.Policy{}, key: httplimit.KeyByRemoteIP, want: "throttler: invalid policy: limit must be between 1 and 2^48, got 0", wantIs: throttler.ErrInvalidPolicy},
+		{name: "no window", th: th, p: throttler.Policy{Limit: 1}, key: httplimit.KeyByRemoteIP, want: "throttler: invalid policy: window must be >= 1ms, got 0s", wantIs: throttler.ErrInvalidPolicy},
+		{name: "name with a space", th: th, p: p.Named("my api"), key: httplimit.KeyByRemoteIP, want: `throttler: invalid policy: name "my api": only printable ASCII without spaces is allowed`, wantIs: throttler.ErrInvalidPolicy},
+		{name: "nil KeyFunc", th: th, p: p, key: nil, want: "httplimit: Rate needs a KeyFunc, got nil"},
+		{name: "DeniedStatus 200", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 200}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 200"},
+		{name: "DeniedStatus 99", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 99}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 99"},
+		{name: "DeniedStatus 600", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 600}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 600"},
+		{name: "nil Throttler", th: nilThrottler, p: p, key: httplimit.KeyByRemoteIP, want: "httplimit: Rate needs a Throttler built by throttler.New"},
+		{name: "zero Throttler", th: &throttler.Throttler{}, p: p, key: httplimit.KeyByRemoteIP, want: "httplimit: Rate needs a Throttler built by throttler.New"},
 	}
 	for _, tc := range tests {
-		mw, err := tc.th.Middleware(tc.p, tc.key, tc.o)
+		mw, err := httplimit.Rate(tc.th, tc.p, tc.key, tc.o)
 		assert.EqualError(t, err, tc.want, tc.name)
 		if tc.wantIs != nil {
 			assert.ErrorIs(t, err, tc.wantIs, tc.name)
@@ -79,17 +81,17 @@ func TestMiddlewareRejects(t *testing.T) {
 		assert.Nil(t, mw, tc.name)
 	}
 
-	for _, o := range []*throttler.MiddlewareOptions{nil, {}, {DeniedStatus: 400}, {DeniedStatus: 503}, {DeniedStatus: 599}} {
-		_, err := th.Middleware(p, throttler.KeyByRemoteIP, o)
+	for _, o := range []*httplimit.Options{nil, {}, {DeniedStatus: 400}, {DeniedStatus: 503}, {DeniedStatus: 599}} {
+		_, err := httplimit.Rate(th, p, httplimit.KeyByRemoteIP, o)
 		assert.NoError(t, err, "%+v", o)
 	}
 }
 
-func TestMiddlewareHeaders(t *testing.T) {
+func TestRateHeaders(t *testing.T) {
 	clock := &fakeClock{now: t0.Add(250 * time.Millisecond)}
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(3).Named("core")
-	h := newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	h := newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
 	wantReset := strconv.FormatInt(t0.Add(time.Minute).Unix()+1, 10) // 250ms past a second: rounded up
 
 	tests := []struct {
@@ -124,59 +126,59 @@ func TestMiddlewareHeaders(t *testing.T) {
 	assert.Equal(t, "2", w.Header().Get("X-RateLimit-Remaining"))
 }
 
-func TestMiddlewareIETFHeaders(t *testing.T) {
+func TestRateIETFHeaders(t *testing.T) {
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
-	h := newMiddleware(t, th, throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+	h := newRate(t, th, throttler.PerHour(5000).Named("core"), httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
 	w := serve(h)
 	assert.Equal(t, `"core";q=5000;w=3600`, w.Header().Get("RateLimit-Policy"))
 	assert.Equal(t, `"core";r=4999;t=3600`, w.Header().Get("RateLimit"))
 
 	// A bucket's policy is its rate; its burst shows as what remains.
-	h = newMiddleware(t, th, throttler.PerHour(2).WithBurst(5).Named("search"), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler)
+	h = newRate(t, th, throttler.PerHour(2).WithBurst(5).Named("search"), httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
 	w = serve(h)
 	assert.Equal(t, `"search";q=2;w=3600`, w.Header().Get("RateLimit-Policy"))
 	assert.Equal(t, `"search";r=4;t=1800`, w.Header().Get("RateLimit"), "full again once the taken token refilled: half an hour")
 	assert.Equal(t, "5", w.Header().Get("X-RateLimit-Limit"), "the capacity")
 
-	h = newMiddleware(t, th, throttler.PerHour(5000).Named("core"), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	h = newRate(t, th, throttler.PerHour(5000).Named("core"), httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
 	w = serve(h)
 	assert.Empty(t, w.Header().Get("RateLimit-Policy"), "opt-in")
 	assert.Empty(t, w.Header().Get("RateLimit"))
 }
 
-func TestMiddlewareDeniedStatusIsConfigurable(t *testing.T) {
+func TestRateDeniedStatusIsConfigurable(t *testing.T) {
 	th := newThrottler(t, newMemory(t), nil)
-	h := newMiddleware(t, th, throttler.PerMinute(1), throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{DeniedStatus: http.StatusServiceUnavailable})(etagHandler)
+	h := newRate(t, th, throttler.PerMinute(1), httplimit.KeyByHeader("X-Client"), &httplimit.Options{DeniedStatus: http.StatusServiceUnavailable})(etagHandler)
 	assert.Equal(t, 200, serve(h).Code)
 	assert.Equal(t, 503, serve(h).Code)
 }
 
-func TestMiddlewareKeyErrors(t *testing.T) {
+func TestRateKeyErrors(t *testing.T) {
 	stub := &stubBackend{next: newMemory(t)}
 	th := newThrottler(t, stub, nil)
 	tests := []struct {
 		name string
-		key  throttler.KeyFunc
+		key  httplimit.KeyFunc
 	}{
-		{"header missing", throttler.KeyByHeader("X-Missing")},
+		{"header missing", httplimit.KeyByHeader("X-Missing")},
 		{"KeyFunc error", func(*http.Request) (string, error) { return "", errors.New("token signature invalid") }},
-		{"KeyFunc error wrapping ErrNoKey", func(*http.Request) (string, error) { return "", fmt.Errorf("%w: no token", throttler.ErrNoKey) }},
+		{"KeyFunc error wrapping ErrNoKey", func(*http.Request) (string, error) { return "", fmt.Errorf("%w: no token", httplimit.ErrNoKey) }},
 		{"empty key", func(*http.Request) (string, error) { return "", nil }},
 		{"key too long", func(*http.Request) (string, error) { return strings.Repeat("k", throttler.MaxKeyLen+1), nil }},
 	}
 	for _, tc := range tests {
 		var got error
-		o := &throttler.MiddlewareOptions{OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+		o := &httplimit.Options{OnError: func(w http.ResponseWriter, r *http.Request, err error) {
 			got = err
 			http.Error(w, "custom", http.StatusUnauthorized)
 		}}
-		w := serve(newMiddleware(t, th, throttler.PerMinute(1), tc.key, nil)(etagHandler))
+		w := serve(newRate(t, th, throttler.PerMinute(1), tc.key, nil)(etagHandler))
 		assert.Equal(t, http.StatusBadRequest, w.Code, tc.name)
 		assert.Equal(t, "Bad Request\n", w.Body.String(), "%s: the status text alone", tc.name)
 
-		w = serve(newMiddleware(t, th, throttler.PerMinute(1), tc.key, o)(etagHandler))
+		w = serve(newRate(t, th, throttler.PerMinute(1), tc.key, o)(etagHandler))
 		assert.Equal(t, http.StatusUnauthorized, w.Code, tc.name)
-		assert.True(t, errors.Is(got, throttler.ErrNoKey) || throttler.IsInputError(got), "%s: %v", tc.name, got)
+		assert.True(t, errors.Is(got, httplimit.ErrNoKey) || throttler.IsInputError(got), "%s: %v", tc.name, got)
 	}
 	assert.Equal(t, 4, stub.count(), "KeyFunc errors count nothing; the two keys returned reached the store (twice each), which refused them")
 }
@@ -192,23 +194,23 @@ func TestErrorAnswersNeverHoldTheKeyNorTheError(t *testing.T) {
 		name     string
 		backend  throttler.Backend
 		mode     throttler.FailureMode
-		key      throttler.KeyFunc
+		key      httplimit.KeyFunc
 		status   int
 		forbid   []string
 		inHeader bool
 	}{
-		{"fail closed", &stubBackend{err: leak}, throttler.FailClosed, throttler.KeyByHeader("X-Client"), 503,
-			[]string{key, "redis", "deadline", "throttler"}, true},
+		{"fail closed", &stubBackend{err: leak}, throttler.FailClosed, httplimit.KeyByHeader("X-Client"), 503,
+			[]string{key, "redis", "deadline", "throttler", "httplimit"}, true},
 		{"key too long", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) {
 			return "token-" + key + strings.Repeat("x", throttler.MaxKeyLen), nil
 		}, 400,
-			[]string{key, "token-", "4096", "throttler"}, true},
+			[]string{key, "token-", "4096", "throttler", "httplimit"}, true},
 		{"KeyFunc error", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) { return "", fmt.Errorf("token %q is not signed", key) }, 400,
-			[]string{key, "signed", "throttler"}, true},
+			[]string{key, "signed", "throttler", "httplimit"}, true},
 	}
 	for _, tc := range tests {
 		th := newThrottler(t, tc.backend, &throttler.Options{FailureMode: tc.mode})
-		w := serve(newMiddleware(t, th, p, tc.key, nil)(etagHandler), "X-Client", key)
+		w := serve(newRate(t, th, p, tc.key, nil)(etagHandler), "X-Client", key)
 		assert.Equal(t, tc.status, w.Code, tc.name)
 		assert.Equal(t, http.StatusText(tc.status)+"\n", w.Body.String(), tc.name)
 		for _, s := range tc.forbid {
@@ -223,19 +225,19 @@ func TestErrorAnswersNeverHoldTheKeyNorTheError(t *testing.T) {
 func TestKeyByRemoteIP(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "192.0.2.7:5555"
-	k, err := throttler.KeyByRemoteIP(r)
+	k, err := httplimit.KeyByRemoteIP(r)
 	require.NoError(t, err)
 	assert.Equal(t, "192.0.2.7", k)
 	r.RemoteAddr = "garbage"
-	_, err = throttler.KeyByRemoteIP(r)
+	_, err = httplimit.KeyByRemoteIP(r)
 	assert.EqualError(t, err, `remote address "garbage" has no host`, "no prefix: the middleware adds ErrNoKey's")
 }
 
-func TestMiddlewareDegraded(t *testing.T) {
+func TestRateDegraded(t *testing.T) {
 	p := throttler.PerMinute(5)
 	t.Run("fail open sets no count it does not know", func(t *testing.T) {
 		th := newThrottler(t, &stubBackend{err: errDown}, nil)
-		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), &throttler.MiddlewareOptions{IETFHeaders: true})(etagHandler))
+		w := serve(newRate(t, th, p, httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler))
 		assert.Equal(t, 200, w.Code)
 		assert.Equal(t, "5", w.Header().Get("X-RateLimit-Limit"))
 		for _, h := range []string{"X-RateLimit-Remaining", "X-RateLimit-Used", "X-RateLimit-Reset", "RateLimit", "RateLimit-Policy"} {
@@ -244,13 +246,13 @@ func TestMiddlewareDegraded(t *testing.T) {
 	})
 	t.Run("fail closed answers 503", func(t *testing.T) {
 		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{FailureMode: throttler.FailClosed})
-		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
+		w := serve(newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler))
 		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 		assert.Equal(t, "1", w.Header().Get("Retry-After"))
 	})
 	t.Run("the fallback's counts are real", func(t *testing.T) {
 		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{Fallback: newMemory(t)})
-		w := serve(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), nil)(etagHandler))
+		w := serve(newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler))
 		assert.Equal(t, 200, w.Code)
 		assert.Equal(t, "4", w.Header().Get("X-RateLimit-Remaining"))
 	})
@@ -258,11 +260,11 @@ func TestMiddlewareDegraded(t *testing.T) {
 
 // Counting at the start of the request: concurrent requests can never pass
 // the last allowed one.
-func TestMiddlewareExactUnderConcurrency(t *testing.T) {
+func TestRateExactUnderConcurrency(t *testing.T) {
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 	release := make(chan struct{})
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-release })
-	h := newMiddleware(t, th, throttler.PerMinute(10), throttler.KeyByHeader("X-Client"), nil)(slow)
+	h := newRate(t, th, throttler.PerMinute(10), httplimit.KeyByHeader("X-Client"), nil)(slow)
 	var mu sync.Mutex
 	codes := map[int]int{}
 	var wg sync.WaitGroup
@@ -284,7 +286,7 @@ func TestMiddlewareExactUnderConcurrency(t *testing.T) {
 func TestRefundOnlyWhenRefundable(t *testing.T) {
 	stub := &stubBackend{next: newMemory(t)}
 	th := newThrottler(t, stub, nil)
-	h := newMiddleware(t, th, throttler.PerMinute(5), throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+	h := newRate(t, th, throttler.PerMinute(5), httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
 	serve(h)
 	assert.Equal(t, 1, stub.count(), "a 200 costs one call")
 	serve(h, "If-None-Match", "x")
@@ -308,7 +310,7 @@ func get(t *testing.T, url, client string) *http.Response {
 // A streaming handler behind the middleware flushes: the client reads the
 // first chunk while the handler still runs. (The writer used to hide
 // http.Flusher.)
-func TestMiddlewareStreams(t *testing.T) {
+func TestRateStreams(t *testing.T) {
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 	release := make(chan struct{})
 	stream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -322,7 +324,7 @@ func TestMiddlewareStreams(t *testing.T) {
 		<-release
 		_, _ = io.WriteString(w, "second\n")
 	})
-	srv := httptest.NewServer(newMiddleware(t, th, throttler.PerMinute(5), throttler.KeyByHeader("X-Client"), nil)(stream))
+	srv := httptest.NewServer(newRate(t, th, throttler.PerMinute(5), httplimit.KeyByHeader("X-Client"), nil)(stream))
 	defer srv.Close()
 
 	type read struct {
@@ -361,9 +363,9 @@ func TestMiddlewareStreams(t *testing.T) {
 // The writer the handler gets has exactly the optional interfaces of the
 // server's: all of them behind net/http's server, none behind a writer that
 // has none.
-func TestMiddlewareWriterKeepsTheServersInterfaces(t *testing.T) {
+func TestRateWriterKeepsTheServersInterfaces(t *testing.T) {
 	th := newThrottler(t, newMemory(t), nil)
-	mw := newMiddleware(t, th, throttler.PerMinute(100), throttler.KeyByHeader("X-Client"), nil)
+	mw := newRate(t, th, throttler.PerMinute(100), httplimit.KeyByHeader("X-Client"), nil)
 	interfaces := func(w http.ResponseWriter) string {
 		_, flusher := w.(http.Flusher)
 		_, hijacker := w.(http.Hijacker)
@@ -406,7 +408,7 @@ func (w *plainWriter) WriteHeader(status int)      { w.status = status }
 
 // A refundable response's unit goes back before its headers are sent,
 // whichever method sends them: the headers show the count after the refund.
-func TestMiddlewareRefundsBeforeTheHeaders(t *testing.T) {
+func TestRateRefundsBeforeTheHeaders(t *testing.T) {
 	tests := []struct {
 		name    string
 		handler http.HandlerFunc
@@ -440,9 +442,9 @@ func TestMiddlewareRefundsBeforeTheHeaders(t *testing.T) {
 	}
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 	p := throttler.PerMinute(5)
-	refundable := &throttler.MiddlewareOptions{Refundable: func(status int) bool { return status == 200 || status == 304 }}
+	refundable := &httplimit.Options{Refundable: func(status int) bool { return status == 200 || status == 304 }}
 	for i, tc := range tests {
-		srv := httptest.NewServer(newMiddleware(t, th, p, throttler.KeyByHeader("X-Client"), refundable)(tc.handler))
+		srv := httptest.NewServer(newRate(t, th, p, httplimit.KeyByHeader("X-Client"), refundable)(tc.handler))
 		client := fmt.Sprintf("client-%d", i)
 		resp := get(t, srv.URL, client)
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -465,7 +467,7 @@ func TestMiddlewareRefundsBeforeTheHeaders(t *testing.T) {
 
 // A denied answer's body states the policy's rate; a token bucket's
 // capacity shows as its burst, never as a quota per window.
-func TestMiddlewareDeniedBodyStatesTheRate(t *testing.T) {
+func TestRateDeniedBodyStatesTheRate(t *testing.T) {
 	for _, tc := range []struct {
 		p    throttler.Policy
 		want string
@@ -476,7 +478,7 @@ func TestMiddlewareDeniedBodyStatesTheRate(t *testing.T) {
 		{throttler.PerHour(2).With(throttler.SlidingLog), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
 	} {
 		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
-		h := newMiddleware(t, th, tc.p, throttler.KeyByHeader("X-Client"), nil)(etagHandler)
+		h := newRate(t, th, tc.p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
 		var w *httptest.ResponseRecorder
 		for range tc.p.Capacity() + 1 {
 			w = serve(h)
@@ -484,4 +486,178 @@ func TestMiddlewareDeniedBodyStatesTheRate(t *testing.T) {
 		assert.Equal(t, http.StatusTooManyRequests, w.Code, "%+v", tc.p)
 		assert.Equal(t, tc.want, w.Body.String(), "%+v", tc.p)
 	}
+}
+
+// TestRateResetAdmitsTheClientThatReturns: on every algorithm, the
+// instants an answer names (X-RateLimit-Reset, and for a denial
+// Retry-After; the IETF RateLimit's t) are ones at which a client that
+// returns, with nobody else spending in between, is admitted; a denied
+// answer's t is never shorter than its Retry-After. t0 is 7s into an
+// epoch-aligned minute: the sliding-window counter's rows spend 2 at 30s
+// into it, so its window ends 30s later, while a unit fits only 30s after
+// that (the previous window's 2 weigh 1 there).
+func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
+	s, ms := time.Second, time.Millisecond
+	tests := []struct {
+		name  string
+		p     throttler.Policy
+		spend []time.Duration // after t0: one request each, all admitted
+		at    time.Duration   // after t0, the answer read: a denial, or the last admission when at is the last spend
+		reset time.Duration   // after t0, X-RateLimit-Reset: the earliest admission, in whole seconds
+	}{
+		{"fixed window, last admitted", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 10 * s, 61 * s},
+		{"fixed window, denied", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 20*s + 700*ms, 61 * s},
+		{"token bucket, last admitted", throttler.PerMinute(2).With(throttler.TokenBucket), []time.Duration{0, 0}, 0, 60 * s},
+		{"token bucket, denied", throttler.PerMinute(2).WithBurst(3), []time.Duration{0, 0, 0}, 700 * ms, 90 * s},
+		{"sliding log, last admitted", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 20 * s, 80 * s},
+		{"sliding log, denied", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 30*s + 300*ms, 80 * s},
+		{"sliding window, last admitted", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23 * s, 83 * s},
+		{"sliding window, denied", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23*s + 400*ms, 83 * s},
+		{"sliding window, denied in the next window", throttler.PerMinute(3).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s, 23 * s}, 53*s + 100*ms, 113 * s},
+		{"sliding window of 1, denied", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23*s + 1*ms, 113 * s},
+		{"sliding window of 1, last admitted", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23 * s, 113 * s},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// replay spends on a fresh store and returns the last answer.
+			replay := func() (*fakeClock, http.Handler, *httptest.ResponseRecorder) {
+				clock := &fakeClock{now: t0}
+				th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+				h := newRate(t, th, tc.p, httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
+				var w *httptest.ResponseRecorder
+				for _, at := range tc.spend {
+					clock.now = t0.Add(at)
+					w = serve(h)
+					require.Equal(t, http.StatusOK, w.Code, "spending at %v", at)
+				}
+				if tc.at != tc.spend[len(tc.spend)-1] {
+					clock.now = t0.Add(tc.at)
+					w = serve(h)
+					require.Equal(t, http.StatusTooManyRequests, w.Code)
+				}
+				return clock, h, w
+			}
+			_, _, w := replay()
+			now := t0.Add(tc.at)
+			require.Equal(t, "0", w.Header().Get("X-RateLimit-Remaining"))
+			reset, err := strconv.ParseInt(w.Header().Get("X-RateLimit-Reset"), 10, 64)
+			require.NoError(t, err)
+			assert.Equal(t, t0.Add(tc.reset), time.Unix(reset, 0).UTC(), "X-RateLimit-Reset")
+			var tSec int64
+			_, err = fmt.Sscanf(w.Header().Get("RateLimit"), `"default";r=0;t=%d`, &tSec)
+			require.NoError(t, err, "RateLimit: %q", w.Header().Get("RateLimit"))
+			returns := map[string]time.Time{
+				"X-RateLimit-Reset": time.Unix(reset, 0),
+				"RateLimit t":       now.Add(time.Duration(tSec) * s),
+			}
+			if w.Code == http.StatusTooManyRequests {
+				retry, err := strconv.ParseInt(w.Header().Get("Retry-After"), 10, 64)
+				require.NoError(t, err)
+				assert.GreaterOrEqual(t, tSec, retry, "RateLimit t is shorter than Retry-After")
+				returns["Retry-After"] = now.Add(time.Duration(retry) * s)
+				assert.False(t, time.Unix(reset, 0).Before(now.Add(time.Duration(retry-1)*s)), "X-RateLimit-Reset %v more than a second before Retry-After %ds", time.Unix(reset, 0), retry)
+			}
+			for header, at := range returns {
+				clock, h, _ := replay()
+				clock.now = at
+				assert.Equal(t, http.StatusOK, serve(h).Code, "a client returning at %s (%v after the answer) is refused", header, at.Sub(now))
+			}
+		})
+	}
+}
+
+// countingClock moves on by a second every time it is read, and counts
+// the readings.
+type countingClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	reads int
+}
+
+func (c *countingClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	c.now = c.now.Add(time.Second)
+	return c.now
+}
+
+// TestRateReadsTheClockOncePerDecision: the headers of an answer are
+// computed at the instant its Take was made at, the IETF RateLimit's t
+// included: one reading of the clock for a request, and one more for a
+// 304's refund, which is a decision of its own.
+func TestRateReadsTheClockOncePerDecision(t *testing.T) {
+	clock := &countingClock{now: t0.Add(-time.Second)}
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
+	h := newRate(t, th, throttler.PerMinute(5).Named("core"), httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
+
+	w := serve(h)
+	assert.Equal(t, 1, clock.reads)
+	assert.Equal(t, `"core";r=4;t=60`, w.Header().Get("RateLimit"), "t is counted from the Take's instant")
+
+	w = serve(h, "If-None-Match", `"v1"`)
+	assert.Equal(t, http.StatusNotModified, w.Code)
+	assert.Equal(t, 3, clock.reads, "a take and its refund")
+	assert.Equal(t, `"core";r=4;t=58`, w.Header().Get("RateLimit"), "after the refund, from the refund's instant")
+}
+
+// TestResetAdmitsOnRandomTraces: on random traces of every algorithm (small
+// limits and windows, costs up to the capacity, the clock stepping by up to
+// a window, sometimes back), every Take's answer that leaves nothing or is
+// denied names a reset (before the headers round it to seconds) at which a
+// Take of one unit, with nothing spent in between, is admitted; a denial's
+// is never before the call's ms plus its RetryAfter.
+func TestResetAdmitsOnRandomTraces(t *testing.T) {
+	r := rand.New(rand.NewPCG(23, 6))
+	ctx := context.Background()
+	type step struct {
+		at   time.Time
+		cost int64
+	}
+	checked := 0
+	for trace := range 400 {
+		alg := throttler.Algorithm(trace % 4)
+		p := throttler.Policy{Limit: 1 + r.Int64N(4), Window: time.Duration(5+r.Int64N(20)) * time.Millisecond, Algorithm: alg}
+		if alg == throttler.TokenBucket && r.IntN(2) == 0 {
+			p.Burst = 1 + r.Int64N(6)
+		}
+		var steps []step
+		at := t0
+		for range 12 {
+			w := p.Window
+			if r.IntN(6) == 0 {
+				at = at.Add(-time.Duration(r.Int64N(int64(w/time.Millisecond))) * time.Millisecond)
+			} else {
+				at = at.Add(time.Duration(r.Int64N(int64(w/time.Millisecond)+1)) * time.Millisecond)
+			}
+			steps = append(steps, step{at, 1 + r.Int64N(p.Capacity())})
+		}
+		// replay takes steps[:n] on a fresh store and returns the last answer.
+		replay := func(n int) throttler.Backend {
+			m := newMemory(t)
+			for _, s := range steps[:n] {
+				_, err := m.Take(ctx, "k", p, s.cost, s.at)
+				require.NoError(t, err)
+			}
+			return m
+		}
+		m := newMemory(t)
+		for i, s := range steps {
+			d, err := m.Take(ctx, "k", p, s.cost, s.at)
+			require.NoError(t, err)
+			if d.Allowed && d.Remaining > 0 {
+				continue
+			}
+			reset := httplimit.ResetOf(p, d, s.at)
+			if !d.Allowed {
+				assert.False(t, reset.Before(time.UnixMilli(s.at.UnixMilli()).Add(d.RetryAfter)), "trace %d step %d %v: reset %v before the admission", trace, i, p, reset)
+			}
+			again, err := replay(i+1).Take(ctx, "k", p, 1, reset)
+			require.NoError(t, err)
+			assert.True(t, again.Allowed, "trace %d step %d %v at %v cost %d: %+v; one unit refused at the reset %v",
+				trace, i, p, s.at.Sub(t0), s.cost, d, reset.Sub(t0))
+			checked++
+		}
+	}
+	t.Logf("%d answers checked", checked)
 }

@@ -1,0 +1,143 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/felixge/httpsnoop"
+
+	"github.com/throttlekit/throttlekit/internal/edge"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// The Throttler's functions that package throttler lends this one (see
+// internal/edge): a Take of one unit and a Refund, each with the instant
+// it was decided at, and whether New built the Throttler.
+var (
+	built      = edge.Built.(func(*throttler.Throttler) bool)
+	takeOne    = edge.Take.(func(*throttler.Throttler, context.Context, string, throttler.Policy) (throttler.Decision, time.Time, error))
+	refundSome = edge.Refund.(func(*throttler.Throttler, context.Context, string, throttler.Policy, int64, throttler.Decision) (throttler.Decision, time.Time, error))
+)
+
+// Rate limits every request to p per key, through th. It counts one unit
+// at the start of a request, so concurrent requests can never exceed the
+// last allowed one, and gives it back when the handler's response is
+// refundable (Options.Refundable: 304 Not Modified), also when the client
+// has gone: the refund runs without the request's cancellation, bounded by
+// the Throttler's Timeout. Every response carries the X-RateLimit-* headers
+// of the single backend call that decided it (see the package doc); a
+// denied request is answered with DeniedStatus, Retry-After and a body
+// stating the rate, and never reaches the handler. A request that could
+// not be decided is answered by OnError (Error by default).
+//
+// It returns an error, naming what is wrong, for a Throttler that
+// throttler.New did not build, an invalid policy, a nil key function or
+// bad options: a server misconfiguration fails when the server is built,
+// never as a client error on every request. The writer the handler gets
+// keeps every optional interface of the server's (http.Flusher,
+// http.Hijacker, io.ReaderFrom, ...), so streaming works.
+func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Options) (func(http.Handler) http.Handler, error) {
+	if !built(th) {
+		return nil, errors.New("httplimit: Rate needs a Throttler built by throttler.New")
+	}
+	o, err := checked("Rate", p.Validate(), key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			k, err := keyOf(key, r)
+			if err != nil {
+				o.OnError(w, r, err)
+				return
+			}
+			d, now, err := takeOne(th, r.Context(), k, p)
+			if err != nil {
+				o.OnError(w, r, err)
+				return
+			}
+			setRateHeaders(w.Header(), p, d, now, o.IETFHeaders)
+			if !d.Allowed {
+				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(p))
+				return
+			}
+			next.ServeHTTP(refundOnce(w, func(status int) {
+				if !o.Refundable(status) {
+					return
+				}
+				// The unit goes back before the headers are sent, so they
+				// show the count after the refund. A client that has gone
+				// (its context cancelled) still gets its unit back: the
+				// refund runs without the cancellation, bounded by the
+				// Throttler's Timeout, as a lease's Release does.
+				if d, now, err := refundSome(th, context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
+					setRateHeaders(w.Header(), p, d, now, o.IETFHeaders)
+				}
+			}), r)
+		})
+	}, nil
+}
+
+// setRateHeaders writes the headers of a rate decision made at now: the
+// instant the Throttler read for it, so that the clock is read once per
+// decision. A degraded decision with no known count sets only the limit.
+func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, now time.Time, ietf bool) {
+	reset := resetOf(p, d, now)
+	setHeaders(h, p.Name, d, reset)
+	if ietf && !reset.IsZero() {
+		setIETF(h, p, d, reset, now)
+	}
+}
+
+// rate describes p for a person: "2 per 1h0m0s", and a token bucket's
+// burst when it differs from Limit ("2 per 1h0m0s, burst 5"), so that a
+// capacity is never presented as a quota per window.
+func rate(p throttler.Policy) string {
+	if p.Algorithm == throttler.TokenBucket && p.Capacity() != p.Limit {
+		return fmt.Sprintf("%d per %v, burst %d", p.Limit, p.Window, p.Capacity())
+	}
+	return fmt.Sprintf("%d per %v", p.Limit, p.Window)
+}
+
+// refundOnce wraps w so that refund runs with the response's status just
+// before its headers go out, whichever method sends them first (WriteHeader,
+// Write, ReadFrom, Flush). httpsnoop keeps every optional interface that w
+// has, and only those, so a streaming handler still finds its Flusher.
+func refundOnce(w http.ResponseWriter, refund func(status int)) http.ResponseWriter {
+	sent := false
+	before := func(status int) {
+		if !sent {
+			sent = true
+			refund(status)
+		}
+	}
+	return httpsnoop.Wrap(w, httpsnoop.Hooks{
+		WriteHeader: func(next httpsnoop.WriteHeaderFunc) httpsnoop.WriteHeaderFunc {
+			return func(status int) {
+				if status >= 200 { // 1xx informational responses are not the answer
+					before(status)
+				}
+				next(status)
+			}
+		},
+		Write: func(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+			return func(b []byte) (int, error) { before(http.StatusOK); return next(b) }
+		},
+		WriteString: func(next httpsnoop.WriteStringFunc) httpsnoop.WriteStringFunc {
+			return func(s string) (int, error) { before(http.StatusOK); return next(s) }
+		},
+		ReadFrom: func(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
+			return func(src io.Reader) (int64, error) { before(http.StatusOK); return next(src) }
+		},
+		Flush: func(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
+			return func() { before(http.StatusOK); next() }
+		},
+		FlushError: func(next httpsnoop.FlushErrorFunc) httpsnoop.FlushErrorFunc {
+			return func() error { before(http.StatusOK); return next() }
+		},
+	})
+}
