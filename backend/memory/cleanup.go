@@ -31,7 +31,8 @@ type shard struct {
 	evictions       uint64
 	tierHits        uint64
 	last            lastPolicy // the policy of the shard's last call (idents.go)
-	_               [16]byte   // 256 bytes: shards side by side share no cache line
+	lastLease       lastPolicy // the concurrency policy of its last lease call (lease.go)
+	_               [96]byte   // 384 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {

@@ -25,12 +25,19 @@ const leaseAlg = throttler.Algorithm(255)
 
 // leaseIdent is the storage identity number of p: (Name, key) for a named
 // policy, the whole definition for an unnamed one (see
-// backend.LeaseIdentity).
-func (b *Backend) leaseIdent(p throttler.ConcurrencyPolicy) uint32 {
-	if p.Name != "" {
-		return b.ids.number(policyID{name: p.Name, alg: leaseAlg})
+// backend.LeaseIdentity); from the locked shard s's memo when p is the
+// concurrency policy its last lease call named.
+func (b *Backend) leaseIdent(s *shard, p throttler.ConcurrencyPolicy) uint32 {
+	m := &s.lastLease
+	if m.id != 0 && p.Name == m.name && p.Limit == m.limit && int64(p.TTL) == m.window {
+		return m.id
 	}
-	return b.ids.number(policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg})
+	id := policyID{name: p.Name, alg: leaseAlg}
+	if p.Name == "" {
+		id = policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg}
+	}
+	*m = lastPolicy{name: p.Name, limit: p.Limit, window: int64(p.TTL), alg: leaseAlg, id: b.ids.number(id)}
+	return m.id
 }
 
 // Acquire takes a lease of id on key under p, by the lease contract.
@@ -43,7 +50,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	pid := b.leaseIdent(p)
+	pid := b.leaseIdent(s, p)
 	w := s.table.find(h, key, pid)
 	if w == nil {
 		// No leases: this one is admitted (Limit >= 1) and needs a slot.
@@ -75,7 +82,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	var none backend.LeaseSet
 	set := &none
-	if w := s.table.find(h, key, b.leaseIdent(p)); w != nil {
+	if w := s.table.find(h, key, b.leaseIdent(s, p)); w != nil {
 		set = s.table.extraOf(w).leases
 	}
 	held, used, earliest, _ := set.Drop(id, ms)
