@@ -54,10 +54,12 @@ var memClock = sync.OnceValue(func() *atomic.Int64 {
 // throttlekitPeer is the memory backend under one policy.
 func throttlekitPeer(name string, p throttler.Policy) memoryPeer {
 	return memoryPeer{"throttlekit-" + name, func(b *testing.B) func(string) bool {
-		m, err := memory.New(nil)
+		// Room for a million keys: the default bound holds 786,432.
+		m, err := memory.New(&memory.Options{MaxKeys: 1 << 21})
 		if err != nil {
 			b.Fatal(err)
 		}
+		b.Cleanup(func() { _ = m.Close() })
 		ctx := context.Background()
 		log := p.Algorithm == throttler.SlidingLog
 		return func(k string) bool {
@@ -118,25 +120,38 @@ var memoryPeers = []memoryPeer{
 }
 
 // memKeys are made on first use, so that benchmarks of one hot key run
-// without the garbage collector scanning them.
-var memKeys = sync.OnceValue(func() []string {
-	k := make([]string, 100_000)
+// without the garbage collector scanning them: the first n of 1,000,000.
+func memKeys(n int) []string { return memAllKeys()[:n] }
+
+var memAllKeys = sync.OnceValue(func() []string {
+	k := make([]string, 1_000_000)
 	for i := range k {
 		k[i] = fmt.Sprint("client-", i)
 	}
 	return k
 })
 
+// memSetKeys is how many keys a set holds.
+func memSetKeys(set string) int {
+	switch set {
+	case "100kKeys":
+		return 100_000
+	case "1MKeys":
+		return 1_000_000
+	}
+	return 1
+}
+
 // memSeq is the order in which clients arrive: one hot key, or 2^20 draws
-// at random from 100,000 keys, which each goroutine walks from its own
-// start. Clients do not arrive in the order their state was made, which
-// would let the peers' heap objects, allocated in that order, stream from
-// memory.
+// at random from 100,000 or 1,000,000 keys, which each goroutine walks
+// from its own start. Clients do not arrive in the order their state was
+// made, which would let the peers' heap objects, allocated in that order,
+// stream from memory.
 func memSeq(set string) []string {
 	if set == "HotKey" {
 		return []string{"client-0"}
 	}
-	keys := memKeys()
+	keys := memKeys(memSetKeys(set))
 	rng := rand.New(rand.NewPCG(1, 2))
 	seq := make([]string, 1<<20)
 	for i := range seq {
@@ -148,10 +163,7 @@ func memSeq(set string) []string {
 // memWarm returns the peer's take with every key's state made.
 func memWarm(b *testing.B, peer memoryPeer, set string) func(string) bool {
 	take := peer.new(b)
-	keys := []string{"client-0"}
-	if set == "100kKeys" {
-		keys = memKeys()
-	}
+	keys := memKeys(memSetKeys(set))
 	for _, k := range keys {
 		if !take(k) {
 			b.Fatal("denied while warming")
@@ -161,7 +173,7 @@ func memWarm(b *testing.B, peer memoryPeer, set string) func(string) bool {
 	return take
 }
 
-var memSets = []string{"HotKey", "100kKeys"}
+var memSets = []string{"HotKey", "100kKeys", "1MKeys"}
 
 // BenchmarkMemoryTake: each limiter on its own, one unit from existing
 // state, for a hot key and for 100k keys in random order, on 1 goroutine
@@ -203,9 +215,11 @@ func BenchmarkMemoryTake(b *testing.B) {
 // BenchmarkMemoryTakeInterleaved runs the limiters side by side in one
 // benchmark, because on a shared machine whose load moves by 2x between
 // runs only figures taken together compare. Each round gives every
-// limiter a turn; the metrics are medians over rounds of each one's ns per
-// call and of each throttlekit algorithm's ratio to each peer in the same
-// round, so rounds that other work disturbed drop out.
+// limiter a turn on the same keys, starting with another limiter each
+// round; the metrics are medians over rounds of each one's ns per call and
+// of each throttlekit algorithm's ratio to each peer in the same round, so
+// rounds that other work disturbed (and the turns that first read the
+// round's keys) drop out.
 //
 // On 1 goroutine a turn is 1,000 calls timed by the thread's own CPU time
 // (the goroutine is locked to its thread), which other processes' load
@@ -254,8 +268,12 @@ func BenchmarkMemoryTakeInterleaved(b *testing.B) {
 				b.ResetTimer()
 				for round := 0; b.Loop(); {
 					for range rounds {
-						for p, take := range takes {
-							costs[p] = append(costs[p], turn(take, round*1000))
+						// Each round starts with another limiter: the
+						// first to walk a round's keys reads their bytes
+						// from memory, the others from the cache.
+						for j := range takes {
+							p := (j + round) % len(takes)
+							costs[p] = append(costs[p], turn(takes[p], round*1000))
 						}
 						round++
 					}

@@ -10,35 +10,42 @@ import (
 type shard struct {
 	mu    sync.Mutex
 	table table
-	// lows are the lowest nows (Unix ms) of the shard's calls, in turns of
-	// lowTurn calls: the current turn's and the last one's, so together
-	// the last lowTurn to 2·lowTurn calls; math.MaxInt64 for none. They
-	// vouch for a sweeping call's now when the clock guard knows nothing.
-	lows  [2]int64
-	calls uint // calls ever, to take turns
+	// low is the lowest now (Unix ms) of the shard's calls since its last
+	// flush into the clock guard, math.MaxInt64 for none, and lowMono the
+	// monotonic ms when a call brought it: every call's now reaches the
+	// guard before any sweep of the shard trusts a clock, so the state a
+	// call made is always vouched for by its own now. Under a clock that
+	// moves on, only the first call after a flush is a new low, so the
+	// monotonic clock is read about once per sweep, not per call.
+	low, lowMono int64
 	// ref is the last sweep's reference instant, kept when a sweep knows
 	// no clock at all.
 	ref       int64
-	sinceScan int      // calls since the last sweep
-	peak      int      // the most states held since the last sweep
-	_         [40]byte // 128 bytes: shards side by side share no cache line
+	sinceScan int // calls since the last sweep
+	peak      int // the most states held since the last sweep
+	// Eviction (evict.go): the second tier, the CLOCK hand, evictions
+	// since the last sweep, and the counts for Stats.
+	tier            tier
+	hand            int
+	sinceSweepEvict int
+	evictions       uint64
+	tierHits        uint64
+	last            lastPolicy // the policy of the shard's last call (idents.go)
+	lastLease       lastPolicy // the concurrency policy of its last lease call (lease.go)
+	_               [96]byte   // 384 bytes: shards side by side share no cache line
 }
-
-// lowTurn is how many calls a turn of a shard's lowest now lasts.
-const lowTurn = 512
 
 func (s *shard) reset() {
-	s.lows, s.ref = [2]int64{math.MaxInt64, math.MaxInt64}, math.MinInt64
+	s.low, s.ref = math.MaxInt64, math.MinInt64
 }
 
-// observe records a call at ms and reports whether enough calls have
-// passed to pay for a sweep: at least as many as the shard holds, so a
-// sweep costs O(1) per call amortised.
-func (s *shard) observe(ms int64) bool {
-	if s.calls++; s.calls%lowTurn == 0 {
-		s.lows[1], s.lows[0] = s.lows[0], math.MaxInt64
+// observe records a call at ms in the locked shard s and reports whether
+// enough calls have passed to pay for a sweep: at least as many as the
+// shard holds, so a sweep costs O(1) per call amortised.
+func (b *Backend) observe(s *shard, ms int64) bool {
+	if ms < s.low {
+		s.low, s.lowMono = ms, b.mono().Milliseconds()
 	}
-	s.lows[0] = min(s.lows[0], ms)
 	s.sinceScan++
 	return s.sinceScan >= 1024 && s.sinceScan >= s.table.live
 }
@@ -55,14 +62,27 @@ func (b *Backend) sweep(s *shard, now int64, called bool) {
 		s.table.resize(sizeFor(s.peak))
 	}
 	s.peak = s.table.live
+	s.forgetEnded()
 }
 
-// reference is the instant by which a sweep of s may drop ended state: the
-// callers' clock as the guard trusts it, less Lag. With no clock known it
-// stays where it was.
+// reference is the instant by which a sweep of the locked shard s may drop
+// ended state: the callers' clock as the guard trusts it, less Lag, after
+// the guard has heard the sweeping call's now (when called is set) and
+// the lowest of the shard's calls since its last sweep. That one is
+// forgiven Lag, as a call may trail the clock by up to Lag, so a lagging
+// call lowers the trusted clock only by as much as it lagged beyond Lag.
+// With no clock known it stays where it was.
 func (b *Backend) reference(s *shard, now int64, called bool) int64 {
-	vouched := min(now, s.lows[0], s.lows[1])
-	bound := b.guard.bound(b.mono().Milliseconds(), now, vouched, called)
+	mono := b.mono().Milliseconds()
+	off := int64(math.MaxInt64)
+	if called {
+		off = satSub(now, mono)
+	}
+	if s.low != math.MaxInt64 {
+		off = min(off, satAdd(satSub(s.low, s.lowMono), b.lag))
+		s.low = math.MaxInt64
+	}
+	bound := b.guard.bound(mono, off)
 	if bound == math.MaxInt64 {
 		return s.ref
 	}
@@ -70,121 +90,83 @@ func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 }
 
 // makeRoom readies the locked shard's crowded table for an insert by a
-// call at now: a sweep first, then the array doubles unless that freed a
-// quarter of it, so that crowding again takes as many inserts as the sweep
-// cost. When most calls make new keys, sweeps come from here.
+// call at now: a sweep first, then the array grows by a fifth (up to the
+// size the shard's share of MaxKeys needs) unless that freed a fifth of
+// it, so that crowding again takes a number of inserts in proportion to
+// what the sweep cost. When most calls make new keys, sweeps come from
+// here.
 func (b *Backend) makeRoom(s *shard, now int64) {
 	if len(s.table.slots) > 0 {
 		b.sweep(s, now, true)
 	}
 	if n := len(s.table.slots); n == 0 {
 		s.table.resize(minSlots)
-	} else if s.table.live*2 > n {
-		s.table.resize(2 * n)
+	} else if s.table.live*100 > n*64 {
+		s.table.resize(max(n+1, min(grown(n), b.quota*5/4+2)))
 	}
 }
 
 // dropped accounts for n states a sweep dropped.
 func (b *Backend) dropped(n int) {
-	if b.maxKeys > 0 && n > 0 {
+	if n > 0 {
 		b.keys.Add(-int64(n))
 	}
 }
 
-// reserve counts a new state against MaxKeys, for a call at ms in the
-// locked shard s. When the table is full it first sweeps every shard for
-// ended state (see reclaim).
-func (b *Backend) reserve(s *shard, ms int64) bool {
-	if b.take1() {
-		return true
-	}
-	b.reclaim(s, ms)
-	return b.take1()
-}
-
-// take1 counts one more state if the bound allows it, exactly under any
-// concurrency.
-func (b *Backend) take1() bool {
-	for {
-		n := b.keys.Load()
-		if n >= b.maxKeys {
-			return false
-		}
-		if b.keys.CompareAndSwap(n, n+1) {
-			return true
-		}
-	}
-}
-
-// fullSweepShare bounds the time a full table spends sweeping for room:
-// after a sweep of every shard that took d, the next waits 19·d, so a flood
-// of new keys costs at most a twentieth of a core in sweeps.
-const fullSweepShare = 20
-
-// reclaim sweeps every shard of a full table for ended state: s (locked by
-// the caller) with its call's now, and each other shard that no one holds
-// (TryLock: never waiting, so no lock order to keep). At most one runs at a
-// time, and not again until fullSweepShare times its duration has passed:
-// a call that finds one running or too recent is refused at once.
-func (b *Backend) reclaim(s *shard, ms int64) {
-	start := b.mono()
-	if start.Nanoseconds() < b.nextFull.Load() || !b.fullSweep.CompareAndSwap(false, true) {
-		return
-	}
-	defer b.fullSweep.Store(false)
-	b.fullSweeps.Add(1)
-	b.sweep(s, ms, true)
-	for i := range b.shards {
-		o := &b.shards[i]
-		if o != s && o.mu.TryLock() {
-			b.sweep(o, 0, false)
-			o.mu.Unlock()
-		}
-	}
-	end := b.mono()
-	b.nextFull.Store(end.Nanoseconds() + (fullSweepShare-1)*(end-start).Nanoseconds())
-}
-
-// clockGuard is the callers' clock as cleanup trusts it. Each sweep made
-// by a call records the call's offset, now − monotonic time; the trusted
-// clock is the monotonic time plus the lowest offset recorded in the last
-// hold to 2·hold of monotonic time. It is never ahead of the sweeping
-// call's now. A clock that steps forward raises the offsets it shows, but
-// the lower ones from before the step keep the trusted clock moving at real
-// time's pace until they age out; a clock that steps back lowers it at
-// once; a lagging call lowers it for a while.
+// clockGuard is the callers' clock as cleanup trusts it. Sweeps record
+// offsets, a call's now − monotonic time, in epochs of hold of monotonic
+// time; the trusted clock is the monotonic time plus the lowest offset of
+// the current and the last epoch, and of the last sample of the newest
+// epoch before those that has one. So a sample is forgotten only once
+// samples taken at least hold later replace it: a clock that steps
+// forward raises the offsets it shows, but the lower ones from before the
+// step keep the trusted clock moving at real time's pace until the step
+// has lasted hold to 2·hold, however long the backend was idle before it.
+// A clock that steps back lowers it at once; a lagging call lowers it for
+// a while.
 type clockGuard struct {
-	mu        sync.Mutex
-	hold      int64 // Options.ClockHold in ms
-	started   bool
-	start     int64 // monotonic ms when the current epoch began
-	cur, prev int64 // the lowest offsets of the current epoch and the one before; math.MaxInt64 for none
+	mu      sync.Mutex
+	hold    int64 // Options.ClockHold in ms
+	started bool
+	start   int64 // monotonic ms when the current epoch began
+	// cur and prev are the lowest offsets of the current epoch and the
+	// one before; older is the last offset of the newest epoch before
+	// them that had one; lastCur and lastPrev the last offsets of cur's
+	// and prev's epochs. math.MaxInt64 for none.
+	cur, prev, older  int64
+	lastCur, lastPrev int64
 }
 
 // bound returns the trusted clock (Unix ms) at monotonic time mono, first
-// recording the sweeping call's now if sample is set; math.MaxInt64 when
-// nothing is recorded. With nothing recorded before (a new backend, or one
-// idle for 2·hold), a single call's now is not trusted alone: it records
-// vouched instead, the lowest of it and the shard's recent calls' nows.
-func (g *clockGuard) bound(mono, now, vouched int64, sample bool) int64 {
+// recording the offset off (math.MaxInt64: none); math.MaxInt64 when
+// nothing was ever recorded.
+func (g *clockGuard) bound(mono, off int64) int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	switch d := mono - g.start; {
-	case !g.started || d >= 2*g.hold:
-		g.started, g.start, g.cur, g.prev = true, mono, math.MaxInt64, math.MaxInt64
-	case d >= g.hold:
-		g.start, g.cur, g.prev = mono, math.MaxInt64, g.cur
-	}
-	if sample {
-		if g.cur == math.MaxInt64 && g.prev == math.MaxInt64 {
-			now = vouched
+	if !g.started {
+		if off == math.MaxInt64 {
+			return math.MaxInt64
 		}
-		g.cur = min(g.cur, satSub(now, mono))
+		g.started, g.start = true, mono
+		g.cur, g.prev, g.older, g.lastCur, g.lastPrev = math.MaxInt64, math.MaxInt64, math.MaxInt64, math.MaxInt64, math.MaxInt64
 	}
-	if lo := min(g.cur, g.prev); lo != math.MaxInt64 {
-		return satAdd(mono, lo)
+	if g.hold > 0 && mono-g.start >= g.hold {
+		// Two epochs on or more: what was current becomes the newest
+		// epoch before the last one, unless it recorded nothing.
+		n := (mono - g.start) / g.hold
+		for i := int64(0); i < min(n, 2); i++ {
+			if g.lastPrev != math.MaxInt64 {
+				g.older = g.lastPrev
+			}
+			g.prev, g.lastPrev = g.cur, g.lastCur
+			g.cur, g.lastCur = math.MaxInt64, math.MaxInt64
+		}
+		g.start += n * g.hold
 	}
-	return math.MaxInt64
+	if off != math.MaxInt64 {
+		g.cur, g.lastCur = min(g.cur, off), off
+	}
+	return satAdd(mono, min(g.cur, g.prev, g.older))
 }
 
 // satAdd and satSub add and subtract without wrapping: nows are whatever

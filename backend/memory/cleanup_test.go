@@ -2,10 +2,8 @@ package memory_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,94 +233,73 @@ func TestFarFutureNowMakesTheFirstSweep(t *testing.T) {
 	requireExhausted(t, b, 6, t0.Add(time.Second))
 }
 
-// Case 9: MaxKeys bounds the whole table, not each shard.
+// Case 9: MaxKeys bounds the whole table, not each shard, and a full table
+// keeps limiting every key it has seen: evicted or not, none gets a fresh
+// window, and none is refused.
 func TestMaxKeysBoundsTheWholeTable(t *testing.T) {
 	ctx := context.Background()
 	b, clock := newWithClock(t, &memory.Options{MaxKeys: 1000}) // 256 shards
 	p := throttler.Policy{Name: "p", Limit: 2, Window: time.Second}
-	for i := 0; i < 1000; i++ {
-		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
-		require.NoError(t, err, "key %d of 1000", i)
+	denied := 0
+	for i := 0; i < 3000; i++ {
+		d, err := b.Take(ctx, fmt.Sprint("k", i), p, 2, t0)
+		require.NoError(t, err, "key %d of 3000", i)
+		if !d.Allowed {
+			denied++ // a new key whose fingerprint a shared cell holds
+		}
+		require.LessOrEqual(t, b.Len(), 1000)
 	}
-	require.Equal(t, 1000, b.Len())
-	_, err := b.Take(ctx, "one too many", p, 1, t0)
-	require.ErrorIs(t, err, memory.ErrFull)
-	assert.True(t, strings.HasPrefix(err.Error(), "memory: full: "), err.Error())
-	assert.Contains(t, err.Error(), "Options.MaxKeys (1000)")
-	assert.NotContains(t, err.Error(), "one too many", "the error holds no client key")
-	assert.Equal(t, 1000, b.Len())
-
-	// A full table keeps limiting every key it holds.
-	d, err := b.Take(ctx, "k7", p, 1, t0)
-	require.NoError(t, err)
-	assert.True(t, d.Allowed)
-	d, err = b.Take(ctx, "k7", p, 1, t0)
-	require.NoError(t, err)
-	assert.False(t, d.Allowed, "k7 spent its 2")
-	d, err = b.Refund(ctx, "k7", p, 1, d.ResetAt, t0)
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), d.Used)
-	_, err = b.Refund(ctx, "one too many", p, 1, d.ResetAt, t0)
-	require.NoError(t, err, "a refund to no state stores nothing")
+	t.Logf("%d new keys falsely denied", denied)
+	assert.LessOrEqual(t, denied, 30, "new keys falsely denied, of 3000")
+	for i := 0; i < 3000; i++ {
+		d, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+		require.NoError(t, err)
+		require.False(t, d.Allowed, "k%d spent its 2", i)
+		require.Equal(t, t0.Add(time.Second).UnixMilli(), d.ResetAt.UnixMilli(), "k%d", i)
+	}
+	assert.LessOrEqual(t, b.Len(), 1000)
 
 	// Once the windows ended (and Lag), new keys find room: ended state
-	// goes first.
+	// goes first, and the second tier's cells with it.
 	clock.set(3 * time.Second)
 	for i := 0; i < 1000; i++ {
-		_, err := b.Take(ctx, fmt.Sprint("new", i), p, 1, t0.Add(3*time.Second))
-		require.NoError(t, err, "new key %d", i)
+		d, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0.Add(3*time.Second))
+		require.NoError(t, err, "key %d", i)
+		require.True(t, d.Allowed, "k%d: a new window", i)
 	}
-	assert.Equal(t, 1000, b.Len())
 }
 
 // MaxKeys is exact under concurrency: 64 goroutines racing to add keys to
-// a table of 1000 get exactly 1000 in.
+// a table of 1000 keep it at 1000, no call fails, and no key is admitted
+// twice in its hour (a new key may be denied by a second-tier cell it
+// happens to match: a false denial, never a unit over).
 func TestMaxKeysConcurrent(t *testing.T) {
 	b := newBackend(t, &memory.Options{MaxKeys: 1000})
 	p := throttler.Policy{Name: "p", Limit: 1, Window: time.Hour}
-	var in, full atomic.Int64
+	var over atomic.Int64
 	var wg sync.WaitGroup
 	for g := 0; g < 64; g++ {
 		wg.Go(func() {
 			for i := 0; i < 50; i++ {
-				_, err := b.Take(context.Background(), fmt.Sprint(g, "-", i), p, 1, t0)
-				switch {
-				case err == nil:
-					in.Add(1)
-				case errors.Is(err, memory.ErrFull):
-					full.Add(1)
-				default:
-					t.Error(err)
+				k := fmt.Sprint(g, "-", i)
+				if _, err := b.Take(context.Background(), k, p, 1, t0); err != nil {
+					t.Error(k, err)
+				}
+				if memory.Keys(b) > 1000 {
+					over.Add(1)
+				}
+			}
+			for i := 0; i < 50; i++ {
+				d, err := b.Take(context.Background(), fmt.Sprint(g, "-", i), p, 1, t0)
+				if err != nil || d.Allowed {
+					t.Error("admitted twice in its hour", err)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, int64(1000), in.Load())
-	assert.Equal(t, int64(64*50-1000), full.Load())
+	assert.Zero(t, over.Load())
 	assert.Equal(t, 1000, b.Len())
-}
-
-// A flood of new keys at a full table sweeps every shard only now and then
-// (a twentieth of the time at most), not once per refused key.
-func TestFullTableSweepsAreBounded(t *testing.T) {
-	ctx := context.Background()
-	b, clock := newWithClock(t, &memory.Options{MaxKeys: 100})
-	// Each read of the clock moves it a ms on: a sweep of every shard
-	// "takes" a ms.
-	memory.SetMonotonic(b, func() time.Duration { clock.add(time.Millisecond); return clock.read() })
-	p := throttler.Policy{Name: "p", Limit: 1, Window: time.Hour}
-	for i := 0; i < 100; i++ {
-		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
-		require.NoError(t, err)
-	}
-	for i := 0; i < 1000; i++ {
-		_, err := b.Take(ctx, fmt.Sprint("flood", i), p, 1, t0)
-		require.ErrorIs(t, err, memory.ErrFull)
-	}
-	sweeps := memory.FullSweeps(b)
-	assert.GreaterOrEqual(t, sweeps, int64(1), "the first refusal swept")
-	assert.LessOrEqual(t, sweeps, int64(1000/10), "not every refusal sweeps")
 }
 
 // Case 9: Peek-only traffic drives reclaim too.
@@ -361,4 +338,82 @@ func TestSteadyStateMemoryIsBounded(t *testing.T) {
 		most = max(most, b.Len())
 	}
 	assert.Less(t, most, 10_000, "at most the last few seconds' keys, of 60,000")
+}
+
+// ClockHold holds from a backend's first call: a client spends its hour, the
+// clock jumps a day ahead while another key makes enough calls for sweeps,
+// and comes back a second later. The client must find its hour spent, on
+// every algorithm, with one shard and with the defaults (where the clients
+// spread over shards with random seeds: many clients, many runs).
+func TestClockHoldHoldsFromTheFirstCall(t *testing.T) {
+	ctx := context.Background()
+	algs := []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow}
+	for _, alg := range algs {
+		for _, tc := range []struct {
+			name          string
+			opts          *memory.Options
+			clients, runs int
+		}{
+			{"one shard", &memory.Options{Shards: 1}, 1, 1},
+			{"defaults", nil, 100, 10},
+		} {
+			t.Run(fmt.Sprintf("%v/%s", alg, tc.name), func(t *testing.T) {
+				p := throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour, Algorithm: alg}
+				admitted := 0
+				for run := 0; run < tc.runs; run++ {
+					b, clock := newWithClock(t, tc.opts)
+					for c := 0; c < tc.clients; c++ {
+						d, err := b.Take(ctx, fmt.Sprint("client", c), p, 10, t0)
+						require.NoError(t, err)
+						require.True(t, d.Allowed)
+					}
+					clock.set(time.Millisecond)
+					for i := 0; i < 1100; i++ {
+						_, err := b.Take(ctx, "other", p, 1, t0.Add(24*time.Hour))
+						require.NoError(t, err)
+					}
+					clock.set(2 * time.Millisecond)
+					for c := 0; c < tc.clients; c++ {
+						d, err := b.Take(ctx, fmt.Sprint("client", c), p, 1, t0.Add(time.Second))
+						require.NoError(t, err)
+						if d.Allowed {
+							admitted++
+						}
+					}
+				}
+				assert.Zero(t, admitted, "units admitted beyond spent hours")
+			})
+		}
+	}
+}
+
+// The same after an idle spell longer than 2·ClockHold: the client's calls
+// still vouch for the clock they showed, moved on by the real time passed,
+// so its state answers as in a backend that saw no other key.
+func TestClockHoldHoldsAfterIdle(t *testing.T) {
+	ctx := context.Background()
+	idle := 25 * time.Minute // ClockHold is 10m
+	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := throttler.Policy{Name: "hourly", Limit: 10, Window: time.Hour, Algorithm: alg}
+			alone, clockA := newWithClock(t, &memory.Options{Shards: 1})
+			busy, clockB := newWithClock(t, &memory.Options{Shards: 1})
+			for _, b := range []*memory.Backend{alone, busy} {
+				_, err := b.Take(ctx, "client", p, 10, t0)
+				require.NoError(t, err)
+			}
+			clockA.set(idle)
+			clockB.set(idle)
+			for i := 0; i < 1100; i++ {
+				_, err := busy.Take(ctx, "other", p, 1, t0.Add(idle+24*time.Hour))
+				require.NoError(t, err)
+			}
+			at := t0.Add(idle + time.Second)
+			want, err := alone.Take(ctx, "client", p, 1, at)
+			require.NoError(t, err)
+			got, err := busy.Take(ctx, "client", p, 1, at)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+		})
+	}
 }

@@ -7,5 +7,8 @@ import "time"
 // now. Call it before b is used.
 func SetMonotonic(b *Backend, f func() time.Duration) { b.mono = f }
 
-// FullSweeps is how many sweeps of every shard a full table has made.
-func FullSweeps(b *Backend) int64 { return b.fullSweeps.Load() }
+// SweepAll runs the sweeper's sweep once, as its timer does.
+func SweepAll(b *Backend) { b.sweepAll() }
+
+// Keys is the count of states that MaxKeys bounds.
+func Keys(b *Backend) int64 { return b.keys.Load() }

@@ -25,7 +25,7 @@ func (w *slot) takeFixed(limit, cost, t int64) (used, resetAt int64, ok bool) {
 // under the policy's window wms (in ms) by a clock not ahead of t (t >= At).
 // Its ResetAt, when the bucket is full again, is also the slot's end.
 func (w *slot) takeBucket(limit, capacity, wms, cost, t int64) (used, resetAt int64, ok bool) {
-	if w.window != wms || t < w.resetAt {
+	if w.prev != wms || t < w.resetAt { // prev: the bucket's window
 		return 0, 0, false
 	}
 	full := capacity * wms
@@ -50,10 +50,10 @@ func (w *slot) takeBucket(limit, capacity, wms, cost, t int64) (used, resetAt in
 
 // takeCounter is the admitted Take of cost at t on the slot's counter pair,
 // stored under the policy's window wms, within the window K the pair counts
-// in (K·wms <= t < (K+1)·wms). Its ResetAt is (K+1)·wms; the slot's end,
+// in (K·wms <= t < (K+1)·wms). Its ResetAt is (K+1)·wms; the pair's end,
 // (K+2)·wms, does not move.
 func (w *slot) takeCounter(limit, wms, cost, t int64) (used, resetAt int64, ok bool) {
-	if w.window != wms {
+	if w.end != wms { // end: the pair's window
 		return 0, 0, false
 	}
 	start := w.resetAt * wms // the pair's K is in resetAt

@@ -69,7 +69,7 @@ func TestTakeBucketBoundaries(t *testing.T) {
 		{"negative tokens read as 0", -5, 100, 1000, 1, 600, true},
 		{"tokens above full read as full", full + 9, 100, 1000, 4, 100, true},
 	} {
-		w := slot{used: tc.tokens, resetAt: tc.at, window: tc.wnd, end: 7}
+		w := slot{meta: kindBucket << 5, used: tc.tokens, resetAt: tc.at, prev: tc.wnd, end: 7}
 		before := w
 		used, resetAt, ok := w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), tc.cost, tc.t)
 		require.Equal(t, tc.ok, ok, tc.name)
@@ -82,7 +82,7 @@ func TestTakeBucketBoundaries(t *testing.T) {
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
-		assert.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}, tc.name)
+		assert.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}, tc.name)
 		assert.Equal(t, backend.BucketEnd(p, next), w.end, tc.name)
 	}
 }
@@ -107,7 +107,7 @@ func TestTakeCounterBoundaries(t *testing.T) {
 		{"negative counts read as 0", 5, -3, -3, 1000, 10, 5500, true},
 		{"before 1970", -3, 1, 1, 1000, 1, -2500, true},
 	} {
-		w := slot{resetAt: tc.k, used: tc.curr, prev: tc.prev, window: tc.wnd, end: (tc.k + 2) * tc.wnd}
+		w := slot{meta: kindCounter << 5, resetAt: tc.k, used: tc.curr, prev: tc.prev, end: tc.wnd}
 		before := w
 		used, resetAt, ok := w.takeCounter(p.Limit, p.Window.Milliseconds(), tc.cost, tc.t)
 		require.Equal(t, tc.ok, ok, tc.name)
@@ -120,8 +120,8 @@ func TestTakeCounterBoundaries(t *testing.T) {
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
-		assert.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}, tc.name)
-		assert.Equal(t, backend.CounterEnd(p, next), w.end, tc.name)
+		assert.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}, tc.name)
+		assert.Equal(t, backend.CounterEnd(p, next), w.ends(), tc.name)
 	}
 }
 
@@ -142,7 +142,7 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 		bs := backend.BucketState{Tokens: near(rng.Int64N(full + 1)), At: t0, Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
 		if cost <= pb.Capacity() {
 			at := near(t0 + rng.Int64N(3*wnd))
-			w := slot{used: bs.Tokens, resetAt: bs.At, window: bs.Window}
+			w := slot{meta: kindBucket << 5, used: bs.Tokens, resetAt: bs.At, prev: bs.Window}
 			before := w
 			used, resetAt, ok := w.takeBucket(limit, pb.Capacity(), wnd, cost, at)
 			d, next, write := backend.Bucket(pb, bs, true, throttler.OpTake, cost, 0, at)
@@ -150,7 +150,7 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 				require.True(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, d.Used, used)
 				require.Equal(t, d.ResetAt.UnixMilli(), resetAt)
-				require.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window})
+				require.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()})
 				require.Equal(t, backend.BucketEnd(pb, next), w.end)
 			} else {
 				require.False(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
@@ -162,7 +162,7 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 		k := t0 / wnd
 		cs := backend.CounterState{K: k, Curr: near(rng.Int64N(limit + 1)), Prev: near(rng.Int64N(limit + 1)), Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
 		at := near(k*wnd + rng.Int64N(wnd+2))
-		w := slot{resetAt: cs.K, used: cs.Curr, prev: cs.Prev, window: cs.Window, end: (cs.K + 2) * cs.Window}
+		w := slot{meta: kindCounter << 5, resetAt: cs.K, used: cs.Curr, prev: cs.Prev, end: cs.Window}
 		before := w
 		used, resetAt, ok := w.takeCounter(limit, wnd, cost, at)
 		d, next, write := backend.Counter(pc, cs, true, throttler.OpTake, cost, 0, at)
@@ -170,8 +170,8 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 			require.True(t, ok, "counter %v %+v take %d at %d", pc, cs, cost, at)
 			require.Equal(t, d.Used, used)
 			require.Equal(t, d.ResetAt.UnixMilli(), resetAt)
-			require.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window})
-			require.Equal(t, backend.CounterEnd(pc, next), w.end)
+			require.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()})
+			require.Equal(t, backend.CounterEnd(pc, next), w.ends())
 		} else {
 			require.False(t, ok, "counter %v %+v take %d at %d", pc, cs, cost, at)
 			require.Equal(t, before, w)

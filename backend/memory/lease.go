@@ -23,14 +23,21 @@ var _ throttler.LeaseBackend = (*Backend)(nil)
 // algorithm has it, so a lease set never meets a window of the same name.
 const leaseAlg = throttler.Algorithm(255)
 
-// leaseIdent is the storage identity of p in a slot, without an
-// allocation: (Name, key) for a named policy, the whole definition for an
-// unnamed one (see backend.LeaseIdentity).
-func leaseIdent(p throttler.ConcurrencyPolicy) policyID {
-	if p.Name != "" {
-		return policyID{name: p.Name, alg: leaseAlg}
+// leaseIdent is the storage identity number of p: (Name, key) for a named
+// policy, the whole definition for an unnamed one (see
+// backend.LeaseIdentity); from the locked shard s's memo when p is the
+// concurrency policy its last lease call named.
+func (b *Backend) leaseIdent(s *shard, p throttler.ConcurrencyPolicy) uint32 {
+	m := &s.lastLease
+	if m.id != 0 && p.Name == m.name && p.Limit == m.limit && int64(p.TTL) == m.window {
+		return m.id
 	}
-	return policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg}
+	id := policyID{name: p.Name, alg: leaseAlg}
+	if p.Name == "" {
+		id = policyID{limit: p.Limit, window: int64(p.TTL), alg: leaseAlg}
+	}
+	*m = lastPolicy{name: p.Name, limit: p.Limit, window: int64(p.TTL), alg: leaseAlg, id: b.ids.number(id)}
+	return m.id
 }
 
 // Acquire takes a lease of id on key under p, by the lease contract.
@@ -40,21 +47,21 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	pid := leaseIdent(p)
+	pid := b.leaseIdent(s, p)
 	w := s.table.find(h, key, pid)
 	if w == nil {
 		// No leases: this one is admitted (Limit >= 1) and needs a slot.
 		var err error
-		if w, err = b.makeSlot(s, h, nil, key, pid, ms); err != nil {
+		if w, err = b.makeSlot(s, h, key, pid, kindLease, ms); err != nil {
 			s.mu.Unlock()
 			return throttler.Decision{}, err
 		}
-		w.leases, w.end = new(backend.LeaseSet), ms
+		s.table.extraOf(w).leases, w.end = new(backend.LeaseSet), ms
 	}
-	used, earliest, allowed, _ := w.leases.Hold(p, id, ms)
+	used, earliest, allowed, _ := s.table.extraOf(w).leases.Hold(p, id, ms)
 	if allowed {
 		w.end = max(w.end, ms+p.TTL.Milliseconds())
 	}
@@ -70,13 +77,13 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	ms := now.UnixMilli()
 	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
 	var none backend.LeaseSet
 	set := &none
-	if w := s.table.find(h, key, leaseIdent(p)); w != nil {
-		set = w.leases
+	if w := s.table.find(h, key, b.leaseIdent(s, p)); w != nil {
+		set = s.table.extraOf(w).leases
 	}
 	held, used, earliest, _ := set.Drop(id, ms)
 	s.mu.Unlock()

@@ -92,8 +92,8 @@ func TestLeasesSurviveAFarFutureNow(t *testing.T) {
 }
 
 // MaxKeys counts lease sets: a full table refuses an Acquire that needs a
-// new set with ErrFull; the keys held go on, and a Release never needs
-// room.
+// new set with ErrFull (leases are never evicted); the keys held go on, a
+// rate limit still finds room, and a Release never needs room.
 func TestLeasesCountAgainstMaxKeys(t *testing.T) {
 	ctx := context.Background()
 	b := newBackend(t, &memory.Options{MaxKeys: 2})
@@ -104,7 +104,7 @@ func TestLeasesCountAgainstMaxKeys(t *testing.T) {
 	_, err := b.Acquire(ctx, "c", leasePolicy, 1, t0)
 	require.True(t, errors.Is(err, memory.ErrFull), "%v", err)
 	_, err = b.Take(ctx, "c", hourly, 1, t0)
-	require.True(t, errors.Is(err, memory.ErrFull), "windows and lease sets share the bound: %v", err)
+	require.NoError(t, err, "a rate limit is never refused: it goes in above the bound when nothing can be evicted")
 	d, err := b.Acquire(ctx, "a", leasePolicy, 2, t0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), d.Used)
@@ -112,7 +112,7 @@ func TestLeasesCountAgainstMaxKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, held)
 	assert.Zero(t, d.Used)
-	assert.Equal(t, 2, b.Len(), "a Release of an unknown key stores nothing")
+	assert.Equal(t, 3, b.Len(), "a Release of an unknown key stores nothing")
 }
 
 // A denied Acquire and a Release of a key with no leases store nothing.
@@ -239,4 +239,19 @@ func BenchmarkLeaseVsTake(b *testing.B) {
 	b.ReportMetric(median(takes), "take-cpu-ns/op")
 	b.ReportMetric(median(ratios), "pair/take")
 	b.ReportMetric(0, "ns/op")
+}
+
+// MaxKeys bounds the whole table: leases that land in one shard beyond its
+// share go in while the table has room (a shard full of leases has nothing
+// to evict), and the first beyond MaxKeys is refused.
+func TestLeasesFillTheWholeBound(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, &memory.Options{Shards: 8, MaxKeys: 8}) // a share of 1 a shard
+	for i := 0; i < 8; i++ {
+		_, err := b.Acquire(ctx, fmt.Sprint("k", i), leasePolicy, 1, t0)
+		require.NoError(t, err, "lease %d of 8", i)
+	}
+	_, err := b.Acquire(ctx, "k8", leasePolicy, 1, t0)
+	require.ErrorIs(t, err, memory.ErrFull)
+	assert.Equal(t, 8, b.Len())
 }

@@ -3,35 +3,59 @@
 //
 // State lives in a fixed number of shards, each a hash table behind its own
 // mutex, so goroutines working on different keys rarely contend and every
-// operation on one key is atomic. The backend starts no goroutines.
+// operation on one key is atomic.
+//
+// # Bound and eviction
+//
+// The table holds at most Options.MaxKeys (key, policy) states
+// (DefaultMaxKeys unless set), each shard its share. A full shard never
+// refuses a rate limit's key and never hands one a fresh window: it drops
+// what has ended, else evicts a seldom used live state into its second
+// tier, a fixed array of cells keyed by a hash of (key, policy) that keeps
+// what the state counted and until when. A cell that two states share
+// keeps the stricter of each (more units, later end), so the second tier
+// may over-count, never under-count: a key that returns after eviction is
+// answered at least as strictly as its state would have been, and a new key
+// only in the rare case that its fingerprint matches a shared cell (see
+// evict.go for each algorithm's rule). Stats counts evictions and the
+// calls the second tier answered.
 //
 // # Cleanup
 //
 // State ends by the now values callers pass (a fixed window at its
 // ResetAt, a bucket when full again, a log when its newest entry ends, a
-// counter pair two windows on), and sweeps, made by the calls themselves,
-// drop it. Dropped state answers like none only for a now at or after its
+// counter pair two windows on), and sweeps drop it: sweeps made by the
+// calls themselves, and while the backend holds anything, a sweep of every
+// shard each Options.SweepEvery by a timer (no goroutine between sweeps;
+// Close stops it), so memory returns to its baseline within SweepEvery of
+// the end of the last state plus Lag, without calls to drive it. Dropped state answers like none only for a now at or after its
 // end, so what matters is which nows the backend will still be asked
-// about. A sweep drops the state that ended Options.Lag before the callers'
-// clock as the backend trusts it, which is never ahead of
+// about. A sweep drops the state that ended Options.Lag before the
+// callers' clock as the backend trusts it: the monotonic clock plus the
+// lowest offset (now − monotonic time) that its clock guard recorded in
+// the last ClockHold to 2·ClockHold of real time, and the last one of the
+// newest spell before that which recorded any. The guard records
 //
-//   - the now of the call that sweeps, nor
-//   - the lowest clock a sweeping call showed in the last ClockHold to
-//     2·ClockHold of real time, moved on by the real time passed since: the
-//     monotonic clock, read once per sweep, never per call.
+//   - the now of each call that sweeps, and
+//   - before any sweep of a shard, the lowest now of the shard's calls
+//     since its last sweep, forgiven Lag, with the monotonic time of the
+//     call that showed it (read only by a call that lowers it: about once
+//     per sweep under a clock that moves on, never per call).
 //
-// So a call whose now trails the clock by up to Lag (a goroutine that read
-// the clock and called later, a shadow's mirrored call) finds its state,
-// and two backends given the same calls for a key answer alike whatever
-// other keys' calls do. One call with a now far in the future moves
-// cleanup nowhere, even as the first call of a new backend (then its now is
-// trusted only as far as its shard's recent calls vouch for it). A clock
-// that steps forward moves cleanup only as fast as real time passes, so if
-// it comes back within ClockHold no state was lost; one that stays stepped
-// for 2·ClockHold is trusted from then on. A clock that steps back makes
-// cleanup later, never earlier. Under a steady clock, state goes about Lag
-// after it ends, plus the time its shard takes to make a sweep's worth of
-// calls.
+// So every call's now, a new backend's first call included, reaches the
+// guard before a sweep of its shard can drop the state it made: the
+// trusted clock never runs ahead of what the calls showed, moved on by
+// real time. A call whose now trails the clock by up to Lag (a goroutine
+// that read the clock and called later, a shadow's mirrored call) finds
+// its state, and two backends given the same calls for a key answer alike
+// whatever other keys' calls do. One call with a now far in the future
+// moves cleanup nowhere. A clock that steps forward moves cleanup only as
+// fast as real time passes, so if it comes back within ClockHold no state
+// was lost, on a new backend or after any idle spell; one that stays
+// stepped for ClockHold to 2·ClockHold is trusted from then on. A clock
+// that steps back makes cleanup later, never earlier. Under a steady
+// clock, state goes about Lag after it ends, plus the time its shard takes
+// to make a sweep's worth of calls.
 package memory
 
 import (
@@ -46,23 +70,28 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// ErrFull is returned by Take for a key the table has no room for: it
-// holds Options.MaxKeys (key, policy) states and none of them has ended.
-// The keys it holds keep being limited; their state is never evicted to
-// make room, since that would hand their clients a fresh window. A
-// Throttler applies its failure mode to the call.
+// ErrFull is returned by Acquire for a key the table has no room for: its
+// shard holds its share of Options.MaxKeys states and all of them are
+// concurrency limits' leases, which are never evicted. Rate limits never
+// get it: a full shard evicts (see Eviction).
 var ErrFull = errors.New("memory: full")
+
+// DefaultMaxKeys is Options.MaxKeys' default: 786,432 states, 3,072 in each
+// of the default 256 shards; about 62 MiB of tables, and 48 MiB more of
+// second tier while shards evict (110 MiB of heap under a flood of 10
+// million keys). See Bound and eviction.
+const DefaultMaxKeys = 3 << 18
 
 // Options configure a Backend. The zero value (or nil) means defaults.
 type Options struct {
 	// Shards is the number of independently locked maps, rounded up to a
 	// power of two, at most 65536. default: 256
 	Shards int
-	// MaxKeys bounds the (key, policy) states the whole table holds. When
-	// it is full, a Take that needs a new state first has every shard drop
-	// what has ended (at most a twentieth of the time: a flood of new keys
-	// is refused without a sweep each); if that frees nothing it fails with
-	// ErrFull. default: 0, no bound
+	// MaxKeys bounds the (key, policy) states the whole table holds: each
+	// shard holds at most MaxKeys/Shards (at least one). A full shard
+	// makes room by dropping ended state or evicting the least recently
+	// used live state to its second tier, which keeps what it counted
+	// (see Eviction). default: DefaultMaxKeys
 	MaxKeys int
 	// Lag is how far behind the other calls a call's now may be and still
 	// find its state: cleanup keeps ended state this long (see Cleanup).
@@ -73,6 +102,10 @@ type Options struct {
 	// forward and back within it costs no key its state. Longer keeps the
 	// state made after a lasting step longer. default: 10m
 	ClockHold time.Duration
+	// SweepEvery is how often, while the backend holds any state, a
+	// timer sweeps every shard for ended state, with no call to drive it;
+	// Close stops it. default: 1s
+	SweepEvery time.Duration
 }
 
 // maxShards bounds Options.Shards: more locks than this buy nothing on any
@@ -88,7 +121,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("memory: Options.Shards must be between 0 (default) and %d, got %d", maxShards, out.Shards)
 	}
 	if out.MaxKeys < 0 {
-		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: no bound), got %d", out.MaxKeys)
+		return out, fmt.Errorf("memory: Options.MaxKeys must be >= 0 (0: the default, %d), got %d", DefaultMaxKeys, out.MaxKeys)
+	}
+	if out.SweepEvery < 0 {
+		return out, fmt.Errorf("memory: Options.SweepEvery must be >= 0 (0: the default, 1s), got %v", out.SweepEvery)
 	}
 	if out.Lag < 0 {
 		return out, fmt.Errorf("memory: Options.Lag must be >= 0 (0: the default, 1s), got %v", out.Lag)
@@ -98,6 +134,12 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if out.Shards == 0 {
 		out.Shards = 256
+	}
+	if out.MaxKeys == 0 {
+		out.MaxKeys = DefaultMaxKeys
+	}
+	if out.SweepEvery == 0 {
+		out.SweepEvery = time.Second
 	}
 	if out.Lag == 0 {
 		out.Lag = time.Second
@@ -126,12 +168,15 @@ type Backend struct {
 	// (export_test.go).
 	mono func() time.Duration
 
-	maxKeys    int64        // Options.MaxKeys; 0: no bound
-	keys       atomic.Int64 // states held, counted when maxKeys > 0
-	errFull    error        // ErrFull, saying what the bound is
-	fullSweep  atomic.Bool  // a sweep of every shard for room is running
-	nextFull   atomic.Int64 // mono ns before which no other may start
-	fullSweeps atomic.Int64 // how many ran, for tests
+	maxKeys int64        // Options.MaxKeys
+	quota   int          // the states a shard may hold: its share of MaxKeys, rounded up
+	keys    atomic.Int64 // states held
+	// elsewhere picks where evictElsewhere starts looking.
+	elsewhere atomic.Uint32
+	errFull   error // ErrFull, saying what the bound is
+
+	sweeper sweeper
+	ids     idents
 }
 
 var (
@@ -156,12 +201,16 @@ func New(opts *Options) (*Backend, error) {
 		shards:     make([]shard, o.Shards),
 		shardShift: 64,
 		lag:        o.Lag.Milliseconds(),
-		guard:      clockGuard{hold: o.ClockHold.Milliseconds()},
+		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds())},
 		mono:       func() time.Duration { return time.Since(start) },
 		maxKeys:    int64(o.MaxKeys),
-		errFull: fmt.Errorf("%w: the table holds Options.MaxKeys (%d) states, none of them ended; "+
-			"a new key is refused until one ends, and the keys held are still limited", ErrFull, o.MaxKeys),
+		quota:      (o.MaxKeys + o.Shards - 1) / o.Shards,
+		errFull: fmt.Errorf("%w: a shard holds its share of Options.MaxKeys (%d), all of them leases; "+
+			"a new key's lease is refused until one ends", ErrFull, o.MaxKeys),
 	}
+	b.sweeper.every = o.SweepEvery
+	b.sweeper.sweep = b.sweepAll
+	b.sweeper.holding = func() bool { return b.keys.Load() > 0 }
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
 	}
@@ -171,19 +220,45 @@ func New(opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// Close releases the stored state. The Backend starts no goroutines, so
-// Close only exists to free memory early; it returns nil.
+// Close stops the sweeper and releases the stored state; it returns nil.
+// A Backend must not be used after Close.
 func (b *Backend) Close() error {
+	b.sweeper.stop()
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		if b.maxKeys > 0 {
-			b.keys.Add(-int64(s.table.live))
-		}
-		s.table = table{}
+		b.keys.Add(-int64(s.table.live))
+		s.table, s.tier = table{}, tier{}
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// Stats are a Backend's counts: what it holds and what making room cost.
+type Stats struct {
+	// Keys is how many (key, policy) states are held now, ended ones not
+	// yet reclaimed included.
+	Keys int
+	// Evictions counts live states moved to the second tier to make room
+	// in a full shard.
+	Evictions uint64
+	// SecondTierHits counts calls that found no state but answered from
+	// one the second tier remembered.
+	SecondTierHits uint64
+}
+
+// Stats reads the counts, locking each shard in turn.
+func (b *Backend) Stats() Stats {
+	var st Stats
+	for i := range b.shards {
+		s := &b.shards[i]
+		s.mu.Lock()
+		st.Keys += s.table.live
+		st.Evictions += s.evictions
+		st.SecondTierHits += s.tierHits
+		s.mu.Unlock()
+	}
+	return st
 }
 
 // Len reports how many (key, policy) states are stored, ended ones not yet
@@ -199,6 +274,27 @@ func (b *Backend) Len() int {
 	return n
 }
 
+// begin validates a call as backend.ValidateCall does, in its order (the
+// key, the policy, the cost), and returns the key's shard, locked, the
+// key's hash and the policy's identity number. A shard remembers the last
+// policy it validated, so a caller that passes the same Policy call after
+// call has it validated once per shard.
+func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost int64) (*shard, uint64, uint32, error) {
+	if err := throttler.ValidateKey(key); err != nil {
+		return nil, 0, 0, err
+	}
+	s, h := b.lock(key)
+	id, err := b.idOf(s, p)
+	if err == nil {
+		err = p.ValidateCost(op, cost)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, 0, 0, err
+	}
+	return s, h, id, nil
+}
+
 // lock returns the key's shard, locked, and the key's hash.
 func (b *Backend) lock(key string) (*shard, uint64) {
 	h := maphash.String(b.seed, key)
@@ -209,16 +305,17 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	s, h, id, err := b.begin(throttler.OpTake, key, &p, cost)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	w := s.table.find(h, key, ident(p))
+	w := s.table.find(h, key, id)
 	if w != nil {
+		w.used1()
 		// The common case, stored state that admits the Take: each
 		// algorithm's arithmetic for it alone (fast.go), and the
 		// Decision that the general path would build for it.
@@ -232,7 +329,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		case throttler.SlidingWindow:
 			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingLog:
-			if used, resetAt, ok = w.log.Take(p, cost, ms); ok {
+			if used, resetAt, ok = s.table.extraOf(w).log.Take(p, cost, ms); ok {
 				w.end = resetAt // the log's End: its newest entry's
 			}
 		}
@@ -242,88 +339,119 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.apply(s, h, w, throttler.OpTake, key, &p, cost, 0, ms, now)
+	return b.answer(s, h, w, id, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
+	s, h, id, err := b.begin(throttler.OpPeek, key, &p, 1)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpPeek, key, &p, 1, 0, ms, now)
+	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
+	s, h, id, err := b.begin(throttler.OpRefund, key, &p, cost)
+	if err != nil {
 		return throttler.Decision{}, err
 	}
+	if receipt.IsZero() {
+		s.mu.Unlock()
+		return throttler.Decision{}, backend.ValidateRefund(key, p, cost, receipt) // the receipt's error
+	}
 	ms := now.UnixMilli()
-	s, h := b.lock(key)
-	if s.observe(ms) {
+	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	return b.apply(s, h, s.table.find(h, key, ident(p)), throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+}
+
+// answer runs op on the slot w of (key, p), whose identity number is id,
+// in the locked shard s, and unlocks it. With no state in the table (w
+// nil) it answers from the state the second tier remembers, if any: a
+// Peek reads it in place, and a Take or Refund brings it back into the
+// table first.
+func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+	defer s.mu.Unlock()
+	var lg *backend.LogBuffer
+	if w != nil {
+		w.used1()
+		if w.kind() == kindLog {
+			lg = s.table.extraOf(w).log
+		}
+	} else if old, oldLog, ok := b.recall(s, h, id, p, ms, op != throttler.OpPeek); ok {
+		w, lg = &old, oldLog
+		if op != throttler.OpPeek {
+			n, err := b.make(s, h, nil, key, p, id, ms)
+			if err != nil {
+				return throttler.Decision{}, err
+			}
+			n.used, n.resetAt, n.end = old.used, old.resetAt, old.end
+			n.used1() // a client that returns
+			if n.kind() == kindLog {
+				s.table.extraOf(n).log = lg
+			} else {
+				n.prev = old.prev
+			}
+			w = n
+		}
+	}
+	return b.apply(s, h, w, lg, id, op, key, p, cost, r, ms, now)
 }
 
 // apply runs op at ms (now in Unix ms; r a Refund's receipt) on the slot w
-// of (key, p), nil when none is stored, in the locked shard s, and unlocks
-// it. It makes a slot
-// only when the call writes: a Peek and a denied Take store nothing.
-//
-// Each algorithm keeps its state in the slot's fields: a fixed window is
-// used and resetAt; a token bucket used = scaled tokens, resetAt = t0; a
-// sliding-window counter resetAt = K, used = curr, prev; both with their
-// window; a sliding log its own buffer. end is when the state answers like
-// none: a sweep may drop it then.
-func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
-	defer s.mu.Unlock()
+// of (key, p), nil when none is stored, and a log's buffer lg, in the
+// locked shard s. It makes a slot only when the call writes: a Peek and a
+// denied Take store nothing. Each algorithm keeps its state in the slot's
+// fields as the slot's doc says.
+func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
 	write := false
 	switch p.Algorithm {
 	case throttler.FixedWindow:
-		return b.fixed(s, h, w, op, key, p, cost, r, ms, now)
+		return b.fixed(s, h, w, id, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
 		var st, next backend.BucketState
 		if w != nil {
-			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window}
+			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
 		}
 		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, r, ms); write {
-			if w, err = b.make(s, h, w, key, p, ms); err == nil {
+			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
 				// backend.BucketEnd, without computing it twice.
-				w.used, w.resetAt, w.window, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
+				w.used, w.resetAt, w.prev, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
 			}
 		}
 	case throttler.SlidingWindow:
 		var st, next backend.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window}
+			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
 		}
 		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, r, ms); write {
-			if w, err = b.make(s, h, w, key, p, ms); err == nil {
-				w.resetAt, w.used, w.prev, w.window = next.K, next.Curr, next.Prev, next.Window
-				w.end = (next.K + 2) * next.Window // backend.CounterEnd
+			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
+				w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, next.Window // end: the window (slot)
 			}
 		}
 	case throttler.SlidingLog:
 		if w != nil {
-			if d, write = w.log.Apply(*p, op, cost, r, ms); write {
-				w.end = w.log.End(*p)
+			if d, write = lg.Apply(*p, op, cost, r, ms); write {
+				w.end = lg.End(*p)
 			}
 			break
 		}
 		// No log: answer from an empty one, kept only if the call wrote.
 		var l backend.LogBuffer
 		if d, write = l.Apply(*p, op, cost, r, ms); write {
-			if w, err = b.make(s, h, nil, key, p, ms); err == nil {
-				w.log = new(backend.LogBuffer)
-				*w.log = l
+			if w, err = b.make(s, h, nil, key, p, id, ms); err == nil {
+				x := s.table.extraOf(w)
+				x.log = new(backend.LogBuffer)
+				*x.log = l
 				w.end = l.End(*p)
 			}
 		}
@@ -335,13 +463,13 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, op throttler.Op, key string
 }
 
 // fixed runs op on a fixed window (see apply).
-func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
+func (b *Backend) fixed(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	open := w != nil && w.resetAt > ms
 	switch op {
 	case throttler.OpTake:
 		if !open {
 			var err error
-			if w, err = b.make(s, h, w, key, p, ms); err != nil {
+			if w, err = b.make(s, h, w, key, p, id, ms); err != nil {
 				return throttler.Decision{}, err
 			}
 			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
@@ -362,35 +490,27 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, op throttler.Op, key string
 	return state(*p, w.used, w.resetAt, now), nil
 }
 
-// make returns w, or when it is nil a new slot for (key, p) in the locked
-// shard s, for a call at ms: ErrFull (b.errFull) when the table is full.
-func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, ms int64) (*slot, error) {
-	return b.makeSlot(s, h, w, key, ident(*p), ms)
-}
-
-// makeSlot is make for a slot of identity id.
-func (b *Backend) makeSlot(s *shard, h uint64, w *slot, key string, id policyID, ms int64) (*slot, error) {
+// make returns w, or when it is nil a new slot for (key, p), whose
+// identity number is id, in the locked shard s, for a call at ms.
+func (b *Backend) make(s *shard, h uint64, w *slot, key string, p *throttler.Policy, id uint32, ms int64) (*slot, error) {
 	if w != nil {
 		return w, nil
 	}
-	if b.maxKeys > 0 && !b.reserve(s, ms) {
+	return b.makeSlot(s, h, key, id, kindOf(p.Algorithm), ms)
+}
+
+// makeSlot returns a new slot of kind for (key, policy id) in the locked
+// shard s, for a call at ms (see room).
+func (b *Backend) makeSlot(s *shard, h uint64, key string, id uint32, kind uint8, ms int64) (*slot, error) {
+	if !b.room(s, ms, kind == kindLease) {
 		return nil, b.errFull
 	}
 	if s.table.crowded() {
 		b.makeRoom(s, ms)
 	}
 	s.peak = max(s.peak, s.table.live+1)
-	return s.table.insert(h, key, id), nil
-}
-
-// ident is the storage identity of p in a slot, without an allocation: a
-// named policy's Name, or an unnamed policy's Limit and Window (see
-// backend.Identity).
-func ident(p throttler.Policy) policyID {
-	if p.Name != "" {
-		return policyID{name: p.Name, alg: p.Algorithm}
-	}
-	return policyID{limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm}
+	b.sweeper.arm()
+	return s.table.insert(h, key, id, kind), nil
 }
 
 // state is the Peek/Refund Decision for a window that counted used units and

@@ -43,7 +43,6 @@ type monoClock struct{ d atomic.Int64 }
 
 func (c *monoClock) read() time.Duration { return time.Duration(c.d.Load()) }
 func (c *monoClock) set(d time.Duration) { c.d.Store(int64(d)) }
-func (c *monoClock) add(d time.Duration) { c.d.Add(int64(d)) }
 
 func newWithClock(t testing.TB, o *memory.Options) (*memory.Backend, *monoClock) {
 	t.Helper()
@@ -114,6 +113,8 @@ func TestSweepFollowsCallersNow(t *testing.T) {
 	assert.Equal(t, 0, b.Len(), "ended windows were reclaimed")
 }
 
+// A full table never refuses a rate limit's key: it evicts the least
+// recently used state to the second tier, which keeps what it counted.
 func TestMaxKeys(t *testing.T) {
 	ctx := context.Background()
 	b, clock := newWithClock(t, &memory.Options{Shards: 1, MaxKeys: 3})
@@ -123,22 +124,30 @@ func TestMaxKeys(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, d.Allowed)
 	}
-	_, err := b.Take(ctx, "d", p, 1, t0)
-	require.ErrorIs(t, err, memory.ErrFull, "live windows are never evicted for a new key")
-	d, err := b.Take(ctx, "a", p, 1, t0)
-	require.NoError(t, err, "existing keys keep counting when full")
-	assert.Equal(t, int64(2), d.Used)
-	d, err = b.Peek(ctx, "d", p, t0)
+	d, err := b.Take(ctx, "d", p, 1, t0)
+	require.NoError(t, err, "a full table makes room")
+	assert.Equal(t, int64(1), d.Used)
+	assert.Equal(t, 3, b.Len())
+	assert.Equal(t, uint64(1), b.Stats().Evictions)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		d, err = b.Take(ctx, k, p, 1, t0)
+		require.NoError(t, err, "existing keys keep counting when full")
+		assert.Equal(t, int64(2), d.Used, "%s: evicted or not, its window kept its count", k)
+		assert.Equal(t, t0.Add(time.Second).UnixMilli(), d.ResetAt.UnixMilli(), k)
+	}
+	assert.Equal(t, 3, b.Len())
+	assert.NotZero(t, b.Stats().SecondTierHits)
+	d, err = b.Peek(ctx, "e", p, t0)
 	require.NoError(t, err, "Peek stores nothing, so it works when full")
 	assert.True(t, d.Allowed)
+	assert.Zero(t, d.Used)
 
-	// Once the windows ended Lag before the clock, a new key finds room at
-	// once: the full table sweeps for it.
+	// Once the windows ended Lag before the clock, they go without a call.
 	clock.set(3 * time.Second)
-	d, err = b.Take(ctx, "d", p, 1, t0.Add(3*time.Second))
+	_, err = b.Peek(ctx, "e", p, t0.Add(3*time.Second))
 	require.NoError(t, err)
-	assert.True(t, d.Allowed)
-	assert.Equal(t, 1, b.Len())
+	memory.SweepAll(b)
+	assert.Zero(t, b.Len())
 }
 
 func TestRefusedTakeStoresNothing(t *testing.T) {
@@ -363,4 +372,32 @@ func median(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
 	return v[len(v)/2]
+}
+
+// A shard remembers the last policy it validated; a policy that differs in
+// any field is validated again, so a bad one is refused even right after
+// a good one of the same name.
+func TestValidationIsNotMemoisedAcrossPolicies(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, &memory.Options{Shards: 1})
+	good := throttler.Policy{Name: "p", Limit: 10, Window: time.Second}
+	for _, bad := range []throttler.Policy{
+		{Name: "p", Limit: 0, Window: time.Second},
+		{Name: "p", Limit: 10, Window: time.Second + time.Microsecond},
+		{Name: "p", Limit: 10, Window: time.Second, Burst: 5},
+		{Name: "p", Limit: 10, Window: time.Second, Algorithm: 9},
+	} {
+		_, err := b.Take(ctx, "k", good, 1, t0)
+		require.NoError(t, err)
+		_, err = b.Take(ctx, "k", bad, 1, t0)
+		require.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", bad)
+		_, err = b.Peek(ctx, "k", bad, t0)
+		require.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", bad)
+	}
+	_, err := b.Take(ctx, "k", good, 11, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidCost, "the cost is checked on a remembered policy")
+	_, err = b.Refund(ctx, "k", good, 1, time.Time{}, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidReceipt)
+	_, err = b.Take(ctx, "", good, 1, t0)
+	require.ErrorIs(t, err, throttler.ErrInvalidKey)
 }

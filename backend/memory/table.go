@@ -1,115 +1,202 @@
 package memory
 
 import (
+	"encoding/binary"
+	"slices"
 	"strings"
 
 	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// table is an open-addressing hash table of windows with linear probing,
+// table is an open-addressing hash table of states with linear probing,
 // keyed by (key, policy) and placed by the hash of the key alone, so a call
-// hashes once and the windows of one key under several policies sit side by
-// side. A slot holds its window inline, and short keys too: finding a window
-// touches only its slot (and a long key's bytes), and an update happens in
-// place. Not safe for concurrent use:
-// a shard's mutex guards it.
+// hashes once and the states of one key under several policies sit side by
+// side. A slot is 64 bytes, one cache line: it holds its state inline, and
+// a key of up to shortKey bytes too, so finding a state touches only its
+// slot, and an update happens in place. Longer keys, logs and lease sets
+// live in extras beside the slots, which hold no pointers, so the garbage
+// collector never scans them. Not safe for concurrent use: a shard's mutex
+// guards it.
 //
-// An ended window is reused by its own key, and sweeps drop every ended one
-// in place (see sweep); the array grows when three quarters full and shrinks
-// when an eighth.
+// An ended state is reused by its own key, and sweeps drop every ended one
+// in place (see sweep). The array grows by a fifth when four fifths full,
+// so that it is always two thirds to four fifths full while it grows (80
+// to 96 bytes a state), and shrinks when an eighth full. Its size need not
+// be a power of two: a hash's home is its 32 bits scaled to the size.
 type table struct {
 	slots []slot
 	live  int // used slots
+	// extras hold what a slot cannot: extras[i-1] is slot's extra number
+	// i; free lists the numbers of unused ones.
+	extras []extra
+	free   []uint32
 }
 
+// slot is one (key, policy) state. Its four numbers hold, by kind:
+//
+//	kind     used          resetAt      prev               end
+//	fixed    units         ResetAt      -                  ResetAt
+//	bucket   scaled tokens At (t0)      window (ms)        full again
+//	counter  Curr          K            Prev               window (ms)
+//	log      -             -            extra number       newest entry's end
+//	lease    -             -            extra number       latest expiry
+//
+// A counter pair's end, (K+2)·window, is computed (ends); a log's or a
+// lease set's extra number is in the key bytes instead when the key is
+// long.
 type slot struct {
-	hash    uint64
-	key     slotKey
-	policy  policyID
-	used    int64
-	resetAt int64              // Unix milliseconds
-	prev    int64              // a sliding-window counter's previous count
-	window  int64              // a bucket's or counter's window (ms) when written
-	end     int64              // Unix ms from which the state answers like none: a sweep may drop it
-	log     *backend.LogBuffer // a sliding log's entries, apart so that other algorithms' slots stay small
-	leases  *backend.LeaseSet  // a concurrency limit's leases (lease.go), apart likewise
-}
+	hash uint32 // the low 32 bits of the key's hash
+	id   uint32 // the policy identity's number (see idents); 0: an empty slot
+	meta uint8  // kind<<5 | the inline key's length, or longKey
+	uses uint8  // calls since the eviction hand last passed (evict.go)
+	key  [shortKey]byte
 
-// policyID is a policy's storage identity: its name and algorithm, or for
-// an unnamed policy its whole definition (see backend.Identity).
-type policyID struct {
-	name                 string
-	limit, window, burst int64 // 0 for a named policy
-	alg                  throttler.Algorithm
+	used, resetAt, prev, end int64
 }
 
 // shortKey is the longest key a slot holds inline: IP addresses, user IDs
 // and most tokens fit, and comparing them reads no other memory.
 const shortKey = 22
 
-// slotKey is a key held inline when short, else as a string of its own. The
-// zero value marks an empty slot: keys are never empty.
-type slotKey struct {
-	n     uint8 // length of an inline key; 0 for a long one
-	short [shortKey]byte
-	long  string
+// longKey in a slot's meta marks a key kept in its extra, whose number is
+// in the first four key bytes.
+const longKey = 31
+
+// The kinds of state a slot holds.
+const (
+	kindFixed uint8 = iota
+	kindBucket
+	kindCounter
+	kindLog
+	kindLease
+)
+
+type extra struct {
+	key    string
+	log    *backend.LogBuffer
+	leases *backend.LeaseSet
 }
 
-func makeSlotKey(k string) slotKey {
-	if len(k) > shortKey {
-		// Copied: the table keeps it for the window's life, and a
-		// caller's string may share a large buffer, or one it reuses.
-		return slotKey{long: strings.Clone(k)}
+func (w *slot) empty() bool { return w.id == 0 }
+func (w *slot) kind() uint8 { return w.meta >> 5 }
+func (w *slot) keyLen() int { return int(w.meta & 31) }
+func (w *slot) long() bool  { return w.meta&31 == longKey }
+func (w *slot) extraNum() uint32 {
+	if w.long() {
+		return binary.LittleEndian.Uint32(w.key[:4])
 	}
-	sk := slotKey{n: uint8(len(k))}
-	copy(sk.short[:], k)
-	return sk
+	if k := w.kind(); k == kindLog || k == kindLease {
+		return uint32(w.prev)
+	}
+	return 0
 }
 
-func (k *slotKey) empty() bool { return k.n == 0 && k.long == "" }
-
-func (k *slotKey) equal(s string) bool {
-	if k.n == 0 {
-		return k.long == s
+// window is the window (ms) a bucket's or counter's state was written
+// under.
+func (w *slot) window() int64 {
+	if w.kind() == kindCounter {
+		return w.end
 	}
-	return int(k.n) == len(s) && string(k.short[:k.n]) == s
+	return w.prev
+}
+
+// ends is the Unix ms from which the state answers like none: a sweep may
+// drop it then.
+func (w *slot) ends() int64 {
+	if w.kind() == kindCounter {
+		return (w.resetAt + 2) * w.end
+	}
+	return w.end
 }
 
 const minSlots = 8
 
-// find returns the slot of (key, policy), or nil.
-func (t *table) find(h uint64, key string, policy policyID) *slot {
+// home is where a hash's probe run starts in a table of n slots: the hash
+// scaled to n (all 32 bits count, with no power-of-two mask).
+func home(h uint32, n int) int { return int(uint64(h) * uint64(n) >> 32) }
+
+// extraOf returns w's extra, making one if it has none.
+func (t *table) extraOf(w *slot) *extra {
+	n := w.extraNum()
+	if n == 0 {
+		n = t.newExtra()
+		w.prev = int64(n) // only logs and lease sets, whose prev is free, get one here
+	}
+	return &t.extras[n-1]
+}
+
+func (t *table) newExtra() uint32 {
+	if k := len(t.free); k > 0 {
+		n := t.free[k-1]
+		t.free = t.free[:k-1]
+		return n
+	}
+	t.extras = append(t.extras, extra{})
+	return uint32(len(t.extras))
+}
+
+// equal reports whether w holds key.
+func (t *table) equal(w *slot, key string) bool {
+	if w.long() {
+		return t.extras[w.extraNum()-1].key == key
+	}
+	n := w.keyLen()
+	return n == len(key) && string(w.key[:n]) == key
+}
+
+// find returns the slot of (key, policy id), or nil.
+func (t *table) find(h uint64, key string, id uint32) *slot {
 	if len(t.slots) == 0 {
 		return nil
 	}
-	mask := uint64(len(t.slots) - 1)
-	for i := h & mask; ; i = (i + 1) & mask {
+	n := len(t.slots)
+	h32 := uint32(h)
+	for i := home(h32, n); ; {
 		s := &t.slots[i]
-		if s.key.empty() {
+		if s.empty() {
 			return nil
 		}
-		if s.hash == h && s.key.equal(key) && s.policy == policy {
+		if s.hash == h32 && s.id == id && t.equal(s, key) {
 			return s
+		}
+		if i++; i == n {
+			i = 0
 		}
 	}
 }
 
-// crowded reports whether one more slot would fill the table past three
-// quarters, where probe runs grow long: time to sweep or grow.
-func (t *table) crowded() bool { return (t.live+1)*4 > len(t.slots)*3 }
+// crowded reports whether one more slot would fill the table past four
+// fifths, where probe runs grow long: time to sweep or grow.
+func (t *table) crowded() bool { return (t.live+1)*5 > len(t.slots)*4 }
 
-// insert adds an empty slot for (key, policy), which must not be present,
-// to a table that is not crowded.
-func (t *table) insert(h uint64, key string, policy policyID) *slot {
-	mask := uint64(len(t.slots) - 1)
-	i := h & mask
-	for !t.slots[i].key.empty() {
-		i = (i + 1) & mask
+// grown is the size a crowded table of n slots grows to: a fifth more.
+func grown(n int) int { return max(minSlots, n+(n+4)/5) }
+
+// insert adds an empty state of kind for (key, policy id), which must not
+// be present, to a table that is not crowded.
+func (t *table) insert(h uint64, key string, id uint32, kind uint8) *slot {
+	n := len(t.slots)
+	i := home(uint32(h), n)
+	for !t.slots[i].empty() {
+		if i++; i == n {
+			i = 0
+		}
 	}
 	t.live++
-	t.slots[i] = slot{hash: h, key: makeSlotKey(key), policy: policy}
-	return &t.slots[i]
+	s := &t.slots[i]
+	*s = slot{hash: uint32(h), id: id, meta: kind << 5}
+	if len(key) > shortKey {
+		// Copied: the table keeps it for the state's life, and a
+		// caller's string may share a large buffer, or one it reuses.
+		n := t.newExtra()
+		t.extras[n-1].key = strings.Clone(key)
+		s.meta |= longKey
+		binary.LittleEndian.PutUint32(s.key[:4], n)
+	} else {
+		s.meta |= uint8(len(key))
+		copy(s.key[:], key)
+	}
+	return s
 }
 
 // sweep drops every slot that ended by ref, in place, and returns how many
@@ -125,14 +212,16 @@ func (t *table) sweep(ref int64) int {
 	// quarters full), so that each probe run is visited from its start
 	// and removals only move slots the scan has not reached yet.
 	start := 0
-	for !t.slots[start].key.empty() {
+	for !t.slots[start].empty() {
 		start++
 	}
-	mask := n - 1
 	dropped := 0
 	for k := 1; k <= n; k++ {
-		i := (start + k) & mask
-		for s := &t.slots[i]; !s.key.empty() && s.end <= ref; {
+		i := start + k
+		if i >= n {
+			i -= n
+		}
+		for s := &t.slots[i]; !s.empty() && s.ends() <= ref; {
 			t.remove(i) // moves a later slot into i, if any: look again
 			dropped++
 		}
@@ -141,15 +230,26 @@ func (t *table) sweep(ref int64) int {
 	return dropped
 }
 
-// remove empties slot i, moving each later slot of its probe run back into
-// the hole unless its home slot lies between the hole and it.
+// remove empties slot i, releasing its extra, and moves each later slot of
+// its probe run back into the hole unless its home slot lies between the
+// hole and it. The caller counts live.
 func (t *table) remove(i int) {
-	mask := len(t.slots) - 1
-	for j := (i + 1) & mask; !t.slots[j].key.empty(); j = (j + 1) & mask {
-		home := int(t.slots[j].hash) & mask
-		stays := i < home && home <= j // the run does not wrap between i and j
+	if n := t.slots[i].extraNum(); n != 0 {
+		t.extras[n-1] = extra{}
+		t.free = append(t.free, n)
+	}
+	n := len(t.slots)
+	next := func(j int) int {
+		if j++; j == n {
+			return 0
+		}
+		return j
+	}
+	for j := next(i); !t.slots[j].empty(); j = next(j) {
+		h := home(t.slots[j].hash, n)
+		stays := i < h && h <= j // the run does not wrap between i and j
 		if j < i {
-			stays = i < home || home <= j
+			stays = i < h || h <= j
 		}
 		if !stays {
 			t.slots[i] = t.slots[j]
@@ -159,30 +259,33 @@ func (t *table) remove(i int) {
 	t.slots[i] = slot{}
 }
 
-// resize moves the slots into a new array of n slots, a power of two that
-// holds them without crowding.
+// resize moves the slots into a new array of at least n slots, which holds
+// them without crowding: as many as the allocation holds (the allocator
+// rounds a size up to its size class, or to whole pages past 32 KiB, and
+// the slots use it rather than waste it). With no slot left, the extras go
+// too.
 func (t *table) resize(n int) {
 	old := t.slots
-	t.slots = make([]slot, n)
-	mask := uint64(n - 1)
+	t.slots = slices.Grow([]slot(nil), n)
+	t.slots = t.slots[:cap(t.slots)]
+	n = len(t.slots)
 	for _, s := range old {
-		if s.key.empty() {
+		if s.empty() {
 			continue
 		}
-		i := s.hash & mask
-		for !t.slots[i].key.empty() {
-			i = (i + 1) & mask
+		i := home(s.hash, n)
+		for !t.slots[i].empty() {
+			if i++; i == n {
+				i = 0
+			}
 		}
 		t.slots[i] = s
+	}
+	if t.live == 0 {
+		t.extras, t.free = nil, nil
 	}
 }
 
 // sizeFor is the number of slots for live slots after a shrink: a quarter
 // full at most, so that it takes many inserts to grow again.
-func sizeFor(live int) int {
-	n := minSlots
-	for n < live*4 {
-		n *= 2
-	}
-	return n
-}
+func sizeFor(live int) int { return max(minSlots, live*4) }

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"slices"
 	"sync/atomic"
 
@@ -263,6 +264,13 @@ func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
 // throttlekit.overlimit_cache. ones with throttlekit.backend=name.
 func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
 	return wrap(m.sources.AddBatching(name, stats))
+}
+
+// AddMemory reads stats at each collection, an in-process backend's counts
+// (backend/memory: pass the Backend's Stats method): the throttlekit.memory. keys,
+// evictions and second-tier hits metrics with throttlekit.backend=name.
+func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
+	return wrap(m.sources.AddMemory(name, stats))
 }
 
 func wrap(err error) error {

@@ -211,3 +211,20 @@ func TestBatchingCollect(t *testing.T) {
 	assert.Equal(t, map[string]int64{"1": 6, "2-3": 1, "4-7": 0, "8-15": 3, "16-31": 0, "32-63": 0, "64-127": 0, "128+": 0}, sizes)
 	assert.EqualError(t, m.AddBatching("other", nil), `throttleotel: AddBatching "other": nil`)
 }
+
+// An in-process backend's counts as observable instruments, under
+// throttlekit.backend=name: a table of one key that two keys share.
+func TestMemoryCollect(t *testing.T) {
+	m, reader := newMetrics(t, nil)
+	mem := traffic.FullMemory(t) // its comment says what it holds
+	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	got := collect(t, reader)
+	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "embedded")) }
+	metricdatatest.AssertAggregationsEqual(t, one(2), got["throttlekit.memory.evictions"].Data, metricdatatest.IgnoreTimestamp())
+	metricdatatest.AssertAggregationsEqual(t, one(1), got["throttlekit.memory.second_tier_hits"].Data, metricdatatest.IgnoreTimestamp())
+	keys, ok := got["throttlekit.memory.keys"].Data.(metricdata.Gauge[int64])
+	require.True(t, ok)
+	require.Len(t, keys.DataPoints, 1)
+	assert.Equal(t, int64(1), keys.DataPoints[0].Value)
+	assert.EqualError(t, m.AddMemory("other", nil), `throttleotel: AddMemory "other": nil`)
+}

@@ -52,6 +52,7 @@ package throttleprom
 import (
 	"fmt"
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -220,6 +221,13 @@ func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
 // throttlekit_overlimit_cache_ metrics with backend=name.
 func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
 	return wrap(m.sources.AddBatching(name, stats))
+}
+
+// AddMemory reads stats at each scrape, an in-process backend's counts
+// (backend/memory: pass the Backend's Stats method): the throttlekit_memory_ keys,
+// evictions and second-tier hits metrics with backend=name.
+func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
+	return wrap(m.sources.AddMemory(name, stats))
 }
 
 func wrap(err error) error {

@@ -302,3 +302,27 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `throttleprom: AddBatching "redis": name already added`)
 	assert.EqualError(t, m.AddBatching("other", nil), `throttleprom: AddBatching "other": nil`)
 }
+
+// An in-process backend's counts, read at each scrape under backend=name:
+// here a table of one key that two keys share, so one was evicted and
+// came back from the second tier, evicting the other.
+func TestMemoryScrape(t *testing.T) {
+	m, reg := newMetrics(t, nil)
+	mem := traffic.FullMemory(t) // its comment says what it holds
+	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	want := `
+# HELP throttlekit_memory_evictions_total Live states a full in-process backend moved to its second tier to make room.
+# TYPE throttlekit_memory_evictions_total counter
+throttlekit_memory_evictions_total{backend="embedded"} 2
+# HELP throttlekit_memory_keys (key, policy) states an in-process backend holds, bounded by its MaxKeys.
+# TYPE throttlekit_memory_keys gauge
+throttlekit_memory_keys{backend="embedded"} 1
+# HELP throttlekit_memory_second_tier_hits_total Calls an in-process backend answered from a state its second tier remembered (may over-count, never under).
+# TYPE throttlekit_memory_second_tier_hits_total counter
+throttlekit_memory_second_tier_hits_total{backend="embedded"} 1
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total"))
+	assert.EqualError(t, m.AddMemory("embedded", mem.Stats), `throttleprom: AddMemory "embedded": name already added`)
+	assert.EqualError(t, m.AddMemory("other", nil), `throttleprom: AddMemory "other": nil`)
+}

@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/migration"
 	"github.com/throttlekit/throttlekit/shadow"
@@ -43,6 +44,9 @@ const (
 	BatchRoundTripsBySize
 	CacheHits
 	CacheKeys
+	MemoryKeys
+	MemoryEvictions
+	MemorySecondTierHits
 	NumPulls
 )
 
@@ -126,6 +130,12 @@ var Specs = [NumPulls]Spec{
 		"Takes the over-limit cache denied without a round trip.", batchLabels, false},
 	CacheKeys: {"throttlekit_overlimit_cache_keys", "throttlekit.overlimit_cache.keys", "{key}",
 		"Keys the over-limit cache holds: each denied until the instant its store named.", batchLabels, true},
+	MemoryKeys: {"throttlekit_memory_keys", "throttlekit.memory.keys", "{key}",
+		"(key, policy) states an in-process backend holds, bounded by its MaxKeys.", batchLabels, true},
+	MemoryEvictions: {"throttlekit_memory_evictions_total", "throttlekit.memory.evictions", "{key}",
+		"Live states a full in-process backend moved to its second tier to make room.", batchLabels, false},
+	MemorySecondTierHits: {"throttlekit_memory_second_tier_hits_total", "throttlekit.memory.second_tier_hits", "{call}",
+		"Calls an in-process backend answered from a state its second tier remembered (may over-count, never under).", batchLabels, false},
 }
 
 // Sample is one value of a pulled metric.
@@ -155,7 +165,13 @@ type Sources struct {
 	shadows    []namedShadow
 	migrations []namedMigration
 	batchers   []namedBatcher
+	memories   []namedMemory
 	throttlers []*throttler.Throttler
+}
+
+type namedMemory struct {
+	name  string
+	stats func() memory.Stats
 }
 
 type namedBatcher struct {
@@ -247,6 +263,18 @@ func (s *Sources) AddBatching(name string, stats func() backend.BatchStats) erro
 	return nil
 }
 
+// AddMemory reads stats (backend/memory's Backend.Stats): the Memory
+// metrics with backend name.
+func (s *Sources) AddMemory(name string, stats func() memory.Stats) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.claim("AddMemory", name, stats == nil); err != nil {
+		return err
+	}
+	s.memories = append(s.memories, namedMemory{name, stats})
+	return nil
+}
+
 // WatchThrottler reads t's breakers: BreakersOpen counts, per store, the
 // watched Throttlers whose breaker is open.
 func (s *Sources) WatchThrottler(t *throttler.Throttler) error {
@@ -267,7 +295,7 @@ func (s *Sources) WatchThrottler(t *throttler.Throttler) error {
 // Collect reads every source and yields its samples.
 func (s *Sources) Collect(yield func(Sample)) {
 	s.mu.Lock()
-	routers, shadows, migrations, batchers, throttlers := s.routers, s.shadows, s.migrations, s.batchers, s.throttlers
+	routers, shadows, migrations, batchers, memories, throttlers := s.routers, s.shadows, s.migrations, s.batchers, s.memories, s.throttlers
 	s.mu.Unlock()
 	for _, r := range routers {
 		routed(yield, r.name, r.stats())
@@ -292,6 +320,12 @@ func (s *Sources) Collect(yield func(Sample)) {
 	}
 	for _, b := range batchers {
 		batched(yield, b.name, b.stats())
+	}
+	for _, m := range memories {
+		st, l := m.stats(), [3]string{m.name}
+		yield(Sample{Pull: MemoryKeys, Labels: l, Value: float64(st.Keys)})
+		yield(Sample{Pull: MemoryEvictions, Labels: l, Value: float64(st.Evictions)})
+		yield(Sample{Pull: MemorySecondTierHits, Labels: l, Value: float64(st.SecondTierHits)})
 	}
 	if len(throttlers) > 0 {
 		s.breakers(yield, throttlers)

@@ -204,3 +204,19 @@ func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backe
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
+
+// FullMemory returns a memory backend of one state (one shard) after
+// Takes of keys a, b, then a: b evicted a to the second tier, and a came
+// back from it, evicting b. Its Stats: Keys 1, Evictions 2, SecondTierHits
+// 1. Closed when the test ends.
+func FullMemory(t testing.TB) *memory.Backend {
+	t.Helper()
+	m, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = m.Close() })
+	for _, k := range []string{"a", "b", "a"} {
+		_, err := m.Take(context.Background(), k, Login, 1, T0)
+		require.NoError(t, err)
+	}
+	return m
+}
