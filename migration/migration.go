@@ -91,7 +91,9 @@ type Migration struct {
 	stores           [2]store
 	oldName, newName string
 	// moves is nil for a rollout that cannot tell its percentage.
-	moves  *mover
+	moves *mover
+	// A moving key's call bumps these: apart from the fields it reads.
+	_      [64]byte
 	moving movingCounters
 }
 
