@@ -125,6 +125,7 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 		keys    = 20
 		lead    = 3 * time.Second
 		tail    = 3 * time.Second
+		settle  = 3 * time.Second // after the replicas are back, before errors count as late
 		maxRun  = 30 * time.Second
 	)
 	policies := []throttler.Policy{
@@ -220,8 +221,11 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 	// The sentinels turn the other replicas, and seconds later the old
 	// primary, into replicas of the new one. Until one has synchronised,
 	// the new primary has no replica to acknowledge a WAIT. Settled: all
-	// have, and a breaker that opened meanwhile has had its cooldown (1s)
-	// to probe and close.
+	// have, and a breaker that opened meanwhile has had time to probe and
+	// close: its cooldown (1s), and once more if that probe still failed
+	// (a replica that is online acknowledges a WAIT only with its next
+	// REPLCONF ACK; a probe may time out at the Throttler's 1s). A client
+	// stuck on the old primary keeps failing after that, through the tail.
 	primary := redisClient(t, "127.0.0.1:"+want)
 	waitFor(t, 30*time.Second, "the old primary replicating the new one", func(ctx context.Context) bool {
 		info, err := primary.Info(ctx, "replication").Result()
@@ -229,7 +233,7 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 			strings.Count(info, "state=online") == len(top.replicas)
 	})
 	run.replicated = time.Since(start)
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(settle)
 	settled.Store(true)
 	time.Sleep(tail)
 	stop.Store(true)
