@@ -65,9 +65,9 @@ func (m *Migration) Release(ctx context.Context, key string, p throttler.Concurr
 // leaseStores returns the serving store and the other.
 func (m *Migration) leaseStores(toNew bool) (s, o throttler.LeaseBackend) {
 	if toNew {
-		return m.stores[1].leases, m.stores[0].leases
+		return m.leases[1], m.leases[0]
 	}
-	return m.stores[0].leases, m.stores[1].leases
+	return m.leases[0], m.leases[1]
 }
 
 // acquireBoth acquires on both stores: granted only if both grant it, and

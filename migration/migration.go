@@ -87,8 +87,11 @@ const defaultSettle = 30 * time.Second
 type Migration struct {
 	router           *flags.Router // every call goes through it
 	forward, reverse *shadow.Backend
-	// stores are the stores themselves, old then new, for moving keys.
+	// stores are the stores themselves, old then new, for moving keys;
+	// leases are their leases (nil unless both hold them). Apart: a store
+	// is passed by value on every moving key's call.
 	stores           [2]store
+	leases           [2]throttler.LeaseBackend
 	oldName, newName string
 	// moves is nil for a rollout that cannot tell its percentage.
 	moves *mover
@@ -157,7 +160,10 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	}
 	m := &Migration{
 		router: rt, forward: fwd, reverse: rev,
-		stores:  [2]store{newStore(oldB, false), newStore(newB, true)},
+		stores: [2]store{
+			{b: oldB, local: backend.IsInProcess(oldB)},
+			{b: newB, local: backend.IsInProcess(newB), isNew: true},
+		},
 		oldName: "old", newName: "new",
 	}
 	if o.Router != nil && o.Router.OldName != "" {
@@ -165,6 +171,10 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	}
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
+	}
+	if rt.HoldsLeases() {
+		m.leases[0], _ = backend.Leases(oldB)
+		m.leases[1], _ = backend.Leases(newB)
 	}
 	routes.init(m, r, o.Settle, mono)
 	return m, nil

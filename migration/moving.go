@@ -239,15 +239,9 @@ func addSat(a, b time.Duration) time.Duration {
 
 // store is one of the two stores, called directly for moving keys.
 type store struct {
-	b      throttler.Backend
-	leases throttler.LeaseBackend // nil unless it holds leases
-	local  bool                   // its calls never block: no goroutine to call it alongside the other
-	isNew  bool
-}
-
-func newStore(b throttler.Backend, isNew bool) store {
-	l, _ := backend.Leases(b)
-	return store{b: b, leases: l, local: backend.IsInProcess(b), isNew: isNew}
+	b     throttler.Backend
+	local bool // its calls never block: no goroutine to call it alongside the other
+	isNew bool
 }
 
 // strategy is a Migration's flags.Strategy: it reads the percentage once
