@@ -78,12 +78,12 @@ type leaseShard struct {
 
 func (r *Router) initLeases(maxLeases int) {
 	l := &r.leases
-	old, okOld := backend.Leases(r.old)
-	new, okNew := backend.Leases(r.new)
+	oldL, okOld := backend.Leases(r.old)
+	newL, okNew := backend.Leases(r.new)
 	if !okOld || !okNew {
 		return
 	}
-	l.old, l.new = old, new
+	l.old, l.new = oldL, newL
 	l.perShard = max(1, maxLeases/leaseShards)
 	for i := range l.shards {
 		l.shards[i].m = make(map[leaseRef]grant)
@@ -111,37 +111,33 @@ func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	return name
 }
 
-// Acquire takes lease id on key under p from the backend the rollout sends
-// the key to, and remembers which one granted it. A lease the router knows
-// to be held already (a retried Acquire) is renewed where it was granted.
-// The router does not validate: the backend does.
+// Acquire takes lease id on key under p from the backend the rollout (or
+// the strategy) sends the key to, and remembers which one granted it. A
+// lease the router knows to be held already (a retried Acquire) is renewed
+// where it was granted, unless the strategy sends the key to both
+// backends: a lease granted there is not remembered. The router does not
+// validate: the backend does.
 func (r *Router) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
-	return r.acquire(ctx, routeByRollout, key, p, id, now)
-}
-
-// AcquireOn is Acquire on the backend the caller chose (useNew), for a
-// wrapper that routes by its own reading of the rollout, as package
-// migration does: the lease is remembered as Acquire remembers it, and a
-// lease known to be held already is renewed where it was granted.
-func (r *Router) AcquireOn(ctx context.Context, useNew bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
-	route := routeOld
-	if useNew {
-		route = routeNew
-	}
-	return r.acquire(ctx, route, key, p, id, now)
-}
-
-// Where an Acquire of a lease the router does not hold goes.
-const (
-	routeByRollout = iota
-	routeOld
-	routeNew
-)
-
-func (r *Router) acquire(ctx context.Context, route int, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
 	l := &r.leases
 	if l.old == nil {
 		return throttler.Decision{}, r.noLeases()
+	}
+	// The strategy's one reading decides both whether the key is moving
+	// and its route: read again, a change in between could send a key that
+	// moved to its new backend alone.
+	var isNew, routed bool
+	if r.strategy != nil {
+		var moving bool
+		var both throttler.LeaseBackend
+		if isNew, moving, both = r.strategy.RouteLease(key, p); moving {
+			r.count(isNew)
+			d, err := both.Acquire(ctx, key, p, id, now)
+			if err != nil {
+				return d, r.wrap(err, isNew)
+			}
+			return d, nil
+		}
+		routed = true
 	}
 	ref := refOf(key, p, id)
 	sh := &l.shards[uint64(id)%leaseShards]
@@ -149,9 +145,10 @@ func (r *Router) acquire(ctx context.Context, route int, key string, p throttler
 	sh.mu.Lock()
 	g, known := sh.m[ref]
 	sh.mu.Unlock()
-	isNew := g.isNew
-	if !known || g.expires <= ms {
-		isNew = route == routeNew || route == routeByRollout && r.rollout.UseNew(key)
+	if known && g.expires > ms {
+		isNew = g.isNew
+	} else if !routed {
+		isNew = r.rollout.UseNew(key)
 	}
 	d, err := r.leaseSide(isNew, &l.oldAcquires, &l.newAcquires).Acquire(ctx, key, p, id, now)
 	if err != nil {
@@ -202,18 +199,42 @@ func (sh *leaseShard) sweep(ms int64) {
 
 // Release gives lease id back to the backend that granted it, and forgets
 // it. A lease the router does not know (granted while its table was full,
-// expired and swept, released already, or never granted through it) is
-// released to both backends: held is then whether either held it, and the
-// Decision that one's, or, when neither did, the one of the backend the
-// key is routed to now. The router does not validate: the backends do.
+// expired and swept, released already, granted on both backends by the
+// strategy, or never granted through it) goes to the strategy's both
+// backend when it names one; otherwise it is released to both backends:
+// held is then whether either held it, and the Decision that one's, or,
+// when neither did, the one of the backend the key is routed to now. The
+// router does not validate: the backends do.
 func (r *Router) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
-	held, d, known, err := r.ReleaseKnown(ctx, key, p, id, now)
-	if known || err != nil {
-		return held, d, err
+	l := &r.leases
+	if l.old == nil {
+		return false, throttler.Decision{}, r.noLeases()
 	}
-	r.leases.unknown.Add(1)
-	first := r.rollout.UseNew(key)
-	held, d, err = r.releaseTo(ctx, first, key, p, id, now)
+	ref := refOf(key, p, id)
+	sh := &l.shards[uint64(id)%leaseShards]
+	sh.mu.Lock()
+	g, known := sh.m[ref]
+	delete(sh.m, ref)
+	sh.mu.Unlock()
+	if known {
+		return r.releaseTo(ctx, g.isNew, key, p, id, now)
+	}
+	var first bool
+	if r.strategy != nil {
+		var both throttler.LeaseBackend
+		if first, _, both = r.strategy.RouteLease(key, p); both != nil {
+			r.count(first)
+			held, d, err := both.Release(ctx, key, p, id, now)
+			if err != nil {
+				return held, d, r.wrap(err, first)
+			}
+			return held, d, nil
+		}
+	} else {
+		first = r.rollout.UseNew(key)
+	}
+	l.unknown.Add(1)
+	held, d, err := r.releaseTo(ctx, first, key, p, id, now)
 	if held || throttler.IsInputError(err) {
 		return held, d, err
 	}
@@ -225,30 +246,6 @@ func (r *Router) Release(ctx context.Context, key string, p throttler.Concurrenc
 		return false, throttler.Decision{}, errors.Join(err, oerr)
 	}
 	return false, d, nil
-}
-
-// ReleaseKnown is Release for a lease the router remembers: it releases it
-// on the backend that granted it, forgets it, and reports known. For a
-// lease it does not know it calls nothing and reports known false, for a
-// wrapper that knows better than Release where such a lease may be (package
-// migration: both its stores hold mirrored copies of every lease, so
-// "either held it" would report a copy).
-func (r *Router) ReleaseKnown(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (held bool, d throttler.Decision, known bool, err error) {
-	l := &r.leases
-	if l.old == nil {
-		return false, throttler.Decision{}, false, r.noLeases()
-	}
-	ref := refOf(key, p, id)
-	sh := &l.shards[uint64(id)%leaseShards]
-	sh.mu.Lock()
-	g, known := sh.m[ref]
-	delete(sh.m, ref)
-	sh.mu.Unlock()
-	if !known {
-		return false, throttler.Decision{}, false, nil
-	}
-	held, d, err = r.releaseTo(ctx, g.isNew, key, p, id, now)
-	return held, d, true, err
 }
 
 // releaseTo releases on one backend, counting the call.
@@ -264,14 +261,22 @@ func (r *Router) releaseTo(ctx context.Context, isNew bool, key string, p thrott
 // leaseSide returns the old or the new backend's leases, counting the call
 // among the backend's calls and in its counter of the operation's.
 func (r *Router) leaseSide(isNew bool, oldOps, newOps *atomic.Uint64) throttler.LeaseBackend {
+	r.count(isNew)
 	if isNew {
-		r.newCalls.Add(1)
 		newOps.Add(1)
 		return r.leases.new
 	}
-	r.oldCalls.Add(1)
 	oldOps.Add(1)
 	return r.leases.old
+}
+
+// count counts a lease call among the backend's calls.
+func (r *Router) count(isNew bool) {
+	if isNew {
+		r.newCalls.Add(1)
+	} else {
+		r.oldCalls.Add(1)
+	}
 }
 
 // noLeases is the error of a lease call on a Router whose backends do not

@@ -296,36 +296,6 @@ func TestNewRouterRejectsNegativeMaxLeases(t *testing.T) {
 	}
 }
 
-// AcquireOn sends a lease the router does not hold to the backend the
-// caller chose; ReleaseKnown releases only a lease the router remembers.
-func TestRouterAcquireOnAndReleaseKnown(t *testing.T) {
-	ctx := context.Background()
-	old, new := mem(t), mem(t)
-	r := router(t, old, new, percent(t, 0), nil)
-	if d, err := r.AcquireOn(ctx, true, "k", exports, 4, t0); err != nil || !d.Allowed {
-		t.Fatalf("AcquireOn = %+v, %v", d, err)
-	}
-	if backendtest.Holds(t, new, "k", exports, t0) == 0 || backendtest.Holds(t, old, "k", exports, t0) > 0 {
-		t.Fatal("AcquireOn(useNew) did not acquire on new alone")
-	}
-	// A retry renews where the lease is held, whichever side is asked.
-	if d, err := r.AcquireOn(ctx, false, "k", exports, 4, t0.Add(time.Second)); err != nil || !d.Allowed || !d.ResetAt.Equal(t0.Add(time.Second+time.Minute)) {
-		t.Fatalf("retried AcquireOn = %+v, %v", d, err)
-	}
-	if backendtest.Holds(t, old, "k", exports, t0) > 0 {
-		t.Fatal("the retry went to old")
-	}
-	ok, _, known, err := r.ReleaseKnown(ctx, "k", exports, 4, t0.Add(2*time.Second))
-	if err != nil || !ok || !known {
-		t.Fatalf("ReleaseKnown = %v, %v, %v", ok, known, err)
-	}
-	calls := r.Stats().Old + r.Stats().New
-	ok, _, known, err = r.ReleaseKnown(ctx, "k", exports, 4, t0.Add(2*time.Second))
-	if err != nil || ok || known || r.Stats().Old+r.Stats().New != calls {
-		t.Fatalf("ReleaseKnown of a forgotten lease = %v, %v, %v; want nothing called", ok, known, err)
-	}
-}
-
 // Through a Throttler, a Router's lease calls have a breaker per backend:
 // the old store failing opens its own, and keys on the new store keep their
 // limit.

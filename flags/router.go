@@ -56,20 +56,24 @@ type opFunc = backend.OpFunc
 
 // Router is a throttler.Backend whose Take, Peek and Refund send each call
 // to the old or the new backend, as its Rollout says for the key at call
-// time. While the rollout's setting holds still, a key stays on one
-// backend, so its budget never splits across two stores. A Refund after
-// the key has moved goes to the backend that serves it now, as the next
-// Take would, with the receipt of the Take the other one counted: a fixed
-// window there is never the receipt's, so nothing is refunded; the other
-// algorithms match a receipt by instants, not by store, so that store may
-// take back up to the units refunded from its own state of the Take's
-// window (see throttler.Backend). It is safe for concurrent use.
+// time (or its Strategy, see NewRouterWith). While the rollout's setting
+// holds still, a key stays on one backend, so its budget never splits
+// across two stores. A Refund after the key has moved goes to the backend
+// that serves it now, as the next Take would, with the receipt of the Take
+// the other one counted: a fixed window there is never the receipt's, so
+// nothing is refunded; the other algorithms match a receipt by instants,
+// not by store, so that store may take back up to the units refunded from
+// its own state of the Take's window (see throttler.Backend). It is safe
+// for concurrent use.
 type Router struct {
 	opFunc           // r.do(): Take, Peek and Refund
 	old, new         throttler.Backend
 	rollout          Rollout
+	strategy         Strategy // nil: the rollout routes every call
 	oldName, newName string
-	// The counters sit on separate cache lines: every call bumps one.
+	// The counters sit on cache lines of their own, apart from the fields
+	// every call reads: every call bumps one.
+	_        [64]byte
 	oldCalls atomic.Uint64
 	_        [56]byte
 	newCalls atomic.Uint64
@@ -84,14 +88,39 @@ var (
 	_ backend.Stores    = (*Router)(nil)
 )
 
-// NewRouter returns a Router over old and new, ramped by r. Both backends
-// and r are required: to keep every key on old, pass NewPercent(0). nil
+// NewRouter returns a Router over oldB and newB, ramped by r. Both backends
+// and r are required: to keep every key on oldB, pass NewPercent(0). nil
 // opts mean defaults.
-func NewRouter(old, new throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
-	if err := backend.Required("flags: old backend", old); err != nil {
+func NewRouter(oldB, newB throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
+	return NewRouterWith(oldB, newB, r, nil, opts)
+}
+
+// Strategy routes each call of a Router in place of its Rollout, for a
+// router that serves some keys from both backends at once: package
+// migration's keys moving between stores. Route and RouteLease run on
+// every call: they must be cheap, safe for concurrent use, and agree with
+// the rollout, which still answers UseNew and Store.
+type Strategy interface {
+	// Route returns whether the call for key under p is the new backend's
+	// and, for a key to be served by both backends, the backend that makes
+	// the call on both (nil otherwise). The Router calls that one instead,
+	// counting the call as the serving backend's and naming that one in
+	// errors.
+	Route(key string, p throttler.Policy) (toNew bool, both throttler.Backend)
+	// RouteLease is Route for a lease call: an Acquire goes to both when
+	// moving is true, and the Release of a lease the Router does not
+	// remember goes to both whenever it is not nil, since the strategy
+	// knows where copies of such a lease may be held.
+	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
+}
+
+// NewRouterWith is NewRouter with s routing each call instead of r; nil s
+// is NewRouter.
+func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *RouterOptions) (*Router, error) {
+	if err := backend.Required("flags: old backend", oldB); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("flags: new backend", new); err != nil {
+	if err := backend.Required("flags: new backend", newB); err != nil {
 		return nil, err
 	}
 	if err := requiredRollout("flags: rollout", r); err != nil {
@@ -101,7 +130,13 @@ func NewRouter(old, new throttler.Backend, r Rollout, opts *RouterOptions) (*Rou
 	if err != nil {
 		return nil, err
 	}
-	rt := &Router{old: old, new: new, rollout: r, oldName: o.OldName, newName: o.NewName}
+	rt := &Router{old: oldB, new: newB, rollout: r, oldName: o.OldName, newName: o.NewName}
+	if s != nil {
+		if err := nilness.Check("flags: strategy", s); err != nil {
+			return nil, err
+		}
+		rt.strategy = s
+	}
 	rt.opFunc = rt.do()
 	rt.initLeases(o.MaxLeases)
 	return rt, nil
@@ -165,19 +200,31 @@ func (r *Router) Stats() Stats {
 func (r *Router) UseNew(key string) bool { return r.rollout.UseNew(key) }
 
 // do returns the function behind Take, Peek and Refund: it sends the call
-// to the backend key maps to now, and counts it. The router does not
-// validate: the backend it ends in does. It is a closure over r rather than
-// the method value r.do, and it switches on op itself rather than calling
-// backend.Do: either would cost every call one more frame (about 10 ns,
-// a quarter of what the router adds).
+// to the backend key maps to now (or to the strategy's backend for both),
+// and counts it. The router does not validate: the backend it ends in
+// does. It is a closure over r rather than the method value r.do, and it
+// switches on op itself rather than calling backend.Do: either would cost
+// every call one more frame (about 10 ns, a quarter of what the router
+// adds).
 func (r *Router) do() backend.OpFunc {
 	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-		b, isNew := r.old, false
-		if r.rollout.UseNew(key) {
-			b, isNew = r.new, true
+		var isNew bool
+		var b throttler.Backend
+		if r.strategy == nil {
+			isNew = r.rollout.UseNew(key)
+		} else {
+			isNew, b = r.strategy.Route(key, p)
+		}
+		if isNew {
 			r.newCalls.Add(1)
+			if b == nil {
+				b = r.new
+			}
 		} else {
 			r.oldCalls.Add(1)
+			if b == nil {
+				b = r.old
+			}
 		}
 		var d throttler.Decision
 		var err error

@@ -78,8 +78,13 @@ func BenchmarkTake(b *testing.B) {
 		return m
 	}
 
-	steady := build(&nop{}, &nop{}, percent(b, 50), nil)
-	run("router", steady.router, fixed)
+	pct := percent(b, 50)
+	steady := build(&nop{}, &nop{}, pct, nil)
+	plain, err := flags.NewRouter(steady.forward, steady.reverse, pct, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	run("router", plain, fixed)
 	run("steady", steady, fixed)
 
 	// A change seen 3h ago: the history holds a mark, so every call reads

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -24,13 +23,13 @@ import (
 // store a key moves to may not yet hold the leases granted just before it.
 // So, as for rate limits, a key a change moves is moving for the lease's TTL
 // plus Settle (after that every lease granted before the change has
-// expired): its Acquire is made on both stores, synchronously, and granted
-// only if both grant it (one that grants alone is released at once); its
-// Release, while the key is moving, goes to both stores. A lease granted
-// while the key moves and released after goes to the router, which does not
-// know it and releases it on both shadows, the serving one first: if that
-// one held it, the other store may keep it until its TTL (mirroring off),
-// which only ever makes it stricter.
+// expired): the strategy sends its Acquire to both stores, synchronously,
+// granted only if both grant it (one that grants alone is released at
+// once). A lease the router does not remember (granted while the key was
+// moving, or forgotten) is released on both stores directly, the serving
+// store's answer being the call's (for a moving key, the stricter one): not
+// through the shadows, since both stores may hold a mirrored copy, and
+// "either held it" would report the copy.
 
 var (
 	_ throttler.LeaseBackend = (*Migration)(nil)
@@ -38,77 +37,48 @@ var (
 	_ backend.LeaseStores    = (*Migration)(nil)
 )
 
+// HoldsLeases reports whether both stores hold leases (see
+// backend.LeaseHolder): a Migration over a store without them has the
+// lease methods, but answers them with throttler.ErrLeasesUnsupported.
+func (m *Migration) HoldsLeases() bool { return m.router.HoldsLeases() }
+
+// LeaseStore names the store a lease call for key under p reaches now, as
+// Store does for rate calls.
+func (m *Migration) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
+	return m.router.LeaseStore(key, p)
+}
+
 // Acquire takes lease id on key under p: through the serving store's
 // shadow, or on both stores for a moving key. It does not validate: the
 // stores do.
 func (m *Migration) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
-	mv := m.moves
-	if mv == nil || !m.router.HoldsLeases() {
-		return m.router.Acquire(ctx, key, p, id, now)
-	}
-	// The route comes from the one reading of the percentage that decided
-	// whether the key is moving, as for a Take: read again, a change in
-	// between could send a key that moved to its new store alone.
-	pct := min(max(mv.pct.Percent(), 0), 100)
-	var toNew, moving bool
-	if h := mv.hist.Load(); pct == h.cur && len(h.marks) == 0 {
-		toNew = pct == 100 || pct > 0 && mv.bucket.Bucket(key) <= pct
-	} else if toNew, moving = mv.routeWithin(h, pct, key, p.TTL); moving {
-		return m.acquireBoth(ctx, key, p, id, now, toNew)
-	}
-	return m.router.AcquireOn(ctx, toNew, key, p, id, now)
+	return m.router.Acquire(ctx, key, p, id, now)
 }
 
 // Release gives lease id back: through the router to the shadow that
 // granted it, when the router knows it; otherwise (the key was moving when
-// it was granted on both stores, or the router forgot it) on both stores,
-// the serving store's answer being the call's, or for a moving key the
-// stricter one.
+// it was granted on both stores, or the router forgot it) on both stores.
 func (m *Migration) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
-	held, d, known, err := m.router.ReleaseKnown(ctx, key, p, id, now)
-	if known || err != nil {
-		return held, d, err
-	}
-	toNew, moving := m.leaseMoving(key, p)
-	if !moving {
-		toNew = m.rollout.UseNew(key)
-	}
-	return m.releaseBoth(ctx, key, p, id, now, toNew, moving)
+	return m.router.Release(ctx, key, p, id, now)
 }
 
-// leaseMoving reports whether key's leases under p are moving, and where
-// the key is routed now; never for a Migration without leases, whose router
-// answers ErrLeasesUnsupported.
-func (m *Migration) leaseMoving(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool) {
-	mv := m.moves
-	if mv == nil || !m.router.HoldsLeases() {
-		return false, false
-	}
-	pct := min(max(mv.pct.Percent(), 0), 100)
-	if h := mv.hist.Load(); pct != h.cur || len(h.marks) != 0 {
-		return mv.routeWithin(h, pct, key, p.TTL)
-	}
-	return false, false
-}
-
-// leaseStores returns the serving store and the other as lease backends.
-func (m *Migration) leaseStores(toNew bool) (s, o throttler.LeaseBackend, sNew bool) {
-	old, _ := backend.Leases(m.stores[0].b)
-	new, _ := backend.Leases(m.stores[1].b)
+// leaseStores returns the serving store and the other.
+func (m *Migration) leaseStores(toNew bool) (s, o throttler.LeaseBackend) {
 	if toNew {
-		return new, old, true
+		return m.leases[1], m.leases[0]
 	}
-	return old, new, false
+	return m.leases[0], m.leases[1]
 }
 
 // acquireBoth acquires on both stores: granted only if both grant it, and
 // then the stricter of the two decisions. A store that grants when the
 // other denies is released at once; the serving store failing is the
-// call's error; the other failing leaves the serving store's answer
-// (counted in MovingStats.OneStore). Nothing is mirrored.
+// call's error (the router names the store); the other failing leaves the
+// serving store's answer (counted in MovingStats.OneStore). Nothing is
+// mirrored.
 func (m *Migration) acquireBoth(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time, toNew bool) (throttler.Decision, error) {
-	m.count(toNew)
-	s, o, sNew := m.leaseStores(toNew)
+	m.moving.calls.Add(1)
+	s, o := m.leaseStores(toNew)
 	od, oerr := o.Acquire(ctx, key, p, id, now)
 	sd, serr := s.Acquire(ctx, key, p, id, now)
 	switch {
@@ -116,7 +86,7 @@ func (m *Migration) acquireBoth(ctx context.Context, key string, p throttler.Con
 		if oerr == nil && od.Allowed {
 			m.undo(ctx, o, key, p, id, now)
 		}
-		return throttler.Decision{}, m.wrap(serr, sNew)
+		return throttler.Decision{}, serr
 	case oerr != nil:
 		m.moving.oneStore.Add(1)
 		return sd, nil
@@ -136,18 +106,14 @@ func (m *Migration) acquireBoth(ctx context.Context, key string, p throttler.Con
 // other failing is counted in MovingStats.OneStore for a moving key.
 func (m *Migration) releaseBoth(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time, toNew, moving bool) (bool, throttler.Decision, error) {
 	if moving {
-		m.count(toNew)
-	} else if toNew {
-		m.newCalls.Add(1)
-	} else {
-		m.oldCalls.Add(1)
+		m.moving.calls.Add(1)
 	}
-	s, o, sNew := m.leaseStores(toNew)
+	s, o := m.leaseStores(toNew)
 	held, sd, serr := s.Release(ctx, key, p, id, now)
 	_, od, oerr := o.Release(ctx, key, p, id, now)
 	switch {
 	case serr != nil:
-		return false, throttler.Decision{}, m.wrap(serr, sNew)
+		return false, throttler.Decision{}, serr
 	case !moving:
 		return held, sd, nil
 	case oerr != nil:
@@ -164,21 +130,4 @@ func (m *Migration) undo(ctx context.Context, b throttler.LeaseBackend, key stri
 	if _, _, err := b.Release(ctx, key, p, id, now); err != nil {
 		m.moving.refundFailed.Add(1)
 	}
-}
-
-// count counts a moving key's call.
-func (m *Migration) count(toNew bool) {
-	m.moving.calls.Add(1)
-	if toNew {
-		m.newCalls.Add(1)
-	} else {
-		m.oldCalls.Add(1)
-	}
-}
-
-// routed is Stats.Routed: the Migration's own counts of rate calls and
-// moving keys' calls, and the router's of the lease calls it routed.
-func (m *Migration) routed() flags.Stats {
-	rs := m.router.Stats()
-	return flags.Stats{Old: m.oldCalls.Load() + rs.Old, New: m.newCalls.Load() + rs.New, Leases: rs.Leases}
 }

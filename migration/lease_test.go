@@ -130,7 +130,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	clock := &monoClock{}
 	old, new := mem(t), mem(t)
 	r := percent(t, 0) // mirror off: new never hears of old's leases
-	m := newMigration(t, old, new, r, clock.opts(settle))
+	m := clock.migration(t, old, new, r, &Options{Settle: settle})
 	key := keyIn(t, 0, 50)
 
 	if d, err := m.Acquire(ctx, key, one, 1, t0); err != nil || !d.Allowed {
@@ -161,11 +161,11 @@ func TestMovingKeysLeases(t *testing.T) {
 	// Moving until TTL + Settle after the change. The lease granted on both
 	// is not the router's: released on both stores, whenever.
 	clock.set(one.TTL + settle - time.Nanosecond)
-	if _, moving := m.leaseMoving(key, one); !moving {
+	if _, moving := m.moves.leaseRoute(key, one.TTL); !moving {
 		t.Fatal("not moving before TTL + Settle")
 	}
 	clock.set(one.TTL + settle)
-	if _, moving := m.leaseMoving(key, one); moving {
+	if _, moving := m.moves.leaseRoute(key, one.TTL); moving {
 		t.Fatal("still moving at TTL + Settle")
 	}
 	held, _, err = m.Release(ctx, key, one, 3, t0.Add(2*time.Second))

@@ -33,7 +33,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
@@ -67,53 +66,38 @@ type Options struct {
 	// (flags.AsPercenter) has moving keys. Negative is an error.
 	// default: 30s
 	Settle time.Duration
-
-	// monotonic replaces the process's monotonic clock in tests.
-	monotonic func() time.Duration
 }
 
 // defaultSettle covers Unleash clients polling every 15s (their default)
 // twice over.
 const defaultSettle = 30 * time.Second
 
-// router is flags.Router under a name that is not exported, so that
-// embedding it gives Migration the router's Take, Peek, Refund, UseNew and
-// InProcess without a field anyone outside could reassign.
-type router = flags.Router
-
-// opFunc is backend.OpFunc under a name that is not exported (see router).
-type opFunc = backend.OpFunc
-
-// Migration is a throttler.Backend: Router(Shadow(old→new), Shadow(new→old)),
-// plus both stores at once for the keys a change of percentage is moving.
-// Its Take, Peek and Refund go to the store that serves the key now, through
-// its shadow; a moving key's go to both stores (see Options.Settle). When
-// both stores hold leases, so does a Migration: see Acquire (the router's
-// AcquireOn and ReleaseKnown, promoted, skip the moving keys). UseNew
-// reports which store serves a key, InProcess whether both stores' calls
-// never block, and Store (backend.Stores) the store a call reaches: the
-// serving store's own name for it (a shard, a server), or "old" or "new"
-// (Options.Router's names) for a store that names none, so that a
-// Throttler's breaker for one store never stops calls to the other. It is
-// safe for concurrent use. Create it with New; Close stops the shadows'
-// workers.
+// Migration is a throttler.Backend: a flags.Router over Shadow(old→new)
+// and Shadow(new→old), whose strategy sends the keys a change of
+// percentage is moving to both stores at once. Take, Peek and Refund go to
+// the store that serves the key now, through its shadow; a moving key's go
+// to both stores (see Options.Settle). When both stores hold leases, so
+// does a Migration (HoldsLeases; see Acquire). UseNew reports which store
+// serves a key, InProcess whether both stores' calls never block, and
+// Store (backend.Stores) the store a call reaches: the serving store's own
+// name for it (a shard, a server), or "old" or "new" (Options.Router's
+// names) for a store that names none, so that a Throttler's breaker for
+// one store never stops calls to the other. It is safe for concurrent use.
+// Create it with New; Close stops the shadows' workers.
 type Migration struct {
-	*router
-	opFunc           // m.do(): Take, Peek and Refund
+	router           *flags.Router // every call goes through it
 	forward, reverse *shadow.Backend
-	rollout          flags.Rollout
-	// stores are the stores themselves, old then new, for moving keys.
+	// stores are the stores themselves, old then new, for moving keys;
+	// leases are their leases (nil unless both hold them). Apart: a store
+	// is passed by value on every moving key's call.
 	stores           [2]store
+	leases           [2]throttler.LeaseBackend
 	oldName, newName string
 	// moves is nil for a rollout that cannot tell its percentage.
 	moves *mover
-
-	// The counters sit on separate cache lines: every call bumps one.
-	oldCalls atomic.Uint64
-	_        [56]byte
-	newCalls atomic.Uint64
-	_        [56]byte
-	moving   movingCounters
+	// A moving key's call bumps these: apart from the fields it reads.
+	_      [64]byte
+	moving movingCounters
 }
 
 var (
@@ -122,16 +106,22 @@ var (
 	_ backend.Stores    = (*Migration)(nil)
 )
 
-// New returns a Migration from old to new, ramped by r. The stores and r
-// are required: to keep every key on old, pass flags.NewPercent(0). Nil
+// New returns a Migration from oldB to newB, ramped by r. The stores and r
+// are required: to keep every key on oldB, pass flags.NewPercent(0). Nil
 // options mean defaults; an option the shadows or the router refuse is an
 // error naming it. New starts the shadows' workers; call Close to stop
 // them.
-func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration, error) {
-	if err := backend.Required("migration: old backend", old); err != nil {
+func New(oldB, newB throttler.Backend, r flags.Rollout, opts *Options) (*Migration, error) {
+	return newWith(oldB, newB, r, opts, nil)
+}
+
+// newWith is New with mono as the moving keys' monotonic clock; nil is the
+// process's. Tests move theirs by hand.
+func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono func() time.Duration) (*Migration, error) {
+	if err := backend.Required("migration: old backend", oldB); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("migration: new backend", new); err != nil {
+	if err := backend.Required("migration: new backend", newB); err != nil {
 		return nil, err
 	}
 	var o Options
@@ -151,16 +141,17 @@ func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration
 			mirror = m.Mirroring
 		}
 	}
-	fwd, err := shadow.New(old, new, shadowOptions(o.Forward, mirror))
+	fwd, err := shadow.New(oldB, newB, shadowOptions(o.Forward, mirror))
 	if err != nil {
 		return nil, optionsError("Forward", err)
 	}
-	rev, err := shadow.New(new, old, shadowOptions(o.Reverse, mirror))
+	rev, err := shadow.New(newB, oldB, shadowOptions(o.Reverse, mirror))
 	if err != nil {
 		_ = fwd.Close()
 		return nil, optionsError("Reverse", err)
 	}
-	rt, err := flags.NewRouter(fwd, rev, r, o.Router)
+	routes := new(strategy) // set up below, once r is known to be usable
+	rt, err := flags.NewRouterWith(fwd, rev, r, routes, o.Router)
 	if err != nil {
 		// Only r can be wrong here; the error names it ("flags: rollout
 		// is nil; …").
@@ -168,8 +159,11 @@ func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration
 		return nil, err
 	}
 	m := &Migration{
-		router: rt, forward: fwd, reverse: rev, rollout: r,
-		stores:  [2]store{{b: old, local: backend.IsInProcess(old)}, {b: new, local: backend.IsInProcess(new), isNew: true}},
+		router: rt, forward: fwd, reverse: rev,
+		stores: [2]store{
+			{b: oldB, local: backend.IsInProcess(oldB)},
+			{b: newB, local: backend.IsInProcess(newB), isNew: true},
+		},
 		oldName: "old", newName: "new",
 	}
 	if o.Router != nil && o.Router.OldName != "" {
@@ -178,69 +172,46 @@ func New(old, new throttler.Backend, r flags.Rollout, opts *Options) (*Migration
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
 	}
-	if pc, ok := flags.AsPercenter(r); ok {
-		m.moves = newMover(pc, o.Settle, o.monotonic)
+	if rt.HoldsLeases() {
+		m.leases[0], _ = backend.Leases(oldB)
+		m.leases[1], _ = backend.Leases(newB)
 	}
-	m.opFunc = m.do()
+	routes.init(m, r, o.Settle, mono)
 	return m, nil
 }
 
-// do returns the function behind Take, Peek and Refund: it sends the call
-// to the serving store's shadow, or, for a moving key, to both stores
-// (both). Like the router it replaces, it does not validate (the stores
-// do) and is a closure that switches on op itself, to spare a frame.
-func (m *Migration) do() backend.OpFunc {
-	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-		var toNew bool
-		if mv := m.moves; mv == nil {
-			toNew = m.rollout.UseNew(key)
-		} else {
-			pct := min(max(mv.pct.Percent(), 0), 100)
-			if h := mv.hist.Load(); pct == h.cur && len(h.marks) == 0 {
-				toNew = pct == 100 || pct > 0 && mv.bucket.Bucket(key) <= pct
-			} else {
-				var moving bool
-				if toNew, moving = mv.route(h, pct, key, p); moving {
-					return m.both(ctx, op, key, p, cost, receipt, now, toNew)
-				}
-			}
-		}
-		b := m.forward
-		if toNew {
-			b = m.reverse
-			m.newCalls.Add(1)
-		} else {
-			m.oldCalls.Add(1)
-		}
-		var d throttler.Decision
-		var err error
-		switch op {
-		case throttler.OpTake:
-			d, err = b.Take(ctx, key, p, cost, now)
-		case throttler.OpPeek:
-			d, err = b.Peek(ctx, key, p, now)
-		case throttler.OpRefund:
-			d, err = b.Refund(ctx, key, p, cost, receipt, now)
-		default:
-			return backend.Do(ctx, b, op, key, p, cost, receipt, now) // ErrUnknownOp
-		}
-		if err != nil {
-			return d, m.wrap(err, toNew)
-		}
-		return d, nil
-	}
+// Take takes cost units from key's budget under p: see throttler.Backend.
+// The Migration does not validate: the stores do.
+func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return m.router.Take(ctx, key, p, cost, now)
 }
 
-// wrap names the store that failed, as flags.Router does; errors.Is still
-// finds the cause. An input error is the caller's and is returned as it is.
-// It stays out of line, off every call's frame.
-//
-//go:noinline
-func (m *Migration) wrap(err error, isNew bool) error {
-	if throttler.IsInputError(err) {
-		return err
-	}
-	return fmt.Errorf("%s backend: %w", m.name(isNew), err)
+// Peek reports key's budget under p without taking from it.
+func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return m.router.Peek(ctx, key, p, now)
+}
+
+// Refund gives back cost units a Take took, receipt being that Take's
+// Decision.ResetAt.
+func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return m.router.Refund(ctx, key, p, cost, receipt, now)
+}
+
+// UseNew reports whether the new store serves key now.
+func (m *Migration) UseNew(key string) bool { return m.router.UseNew(key) }
+
+// InProcess reports whether both stores' calls never block (see
+// backend.InProcess).
+func (m *Migration) InProcess() bool { return m.router.InProcess() }
+
+// IgnoresContext reports whether either store's calls may outlive their
+// context (see backend.ContextBlind).
+func (m *Migration) IgnoresContext() bool { return m.router.IgnoresContext() }
+
+// Store names the store op for key under p reaches now (see
+// backend.Stores and Migration).
+func (m *Migration) Store(op throttler.Op, key string, p throttler.Policy) string {
+	return m.router.Store(op, key, p)
 }
 
 // optionsError renames a shadow's refusal of its options: the backends are
@@ -276,9 +247,12 @@ type Stats struct {
 	// Reverse compares the old store against the new one, for the keys the
 	// new one serves: it shows that a rollback would land on warm counts.
 	Reverse shadow.Stats
-	// Routed counts the calls served by each store: a moving key's call
-	// counts for the store that serves it now.
-	Routed flags.Stats // lease calls included, and counted in its Leases
+	// Routed is the router's count of the calls served by each store, lease
+	// calls included: a moving key's call counts for the store that serves
+	// it now. Its Leases counts the lease calls made through a shadow; those
+	// made on both stores directly (a moving key's, the Release of a lease
+	// the router did not remember) count in Old and New only.
+	Routed flags.Stats
 	// Moving counts the calls for moving keys, made on both stores.
 	Moving MovingStats
 }
@@ -289,7 +263,7 @@ func (m *Migration) Stats() Stats {
 	return Stats{
 		Forward: m.forward.Stats(),
 		Reverse: m.reverse.Stats(),
-		Routed:  m.routed(),
+		Routed:  m.router.Stats(),
 		Moving:  m.movingStats(),
 	}
 }

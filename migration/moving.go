@@ -126,8 +126,10 @@ func (mv *mover) close() {
 	}
 }
 
-func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duration) *mover {
-	mv := &mover{pct: pc, bucket: flags.NewBucketer(pc.GroupID()), settle: settle, mono: mono, stop: make(chan struct{})}
+// init sets up mv for pc, with mono as its monotonic clock (nil: the
+// process's, kept by a ticker).
+func (mv *mover) init(pc flags.Percenter, settle time.Duration, mono func() time.Duration) {
+	mv.pct, mv.bucket, mv.settle, mv.mono, mv.stop = pc, flags.NewBucketer(pc.GroupID()), settle, mono, make(chan struct{})
 	if mono == nil {
 		epoch := time.Now()
 		mv.mono = func() time.Duration { return time.Since(epoch) }
@@ -135,7 +137,6 @@ func newMover(pc flags.Percenter, settle time.Duration, mono func() time.Duratio
 		mv.tick = min(max(settle/32, time.Millisecond), time.Second)
 	}
 	mv.hist.Store(&history{cur: min(max(pc.Percent(), 0), 100)})
-	return mv
 }
 
 // route returns where key goes under pct, and whether it is moving: routed
@@ -243,6 +244,112 @@ type store struct {
 	isNew bool
 }
 
+// strategy is a Migration's flags.Strategy: it reads the percentage once
+// per call, and sends a moving key's call to both stores (a pair). Without
+// a percentage (a rollout that cannot tell it) it routes by the rollout,
+// and no key is ever moving. The mover is inline: every call reads it.
+type strategy struct {
+	mover
+	tracked bool // the mover is set up
+	rollout flags.Rollout
+	// pairs[moving][toNew] are both stores, the serving one first.
+	pairs [2][2]*pair
+}
+
+var _ flags.Strategy = (*strategy)(nil)
+
+// init completes s for m, with mono as the mover's clock (see mover.init).
+func (s *strategy) init(m *Migration, r flags.Rollout, settle time.Duration, mono func() time.Duration) {
+	s.rollout = r
+	if pc, ok := flags.AsPercenter(r); ok {
+		s.mover.init(pc, settle, mono)
+		s.tracked = true
+		m.moves = &s.mover
+	}
+	for i, moving := range []bool{false, true} {
+		for j, toNew := range []bool{false, true} {
+			s.pairs[i][j] = &pair{m: m, toNew: toNew, moving: moving}
+		}
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Route returns where a call for key under p goes, and for a moving key
+// the pair of stores.
+func (s *strategy) Route(key string, p throttler.Policy) (bool, throttler.Backend) {
+	if !s.tracked {
+		return s.rollout.UseNew(key), nil
+	}
+	pct := min(max(s.pct.Percent(), 0), 100)
+	h := s.hist.Load()
+	if pct == h.cur && len(h.marks) == 0 {
+		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, nil
+	}
+	toNew, moving := s.route(h, pct, key, p)
+	if moving {
+		return toNew, s.pairs[1][b2i(toNew)]
+	}
+	return toNew, nil
+}
+
+// RouteLease is Route for a lease call: key is moving for the lease's TTL
+// plus Settle. The pair is returned whether or not the key is moving: the
+// router's Release of a lease it does not know goes to both stores.
+func (s *strategy) RouteLease(key string, p throttler.ConcurrencyPolicy) (bool, bool, throttler.LeaseBackend) {
+	var toNew, moving bool
+	if s.tracked {
+		toNew, moving = s.leaseRoute(key, p.TTL)
+	} else {
+		toNew = s.rollout.UseNew(key)
+	}
+	return toNew, moving, s.pairs[b2i(moving)][b2i(toNew)]
+}
+
+// leaseRoute returns where key's lease calls go, and whether they are
+// moving, for leases of ttl.
+func (mv *mover) leaseRoute(key string, ttl time.Duration) (toNew, moving bool) {
+	pct := min(max(mv.pct.Percent(), 0), 100)
+	if h := mv.hist.Load(); pct != h.cur || len(h.marks) != 0 {
+		return mv.routeWithin(h, pct, key, ttl)
+	}
+	return pct == 100 || pct > 0 && mv.bucket.Bucket(key) <= pct, false
+}
+
+// pair is both stores, as the backend the strategy hands the router for a
+// call on both: a moving key's, or the Release of a lease the router does
+// not know (moving or not, see Migration.Release).
+type pair struct {
+	m      *Migration
+	toNew  bool // the new store serves the key
+	moving bool
+}
+
+func (b *pair) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return b.m.both(ctx, throttler.OpTake, key, p, cost, time.Time{}, now, b.toNew)
+}
+
+func (b *pair) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return b.m.both(ctx, throttler.OpPeek, key, p, 1, time.Time{}, now, b.toNew)
+}
+
+func (b *pair) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return b.m.both(ctx, throttler.OpRefund, key, p, cost, receipt, now, b.toNew)
+}
+
+func (b *pair) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
+	return b.m.acquireBoth(ctx, key, p, id, now, b.toNew)
+}
+
+func (b *pair) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
+	return b.m.releaseBoth(ctx, key, p, id, now, b.toNew, b.moving)
+}
+
 // movingCounters are the Migration's counts of moving keys' calls.
 type movingCounters struct {
 	calls, compensated, refundFailed, oneStore, leveled atomic.Uint64
@@ -292,7 +399,8 @@ func (m *Migration) movingStats() MovingStats {
 }
 
 // both serves a moving key from both stores, toNew saying which one serves
-// it now. The serving store failing is the call's error; the other failing
+// it now. The router counts the call and names the serving store in its
+// error. The serving store failing is the call's error; the other failing
 // leaves the serving store's answer (counted in OneStore). A Take is
 // admitted only if both admit; when one admits and the other denies, the
 // admitting one is refunded the cost, so that neither keeps units nobody
@@ -309,9 +417,6 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 	s, o := m.stores[0], m.stores[1]
 	if toNew {
 		s, o = o, s
-		m.newCalls.Add(1)
-	} else {
-		m.oldCalls.Add(1)
 	}
 	if p.Algorithm == throttler.FixedWindow && (op == throttler.OpTake || op == throttler.OpRefund) {
 		return m.phased(ctx, op, key, p, cost, receipt, now, s, o)
@@ -322,7 +427,7 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 		if op == throttler.OpTake && oerr == nil && od.Allowed {
 			m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 		}
-		return throttler.Decision{}, m.wrap(serr, s.isNew)
+		return throttler.Decision{}, serr
 	case oerr != nil:
 		m.moving.oneStore.Add(1)
 		return sd, nil
@@ -422,7 +527,7 @@ func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p t
 	if oerr != nil {
 		sd, serr := backend.Do(ctx, s.b, op, key, p, cost, receipt, now)
 		if serr != nil {
-			return throttler.Decision{}, m.wrap(serr, s.isNew)
+			return throttler.Decision{}, serr
 		}
 		m.moving.oneStore.Add(1)
 		return sd, nil
@@ -441,7 +546,7 @@ func (m *Migration) phased(ctx context.Context, op throttler.Op, key string, p t
 		if op == throttler.OpTake {
 			m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
 		}
-		return throttler.Decision{}, m.wrap(serr, s.isNew)
+		return throttler.Decision{}, serr
 	}
 	if op == throttler.OpTake && !sd.Allowed {
 		m.compensate(ctx, o, key, p, cost, od.ResetAt, now)

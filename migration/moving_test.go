@@ -22,8 +22,16 @@ type monoClock struct{ t atomic.Int64 }
 
 func (c *monoClock) now() time.Duration  { return time.Duration(c.t.Load()) }
 func (c *monoClock) set(d time.Duration) { c.t.Store(int64(d)) }
-func (c *monoClock) opts(settle time.Duration) *Options {
-	return &Options{Settle: settle, monotonic: c.now}
+
+// migration is newMigration with c as the moving keys' clock.
+func (c *monoClock) migration(t *testing.T, old, new throttler.Backend, r flags.Rollout, opts *Options) *Migration {
+	t.Helper()
+	m, err := newWith(old, new, r, opts, c.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
 }
 
 // keyIn returns a key of DefaultGroupID whose bucket b has lo < b <= hi.
@@ -79,7 +87,7 @@ func TestMovingFor(t *testing.T) {
 			var clk monoClock
 			clk.set(time.Hour) // the change is seen at 1h
 			r := percent(t, 0)
-			m := newMigration(t, mem(t), mem(t), r, clk.opts(settle))
+			m := clk.migration(t, mem(t), mem(t), r, &Options{Settle: settle})
 			if movingCall(t, m, moved, tc.p) {
 				t.Fatal("moving before any change")
 			}
@@ -233,7 +241,7 @@ func TestCombine(t *testing.T) {
 			nw := &scripted{name: "new", allow: tc.serving.allow, err: tc.serving.err}
 			old := &scripted{name: "old", allow: tc.othr.allow, err: tc.othr.err}
 			r := percent(t, 0)
-			m := newMigration(t, old, nw, r, clk.opts(0))
+			m := clk.migration(t, old, nw, r, nil)
 			if err := r.Set(100); err != nil {
 				t.Fatal(err)
 			}
@@ -288,7 +296,7 @@ func TestCompensationFails(t *testing.T) {
 	r := percent(t, 0)
 	// The serving (new) store admits and the old one denies: the new store
 	// is refunded, and its Refund fails.
-	m := newMigration(t, &scripted{allow: false}, &failingRefund{scripted{allow: true}}, r, clk.opts(0))
+	m := clk.migration(t, &scripted{allow: false}, &failingRefund{scripted{allow: true}}, r, nil)
 	_ = r.Set(100)
 	p := throttler.Policy{Name: "b", Limit: 5, Window: time.Minute}.WithBurst(5)
 	d, err := m.Take(context.Background(), "k", p, 1, t0)
@@ -321,7 +329,7 @@ func TestCompensationRestores(t *testing.T) {
 			var clk monoClock
 			old, nw := mem(t), mem(t)
 			r := percent(t, 0)
-			m := newMigration(t, old, nw, r, clk.opts(0))
+			m := clk.migration(t, old, nw, r, nil)
 			// The key spent its limit on the old store; the new store has
 			// seen one of its calls (the mirror dropped the rest).
 			for range 3 {
@@ -357,7 +365,7 @@ func TestRollbackMidMove(t *testing.T) {
 	old, nw := mem(t), mem(t)
 	r := percent(t, 0)
 	r.SetMirror(true)
-	m := newMigration(t, old, nw, r, &Options{Settle: settle, monotonic: clk.now,
+	m := clk.migration(t, old, nw, r, &Options{Settle: settle,
 		// One queued call at most: mirroring drops, as under load.
 		Forward: &shadow.Options{Workers: 1, QueueSize: 1}, Reverse: &shadow.Options{Workers: 1, QueueSize: 1}})
 	key := keyIn(t, 0, 50)
@@ -423,7 +431,7 @@ func TestFixedWindowPhase(t *testing.T) {
 	var clk monoClock
 	old, nw := mem(t), mem(t)
 	r := percent(t, 0)
-	m := newMigration(t, old, nw, r, clk.opts(time.Second)) // moving for 21s
+	m := clk.migration(t, old, nw, r, &Options{Settle: time.Second}) // moving for 21s
 	key := "k"
 	// The old store's window opens at 0 and is spent; the new store saw
 	// only the last of those calls, at 4s: its window is [4s, 14s).
@@ -471,7 +479,7 @@ func TestFixedWindowPhase(t *testing.T) {
 func TestHistoryBound(t *testing.T) {
 	var clk monoClock
 	r := percent(t, 0)
-	m := newMigration(t, mem(t), mem(t), r, clk.opts(time.Minute))
+	m := clk.migration(t, mem(t), mem(t), r, &Options{Settle: time.Minute})
 	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Second}
 	first := keyIn(t, 0, 1) // moved by the first change only
 	for i := 1; i <= 40; i++ {
@@ -649,7 +657,7 @@ func TestBucketLeveled(t *testing.T) {
 	var clk monoClock
 	old, nw := mem(t), mem(t)
 	r := percent(t, 0)
-	m := newMigration(t, old, nw, r, clk.opts(time.Second))
+	m := clk.migration(t, old, nw, r, &Options{Settle: time.Second})
 	// Old: 3 of 5 taken; new: the mirror delivered none of it.
 	if d, _ := old.Take(ctx, "k", p, 3, t0); !d.Allowed {
 		t.Fatal("setup")
