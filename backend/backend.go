@@ -4,8 +4,9 @@
 // operations named as values. Applications use package throttler and never
 // need this one.
 //
-// A backend's operation starts with ValidateCall and answers bad input with
-// its error before touching any store. That is the only validation a call
+// A backend's operation starts with throttler.ValidateCall (a Refund:
+// ValidateRefund; a lease: ValidateLease) and answers bad input with its
+// error before touching any store. That is the only validation a call
 // gets: wrappers forward without validating, since the backend they end in
 // validates, and the Throttler validates only when its backend fails.
 package backend
@@ -22,41 +23,6 @@ import (
 
 // ErrUnknownOp is returned by Do for an Op that names no operation.
 var ErrUnknownOp = errors.New("backend: unknown operation")
-
-// ValidateCall reports why a call cannot be made, as an error matching
-// throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, or nil. Every
-// backend runs it first in each operation (cost is ignored for a Peek).
-func ValidateCall(op throttler.Op, key string, p throttler.Policy, cost int64) error {
-	if err := throttler.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(op, cost)
-}
-
-// ValidateRefund is ValidateCall for a Refund, which also names the Take
-// that counted its units by receipt (that Take's Decision.ResetAt): a zero
-// receipt names none and is an error matching throttler.ErrInvalidReceipt.
-// Every backend runs it first in Refund.
-func ValidateRefund(key string, p throttler.Policy, cost int64, receipt time.Time) error {
-	if err := ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
-		return err
-	}
-	if receipt.IsZero() {
-		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision", throttler.ErrInvalidReceipt)
-	}
-	return nil
-}
-
-// ValidateLease reports why a lease operation cannot be made, as an error
-// matching throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or
-// nil. Every LeaseBackend runs it first in Acquire and Release, as
-// ValidateCall in the rate operations; wrappers forward without it.
-func ValidateLease(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID) error {
-	return throttler.ValidateLease(key, p, id)
-}
 
 // Do runs op on b: Take of cost, Peek (cost unused), or Refund of cost
 // with its receipt (the ResetAt of the Take that counted the units; unused

@@ -46,7 +46,7 @@ func TestValidateCall(t *testing.T) {
 		{"key checked before policy", throttler.OpTake, "", throttler.Policy{}, 0, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, backend.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
 	}
 }
 
@@ -328,7 +328,7 @@ func TestValidateRefund(t *testing.T) {
 		{"empty key first", "", 1, time.Time{}, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, backend.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
 	}
 }
 

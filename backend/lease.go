@@ -9,7 +9,7 @@ import (
 )
 
 // Leases: what authors of a throttler.LeaseBackend, and of wrappers that
-// pass leases on (a router, a shadow), need beside ValidateLease.
+// pass leases on (a router, a shadow), need beside throttler.ValidateLease.
 
 // LeaseStores is Stores for lease calls: implemented by a lease backend
 // whose keys live on several stores, and by wrappers, which name the store

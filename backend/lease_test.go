@@ -57,7 +57,7 @@ func TestValidateLease(t *testing.T) {
 		{"k", p, 0, throttler.ErrInvalidLease},
 	}
 	for _, tc := range tests {
-		err := backend.ValidateLease(tc.key, tc.p, tc.id)
+		err := throttler.ValidateLease(tc.key, tc.p, tc.id)
 		if tc.want == nil {
 			assert.NoError(t, err)
 			continue

@@ -121,7 +121,9 @@ func NewLeaseID() LeaseID {
 var ErrInvalidLease = errors.New("throttler: invalid lease")
 
 // ValidateLease reports why a lease operation cannot be made, as an error
-// matching ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or nil.
+// matching ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or nil. Every
+// LeaseBackend runs it first in Acquire and Release, as ValidateCall in the
+// rate operations; wrappers forward without it.
 func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
 	if err := ValidateKey(key); err != nil {
 		return err

@@ -417,7 +417,7 @@ func (r *request) validate() error {
 	if r.isLease() {
 		return ValidateLease(r.key, r.cp, r.id)
 	}
-	return validateCall(r.op, r.key, r.p, r.n)
+	return ValidateCall(r.op, r.key, r.p, r.n)
 }
 
 // run decides r, starting at from (SourcePrimary, or SourceFallback for the
@@ -621,16 +621,4 @@ func dispatchLease(ctx context.Context, tg *target, r *request, now time.Time) (
 	}
 	r.held, d, err = tg.lb.Release(ctx, r.key, r.cp, r.id, now)
 	return d, err
-}
-
-// validateCall reports why a call cannot be made, as package backend's
-// ValidateCall does for backends.
-func validateCall(op Op, key string, p Policy, cost int64) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(op, cost)
 }
