@@ -1,8 +1,10 @@
 // Package backend is for those who write a throttler.Backend or a wrapper
-// around one (a router, a shadow): it validates calls, builds decisions the
-// way every backend must, names a limit's storage identity, and forwards
-// operations named as values. Applications use package throttler and never
-// need this one.
+// around one (a router, a shadow): it builds decisions the way every
+// backend must, names a limit's storage identity, marks store and key
+// failures, and forwards operations named as values. Applications use
+// package throttler and never need this one. The optional capabilities a
+// Throttler looks for (InProcess, ContextBlind, Stores, LeaseStores,
+// LeaseHolder) are declared in package throttler, which consumes them.
 //
 // A backend's operation starts with throttler.ValidateCall (a Refund:
 // ValidateRefund; a lease: ValidateLease) and answers bad input with its
@@ -64,37 +66,6 @@ func (f OpFunc) Peek(ctx context.Context, key string, p throttler.Policy, now ti
 // Refund calls f with throttler.OpRefund.
 func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	return f(ctx, throttler.OpRefund, key, p, cost, receipt, now)
-}
-
-// InProcess is implemented by backends whose calls answer from memory
-// without blocking (backend/memory), and by wrappers that say what they
-// wrap. A Throttler calls such a backend without a timeout context, which
-// would cost more than the call itself.
-type InProcess interface {
-	InProcess() bool
-}
-
-// IsInProcess reports whether b says its calls never block.
-func IsInProcess(b throttler.Backend) bool {
-	l, ok := b.(InProcess)
-	return ok && l.InProcess()
-}
-
-// ContextBlind is implemented by backends whose calls may outlive their
-// context's deadline, because the client under them takes no context
-// (gomemcache) or does not honour it (go-redis's AutoPipeliner), and by
-// wrappers that say what they wrap. A Throttler runs such a backend's calls
-// detached (see throttler.Options.Detach), so that its Timeout still bounds
-// every call.
-type ContextBlind interface {
-	IgnoresContext() bool
-}
-
-// IgnoresContext reports whether b says its calls may outlive their
-// context's deadline.
-func IgnoresContext(b throttler.Backend) bool {
-	c, ok := b.(ContextBlind)
-	return ok && c.IgnoresContext()
 }
 
 // Required returns an error naming what for a nil b, including a nil

@@ -158,11 +158,11 @@ func TestRequired(t *testing.T) {
 func TestIsInProcess(t *testing.T) {
 	mem, err := memory.New(nil)
 	require.NoError(t, err)
-	assert.True(t, backend.IsInProcess(mem))
-	assert.False(t, backend.IsInProcess(&recorder{}))
-	assert.False(t, backend.IsInProcess(says(false)), "a wrapper over a network store says false")
-	assert.True(t, backend.IsInProcess(says(true)))
-	assert.False(t, backend.IsInProcess(nil))
+	assert.True(t, throttler.IsInProcess(mem))
+	assert.False(t, throttler.IsInProcess(&recorder{}))
+	assert.False(t, throttler.IsInProcess(says(false)), "a wrapper over a network store says false")
+	assert.True(t, throttler.IsInProcess(says(true)))
+	assert.False(t, throttler.IsInProcess(nil))
 }
 
 // says is a wrapper that reports what it wraps.

@@ -4,38 +4,6 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Stores is implemented by a backend whose keys live on several stores that
-// fail apart (the shards of a sharded Redis, the servers of a Memcached
-// client, a primary and the replicas that serve its reads), and by wrappers
-// (a router, a shadow), which name the store of the backend the call will
-// reach. A Throttler keeps one breaker per store, so that a failing shard or
-// server switches limiting off for its own keys only.
-//
-// Store names the store that op (throttler.OpTake, OpPeek or OpRefund) on
-// key under p reaches first: a backend whose Peeks go to other servers than
-// its Takes (replicas) names those for a Peek, so that the replicas'
-// answers never close the breaker of a failing primary, and a primary's
-// open breaker never stops the Peeks its replicas can answer. A backend
-// without it is one store.
-//
-// Store runs before every call: it must do no I/O, be safe for concurrent
-// use, and return one of a small set of stable names fixed by the
-// configuration (a Throttler keeps a breaker per name for its lifetime),
-// such as "redis shard 1 (10.0.0.1:6379)" or "memcached 10.0.0.2:11211".
-// "" is the backend's only store.
-type Stores interface {
-	Store(op throttler.Op, key string, p throttler.Policy) string
-}
-
-// StoreOf returns the store of b that op on key under p reaches, or "" when
-// b does not name its stores.
-func StoreOf(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) string {
-	if s, ok := b.(Stores); ok {
-		return s.Store(op, key, p)
-	}
-	return ""
-}
-
 // ErrKeyState marks a failure that belongs to one key, not to its store: a
 // corrupt or foreign item (another program writing under the prefix, a
 // value of the wrong type), a key the store refuses. Such a failure never
@@ -57,7 +25,7 @@ func (e *keyState) KeyScoped() bool { return true }
 // server loading its data set, read-only, out of memory). The result
 // matches throttler.ErrUnavailable, which a Throttler counts toward the
 // store's breaker, and keeps err's message and chain. store names the store
-// that failed, as Stores names it, when a call may reach more than one
+// that failed, as throttler.Stores names it, when a call may reach more than one
 // (Memcached items of one key on two servers); "" means the call's store.
 // A nil err stays nil.
 func StoreFailure(store string, err error) error {

@@ -65,7 +65,7 @@ func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.T
 
 func TestStoreOf(t *testing.T) {
 	p := throttler.PerMinute(1)
-	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, throttler.OpTake, "k", p))
-	assert.Equal(t, "replicas of k", backend.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
-	assert.Equal(t, "", backend.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
+	assert.Equal(t, "store of k", throttler.StoreOf(namedStores{}, throttler.OpTake, "k", p))
+	assert.Equal(t, "replicas of k", throttler.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
+	assert.Equal(t, "", throttler.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
 }

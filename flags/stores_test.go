@@ -78,7 +78,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	if got := rt.Store(throttler.OpTake, "user-0", p); got != "memory" {
 		t.Errorf("at 100%%: Store %q, want the new backend's", got)
 	}
-	var _ backend.Stores = rt
+	var _ throttler.Stores = rt
 
 	// The op is passed on: a backend may name its Peeks' store apart.
 	peeks := router(t, peekStore{namedStore{Backend: mem(t), name: "primary"}}, mem(t), flags0(t), nil)

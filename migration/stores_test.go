@@ -30,7 +30,7 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 	old := failingStore{Backend: mem(t), name: "memcached 10.0.0.2:11211"}
 	m := newMigration(t, old, mem(t), percent(t, 50), nil)
 	p := throttler.PerMinute(3).Named("api")
-	var _ backend.Stores = m
+	var _ throttler.Stores = m
 
 	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) }, BreakerThreshold: 1})
 	if err != nil {

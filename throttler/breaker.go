@@ -14,9 +14,8 @@ import (
 
 // Breakers, one per store (DESIGN.md, "Failure handling").
 //
-// A backend names the store that serves a call through package backend's
-// Stores interface (matched here by its method, as this package cannot
-// import that one); a backend that does not is one store. A breaker is
+// A backend names the store that serves a call through Stores (lease calls:
+// LeaseStores); a backend that does not is one store. A breaker is
 //
 //   - closed (openUntil 0): calls reach the store. BreakerThreshold
 //     consecutive store failures open it until BreakerCooldown from now.
@@ -29,19 +28,6 @@ import (
 //
 // Time is the monotonic clock (Throttler.mono), never Options.Clock: the
 // window clock may step, and a cooldown must last what it says.
-
-// storeNamer is package backend's Stores: the store that op (a rate
-// operation) reaches, so that a Peek served by replicas never closes, nor is
-// stopped by, its primary's breaker.
-type storeNamer interface {
-	Store(op Op, key string, p Policy) string
-}
-
-// leaseStoreNamer is package backend's LeaseStores: the store of a lease
-// call. A backend with Stores but without it is one store for lease calls.
-type leaseStoreNamer interface {
-	LeaseStore(key string, p ConcurrencyPolicy) string
-}
 
 // maxBreakers bounds the stores a Throttler tracks. Stores are few and fixed
 // by configuration; a backend that names more (a bug, such as a name per

@@ -155,18 +155,10 @@ type LeaseBackend interface {
 // no failure mode ever answers it (IsInputError reports it).
 var ErrLeasesUnsupported = errors.New("throttler: the backend does not hold leases")
 
-// leaseBackendOf returns b as a LeaseBackend, or nil when it holds no
-// leases: it lacks the methods, or it is a wrapper that has them but says
-// (package backend's LeaseHolder, matched by its method) that what it wraps
-// holds none.
+// leaseBackendOf returns b as a LeaseBackend, or nil when it holds none
+// (see Leases).
 func leaseBackendOf(b Backend) LeaseBackend {
-	lb, ok := b.(LeaseBackend)
-	if !ok {
-		return nil
-	}
-	if h, ok := b.(interface{ HoldsLeases() bool }); ok && !h.HoldsLeases() {
-		return nil
-	}
+	lb, _ := Leases(b)
 	return lb
 }
 

@@ -120,7 +120,7 @@
 // number), matches ErrBadItem and backend.ErrKeyState, and never trips a
 // Throttler's breaker. Given the client's ServerSelector
 // (Options.Selector), the backend names the server of each call
-// (backend.Stores) and blames a failure on the server it came from, so a
+// (throttler.Stores) and blames a failure on the server it came from, so a
 // Throttler keeps a breaker per server: one stalled server switches
 // limiting off only for the keys whose items it holds. A server's failure
 // names the server ahead of its cause ("memcached 10.0.0.2:11211: get
@@ -171,8 +171,8 @@ type Client interface {
 var _ Client = (*memcache.Client)(nil)
 
 var (
-	_ throttler.Backend    = (*Backend)(nil)
-	_ backend.ContextBlind = (*Backend)(nil)
+	_ throttler.Backend      = (*Backend)(nil)
+	_ throttler.ContextBlind = (*Backend)(nil)
 )
 
 // IgnoresContext reports true: gomemcache takes no context, so a call is
@@ -243,7 +243,7 @@ type Options struct {
 	// the client with memcache.NewFromSelector(sel) and pass sel here
 	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
 	// of them). With it, the backend names the server of each call
-	// (backend.Stores) and of each failure, so that a Throttler's breaker
+	// (throttler.Stores) and of each failure, so that a Throttler's breaker
 	// covers one server. default: none: all servers are one store
 	Selector memcache.ServerSelector
 }
@@ -691,11 +691,11 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	return backend.WindowState(p, d, resetAt, now, false), nil
 }
 
-var _ backend.Stores = (*Backend)(nil)
+var _ throttler.Stores = (*Backend)(nil)
 
 // Store names the server that holds key's items under p, as the client's
 // Options.Selector picks it ("memcached 10.0.0.2:11211"; see
-// backend.Stores), or "" without a Selector. For a fixed window that is
+// throttler.Stores), or "" without a Selector. For a fixed window that is
 // the head's server: a window's counter may live on another, and a failure
 // there is blamed on that server (see classify). Every op reaches it.
 func (b *Backend) Store(_ throttler.Op, key string, p throttler.Policy) string {

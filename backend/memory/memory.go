@@ -180,8 +180,8 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend = (*Backend)(nil)
-	_ backend.InProcess = (*Backend)(nil)
+	_ throttler.Backend   = (*Backend)(nil)
+	_ throttler.InProcess = (*Backend)(nil)
 )
 
 // InProcess reports true: calls answer from memory without blocking, so a

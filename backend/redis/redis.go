@@ -19,7 +19,7 @@
 // a Throttler's breaker counts it against the call's shard; a key another
 // program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
 // and never does. Each shard's primary is a store of its own, and so are
-// its replicas, which Peeks reach first (backend.Stores): one shard's
+// its replicas, which Peeks reach first (throttler.Stores): one shard's
 // outage switches limiting off for its keys only, and a primary and its
 // replicas fail apart. A replica that fails a Peek in any way, its share of
 // the time running out included, costs the Peek time, not its answer: the
@@ -209,8 +209,8 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend    = (*Backend)(nil)
-	_ backend.ContextBlind = (*Backend)(nil)
+	_ throttler.Backend      = (*Backend)(nil)
+	_ throttler.ContextBlind = (*Backend)(nil)
 )
 
 // IgnoresContext reports whether a client of any shard is go-redis's
@@ -331,10 +331,10 @@ func addrOf(c Client) string {
 	return ""
 }
 
-var _ backend.Stores = (*Backend)(nil)
+var _ throttler.Stores = (*Backend)(nil)
 
 // Store names the store op on key under p reaches first (see
-// backend.Stores): the primary of the key's shard for a Take or a Refund,
+// throttler.Stores): the primary of the key's shard for a Take or a Refund,
 // its replicas for a Peek when it has some. Each shard fails on its own, and
 // so do its primary and its replicas: a replica's answers never close the
 // breaker of a failing primary, and a primary's open breaker never stops
