@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -95,7 +94,7 @@ func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := namedStore{Backend: mem(t), err: backend.StoreFailure("", fmt.Errorf("old store: connection refused"))}
+	down := namedStore{Backend: mem(t), err: throttler.StoreFailure("", fmt.Errorf("old store: connection refused"))}
 	rt := router(t, down, mem(t), pct, nil)
 	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 1})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -19,7 +18,7 @@ type failingStore struct {
 func (s failingStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
 
 func (s failingStore) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, backend.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
+	return throttler.Decision{}, throttler.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
 }
 
 // A Migration names the store a key's calls reach through the router and

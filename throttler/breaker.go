@@ -152,17 +152,16 @@ var errTooManyDetached = fmt.Errorf("%w: too many calls still waiting on the bac
 // expired (timedOut) or not, is a failure of the store itself, the only
 // kind that counts toward a breaker. It says yes only to what it knows:
 //   - an error matching ErrUnavailable (backends mark the failures they
-//     know to be their store's with backend.StoreFailure),
+//     know to be their store's with throttler.StoreFailure),
 //   - the Throttler's own Timeout expiring,
 //   - a network error (net.Error, io.EOF, a refused, reset or broken
 //     connection),
 //
-// and no to anything marked as one key's (backend.ErrKeyState) and to every
+// and no to anything marked as one key's (throttler.ErrKeyState) and to every
 // other error: bad input, a full in-process table, contention on one key.
 func isStoreFailure(err error, timedOut bool) bool {
-	var key interface{ KeyScoped() bool }
 	switch {
-	case errors.As(err, &key) && key.KeyScoped(), errors.Is(err, errTooManyDetached):
+	case errors.Is(err, ErrKeyState), errors.Is(err, errTooManyDetached):
 		return false
 	case errors.Is(err, ErrUnavailable):
 		return true
@@ -179,11 +178,11 @@ func isStoreFailure(err error, timedOut bool) bool {
 }
 
 // failedStore is the store a backend named in its failure (see
-// backend.StoreFailure), or "".
+// StoreFailure), or "".
 func failedStore(err error) string {
-	var f interface{ FailedStore() string }
+	var f *storeFailure
 	if errors.As(err, &f) {
-		return f.FailedStore()
+		return f.store
 	}
 	return ""
 }

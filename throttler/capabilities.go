@@ -109,3 +109,57 @@ func Leases(b Backend) (LeaseBackend, bool) {
 	}
 	return lb, true
 }
+
+// ErrKeyState marks a failure that belongs to one key, not to its store: a
+// corrupt or foreign item (another program writing under the prefix, a
+// value of the wrong type), a key the store refuses. Such a failure never
+// trips a Throttler's breaker, whatever else it wraps: limiting goes on for
+// every other key. Wrap it with %w, or mark an error with KeyFailure.
+var ErrKeyState error = &keyState{"throttler: a key's stored state is unusable"}
+
+// keyState is ErrKeyState's type, so that ErrKeyState is a distinct value.
+type keyState struct{ msg string }
+
+func (e *keyState) Error() string { return e.msg }
+
+// StoreFailure marks err as a failure of a store itself: an error or a
+// timeout that is not about one key (a refused or reset connection, a
+// server loading its data set, read-only, out of memory). The result
+// matches ErrUnavailable, which a Throttler counts toward the
+// store's breaker, and keeps err's message and chain. store names the store
+// that failed, as Stores names it, when a call may reach more than one
+// (Memcached items of one key on two servers); "" means the call's store.
+// A nil err stays nil.
+func StoreFailure(store string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &storeFailure{store: store, err: err}
+}
+
+// KeyFailure marks err as a failure of one key (see ErrKeyState): the result
+// matches ErrKeyState and keeps err's message and chain. A nil err stays nil.
+func KeyFailure(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &marked{err: err, mark: ErrKeyState}
+}
+
+// marked is err, also matching mark, with err's message: a second sentinel
+// without a second package prefix in the text.
+type marked struct{ err, mark error }
+
+func (e *marked) Error() string   { return e.err.Error() }
+func (e *marked) Unwrap() []error { return []error{e.err, e.mark} }
+
+type storeFailure struct {
+	store string
+	err   error
+}
+
+func (e *storeFailure) Error() string   { return e.err.Error() }
+func (e *storeFailure) Unwrap() []error { return []error{e.err, ErrUnavailable} }
+
+// FailedStore names the store that failed (tests match it by this method).
+func (e *storeFailure) FailedStore() string { return e.store }

@@ -115,9 +115,9 @@
 //
 // A failure of a server itself (a refused or reset connection, a timeout,
 // a SERVER_ERROR, a broken reply) matches throttler.ErrUnavailable
-// (backend.StoreFailure); an item this backend cannot read, or one
+// (throttler.StoreFailure); an item this backend cannot read, or one
 // Memcached refuses to count (CLIENT_ERROR on incr of a value that is not a
-// number), matches ErrBadItem and backend.ErrKeyState, and never trips a
+// number), matches ErrBadItem and throttler.ErrKeyState, and never trips a
 // Throttler's breaker. Given the client's ServerSelector
 // (Options.Selector), the backend names the server of each call
 // (throttler.Stores) and blames a failure on the server it came from, so a
@@ -205,8 +205,8 @@ var (
 	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
-	// the prefix). It is one key's failure: it matches backend.ErrKeyState.
-	ErrBadItem = backend.KeyFailure(errors.New("memcached: unexpected item value"))
+	// the prefix). It is one key's failure: it matches throttler.ErrKeyState.
+	ErrBadItem = throttler.KeyFailure(errors.New("memcached: unexpected item value"))
 )
 
 // Options configures a Backend. A nil *Options, or a zero field, means the
@@ -735,8 +735,8 @@ func (b *Backend) serverName(addr string) string {
 }
 
 // classify marks err, from a call on (p, key), as a server's failure
-// (backend.StoreFailure, naming the server it came from) or as the key's
-// (backend.ErrKeyState) when it is known to be either; anything else, a
+// (throttler.StoreFailure, naming the server it came from) or as the key's
+// (throttler.ErrKeyState) when it is known to be either; anything else, a
 // context's end included, is left as it is for the caller to judge.
 func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 	return b.classifyAt(func() string { return b.homeItem(key, p) }, err)
@@ -746,10 +746,10 @@ func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 // only when a failure is blamed on a server).
 func (b *Backend) classifyAt(home func() string, err error) error {
 	switch {
-	case throttler.IsInputError(err), errors.Is(err, backend.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
+	case throttler.IsInputError(err), errors.Is(err, throttler.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
 		return err
 	case clientError(err):
-		return backend.KeyFailure(err)
+		return throttler.KeyFailure(err)
 	case serverFailure(err):
 		return b.storeFailure(home, err)
 	}

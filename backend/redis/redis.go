@@ -15,9 +15,9 @@
 //
 // Failures: a failure of Redis itself (a network error, a pool timeout, a
 // server that is LOADING, READONLY, BUSY, out of memory, or a cluster that
-// is down) matches throttler.ErrUnavailable (backend.StoreFailure), so that
+// is down) matches throttler.ErrUnavailable (throttler.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
-// program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
+// program wrote with another type (WRONGTYPE) matches throttler.ErrKeyState
 // and never does. Each shard's primary is a store of its own, and so are
 // its replicas, which Peeks reach first (throttler.Stores): one shard's
 // outage switches limiting off for its keys only, and a primary and its
@@ -633,8 +633,8 @@ func (b *Backend) shardFor(h uint64) *shard {
 }
 
 // opError wraps a failure with the operation and the policy (rate or lease),
-// and marks it as the shard's (backend.StoreFailure) or the key's
-// (backend.ErrKeyState) when it is known to be either. Long keys are cut:
+// and marks it as the shard's (throttler.StoreFailure) or the key's
+// (throttler.ErrKeyState) when it is known to be either. Long keys are cut:
 // the error is for logs (a Throttler never writes it into a response).
 func opError(op, key string, p fmt.Stringer, err error) error {
 	if len(key) > 64 {
@@ -643,9 +643,9 @@ func opError(op, key string, p fmt.Stringer, err error) error {
 	wrapped := fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
 	switch {
 	case keyFailure(err):
-		return backend.KeyFailure(wrapped)
+		return throttler.KeyFailure(wrapped)
 	case storeFailure(err):
-		return backend.StoreFailure("", wrapped)
+		return throttler.StoreFailure("", wrapped)
 	}
 	return wrapped
 }
