@@ -152,12 +152,12 @@ var errTooManyDetached = fmt.Errorf("%w: too many calls still waiting on the bac
 // expired (timedOut) or not, is a failure of the store itself, the only
 // kind that counts toward a breaker. It says yes only to what it knows:
 //   - an error matching ErrUnavailable (backends mark the failures they
-//     know to be their store's with throttler.StoreFailure),
+//     know to be their store's with StoreFailure),
 //   - the Throttler's own Timeout expiring,
 //   - a network error (net.Error, io.EOF, a refused, reset or broken
 //     connection),
 //
-// and no to anything marked as one key's (throttler.ErrKeyState) and to every
+// and no to anything marked as one key's (ErrKeyState) and to every
 // other error: bad input, a full in-process table, contention on one key.
 func isStoreFailure(err error, timedOut bool) bool {
 	switch {

@@ -93,10 +93,10 @@ type Options struct {
 	//   - a network error: a net.Error, io.EOF or io.ErrUnexpectedEOF, a
 	//     refused, reset or broken connection;
 	//   - an error matching ErrUnavailable, which is how backends mark the
-	//     failures they know to be their store's (throttler.StoreFailure: a
+	//     failures they know to be their store's (StoreFailure: a
 	//     server loading, read-only, out of memory).
 	// Nothing else counts: not bad input, not one key's bad state (an
-	// error matching throttler.ErrKeyState, such as a corrupt item, never
+	// error matching ErrKeyState, such as a corrupt item, never
 	// counts whatever it wraps), not a full in-process table
 	// (memory.ErrFull), not contention on one key, not MaxDetached being
 	// reached. Such a call still gets the fallback or the failure mode,
