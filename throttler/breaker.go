@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Breakers, one per store (DESIGN.md, "Failure handling").
+// Breakers, one per store.
 //
 // A backend names the store that serves a call through package backend's
 // Stores interface (matched here by its method, as this package cannot
