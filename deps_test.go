@@ -58,6 +58,7 @@ type listed struct {
 	Standard   bool
 	Module     *struct{ Path string }
 	Deps       []string
+	Imports    []string
 }
 
 // TestThirdPartyDeps asks `go list -deps` which modules each public
@@ -130,6 +131,27 @@ func TestCoreCompilesInNoHTTP(t *testing.T) {
 	}
 	if checked < 5 { // throttler, backend and its three stores at least
 		t.Errorf("checked %d packages; go list did not list the core and the stores", checked)
+	}
+}
+
+// TestTestifyOnlyInTests: no package's non-test code imports testify, so
+// no program compiles it in through this module, except
+// backend/backendtest, the conformance suite a backend author runs from
+// their own tests.
+func TestTestifyOnlyInTests(t *testing.T) {
+	pkgs := goList(t, "-json=ImportPath,Imports", "./...")
+	if len(pkgs) < 10 {
+		t.Fatalf("go list listed %d packages; want the whole module", len(pkgs))
+	}
+	for _, p := range pkgs {
+		if p.ImportPath == module+"/backend/backendtest" {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if strings.HasPrefix(imp, "github.com/stretchr/testify") {
+				t.Errorf("%s imports %s outside its _test files", strings.TrimPrefix(p.ImportPath, module+"/"), imp)
+			}
+		}
 	}
 }
 

@@ -26,8 +26,8 @@ import (
 // Burst·Window and Limit·Window by 2^53), so nothing overflows, and every
 // division is an integer floor or ceiling.
 
-// BucketState is a token bucket's stored state.
-type BucketState struct {
+// TokenBucketState is a token bucket's stored state.
+type TokenBucketState struct {
 	// Tokens is the bucket's content scaled by the window in ms: one
 	// token is Window.Milliseconds() units, so refills stay integers.
 	Tokens int64
@@ -40,7 +40,7 @@ type BucketState struct {
 	Window int64
 }
 
-// Bucket applies op (cost units; Peek ignores it) at t to a token bucket
+// TokenBucket applies op (cost units; Peek ignores it) at t to a token bucket
 // whose state is st when stored is true, and a full bucket otherwise.
 //
 // A state written under another Window reads as none (a full bucket). A
@@ -53,7 +53,7 @@ type BucketState struct {
 // reached the instant the bucket was full again after the Take (later
 // Takes only delay that), so a refund never returns tokens that came back
 // by refill.
-func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, cost, r, t int64) (d throttler.Decision, next BucketState, write bool) {
+func TokenBucket(p throttler.Policy, st TokenBucketState, stored bool, op throttler.Op, cost, r, t int64) (d throttler.Decision, next TokenBucketState, write bool) {
 	w, limit, capacity := p.Window.Milliseconds(), p.Limit, p.Capacity()
 	full := capacity * w
 	s, t0 := full, t
@@ -98,12 +98,12 @@ func Bucket(p throttler.Policy, st BucketState, stored bool, op throttler.Op, co
 	if !d.Allowed {
 		d.RetryAfter = msDuration(t0 - t + ceilDiv(need-s, limit))
 	}
-	return d, BucketState{Tokens: s, At: t0, Window: w}, write
+	return d, TokenBucketState{Tokens: s, At: t0, Window: w}, write
 }
 
-// BucketEnd is when a stored bucket is full again (its ResetAt), in Unix
+// TokenBucketEnd is when a stored bucket is full again (its ResetAt), in Unix
 // ms: from then on it answers like no state at all, so it may be dropped.
-func BucketEnd(p throttler.Policy, st BucketState) int64 {
+func TokenBucketEnd(p throttler.Policy, st TokenBucketState) int64 {
 	full := p.Capacity() * p.Window.Milliseconds()
 	return st.At + ceilDiv(full-min(max(st.Tokens, 0), full), p.Limit)
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// The lease contract's arithmetic (throttler/lease.go, pinned to the
+// The lease contract's arithmetic (throttler.LeaseBackend's doc, pinned to the
 // millisecond), for the backends written in Go (memory, Memcached); the
 // Redis scripts compute the same in Lua. A LeaseSet is one key's state; its
 // methods take the call's instant t in Unix ms (now truncated) and answer

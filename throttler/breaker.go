@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Breakers, one per store (DESIGN.md, "Failure handling").
+// Breakers, one per store.
 //
 // A backend names the store that serves a call through Stores (lease calls:
 // LeaseStores); a backend that does not is one store. A breaker is

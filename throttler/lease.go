@@ -8,42 +8,6 @@ import (
 	"time"
 )
 
-// Concurrency limits (Stripe's concurrent-requests limiter): a key may hold
-// at most Limit leases at once. A request acquires a lease when it starts
-// and releases it when it ends; a lease never released (a crashed process, a
-// lost connection) stops counting TTL after it was acquired, so capacity
-// never leaks for good.
-//
-// The lease contract, checked by backendtest, pinned to the millisecond so
-// that two stores compared by a shadow answer alike (now and every expiry
-// are whole Unix milliseconds, now truncated):
-//   - A key's state is its set of held leases, each an ID with an expiry.
-//     A lease whose expiry is <= now is not held: every operation first
-//     drops such leases.
-//   - Acquire of an ID not held admits it only if fewer than Limit leases
-//     are held, and then holds it with expiry now + TTL. Acquire of an ID
-//     already held admits it again without counting it twice and moves its
-//     expiry to now + TTL (a retried Acquire is harmless). A denied Acquire
-//     changes nothing. One round trip, atomic under any concurrency.
-//   - Release drops the ID and reports whether it was held; releasing an
-//     ID that expired, was released already or never existed changes
-//     nothing and reports false (Release is idempotent).
-//   - The Decision of either: Limit is p.Limit; Used is the leases held
-//     after the call (the acquired one included); Remaining is Limit - Used,
-//     never below zero (a lowered Limit can leave Used above it); ResetAt is
-//     the earliest expiry among the leases held after the call, or now + TTL
-//     when none is; RetryAfter, for a denied Acquire, is ResetAt - now, the
-//     longest a slot can take to free (a Release frees one sooner). Allowed,
-//     after a Release, reports whether an Acquire of a new ID would be
-//     admitted.
-//
-// The storage identity of a concurrency limit is (Name, key) for a named
-// policy, so that a live policy's Limit and TTL can change without dropping
-// the leases held (a new Limit applies at once, a new TTL to leases
-// acquired from then on), and the whole definition for an unnamed one. A
-// concurrency policy never shares state with a rate Policy of the same
-// Name.
-
 // MaxConcurrencyLimit is the largest ConcurrencyPolicy.Limit: it bounds a
 // key's state (one entry per lease held), so that it fits in one Memcached
 // item and one Redis call stays short.
@@ -137,10 +101,46 @@ func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
 	return nil
 }
 
-// LeaseBackend stores concurrency limits, by the lease contract above.
+// LeaseBackend stores concurrency limits, by the lease contract below.
 // Backends that hold leases implement it beside Backend; as for Backend,
 // every operation receives the caller's now, and being over the limit is a
 // Decision, never an error.
+//
+// Concurrency limits (Stripe's concurrent-requests limiter): a key may hold
+// at most Limit leases at once. A request acquires a lease when it starts
+// and releases it when it ends; a lease never released (a crashed process, a
+// lost connection) stops counting TTL after it was acquired, so capacity
+// never leaks for good.
+//
+// The lease contract, checked by backendtest, pinned to the millisecond so
+// that two stores compared by a shadow answer alike (now and every expiry
+// are whole Unix milliseconds, now truncated):
+//   - A key's state is its set of held leases, each an ID with an expiry.
+//     A lease whose expiry is <= now is not held: every operation first
+//     drops such leases.
+//   - Acquire of an ID not held admits it only if fewer than Limit leases
+//     are held, and then holds it with expiry now + TTL. Acquire of an ID
+//     already held admits it again without counting it twice and moves its
+//     expiry to now + TTL (a retried Acquire is harmless). A denied Acquire
+//     changes nothing. One round trip, atomic under any concurrency.
+//   - Release drops the ID and reports whether it was held; releasing an
+//     ID that expired, was released already or never existed changes
+//     nothing and reports false (Release is idempotent).
+//   - The Decision of either: Limit is p.Limit; Used is the leases held
+//     after the call (the acquired one included); Remaining is Limit - Used,
+//     never below zero (a lowered Limit can leave Used above it); ResetAt is
+//     the earliest expiry among the leases held after the call, or now + TTL
+//     when none is; RetryAfter, for a denied Acquire, is ResetAt - now, the
+//     longest a slot can take to free (a Release frees one sooner). Allowed,
+//     after a Release, reports whether an Acquire of a new ID would be
+//     admitted.
+//
+// The storage identity of a concurrency limit is (Name, key) for a named
+// policy, so that a live policy's Limit and TTL can change without dropping
+// the leases held (a new Limit applies at once, a new TTL to leases
+// acquired from then on), and the whole definition for an unnamed one. A
+// concurrency policy never shares state with a rate Policy of the same
+// Name.
 //
 // A router must send a Release to the backend that granted the lease, even
 // if its routing changed in between; a shadow mirrors both operations.

@@ -24,7 +24,7 @@ type LeaseStore interface {
 	throttler.LeaseBackend
 }
 
-// RunLeases runs the lease suite: the lease contract of throttler/lease.go
+// RunLeases runs the lease suite: the lease contract of throttler.LeaseBackend
 // in hand-computed tables at fixed instants, the storage identity, bad
 // input, random traces against LeaseModel, and exactness under
 // concurrency.

@@ -14,7 +14,7 @@ import (
 
 // kitState runs the arithmetic of package backend on one key's state.
 type kitState struct {
-	bucket  backend.BucketState
+	bucket  backend.TokenBucketState
 	counter backend.CounterState
 	log     []backend.LogEntry
 	stored  bool
@@ -25,8 +25,8 @@ func (k *kitState) do(p throttler.Policy, op throttler.Op, cost, r, t int64) thr
 	var write bool
 	switch p.Algorithm {
 	case throttler.TokenBucket:
-		var next backend.BucketState
-		d, next, write = backend.Bucket(p, k.bucket, k.stored, op, cost, r, t)
+		var next backend.TokenBucketState
+		d, next, write = backend.TokenBucket(p, k.bucket, k.stored, op, cost, r, t)
 		if write {
 			k.bucket = next
 		}

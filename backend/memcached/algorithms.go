@@ -21,7 +21,7 @@ import (
 // never meet), holding the encoded state (state.go). A call is
 //
 //  1. gets the item (missing: no state);
-//  2. compute with backend.Bucket, Counter or Log at now;
+//  2. compute with backend.TokenBucket, Counter or Log at now;
 //  3. if they say write: cas the new state over the version read, or add it
 //     when there was none. Losing (another process wrote first) starts
 //     again at 1, at most MaxAttempts times, then ErrContention: never an
@@ -37,7 +37,7 @@ import (
 // moment, growing with the attempts, so that processes on one key spread
 // out instead of colliding again.
 //
-// The item expires a little after the state stops mattering (BucketEnd,
+// The item expires a little after the state stops mattering (TokenBucketEnd,
 // CounterEnd, LogEnd), with the same relative exptime, margin and 30-day
 // rule as the fixed-window items: a state that ended reads, before it
 // expires, exactly like no state.
@@ -138,15 +138,15 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, r, t 
 	}
 	switch p.Algorithm {
 	case throttler.TokenBucket:
-		var st backend.BucketState
+		var st backend.TokenBucketState
 		if it != nil {
 			if st, err = decodeBucket(stored); err != nil {
 				return d, nil, 0, false, err
 			}
 		}
-		var next backend.BucketState
-		if d, next, write = backend.Bucket(p, st, it != nil, op, cost, r, t); write {
-			value, end = appendBucket(make([]byte, 0, 24), next), backend.BucketEnd(p, next)
+		var next backend.TokenBucketState
+		if d, next, write = backend.TokenBucket(p, st, it != nil, op, cost, r, t); write {
+			value, end = appendBucket(make([]byte, 0, 24), next), backend.TokenBucketEnd(p, next)
 		}
 	case throttler.SlidingWindow:
 		var st backend.CounterState

@@ -347,7 +347,7 @@ func TestAlgorithmContention(t *testing.T) {
 // ErrBadItem for every operation, and is left alone.
 func TestAlgorithmBadItems(t *testing.T) {
 	ctx := context.Background()
-	bucket := appendBucket(nil, backend.BucketState{Tokens: 1000, At: t0.UnixMilli(), Window: 1000})
+	bucket := appendBucket(nil, backend.TokenBucketState{Tokens: 1000, At: t0.UnixMilli(), Window: 1000})
 	counter := appendCounter(nil, backend.CounterState{K: 5, Curr: 1, Prev: 2, Window: 1000})
 	log := appendLog(nil, []backend.LogEntry{{At: 10, Units: 1}, {At: 12, Units: 2}})
 	bad := map[throttler.Algorithm][]struct {
@@ -361,8 +361,8 @@ func TestAlgorithmBadItems(t *testing.T) {
 			{"a later version", append([]byte{0xB2}, bucket[1:]...)},
 			{"truncated", bucket[:len(bucket)-1]},
 			{"trailing byte", append(bytes.Clone(bucket), 0)},
-			{"zero window", appendBucket(nil, backend.BucketState{Tokens: 1, Window: 0})},
-			{"tokens above 2^53", appendBucket(nil, backend.BucketState{Tokens: 1<<53 + 1, Window: 1})},
+			{"zero window", appendBucket(nil, backend.TokenBucketState{Tokens: 1, Window: 0})},
+			{"tokens above 2^53", appendBucket(nil, backend.TokenBucketState{Tokens: 1<<53 + 1, Window: 1})},
 			{"overlong varint", append([]byte{0xB1}, bytes.Repeat([]byte{0xff}, 11)...)},
 		},
 		throttler.SlidingWindow: {
@@ -371,7 +371,7 @@ func TestAlgorithmBadItems(t *testing.T) {
 			{"truncated", counter[:len(counter)-1]},
 			{"trailing byte", append(bytes.Clone(counter), 1)},
 			{"curr above MaxLimit", appendCounter(nil, backend.CounterState{Curr: throttler.MaxLimit + 1, Window: 1})},
-			{"negative window", append([]byte{0xC1}, appendBucket(nil, backend.BucketState{Window: -1})[1:]...)},
+			{"negative window", append([]byte{0xC1}, appendBucket(nil, backend.TokenBucketState{Window: -1})[1:]...)},
 		},
 		throttler.SlidingLog: {
 			{"empty", nil},
@@ -520,7 +520,7 @@ func TestFullLogReal(t *testing.T) {
 // TestStateEncoding: states round trip, and a full log stays far below
 // Memcached's item limit.
 func TestStateEncoding(t *testing.T) {
-	for _, st := range []backend.BucketState{
+	for _, st := range []backend.TokenBucketState{
 		{}, {Tokens: 1 << 53, At: -1 << 63, Window: 1}, {Tokens: 7, At: 1<<63 - 1, Window: maxWindowMs},
 	} {
 		st.Window = max(st.Window, 1)
@@ -568,7 +568,7 @@ func slicesEqual(a, b []backend.LogEntry) bool {
 // FuzzDecodeState: no value makes a decoder panic, and what decodes
 // encodes to a value that decodes to the same state.
 func FuzzDecodeState(f *testing.F) {
-	f.Add(appendBucket(nil, backend.BucketState{Tokens: 5, At: 1925089445000, Window: 1000}))
+	f.Add(appendBucket(nil, backend.TokenBucketState{Tokens: 5, At: 1925089445000, Window: 1000}))
 	f.Add(appendCounter(nil, backend.CounterState{K: 1925089445, Curr: 3, Prev: 9, Window: 1000}))
 	f.Add(appendLog(nil, []backend.LogEntry{{At: 1925089445000, Units: 2}, {At: 1925089445007, Units: 1}}))
 	f.Add([]byte("1925089445000"))

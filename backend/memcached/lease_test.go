@@ -262,7 +262,7 @@ func TestLeaseBadItems(t *testing.T) {
 	}{
 		{"empty", nil},
 		{"a fixed-window count", []byte("12")},
-		{"a token bucket", appendBucket(nil, backend.BucketState{Tokens: 1, At: 5, Window: 1})},
+		{"a token bucket", appendBucket(nil, backend.TokenBucketState{Tokens: 1, At: 5, Window: 1})},
 		{"a later version", append([]byte{0xE2}, good[1:]...)},
 		{"truncated", good[:len(good)-1]},
 		{"truncated in an ID", good[:len(good)-4]},

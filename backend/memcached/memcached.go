@@ -74,8 +74,8 @@
 // the cache up to the reset-at instead made a process count calls in the
 // window another process's clock had already ended, which the other stores
 // count in the new one: a shadow comparing them found "ResetAt off by a
-// window" (issue 11, case 5). So the last CacheFor of every window, and
-// every window no longer than CacheFor, reads the head on each call.
+// window". So the last CacheFor of every window, and every window no
+// longer than CacheFor, reads the head on each call.
 //
 // What the cache can still get wrong, for at most CacheFor: if another
 // process replaced the head early (its clock is more than CacheFor ahead of

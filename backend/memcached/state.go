@@ -37,7 +37,7 @@ const (
 // into ErrBadItem with the pair's id.
 var errDecode = errors.New("malformed state")
 
-func appendBucket(dst []byte, st backend.BucketState) []byte {
+func appendBucket(dst []byte, st backend.TokenBucketState) []byte {
 	dst = append(dst, formatBucket)
 	dst = binary.AppendUvarint(dst, uint64(st.Window))
 	dst = binary.AppendVarint(dst, st.At)
@@ -119,14 +119,14 @@ const maxWindow = uint64(math.MaxInt64 / time.Millisecond)
 // Policy.Validate: Burst·w <= 2^53.
 const maxTokens = 1 << 53
 
-func decodeBucket(b []byte) (backend.BucketState, error) {
+func decodeBucket(b []byte) (backend.TokenBucketState, error) {
 	d := decoder{b: b}
 	d.format(formatBucket)
-	st := backend.BucketState{Window: d.u(maxWindow)}
+	st := backend.TokenBucketState{Window: d.u(maxWindow)}
 	st.At = d.v()
 	st.Tokens = d.u(maxTokens)
 	if !d.done() || st.Window < 1 {
-		return backend.BucketState{}, errDecode
+		return backend.TokenBucketState{}, errDecode
 	}
 	return st, nil
 }

@@ -68,10 +68,14 @@ func (b *Backend) sweep(s *shard, now int64, called bool) {
 // reference is the instant by which a sweep of the locked shard s may drop
 // ended state: the callers' clock as the guard trusts it, less Lag, after
 // the guard has heard the sweeping call's now (when called is set) and
-// the lowest of the shard's calls since its last sweep. That one is
-// forgiven Lag, as a call may trail the clock by up to Lag, so a lagging
-// call lowers the trusted clock only by as much as it lagged beyond Lag.
-// With no clock known it stays where it was.
+// the lowest of the shard's calls since its last sweep. Beside a sweeping
+// call's own now, that lowest one is forgiven Lag, as a call may trail the
+// clock by up to Lag, so a lagging call lowers the trusted clock only by
+// as much as it lagged beyond Lag. A sweep without a call (the sweeper's)
+// forgives nothing: there the lowest now is the only bound, and forgiving
+// it would trust the clock up to Lag ahead of every call, dropping state
+// that a call trailing by less than Lag still needs. With no clock known
+// the reference stays where it was.
 func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 	mono := b.mono().Milliseconds()
 	off := int64(math.MaxInt64)
@@ -79,7 +83,11 @@ func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 		off = satSub(now, mono)
 	}
 	if s.low != math.MaxInt64 {
-		off = min(off, satAdd(satSub(s.low, s.lowMono), b.lag))
+		low := satSub(s.low, s.lowMono)
+		if called {
+			low = satAdd(low, b.lag)
+		}
+		off = min(off, low)
 		s.low = math.MaxInt64
 	}
 	bound := b.guard.bound(mono, off)

@@ -286,3 +286,43 @@ func TestSweeperKeepsToTheClockGuard(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, d.Allowed)
 }
+
+// A sweep without a call keeps what a call trailing the clock by up to Lag
+// still needs: a call that did not lag is no licence to trust the clock
+// Lag ahead of it. Each algorithm's state ends 100 ms before real time (as
+// the backend reads it) reaches it plus 100 ms; the sweeper runs; a call
+// 100 ms behind that clock must find the state a twin that never swept
+// finds.
+func TestSweepKeepsStateForACallWithinLag(t *testing.T) {
+	ctx := context.Background()
+	for _, p := range []throttler.Policy{
+		{Name: "fw", Limit: 3, Window: time.Second},
+		{Name: "tb", Limit: 3, Window: time.Second, Algorithm: throttler.TokenBucket},
+		{Name: "sl", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog},
+		{Name: "sw", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingWindow},
+	} {
+		t.Run(p.Name, func(t *testing.T) {
+			swept, clock := newWithClock(t, &memory.Options{Shards: 1})
+			twin, twinClock := newWithClock(t, &memory.Options{Shards: 1})
+			start := t0.Add(time.Second)
+			clock.set(time.Second)
+			twinClock.set(time.Second)
+			d, err := swept.Take(ctx, "k", p, 1, start)
+			require.NoError(t, err)
+			_, err = twin.Take(ctx, "k", p, 1, start)
+			require.NoError(t, err)
+			end := d.ResetAt // a counter's pair lasts a window more
+			if p.Algorithm == throttler.SlidingWindow {
+				end = end.Add(p.Window)
+			}
+			clock.set(end.Add(100 * time.Millisecond).Sub(t0))
+			memory.SweepAll(swept)
+			at := end.Add(-time.Millisecond) // 101 ms behind the clock, within Lag (1s)
+			want, err := twin.Peek(ctx, "k", p, at)
+			require.NoError(t, err)
+			got, err := swept.Peek(ctx, "k", p, at)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+		})
+	}
+}

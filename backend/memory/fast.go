@@ -4,7 +4,7 @@ import "math/bits"
 
 // The common Take of each algorithm, an admitted one on stored state,
 // computed in place on a slot: the arithmetic of the general path
-// (backend.WindowState, Bucket, Counter; a log's is LogBuffer.Take) for
+// (backend.WindowState, TokenBucket, Counter; a log's is LogBuffer.Take) for
 // that case alone, so a hot key skips the general functions' other
 // branches and the copies of their states and Decision. Each returns the
 // Decision's Used and ResetAt (Unix ms), or reports false, changing
@@ -31,7 +31,7 @@ func (w *slot) takeBucket(limit, capacity, wms, cost, t int64) (used, resetAt in
 	full := capacity * wms
 	s := min(max(w.used, 0), full)
 	// Refill: (t−At)·Limit, 128 bits wide, against the deficit; t == At
-	// refills nothing, as Bucket does.
+	// refills nothing, as TokenBucket does.
 	if hi, lo := bits.Mul64(uint64(t-w.resetAt), uint64(limit)); hi != 0 || lo >= uint64(full-s) {
 		s = full
 	} else {

@@ -77,13 +77,13 @@ func TestTakeBucketBoundaries(t *testing.T) {
 			assert.Equal(t, before, w, "%s: nothing changed", tc.name)
 			continue
 		}
-		st := backend.BucketState{Tokens: tc.tokens, At: tc.at, Window: tc.wnd}
-		d, next, write := backend.Bucket(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
+		st := backend.TokenBucketState{Tokens: tc.tokens, At: tc.at, Window: tc.wnd}
+		d, next, write := backend.TokenBucket(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
-		assert.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}, tc.name)
-		assert.Equal(t, backend.BucketEnd(p, next), w.end, tc.name)
+		assert.Equal(t, next, backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}, tc.name)
+		assert.Equal(t, backend.TokenBucketEnd(p, next), w.end, tc.name)
 	}
 }
 
@@ -139,19 +139,19 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 
 		pb := throttler.Policy{Limit: limit, Window: time.Duration(wnd) * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: rng.Int64N(25)}
 		full := pb.Capacity() * wnd
-		bs := backend.BucketState{Tokens: near(rng.Int64N(full + 1)), At: t0, Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
+		bs := backend.TokenBucketState{Tokens: near(rng.Int64N(full + 1)), At: t0, Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
 		if cost <= pb.Capacity() {
 			at := near(t0 + rng.Int64N(3*wnd))
 			w := slot{meta: kindBucket << 5, used: bs.Tokens, resetAt: bs.At, prev: bs.Window}
 			before := w
 			used, resetAt, ok := w.takeBucket(limit, pb.Capacity(), wnd, cost, at)
-			d, next, write := backend.Bucket(pb, bs, true, throttler.OpTake, cost, 0, at)
+			d, next, write := backend.TokenBucket(pb, bs, true, throttler.OpTake, cost, 0, at)
 			if covered := bs.Window == wnd && at >= bs.At; covered && write {
 				require.True(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, d.Used, used)
 				require.Equal(t, d.ResetAt.UnixMilli(), resetAt)
-				require.Equal(t, next, backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()})
-				require.Equal(t, backend.BucketEnd(pb, next), w.end)
+				require.Equal(t, next, backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()})
+				require.Equal(t, backend.TokenBucketEnd(pb, next), w.end)
 			} else {
 				require.False(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, before, w)

@@ -417,14 +417,14 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id u
 	case throttler.FixedWindow:
 		return b.fixed(s, h, w, id, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
-		var st, next backend.BucketState
+		var st, next backend.TokenBucketState
 		if w != nil {
-			st = backend.BucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
+			st = backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
 		}
-		if d, next, write = backend.Bucket(*p, st, w != nil, op, cost, r, ms); write {
+		if d, next, write = backend.TokenBucket(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
-				// backend.BucketEnd, without computing it twice.
+				// backend.TokenBucketEnd, without computing it twice.
 				w.used, w.resetAt, w.prev, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
 			}
 		}

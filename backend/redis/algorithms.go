@@ -26,7 +26,7 @@ import (
 // Their scripts admit and write
 // in Lua, and return the state they read (packed as doubles in one
 // string, parsePacked); the Decision is then computed in
-// Go by backend.Bucket or backend.Counter from that state, so it is the
+// Go by backend.TokenBucket or backend.Counter from that state, so it is the
 // memory backend's to the millisecond. A Peek runs the same script, which
 // writes nothing then, on a replica when the shard has one, and the same
 // function on the state it returns with the caller's now: a replica that
@@ -86,12 +86,12 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 		if err != nil {
 			return err
 		}
-		st := backend.BucketState{Tokens: res[2], At: res[3], Window: res[4]}
+		st := backend.TokenBucketState{Tokens: res[2], At: res[3], Window: res[4]}
 		var (
-			next  backend.BucketState
+			next  backend.TokenBucketState
 			write bool
 		)
-		d, next, write = backend.Bucket(p, st, stored, op, cost, r, t)
+		d, next, write = backend.TokenBucket(p, st, stored, op, cost, r, t)
 		if write != wrote || next.Tokens != res[5] || next.At != res[6] {
 			return disagree(res[:], write, next)
 		}

@@ -131,7 +131,7 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 		{Limit: 1, Window: ms, Algorithm: throttler.SlidingLog},
 	}
 	type state struct {
-		bucket  backend.BucketState
+		bucket  backend.TokenBucketState
 		counter backend.CounterState
 		log     []backend.LogEntry
 		stored  bool
@@ -180,7 +180,7 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 			var want throttler.Decision
 			switch p.Algorithm {
 			case throttler.TokenBucket:
-				d, next, write := backend.Bucket(p, st.bucket, st.stored, op, cost, r, now)
+				d, next, write := backend.TokenBucket(p, st.bucket, st.stored, op, cost, r, now)
 				if want = d; write {
 					st.bucket, st.stored = next, true
 				}
@@ -390,13 +390,13 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		value string
 		state any // the state it reads as; nil: none
 	}{
-		{"bucket", tb, bucketValue(5000, ftms, 1000), backend.BucketState{Tokens: 5000, At: tms, Window: 1000}},
-		{"empty bucket", tb, bucketValue(0, ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
-		{"negative tokens", tb, bucketValue(-7, ftms, 1000), backend.BucketState{Tokens: -7, At: tms, Window: 1000}},
-		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), backend.BucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
-		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), backend.BucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
-		{"another window", tb, bucketValue(0, ftms, 999), backend.BucketState{Tokens: 0, At: tms, Window: 999}},
-		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), backend.BucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"bucket", tb, bucketValue(5000, ftms, 1000), backend.TokenBucketState{Tokens: 5000, At: tms, Window: 1000}},
+		{"empty bucket", tb, bucketValue(0, ftms, 1000), backend.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"negative tokens", tb, bucketValue(-7, ftms, 1000), backend.TokenBucketState{Tokens: -7, At: tms, Window: 1000}},
+		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), backend.TokenBucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
+		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), backend.TokenBucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
+		{"another window", tb, bucketValue(0, ftms, 999), backend.TokenBucketState{Tokens: 0, At: tms, Window: 999}},
+		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), backend.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
 		{"above 2^53", tb, bucketValue(1<<53+2, ftms, 1000), nil},
 		{"below -2^53", tb, bucketValue(-1<<53-2, ftms, 1000), nil},
 		{"instant above 2^53", tb, bucketValue(0, 1<<53+2, 1000), nil},
@@ -427,11 +427,11 @@ func TestAlgorithmStoredValues(t *testing.T) {
 				switch st := tt.state.(type) {
 				case backend.CounterState:
 					want, _, _ = backend.Counter(tt.p, st, true, op, 1, 0, at.UnixMilli())
-				case backend.BucketState:
-					want, _, _ = backend.Bucket(tt.p, st, true, op, 1, 0, at.UnixMilli())
+				case backend.TokenBucketState:
+					want, _, _ = backend.TokenBucket(tt.p, st, true, op, 1, 0, at.UnixMilli())
 				default:
 					if tt.p.Algorithm == throttler.TokenBucket {
-						want, _, _ = backend.Bucket(tt.p, backend.BucketState{}, false, op, 1, 0, at.UnixMilli())
+						want, _, _ = backend.TokenBucket(tt.p, backend.TokenBucketState{}, false, op, 1, 0, at.UnixMilli())
 					} else {
 						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, 0, at.UnixMilli())
 					}

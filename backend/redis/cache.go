@@ -19,7 +19,7 @@ import (
 //   - fixed window: denied while cost > Limit - Used; the Decision is
 //     WindowState's, as Redis would give it from the same window;
 //   - token bucket and sliding-window counter: the state the script read
-//     is kept, and backend.Bucket or backend.Counter answers from it at the
+//     is kept, and backend.TokenBucket or backend.Counter answers from it at the
 //     call's now, exactly what the script would from that state; only a
 //     denial is answered here;
 //   - sliding log: only a denial that waits for one unit to end (Used +
@@ -58,7 +58,7 @@ type overLimit struct {
 	cost  int64
 	d     throttler.Decision
 	// a bucket's or a counter's state as the script read it
-	bucket  backend.BucketState
+	bucket  backend.TokenBucketState
 	counter backend.CounterState
 	stored  bool
 }
@@ -101,7 +101,7 @@ func (e *overLimit) answer(cost int64, now time.Time, t int64) (throttler.Decisi
 		}
 		return backend.WindowState(e.p, e.d.Used, e.d.ResetAt, now, false), true
 	case throttler.TokenBucket:
-		d, _, write := backend.Bucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, 0, t)
+		d, _, write := backend.TokenBucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, 0, t)
 		return d, !write
 	case throttler.SlidingWindow:
 		d, _, write := backend.Counter(e.p, e.counter, e.stored, throttler.OpTake, cost, 0, t)

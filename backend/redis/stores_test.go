@@ -47,7 +47,7 @@ func (r *pausedReplica) EvalSha(ctx context.Context, sha string, keys []string, 
 // key with no state: nothing written or stored, and the state Go computes.
 func noStateReply(p throttler.Policy, t int64) string {
 	if p.Algorithm == throttler.TokenBucket {
-		_, next, _ := backend.Bucket(p, backend.BucketState{}, false, throttler.OpPeek, 1, 0, t)
+		_, next, _ := backend.TokenBucket(p, backend.TokenBucketState{}, false, throttler.OpPeek, 1, 0, t)
 		return pack(0, 0, 0, 0, 0, next.Tokens, next.At)
 	}
 	_, next, _ := backend.Counter(p, backend.CounterState{}, false, throttler.OpPeek, 1, 0, t)

@@ -1,4 +1,4 @@
-package throttleotel_test
+package otel_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
-	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
+	"github.com/throttlekit/throttlekit/metrics/otel"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -21,7 +21,7 @@ func Example() {
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = provider.Shutdown(ctx) }()
 
-	metrics, err := throttleotel.New(provider, nil)
+	metrics, err := otel.New(provider, nil)
 	if err != nil {
 		panic(err)
 	}

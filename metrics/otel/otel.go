@@ -1,8 +1,8 @@
-// Package throttleotel records a Throttler's decisions, its stores' latency,
+// Package otel records a Throttler's decisions, its stores' latency,
 // errors and breakers, and the routing and comparisons of flags routers,
 // shadows and migrations as OpenTelemetry metrics:
 //
-//	m, err := throttleotel.New(meterProvider, nil)
+//	m, err := otel.New(meterProvider, nil)
 //	if err != nil {
 //		return err
 //	}
@@ -33,9 +33,9 @@
 //	throttlekit.migration.*       counters            throttlekit.migration
 //
 // The values of each attribute, and the cardinality and its bounds, are
-// those of package throttleprom (metrics/prometheus), whose names these
+// those of package prometheus (metrics/prometheus), whose names these
 // mirror.
-package throttleotel
+package otel
 
 import (
 	"context"
@@ -60,7 +60,7 @@ import (
 const ScopeName = "github.com/throttlekit/throttlekit/metrics/otel"
 
 // DefaultBuckets are the latency histogram's bucket boundaries, in seconds:
-// the same as throttleprom's.
+// the same as metrics/prometheus's.
 var DefaultBuckets = slices.Clone(metricdef.DefaultBuckets)
 
 // Options configure Metrics. Nil options mean defaults.
@@ -110,7 +110,7 @@ type storeOptions struct {
 // work, and instruments mp refuses, are errors.
 func New(mp metric.MeterProvider, opts *Options) (*Metrics, error) {
 	if mp == nil {
-		return nil, errors.New("throttleotel: New needs a MeterProvider, got nil")
+		return nil, errors.New("otel: New needs a MeterProvider, got nil")
 	}
 	var o metricdef.Options
 	if opts != nil {
@@ -118,7 +118,7 @@ func New(mp metric.MeterProvider, opts *Options) (*Metrics, error) {
 	}
 	o, err := o.WithDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("throttleotel: %w", err)
+		return nil, fmt.Errorf("otel: %w", err)
 	}
 	meter := mp.Meter(ScopeName)
 	m := &Metrics{}
@@ -151,7 +151,7 @@ func New(mp metric.MeterProvider, opts *Options) (*Metrics, error) {
 		add(err)
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("throttleotel: %w", errors.Join(errs...))
+		return nil, fmt.Errorf("otel: %w", errors.Join(errs...))
 	}
 	m.policies = metricdef.Table[policyOptions]{Max: o.MaxPolicies, New: func(l string) *policyOptions {
 		return &policyOptions{label: l}
@@ -228,7 +228,7 @@ func (m *Metrics) observe(_ context.Context, obs metric.Observer) error {
 // no longer read. The call instruments keep recording.
 func (m *Metrics) Unregister() error {
 	if err := m.reg.Unregister(); err != nil {
-		return fmt.Errorf("throttleotel: %w", err)
+		return fmt.Errorf("otel: %w", err)
 	}
 	return nil
 }
@@ -275,7 +275,7 @@ func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
 
 func wrap(err error) error {
 	if err != nil {
-		return fmt.Errorf("throttleotel: %w", err)
+		return fmt.Errorf("otel: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package throttleotel_test
+package otel_test
 
 import (
 	"context"
@@ -13,15 +13,15 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
-	throttleotel "github.com/throttlekit/throttlekit/metrics/otel"
+	"github.com/throttlekit/throttlekit/metrics/otel"
 )
 
-func newMetrics(t *testing.T, o *throttleotel.Options) (*throttleotel.Metrics, *sdkmetric.ManualReader) {
+func newMetrics(t *testing.T, o *otel.Options) (*otel.Metrics, *sdkmetric.ManualReader) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	m, err := throttleotel.New(mp, o)
+	m, err := otel.New(mp, o)
 	require.NoError(t, err)
 	return m, reader
 }
@@ -33,7 +33,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Metr
 	require.NoError(t, r.Collect(context.Background(), &rm))
 	out := map[string]metricdata.Metrics{}
 	for _, sm := range rm.ScopeMetrics {
-		require.Equal(t, throttleotel.ScopeName, sm.Scope.Name)
+		require.Equal(t, otel.ScopeName, sm.Scope.Name)
 		for _, m := range sm.Metrics {
 			out[m.Name] = m
 		}
@@ -102,7 +102,7 @@ func TestObservedCallsCollect(t *testing.T) {
 	for _, p := range hist.DataPoints {
 		store, _ := p.Attributes.Value("throttlekit.store")
 		counts[store.AsString()] = p.Count
-		assert.Equal(t, throttleotel.DefaultBuckets, p.Bounds)
+		assert.Equal(t, otel.DefaultBuckets, p.Bounds)
 	}
 	assert.Equal(t, map[string]uint64{"default": 4, "redis-1": 1, "redis-2": 2, "redis-3": 1}, counts)
 }
@@ -160,19 +160,19 @@ func TestPulledStatsCollect(t *testing.T) {
 func TestNewRefusesBadInput(t *testing.T) {
 	mp := sdkmetric.NewMeterProvider()
 	tests := []struct {
-		opts throttleotel.Options
+		opts otel.Options
 		want string
 	}{
-		{throttleotel.Options{MaxPolicies: -1}, "throttleotel: Options.MaxPolicies must be >= 0, got -1"},
-		{throttleotel.Options{MaxStores: -1}, "throttleotel: Options.MaxStores must be >= 0, got -1"},
-		{throttleotel.Options{Buckets: []float64{2, 1}}, "throttleotel: Options.Buckets must be positive, finite and increasing by at least 1ns, got [2 1]"},
+		{otel.Options{MaxPolicies: -1}, "otel: Options.MaxPolicies must be >= 0, got -1"},
+		{otel.Options{MaxStores: -1}, "otel: Options.MaxStores must be >= 0, got -1"},
+		{otel.Options{Buckets: []float64{2, 1}}, "otel: Options.Buckets must be positive, finite and increasing by at least 1ns, got [2 1]"},
 	}
 	for _, tt := range tests {
-		_, err := throttleotel.New(mp, &tt.opts)
+		_, err := otel.New(mp, &tt.opts)
 		assert.EqualError(t, err, tt.want)
 	}
-	_, err := throttleotel.New(nil, nil)
-	assert.EqualError(t, err, "throttleotel: New needs a MeterProvider, got nil")
+	_, err := otel.New(nil, nil)
+	assert.EqualError(t, err, "otel: New needs a MeterProvider, got nil")
 }
 
 // A batching backend's counts as observable instruments, read at each
@@ -209,7 +209,7 @@ func TestBatchingCollect(t *testing.T) {
 		sizes[s.AsString()] = p.Value
 	}
 	assert.Equal(t, map[string]int64{"1": 6, "2-3": 1, "4-7": 0, "8-15": 3, "16-31": 0, "32-63": 0, "64-127": 0, "128+": 0}, sizes)
-	assert.EqualError(t, m.AddBatching("other", nil), `throttleotel: AddBatching "other": nil`)
+	assert.EqualError(t, m.AddBatching("other", nil), `otel: AddBatching "other": nil`)
 }
 
 // An in-process backend's counts as observable instruments, under
@@ -226,5 +226,5 @@ func TestMemoryCollect(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, keys.DataPoints, 1)
 	assert.Equal(t, int64(1), keys.DataPoints[0].Value)
-	assert.EqualError(t, m.AddMemory("other", nil), `throttleotel: AddMemory "other": nil`)
+	assert.EqualError(t, m.AddMemory("other", nil), `otel: AddMemory "other": nil`)
 }

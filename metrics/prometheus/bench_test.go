@@ -1,4 +1,4 @@
-package throttleprom_test
+package prometheus_test
 
 import (
 	"context"
@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	prom "github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
-	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
+	"github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -31,9 +31,9 @@ func BenchmarkAllow(b *testing.B) {
 		{"none", func() func(throttler.Observation) { return nil }},
 		{"noop", func() func(throttler.Observation) { return func(throttler.Observation) {} }},
 		{"prometheus", func() func(throttler.Observation) {
-			m, err := throttleprom.New(nil)
+			m, err := prometheus.New(nil)
 			require.NoError(b, err)
-			prometheus.NewRegistry().MustRegister(m)
+			prom.NewRegistry().MustRegister(m)
 			return m.Observe
 		}},
 	} {
@@ -64,9 +64,9 @@ func BenchmarkAllowCPU(b *testing.B) {
 	if !cputime.Supported {
 		b.Skip("no thread CPU clock here")
 	}
-	m, err := throttleprom.New(nil)
+	m, err := prometheus.New(nil)
 	require.NoError(b, err)
-	prometheus.NewRegistry().MustRegister(m)
+	prom.NewRegistry().MustRegister(m)
 	observers := []func(throttler.Observation){nil, func(throttler.Observation) {}, m.Observe}
 	var ths []*throttler.Throttler
 	for _, o := range observers {
@@ -106,7 +106,7 @@ func BenchmarkAllowCPU(b *testing.B) {
 
 // BenchmarkObserve is the adapter alone, on a call it has seen before.
 func BenchmarkObserve(b *testing.B) {
-	m, err := throttleprom.New(nil)
+	m, err := prometheus.New(nil)
 	require.NoError(b, err)
 	o := throttler.Observation{Op: throttler.OpTake, Policy: benchPolicy, Decision: throttler.Decision{Allowed: true}, Latency: 300 * time.Nanosecond}
 	b.ReportAllocs()
@@ -118,7 +118,7 @@ func BenchmarkObserve(b *testing.B) {
 // TestObserveDoesNotAllocate pins the hot path's allocations (not its time,
 // which the benchmark measures): none once a policy and store are known.
 func TestObserveDoesNotAllocate(t *testing.T) {
-	m, err := throttleprom.New(nil)
+	m, err := prometheus.New(nil)
 	require.NoError(t, err)
 	obs := []throttler.Observation{
 		{Op: throttler.OpTake, Policy: benchPolicy, Decision: throttler.Decision{Allowed: true}, Latency: time.Microsecond},

@@ -1,4 +1,4 @@
-package throttleprom_test
+package prometheus_test
 
 import (
 	"encoding/json"

@@ -1,25 +1,25 @@
-package throttleprom_test
+package prometheus_test
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	prom "github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
-	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
+	"github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // A Throttler reports every call to the adapter; the registry's scrape
 // (here Gather) turns the counts into metrics.
 func Example() {
-	metrics, err := throttleprom.New(nil)
+	metrics, err := prometheus.New(nil)
 	if err != nil {
 		panic(err)
 	}
-	registry := prometheus.NewRegistry()
+	registry := prom.NewRegistry()
 	registry.MustRegister(metrics)
 
 	store, err := memory.New(nil)

@@ -1,8 +1,8 @@
-// Package throttleprom exports a Throttler's decisions, its stores' latency,
+// Package prometheus exports a Throttler's decisions, its stores' latency,
 // errors and breakers, and the routing and comparisons of flags routers,
 // shadows and migrations as Prometheus metrics:
 //
-//	m, err := throttleprom.New(nil)
+//	m, err := prometheus.New(nil)
 //	if err != nil {
 //		return err
 //	}
@@ -47,7 +47,7 @@
 // beyond the bound count under "other". With P policies and S stores the
 // call metrics are at most P×5×4×3 decision series (only those seen are
 // created), S histograms of len(Buckets)+3 series and S×2 error series.
-package throttleprom
+package prometheus
 
 import (
 	"fmt"
@@ -57,7 +57,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	prom "github.com/prometheus/client_golang/prometheus"
 
 	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/metrics/internal/metricdef"
@@ -84,7 +84,7 @@ type Options struct {
 	Buckets []float64
 }
 
-// Metrics is a prometheus.Collector of everything above. It is safe for
+// Metrics is a Prometheus Collector of everything above. It is safe for
 // concurrent use. Create it with New.
 //
 // The call metrics are plain atomic counters that Collect turns into
@@ -102,8 +102,8 @@ type Metrics struct {
 	defaultStore *storeCounters
 
 	sources                    metricdef.Sources
-	decisions, latency, errors *prometheus.Desc
-	pulls                      [metricdef.NumPulls]*prometheus.Desc
+	decisions, latency, errors *prom.Desc
+	pulls                      [metricdef.NumPulls]*prom.Desc
 }
 
 // policyCounters are one policy's decisions by op, source and result.
@@ -122,9 +122,9 @@ type storeCounters struct {
 	errors [metricdef.NumReasons]atomic.Uint64
 }
 
-var _ prometheus.Collector = (*Metrics)(nil)
+var _ prom.Collector = (*Metrics)(nil)
 
-// New returns Metrics; register them with a prometheus.Registerer and pass
+// New returns Metrics; register them with a Prometheus Registerer and pass
 // Observe to throttler.Options. Options that cannot work are an error.
 func New(opts *Options) (*Metrics, error) {
 	var o metricdef.Options
@@ -133,19 +133,19 @@ func New(opts *Options) (*Metrics, error) {
 	}
 	o, err := o.WithDefaults()
 	if err != nil {
-		return nil, fmt.Errorf("throttleprom: %w", err)
+		return nil, fmt.Errorf("prometheus: %w", err)
 	}
 	m := &Metrics{buckets: o.Buckets}
 	for _, b := range o.Buckets {
 		m.bounds = append(m.bounds, time.Duration(b*float64(time.Second)))
 	}
-	m.decisions = prometheus.NewDesc("throttlekit_decisions_total",
+	m.decisions = prom.NewDesc("throttlekit_decisions_total",
 		"Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.",
 		[]string{"policy", "op", "source", "result"}, nil)
-	m.latency = prometheus.NewDesc("throttlekit_backend_call_duration_seconds",
+	m.latency = prom.NewDesc("throttlekit_backend_call_duration_seconds",
 		"Wall time of Throttler calls that reached a store (fallback included), by store.",
 		[]string{"store"}, nil)
-	m.errors = prometheus.NewDesc("throttlekit_backend_errors_total",
+	m.errors = prom.NewDesc("throttlekit_backend_errors_total",
 		"Primary store failures by store and reason (timeout, error), answered by the fallback or the failure mode.",
 		[]string{"store", "reason"}, nil)
 	m.policies = metricdef.Table[policyCounters]{Max: o.MaxPolicies, New: func(l string) *policyCounters {
@@ -155,7 +155,7 @@ func New(opts *Options) (*Metrics, error) {
 	m.defaultStore = m.stores.Get("", metricdef.StoreLabel)
 	m.sources.MaxStores = o.MaxStores
 	for i, s := range metricdef.Specs {
-		m.pulls[i] = prometheus.NewDesc(s.Prom, s.Help, s.Labels, nil)
+		m.pulls[i] = prom.NewDesc(s.Prom, s.Help, s.Labels, nil)
 	}
 	return m, nil
 }
@@ -232,13 +232,13 @@ func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
 
 func wrap(err error) error {
 	if err != nil {
-		return fmt.Errorf("throttleprom: %w", err)
+		return fmt.Errorf("prometheus: %w", err)
 	}
 	return nil
 }
 
-// Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+// Describe implements the Prometheus Collector.
+func (m *Metrics) Describe(ch chan<- *prom.Desc) {
 	ch <- m.decisions
 	ch <- m.latency
 	ch <- m.errors
@@ -247,14 +247,14 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector: the call counters as they are
+// Collect implements the Prometheus Collector: the call counters as they are
 // now (a decision series once it has counted a call; a store's histogram
 // and errors once it has been seen), then every source's Stats read now.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	send := func(d *prometheus.Desc, vt prometheus.ValueType, v float64, labels ...string) {
-		c, err := prometheus.NewConstMetric(d, vt, v, labels...)
+func (m *Metrics) Collect(ch chan<- prom.Metric) {
+	send := func(d *prom.Desc, vt prom.ValueType, v float64, labels ...string) {
+		c, err := prom.NewConstMetric(d, vt, v, labels...)
 		if err != nil {
-			c = prometheus.NewInvalidMetric(d, err) // the scrape reports it
+			c = prom.NewInvalidMetric(d, err) // the scrape reports it
 		}
 		ch <- c
 	}
@@ -263,7 +263,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			for src := range pc.n[op] {
 				for res := range pc.n[op][src] {
 					if n := pc.n[op][src][res].Load(); n > 0 {
-						send(m.decisions, prometheus.CounterValue, float64(n), pc.label,
+						send(m.decisions, prom.CounterValue, float64(n), pc.label,
 							metricdef.OpNames[op], metricdef.SourceNames[src], metricdef.ResultNames[res])
 					}
 				}
@@ -279,20 +279,20 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 				buckets[m.buckets[i]] = count
 			}
 		}
-		h, err := prometheus.NewConstHistogram(m.latency, count, time.Duration(st.sumNs.Load()).Seconds(), buckets, st.label)
+		h, err := prom.NewConstHistogram(m.latency, count, time.Duration(st.sumNs.Load()).Seconds(), buckets, st.label)
 		if err != nil {
-			h = prometheus.NewInvalidMetric(m.latency, err)
+			h = prom.NewInvalidMetric(m.latency, err)
 		}
 		ch <- h
 		for i, r := range metricdef.ReasonNames {
-			send(m.errors, prometheus.CounterValue, float64(st.errors[i].Load()), st.label, r)
+			send(m.errors, prom.CounterValue, float64(st.errors[i].Load()), st.label, r)
 		}
 	})
 	m.sources.Collect(func(s metricdef.Sample) {
 		spec := metricdef.Specs[s.Pull]
-		vt := prometheus.CounterValue
+		vt := prom.CounterValue
 		if spec.Gauge {
-			vt = prometheus.GaugeValue
+			vt = prom.GaugeValue
 		}
 		send(m.pulls[s.Pull], vt, s.Value, s.Labels[:len(spec.Labels)]...)
 	})

@@ -1,4 +1,4 @@
-package throttleprom_test
+package prometheus_test
 
 import (
 	"math"
@@ -6,22 +6,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	prom "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
-	throttleprom "github.com/throttlekit/throttlekit/metrics/prometheus"
+	"github.com/throttlekit/throttlekit/metrics/prometheus"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-func newMetrics(t *testing.T, o *throttleprom.Options) (*throttleprom.Metrics, *prometheus.Registry) {
+func newMetrics(t *testing.T, o *prometheus.Options) (*prometheus.Metrics, *prom.Registry) {
 	t.Helper()
-	m, err := throttleprom.New(o)
+	m, err := prometheus.New(o)
 	require.NoError(t, err)
-	reg := prometheus.NewPedanticRegistry()
+	reg := prom.NewPedanticRegistry()
 	require.NoError(t, reg.Register(m))
 	return m, reg
 }
@@ -65,7 +65,7 @@ throttlekit_breakers_open{store="redis-2"} 1
 }
 
 // histogramCounts gathers a histogram's sample counts by one label.
-func histogramCounts(t *testing.T, reg prometheus.Gatherer, name, label string) map[string]uint64 {
+func histogramCounts(t *testing.T, reg prom.Gatherer, name, label string) map[string]uint64 {
 	t.Helper()
 	families, err := reg.Gather()
 	require.NoError(t, err)
@@ -178,7 +178,7 @@ throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="used",shadow="
 }
 
 func TestCardinalityIsBounded(t *testing.T) {
-	m, reg := newMetrics(t, &throttleprom.Options{MaxPolicies: 2, MaxStores: 2})
+	m, reg := newMetrics(t, &prometheus.Options{MaxPolicies: 2, MaxStores: 2})
 	for _, name := range []string{"a", "b", "c", "d", "a", "\xff"} {
 		for _, store := range []string{"", "s1", "s2", "s3"} {
 			m.Observe(throttler.Observation{Op: throttler.OpTake, Policy: throttler.Policy{Name: name}, Store: store, Decision: throttler.Decision{Allowed: true}})
@@ -215,18 +215,18 @@ throttlekit_decisions_total{op="release",policy="uploads",result="allowed",sourc
 
 func TestNewRefusesBadOptions(t *testing.T) {
 	tests := []struct {
-		opts throttleprom.Options
+		opts prometheus.Options
 		want string
 	}{
-		{throttleprom.Options{MaxPolicies: -1}, "throttleprom: Options.MaxPolicies must be >= 0, got -1"},
-		{throttleprom.Options{MaxStores: -2}, "throttleprom: Options.MaxStores must be >= 0, got -2"},
-		{throttleprom.Options{Buckets: []float64{0.1, 0.1}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0.1 0.1]"},
-		{throttleprom.Options{Buckets: []float64{0, 1}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0 1]"},
-		{throttleprom.Options{Buckets: []float64{1, math.Inf(1)}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1 +Inf]"},
-		{throttleprom.Options{Buckets: []float64{1e-10}}, "throttleprom: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1e-10]"},
+		{prometheus.Options{MaxPolicies: -1}, "prometheus: Options.MaxPolicies must be >= 0, got -1"},
+		{prometheus.Options{MaxStores: -2}, "prometheus: Options.MaxStores must be >= 0, got -2"},
+		{prometheus.Options{Buckets: []float64{0.1, 0.1}}, "prometheus: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0.1 0.1]"},
+		{prometheus.Options{Buckets: []float64{0, 1}}, "prometheus: Options.Buckets must be positive, finite and increasing by at least 1ns, got [0 1]"},
+		{prometheus.Options{Buckets: []float64{1, math.Inf(1)}}, "prometheus: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1 +Inf]"},
+		{prometheus.Options{Buckets: []float64{1e-10}}, "prometheus: Options.Buckets must be positive, finite and increasing by at least 1ns, got [1e-10]"},
 	}
 	for _, tt := range tests {
-		_, err := throttleprom.New(&tt.opts)
+		_, err := prometheus.New(&tt.opts)
 		assert.EqualError(t, err, tt.want)
 	}
 }
@@ -239,20 +239,20 @@ func TestAddRefusesBadSources(t *testing.T) {
 		err  error
 		want string
 	}{
-		{m.AddRouter("r", s.Router), `throttleprom: AddRouter "r": name already added`},
-		{m.AddMigration("r", s.Migration), `throttleprom: AddMigration "r": name already added`},
-		{m.AddShadow("", s.Mismatch), `throttleprom: AddShadow: empty name`},
-		{m.AddShadow("x", nil), `throttleprom: AddShadow "x": nil`},
-		{m.AddRouter("bad\xff", s.Router), `throttleprom: AddRouter "bad\xff": a name is valid UTF-8 of at most 128 bytes`},
-		{m.AddMigration(strings.Repeat("m", 129), s.Migration), `throttleprom: AddMigration "` + strings.Repeat("m", 129) + `": a name is valid UTF-8 of at most 128 bytes`},
-		{m.WatchThrottler(nil), `throttleprom: WatchThrottler: nil Throttler`},
+		{m.AddRouter("r", s.Router), `prometheus: AddRouter "r": name already added`},
+		{m.AddMigration("r", s.Migration), `prometheus: AddMigration "r": name already added`},
+		{m.AddShadow("", s.Mismatch), `prometheus: AddShadow: empty name`},
+		{m.AddShadow("x", nil), `prometheus: AddShadow "x": nil`},
+		{m.AddRouter("bad\xff", s.Router), `prometheus: AddRouter "bad\xff": a name is valid UTF-8 of at most 128 bytes`},
+		{m.AddMigration(strings.Repeat("m", 129), s.Migration), `prometheus: AddMigration "` + strings.Repeat("m", 129) + `": a name is valid UTF-8 of at most 128 bytes`},
+		{m.WatchThrottler(nil), `prometheus: WatchThrottler: nil Throttler`},
 	}
 	for _, tt := range tests {
 		assert.EqualError(t, tt.err, tt.want)
 	}
 	_, healthy := traffic.Calls(t, nil)
 	require.NoError(t, m.WatchThrottler(healthy))
-	assert.EqualError(t, m.WatchThrottler(healthy), "throttleprom: WatchThrottler: Throttler already watched")
+	assert.EqualError(t, m.WatchThrottler(healthy), "prometheus: WatchThrottler: Throttler already watched")
 }
 
 // A batching backend's counts, read at each scrape: round trips by size,
@@ -299,8 +299,8 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 		"throttlekit_backend_round_trips_total", "throttlekit_backend_operations_total",
 		"throttlekit_backend_batched_operations_total", "throttlekit_backend_abandoned_operations_total",
 		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys"))
-	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `throttleprom: AddBatching "redis": name already added`)
-	assert.EqualError(t, m.AddBatching("other", nil), `throttleprom: AddBatching "other": nil`)
+	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `prometheus: AddBatching "redis": name already added`)
+	assert.EqualError(t, m.AddBatching("other", nil), `prometheus: AddBatching "other": nil`)
 }
 
 // An in-process backend's counts, read at each scrape under backend=name:
@@ -323,6 +323,6 @@ throttlekit_memory_second_tier_hits_total{backend="embedded"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total"))
-	assert.EqualError(t, m.AddMemory("embedded", mem.Stats), `throttleprom: AddMemory "embedded": name already added`)
-	assert.EqualError(t, m.AddMemory("other", nil), `throttleprom: AddMemory "other": nil`)
+	assert.EqualError(t, m.AddMemory("embedded", mem.Stats), `prometheus: AddMemory "embedded": name already added`)
+	assert.EqualError(t, m.AddMemory("other", nil), `prometheus: AddMemory "other": nil`)
 }

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/flags"
@@ -52,7 +50,7 @@ func (d *down) Store(throttler.Op, string, throttler.Policy) string { return d.s
 func Memory(t testing.TB) *memory.Backend {
 	t.Helper()
 	m, err := memory.New(nil)
-	require.NoError(t, err)
+	noError(t, err)
 	return m
 }
 
@@ -60,7 +58,7 @@ func newThrottler(t testing.TB, b throttler.Backend, o throttler.Options) *throt
 	t.Helper()
 	o.Clock = func() time.Time { return T0 }
 	th, err := throttler.New(b, &o)
-	require.NoError(t, err)
+	noError(t, err)
 	return th
 }
 
@@ -82,17 +80,17 @@ func Calls(t testing.TB, observe func(throttler.Observation)) (open, healthy *th
 	healthy = newThrottler(t, Memory(t), throttler.Options{Observe: observe})
 	for range 3 {
 		_, err := healthy.Allow(ctx, "alice", Login)
-		require.NoError(t, err)
+		noError(t, err)
 	}
 	_, err := healthy.Allow(ctx, "", Login)
-	require.ErrorIs(t, err, throttler.ErrInvalidKey)
+	errorIs(t, err, throttler.ErrInvalidKey)
 	_, err = healthy.Allow(ctx, "alice", throttler.PerMinute(5))
-	require.NoError(t, err)
+	noError(t, err)
 
 	fallback := newThrottler(t, newDown("redis-1", false), throttler.Options{Observe: observe, Fallback: Memory(t)})
 	d, err := fallback.Allow(ctx, "alice", Login)
-	require.NoError(t, err)
-	require.True(t, d.Allowed && d.Degraded)
+	noError(t, err)
+	isTrue(t, d.Allowed && d.Degraded, "allowed and degraded")
 
 	open = newThrottler(t, newDown("redis-2", true), throttler.Options{
 		Observe: observe, Timeout: time.Millisecond, FailureMode: throttler.FailClosed,
@@ -100,13 +98,13 @@ func Calls(t testing.TB, observe func(throttler.Observation)) (open, healthy *th
 	})
 	for range 2 {
 		_, err = open.Allow(ctx, "alice", Login)
-		require.ErrorIs(t, err, throttler.ErrUnavailable)
+		errorIs(t, err, throttler.ErrUnavailable)
 	}
 
 	failOpen := newThrottler(t, newDown("redis-3", false), throttler.Options{Observe: observe})
 	d, err = failOpen.Peek(ctx, "alice", Login)
-	require.NoError(t, err)
-	require.True(t, d.Allowed && d.Degraded)
+	noError(t, err)
+	isTrue(t, d.Allowed && d.Degraded, "allowed and degraded")
 	return open, healthy
 }
 
@@ -135,11 +133,11 @@ type Adapter interface {
 // "sessions".
 func (s Sources) AddTo(t testing.TB, m Adapter) {
 	t.Helper()
-	require.NoError(t, m.AddRouter("r", s.Router))
-	require.NoError(t, m.AddShadow("mismatch", s.Mismatch))
-	require.NoError(t, m.AddShadow("failing", s.Failing))
-	require.NoError(t, m.AddShadow("closed", s.Closed))
-	require.NoError(t, m.AddMigration("sessions", s.Migration))
+	noError(t, m.AddRouter("r", s.Router))
+	noError(t, m.AddShadow("mismatch", s.Mismatch))
+	noError(t, m.AddShadow("failing", s.Failing))
+	noError(t, m.AddShadow("closed", s.Closed))
+	noError(t, m.AddMigration("sessions", s.Migration))
 }
 
 // Drive builds the sources and makes these calls:
@@ -152,55 +150,55 @@ func Drive(t testing.TB) Sources {
 	ctx := context.Background()
 	var s Sources
 	pct, err := flags.NewPercent(0)
-	require.NoError(t, err)
+	noError(t, err)
 	s.Router, err = flags.NewRouter(Memory(t), Memory(t), pct, nil)
-	require.NoError(t, err)
+	noError(t, err)
 	for i := range 3 {
 		_, err := s.Router.Take(ctx, fmt.Sprint("k", i), Login, 1, T0)
-		require.NoError(t, err)
+		noError(t, err)
 	}
-	require.NoError(t, pct.Set(100))
+	noError(t, pct.Set(100))
 	for i := range 2 {
 		_, err := s.Router.Take(ctx, fmt.Sprint("k", i), Login, 1, T0)
-		require.NoError(t, err)
+		noError(t, err)
 	}
 
 	control := Memory(t)
 	_, err = control.Take(ctx, "alice", Login, 2, T0) // only the control saw these
-	require.NoError(t, err)
+	noError(t, err)
 	s.Mismatch = newShadow(t, control, Memory(t))
 	s.Failing = newShadow(t, Memory(t), newDown("redis-9", false))
 	s.Closed = newShadow(t, Memory(t), Memory(t))
-	require.NoError(t, s.Closed.Close())
+	noError(t, s.Closed.Close())
 	for _, sh := range []*shadow.Backend{s.Mismatch, s.Failing, s.Closed} {
 		_, err = sh.Take(ctx, "alice", Login, 1, T0.Add(time.Second))
-		require.NoError(t, err)
+		noError(t, err)
 		if sh != s.Closed {
-			require.NoError(t, sh.Flush(ctx))
+			noError(t, sh.Flush(ctx))
 		}
 	}
 
 	mpct, err := flags.NewPercent(0)
-	require.NoError(t, err)
+	noError(t, err)
 	mpct.SetMirror(true)
 	s.Migration, err = migration.New(Memory(t), Memory(t), mpct, nil)
-	require.NoError(t, err)
+	noError(t, err)
 	t.Cleanup(func() { _ = s.Migration.Close() })
 	for i := range 3 {
 		_, err := s.Migration.Take(ctx, fmt.Sprint("m", i), Login, 1, T0)
-		require.NoError(t, err)
+		noError(t, err)
 	}
-	require.NoError(t, mpct.Set(100))
+	noError(t, mpct.Set(100))
 	_, err = s.Migration.Take(ctx, "m-new", Login, 1, T0)
-	require.NoError(t, err)
-	require.NoError(t, s.Migration.Flush(ctx))
+	noError(t, err)
+	noError(t, s.Migration.Flush(ctx))
 	return s
 }
 
 func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backend {
 	t.Helper()
 	s, err := shadow.New(control, candidate, nil)
-	require.NoError(t, err)
+	noError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }
@@ -212,11 +210,35 @@ func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backe
 func FullMemory(t testing.TB) *memory.Backend {
 	t.Helper()
 	m, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
-	require.NoError(t, err)
+	noError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
 	for _, k := range []string{"a", "b", "a"} {
 		_, err := m.Take(context.Background(), k, Login, 1, T0)
-		require.NoError(t, err)
+		noError(t, err)
 	}
 	return m
+}
+
+// noError, errorIs and isTrue stop the test that drives the traffic: this
+// package is not a _test file, so it keeps to the standard library's
+// testing.TB and leaves assertion libraries to the tests.
+func noError(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("traffic: unexpected error: %v", err)
+	}
+}
+
+func errorIs(t testing.TB, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("traffic: error %v, want one that is %v", err, target)
+	}
+}
+
+func isTrue(t testing.TB, ok bool, what string) {
+	t.Helper()
+	if !ok {
+		t.Fatalf("traffic: want %s", what)
+	}
 }
