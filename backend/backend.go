@@ -1,11 +1,14 @@
 // Package backend is for those who write a throttler.Backend or a wrapper
-// around one (a router, a shadow): it validates calls, builds decisions the
-// way every backend must, names a limit's storage identity, and forwards
-// operations named as values. Applications use package throttler and never
-// need this one.
+// around one (a router, a shadow): it builds decisions the way every
+// backend must, names a limit's storage identity, marks store and key
+// failures, and forwards operations named as values. Applications use
+// package throttler and never need this one. The optional capabilities a
+// Throttler looks for (InProcess, ContextBlind, Stores, LeaseStores,
+// LeaseHolder) are declared in package throttler, which consumes them.
 //
-// A backend's operation starts with ValidateCall and answers bad input with
-// its error before touching any store. That is the only validation a call
+// A backend's operation starts with throttler.ValidateCall (a Refund:
+// ValidateRefund; a lease: ValidateLease) and answers bad input with its
+// error before touching any store. That is the only validation a call
 // gets: wrappers forward without validating, since the backend they end in
 // validates, and the Throttler validates only when its backend fails.
 package backend
@@ -22,41 +25,6 @@ import (
 
 // ErrUnknownOp is returned by Do for an Op that names no operation.
 var ErrUnknownOp = errors.New("backend: unknown operation")
-
-// ValidateCall reports why a call cannot be made, as an error matching
-// throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, or nil. Every
-// backend runs it first in each operation (cost is ignored for a Peek).
-func ValidateCall(op throttler.Op, key string, p throttler.Policy, cost int64) error {
-	if err := throttler.ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(op, cost)
-}
-
-// ValidateRefund is ValidateCall for a Refund, which also names the Take
-// that counted its units by receipt (that Take's Decision.ResetAt): a zero
-// receipt names none and is an error matching throttler.ErrInvalidReceipt.
-// Every backend runs it first in Refund.
-func ValidateRefund(key string, p throttler.Policy, cost int64, receipt time.Time) error {
-	if err := ValidateCall(throttler.OpRefund, key, p, cost); err != nil {
-		return err
-	}
-	if receipt.IsZero() {
-		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision", throttler.ErrInvalidReceipt)
-	}
-	return nil
-}
-
-// ValidateLease reports why a lease operation cannot be made, as an error
-// matching throttler.ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or
-// nil. Every LeaseBackend runs it first in Acquire and Release, as
-// ValidateCall in the rate operations; wrappers forward without it.
-func ValidateLease(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID) error {
-	return throttler.ValidateLease(key, p, id)
-}
 
 // Do runs op on b: Take of cost, Peek (cost unused), or Refund of cost
 // with its receipt (the ResetAt of the Take that counted the units; unused
@@ -98,37 +66,6 @@ func (f OpFunc) Peek(ctx context.Context, key string, p throttler.Policy, now ti
 // Refund calls f with throttler.OpRefund.
 func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	return f(ctx, throttler.OpRefund, key, p, cost, receipt, now)
-}
-
-// InProcess is implemented by backends whose calls answer from memory
-// without blocking (backend/memory), and by wrappers that say what they
-// wrap. A Throttler calls such a backend without a timeout context, which
-// would cost more than the call itself.
-type InProcess interface {
-	InProcess() bool
-}
-
-// IsInProcess reports whether b says its calls never block.
-func IsInProcess(b throttler.Backend) bool {
-	l, ok := b.(InProcess)
-	return ok && l.InProcess()
-}
-
-// ContextBlind is implemented by backends whose calls may outlive their
-// context's deadline, because the client under them takes no context
-// (gomemcache) or does not honour it (go-redis's AutoPipeliner), and by
-// wrappers that say what they wrap. A Throttler runs such a backend's calls
-// detached (see throttler.Options.Detach), so that its Timeout still bounds
-// every call.
-type ContextBlind interface {
-	IgnoresContext() bool
-}
-
-// IgnoresContext reports whether b says its calls may outlive their
-// context's deadline.
-func IgnoresContext(b throttler.Backend) bool {
-	c, ok := b.(ContextBlind)
-	return ok && c.IgnoresContext()
 }
 
 // Required returns an error naming what for a nil b, including a nil

@@ -46,7 +46,7 @@ func TestValidateCall(t *testing.T) {
 		{"key checked before policy", throttler.OpTake, "", throttler.Policy{}, 0, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, backend.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
 	}
 }
 
@@ -158,11 +158,11 @@ func TestRequired(t *testing.T) {
 func TestIsInProcess(t *testing.T) {
 	mem, err := memory.New(nil)
 	require.NoError(t, err)
-	assert.True(t, backend.IsInProcess(mem))
-	assert.False(t, backend.IsInProcess(&recorder{}))
-	assert.False(t, backend.IsInProcess(says(false)), "a wrapper over a network store says false")
-	assert.True(t, backend.IsInProcess(says(true)))
-	assert.False(t, backend.IsInProcess(nil))
+	assert.True(t, throttler.IsInProcess(mem))
+	assert.False(t, throttler.IsInProcess(&recorder{}))
+	assert.False(t, throttler.IsInProcess(says(false)), "a wrapper over a network store says false")
+	assert.True(t, throttler.IsInProcess(says(true)))
+	assert.False(t, throttler.IsInProcess(nil))
 }
 
 // says is a wrapper that reports what it wraps.
@@ -328,7 +328,7 @@ func TestValidateRefund(t *testing.T) {
 		{"empty key first", "", 1, time.Time{}, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, backend.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
 	}
 }
 

@@ -57,7 +57,7 @@ func TestValidateLease(t *testing.T) {
 		{"k", p, 0, throttler.ErrInvalidLease},
 	}
 	for _, tc := range tests {
-		err := backend.ValidateLease(tc.key, tc.p, tc.id)
+		err := throttler.ValidateLease(tc.key, tc.p, tc.id)
 		if tc.want == nil {
 			assert.NoError(t, err)
 			continue
@@ -80,7 +80,7 @@ func TestLeases(t *testing.T) {
 		{"a wrapper over a backend without leases", holder{r, false}, false},
 	}
 	for _, tc := range tests {
-		lb, ok := backend.Leases(tc.b)
+		lb, ok := throttler.Leases(tc.b)
 		assert.Equal(t, tc.want, ok, tc.name)
 		assert.Equal(t, tc.want, lb != nil, tc.name)
 		th, err := throttler.New(tc.b, nil)
@@ -91,8 +91,8 @@ func TestLeases(t *testing.T) {
 
 func TestLeaseStoreOf(t *testing.T) {
 	p := throttler.Concurrent(3, time.Second)
-	assert.Equal(t, "store of k", backend.LeaseStoreOf(&leaseRecorder{}, "k", p))
-	assert.Equal(t, "", backend.LeaseStoreOf(&recorder{}, "k", p))
+	assert.Equal(t, "store of k", throttler.LeaseStoreOf(&leaseRecorder{}, "k", p))
+	assert.Equal(t, "", throttler.LeaseStoreOf(&recorder{}, "k", p))
 }
 
 func TestDoLease(t *testing.T) {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -17,27 +16,26 @@ import (
 // prefix), and keep the cause.
 func TestFailureMarks(t *testing.T) {
 	cause := errors.New("redis: take \"k\": LOADING Redis is loading the dataset in memory")
-	store := backend.StoreFailure("redis shard 1", cause)
+	store := throttler.StoreFailure("redis shard 1", cause)
 	assert.EqualError(t, store, cause.Error())
 	assert.ErrorIs(t, store, cause)
 	assert.ErrorIs(t, store, throttler.ErrUnavailable)
-	assert.NotErrorIs(t, store, backend.ErrKeyState)
+	assert.NotErrorIs(t, store, throttler.ErrKeyState)
 	var named interface{ FailedStore() string }
 	if assert.ErrorAs(t, fmt.Errorf("router: %w", store), &named) {
 		assert.Equal(t, "redis shard 1", named.FailedStore())
 	}
 
-	key := backend.KeyFailure(cause)
+	key := throttler.KeyFailure(cause)
 	assert.EqualError(t, key, cause.Error())
 	assert.ErrorIs(t, key, cause)
-	assert.ErrorIs(t, key, backend.ErrKeyState)
+	assert.ErrorIs(t, key, throttler.ErrKeyState)
 	assert.NotErrorIs(t, key, throttler.ErrUnavailable)
-	var scoped interface{ KeyScoped() bool }
-	assert.ErrorAs(t, fmt.Errorf("x: %w", key), &scoped, "a Throttler finds it by its method")
-	assert.ErrorAs(t, fmt.Errorf("x: %w", backend.ErrKeyState), &scoped, "wrapped directly too")
+	assert.ErrorIs(t, fmt.Errorf("x: %w", key), throttler.ErrKeyState, "a Throttler finds it through a wrap")
+	assert.ErrorIs(t, fmt.Errorf("x: %w", throttler.ErrKeyState), throttler.ErrKeyState, "wrapped directly too")
 
-	assert.NoError(t, backend.StoreFailure("s", nil))
-	assert.NoError(t, backend.KeyFailure(nil))
+	assert.NoError(t, throttler.StoreFailure("s", nil))
+	assert.NoError(t, throttler.KeyFailure(nil))
 }
 
 type namedStores struct{ acceptAll }
@@ -65,7 +63,7 @@ func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.T
 
 func TestStoreOf(t *testing.T) {
 	p := throttler.PerMinute(1)
-	assert.Equal(t, "store of k", backend.StoreOf(namedStores{}, throttler.OpTake, "k", p))
-	assert.Equal(t, "replicas of k", backend.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
-	assert.Equal(t, "", backend.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
+	assert.Equal(t, "store of k", throttler.StoreOf(namedStores{}, throttler.OpTake, "k", p))
+	assert.Equal(t, "replicas of k", throttler.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
+	assert.Equal(t, "", throttler.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
 }

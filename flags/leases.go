@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -78,8 +77,8 @@ type leaseShard struct {
 
 func (r *Router) initLeases(maxLeases int) {
 	l := &r.leases
-	oldL, okOld := backend.Leases(r.old)
-	newL, okNew := backend.Leases(r.new)
+	oldL, okOld := throttler.Leases(r.old)
+	newL, okNew := throttler.Leases(r.new)
 	if !okOld || !okNew {
 		return
 	}
@@ -92,12 +91,12 @@ func (r *Router) initLeases(maxLeases int) {
 
 var (
 	_ throttler.LeaseBackend = (*Router)(nil)
-	_ backend.LeaseHolder    = (*Router)(nil)
-	_ backend.LeaseStores    = (*Router)(nil)
+	_ throttler.LeaseHolder  = (*Router)(nil)
+	_ throttler.LeaseStores  = (*Router)(nil)
 )
 
 // HoldsLeases reports whether both backends hold leases (see
-// backend.LeaseHolder): a Router over a backend without them has the lease
+// throttler.LeaseHolder): a Router over a backend without them has the lease
 // methods, but answers them with throttler.ErrLeasesUnsupported.
 func (r *Router) HoldsLeases() bool { return r.leases.old != nil }
 
@@ -105,7 +104,7 @@ func (r *Router) HoldsLeases() bool { return r.leases.old != nil }
 // Store does for rate calls.
 func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	b, name := r.routed(key)
-	if s := backend.LeaseStoreOf(b, key, p); s != "" {
+	if s := throttler.LeaseStoreOf(b, key, p); s != "" {
 		return s
 	}
 	return name
@@ -283,7 +282,7 @@ func (r *Router) count(isNew bool) {
 // both hold leases.
 func (r *Router) noLeases() error {
 	name, b := r.oldName, r.old
-	if _, ok := backend.Leases(b); ok {
+	if _, ok := throttler.Leases(b); ok {
 		name, b = r.newName, r.new
 	}
 	return fmt.Errorf("%w: the router's %s backend (%T)", throttler.ErrLeasesUnsupported, name, b)

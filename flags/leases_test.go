@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -300,7 +299,7 @@ func TestNewRouterRejectsNegativeMaxLeases(t *testing.T) {
 // the old store failing opens its own, and keys on the new store keep their
 // limit.
 func TestOldStoreDownKeepsTheNewOnesLeasesLimited(t *testing.T) {
-	down := failingLeases{failing{backend.StoreFailure("", errors.New("old store: connection refused"))}}
+	down := failingLeases{failing{throttler.StoreFailure("", errors.New("old store: connection refused"))}}
 	rt := router(t, down, mem(t), percent(t, 50), nil)
 	var obs []throttler.Observation
 	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 1,

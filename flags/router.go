@@ -83,9 +83,9 @@ type Router struct {
 }
 
 var (
-	_ throttler.Backend = (*Router)(nil)
-	_ backend.InProcess = (*Router)(nil)
-	_ backend.Stores    = (*Router)(nil)
+	_ throttler.Backend   = (*Router)(nil)
+	_ throttler.InProcess = (*Router)(nil)
+	_ throttler.Stores    = (*Router)(nil)
 )
 
 // NewRouter returns a Router over oldB and newB, ramped by r. Both backends
@@ -153,22 +153,22 @@ func requiredRollout(what string, r Rollout) error {
 
 // InProcess reports whether the calls of both backends never block.
 func (r *Router) InProcess() bool {
-	return backend.IsInProcess(r.old) && backend.IsInProcess(r.new)
+	return throttler.IsInProcess(r.old) && throttler.IsInProcess(r.new)
 }
 
 // IgnoresContext reports whether either backend's calls may outlive their
-// context (see backend.ContextBlind), so that a Throttler detaches them.
+// context (see throttler.ContextBlind), so that a Throttler detaches them.
 func (r *Router) IgnoresContext() bool {
-	return backend.IgnoresContext(r.old) || backend.IgnoresContext(r.new)
+	return throttler.IgnoresContext(r.old) || throttler.IgnoresContext(r.new)
 }
 
 // Store names the store op for key under p reaches now (see
-// backend.Stores): the one the backend the key is routed to names, or, for
+// throttler.Stores): the one the backend the key is routed to names, or, for
 // a backend that names none, that backend (RouterOptions.OldName or
 // NewName), so that a Throttler keeps the two backends' breakers apart.
 func (r *Router) Store(op throttler.Op, key string, p throttler.Policy) string {
 	b, name := r.routed(key)
-	if s := backend.StoreOf(b, op, key, p); s != "" {
+	if s := throttler.StoreOf(b, op, key, p); s != "" {
 		return s
 	}
 	return name

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -78,7 +77,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	if got := rt.Store(throttler.OpTake, "user-0", p); got != "memory" {
 		t.Errorf("at 100%%: Store %q, want the new backend's", got)
 	}
-	var _ backend.Stores = rt
+	var _ throttler.Stores = rt
 
 	// The op is passed on: a backend may name its Peeks' store apart.
 	peeks := router(t, peekStore{namedStore{Backend: mem(t), name: "primary"}}, mem(t), flags0(t), nil)
@@ -95,7 +94,7 @@ func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := namedStore{Backend: mem(t), err: backend.StoreFailure("", fmt.Errorf("old store: connection refused"))}
+	down := namedStore{Backend: mem(t), err: throttler.StoreFailure("", fmt.Errorf("old store: connection refused"))}
 	rt := router(t, down, mem(t), pct, nil)
 	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 1})
 	if err != nil {

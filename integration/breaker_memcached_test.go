@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memcached"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -169,7 +168,7 @@ func TestBreakerMemcachedCorruptItem(t *testing.T) {
 	}
 	require.Len(t, errs, 20)
 	for _, err := range errs {
-		assert.ErrorIs(t, err, backend.ErrKeyState)
+		assert.ErrorIs(t, err, throttler.ErrKeyState)
 		assert.False(t, errors.Is(err, throttler.ErrUnavailable), "%v", err)
 	}
 	assert.ErrorIs(t, errs[0], memcached.ErrBadItem, "the corrupt head")

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/redis"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -196,7 +195,7 @@ func TestBreakerRedisPoisonedKey(t *testing.T) {
 	var keyErrs int
 	th, err := throttler.New(redisNew(t, c, nil), &throttler.Options{Clock: func() time.Time { return now }, Observe: func(o throttler.Observation) {
 		counts.observe(o)
-		if o.Err != nil && assert.ErrorIs(t, o.Err, backend.ErrKeyState) {
+		if o.Err != nil && assert.ErrorIs(t, o.Err, throttler.ErrKeyState) {
 			mu.Lock()
 			keyErrs++
 			mu.Unlock()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -33,12 +32,12 @@ import (
 
 var (
 	_ throttler.LeaseBackend = (*Migration)(nil)
-	_ backend.LeaseHolder    = (*Migration)(nil)
-	_ backend.LeaseStores    = (*Migration)(nil)
+	_ throttler.LeaseHolder  = (*Migration)(nil)
+	_ throttler.LeaseStores  = (*Migration)(nil)
 )
 
 // HoldsLeases reports whether both stores hold leases (see
-// backend.LeaseHolder): a Migration over a store without them has the
+// throttler.LeaseHolder): a Migration over a store without them has the
 // lease methods, but answers them with throttler.ErrLeasesUnsupported.
 func (m *Migration) HoldsLeases() bool { return m.router.HoldsLeases() }
 

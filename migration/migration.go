@@ -79,7 +79,7 @@ const defaultSettle = 30 * time.Second
 // to both stores (see Options.Settle). When both stores hold leases, so
 // does a Migration (HoldsLeases; see Acquire). UseNew reports which store
 // serves a key, InProcess whether both stores' calls never block, and
-// Store (backend.Stores) the store a call reaches: the serving store's own
+// Store (throttler.Stores) the store a call reaches: the serving store's own
 // name for it (a shard, a server), or "old" or "new" (Options.Router's
 // names) for a store that names none, so that a Throttler's breaker for
 // one store never stops calls to the other. It is safe for concurrent use.
@@ -101,9 +101,9 @@ type Migration struct {
 }
 
 var (
-	_ throttler.Backend = (*Migration)(nil)
-	_ backend.InProcess = (*Migration)(nil)
-	_ backend.Stores    = (*Migration)(nil)
+	_ throttler.Backend   = (*Migration)(nil)
+	_ throttler.InProcess = (*Migration)(nil)
+	_ throttler.Stores    = (*Migration)(nil)
 )
 
 // New returns a Migration from oldB to newB, ramped by r. The stores and r
@@ -161,8 +161,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	m := &Migration{
 		router: rt, forward: fwd, reverse: rev,
 		stores: [2]store{
-			{b: oldB, local: backend.IsInProcess(oldB)},
-			{b: newB, local: backend.IsInProcess(newB), isNew: true},
+			{b: oldB, local: throttler.IsInProcess(oldB)},
+			{b: newB, local: throttler.IsInProcess(newB), isNew: true},
 		},
 		oldName: "old", newName: "new",
 	}
@@ -173,8 +173,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 		m.newName = o.Router.NewName
 	}
 	if rt.HoldsLeases() {
-		m.leases[0], _ = backend.Leases(oldB)
-		m.leases[1], _ = backend.Leases(newB)
+		m.leases[0], _ = throttler.Leases(oldB)
+		m.leases[1], _ = throttler.Leases(newB)
 	}
 	routes.init(m, r, o.Settle, mono)
 	return m, nil
@@ -201,15 +201,15 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 func (m *Migration) UseNew(key string) bool { return m.router.UseNew(key) }
 
 // InProcess reports whether both stores' calls never block (see
-// backend.InProcess).
+// throttler.InProcess).
 func (m *Migration) InProcess() bool { return m.router.InProcess() }
 
 // IgnoresContext reports whether either store's calls may outlive their
-// context (see backend.ContextBlind).
+// context (see throttler.ContextBlind).
 func (m *Migration) IgnoresContext() bool { return m.router.IgnoresContext() }
 
 // Store names the store op for key under p reaches now (see
-// backend.Stores and Migration).
+// throttler.Stores and Migration).
 func (m *Migration) Store(op throttler.Op, key string, p throttler.Policy) string {
 	return m.router.Store(op, key, p)
 }

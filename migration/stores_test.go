@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -19,7 +18,7 @@ type failingStore struct {
 func (s failingStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
 
 func (s failingStore) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, backend.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
+	return throttler.Decision{}, throttler.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
 }
 
 // A Migration names the store a key's calls reach through the router and
@@ -30,7 +29,7 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 	old := failingStore{Backend: mem(t), name: "memcached 10.0.0.2:11211"}
 	m := newMigration(t, old, mem(t), percent(t, 50), nil)
 	p := throttler.PerMinute(3).Named("api")
-	var _ backend.Stores = m
+	var _ throttler.Stores = m
 
 	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) }, BreakerThreshold: 1})
 	if err != nil {

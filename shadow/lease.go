@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -18,13 +17,13 @@ import (
 // the candidate at once, since no Release will come for it.
 //
 // A shadow holds leases when its control does; the calls are mirrored when
-// the candidate holds leases too (backend.Leases), and otherwise served by
+// the candidate holds leases too (throttler.Leases), and otherwise served by
 // the control alone.
 
 var (
 	_ throttler.LeaseBackend = (*Backend)(nil)
-	_ backend.LeaseHolder    = (*Backend)(nil)
-	_ backend.LeaseStores    = (*Backend)(nil)
+	_ throttler.LeaseHolder  = (*Backend)(nil)
+	_ throttler.LeaseStores  = (*Backend)(nil)
 )
 
 // leaseCall is what a lease operation adds to a mirrored call.
@@ -35,13 +34,13 @@ type leaseCall struct {
 }
 
 // HoldsLeases reports whether the control holds leases (see
-// backend.LeaseHolder).
+// throttler.LeaseHolder).
 func (b *Backend) HoldsLeases() bool { return b.controlLeases != nil }
 
 // LeaseStore names the control's store for key's leases under p, as Store
 // does for rate calls.
 func (b *Backend) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	return backend.LeaseStoreOf(b.control, key, p)
+	return throttler.LeaseStoreOf(b.control, key, p)
 }
 
 // Acquire returns the control's answer and mirrors the call, unless the

@@ -68,7 +68,7 @@ type Options struct {
 	// about 7/8 of Timeout is left of it). A call that fails once the
 	// deadline has passed is a CandidateError matching ErrCandidateTimeout.
 	// The worker waits for a candidate that may block (one that is not
-	// backend.InProcess) no longer than the deadline: a call still running
+	// throttler.InProcess) no longer than the deadline: a call still running
 	// then is abandoned, counted as a timeout, and left to return on its
 	// own; the worker sends the candidate nothing more until it has
 	// returned, and waits for that at most Timeout per batch. After a
@@ -258,13 +258,13 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend = (*Backend)(nil)
-	_ backend.InProcess = (*Backend)(nil)
+	_ throttler.Backend   = (*Backend)(nil)
+	_ throttler.InProcess = (*Backend)(nil)
 )
 
 // InProcess reports whether the control's calls never block: the candidate
 // is called in the background, never on the caller's path.
-func (b *Backend) InProcess() bool { return backend.IsInProcess(b.control) }
+func (b *Backend) InProcess() bool { return throttler.IsInProcess(b.control) }
 
 // call is one mirrored operation waiting for its worker.
 type call struct {
@@ -315,7 +315,7 @@ type worker struct {
 
 	// A candidate that may block runs on the runner goroutine (see
 	// runner), so that the worker can stop waiting for it; jobs is nil
-	// for one that is backend.InProcess, which the worker calls itself.
+	// for one that is throttler.InProcess, which the worker calls itself.
 	jobs    chan *job // to the runner
 	answers chan *job // from the runner, capacity 1
 	job     *job      // the runner's; reused once its answer is read
@@ -361,13 +361,13 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 		ctx:     ctx, cancel: cancel,
 	}
 	b.opFunc = b.do()
-	b.controlLeases, _ = backend.Leases(control)
-	b.candidateLeases, _ = backend.Leases(candidate)
+	b.controlLeases, _ = throttler.Leases(control)
+	b.candidateLeases, _ = throttler.Leases(candidate)
 	b.mismatches.init(o.KeepMismatches)
 	if o.Publish != nil {
 		b.pub = newPublisher(o.Workers)
 	}
-	blocks := !backend.IsInProcess(candidate)
+	blocks := !throttler.IsInProcess(candidate)
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
 		if blocks {

@@ -14,9 +14,8 @@ import (
 
 // Breakers, one per store.
 //
-// A backend names the store that serves a call through package backend's
-// Stores interface (matched here by its method, as this package cannot
-// import that one); a backend that does not is one store. A breaker is
+// A backend names the store that serves a call through Stores (lease calls:
+// LeaseStores); a backend that does not is one store. A breaker is
 //
 //   - closed (openUntil 0): calls reach the store. BreakerThreshold
 //     consecutive store failures open it until BreakerCooldown from now.
@@ -29,19 +28,6 @@ import (
 //
 // Time is the monotonic clock (Throttler.mono), never Options.Clock: the
 // window clock may step, and a cooldown must last what it says.
-
-// storeNamer is package backend's Stores: the store that op (a rate
-// operation) reaches, so that a Peek served by replicas never closes, nor is
-// stopped by, its primary's breaker.
-type storeNamer interface {
-	Store(op Op, key string, p Policy) string
-}
-
-// leaseStoreNamer is package backend's LeaseStores: the store of a lease
-// call. A backend with Stores but without it is one store for lease calls.
-type leaseStoreNamer interface {
-	LeaseStore(key string, p ConcurrencyPolicy) string
-}
 
 // maxBreakers bounds the stores a Throttler tracks. Stores are few and fixed
 // by configuration; a backend that names more (a bug, such as a name per
@@ -166,17 +152,16 @@ var errTooManyDetached = fmt.Errorf("%w: too many calls still waiting on the bac
 // expired (timedOut) or not, is a failure of the store itself, the only
 // kind that counts toward a breaker. It says yes only to what it knows:
 //   - an error matching ErrUnavailable (backends mark the failures they
-//     know to be their store's with backend.StoreFailure),
+//     know to be their store's with StoreFailure),
 //   - the Throttler's own Timeout expiring,
 //   - a network error (net.Error, io.EOF, a refused, reset or broken
 //     connection),
 //
-// and no to anything marked as one key's (backend.ErrKeyState) and to every
+// and no to anything marked as one key's (ErrKeyState) and to every
 // other error: bad input, a full in-process table, contention on one key.
 func isStoreFailure(err error, timedOut bool) bool {
-	var key interface{ KeyScoped() bool }
 	switch {
-	case errors.As(err, &key) && key.KeyScoped(), errors.Is(err, errTooManyDetached):
+	case errors.Is(err, ErrKeyState), errors.Is(err, errTooManyDetached):
 		return false
 	case errors.Is(err, ErrUnavailable):
 		return true
@@ -193,11 +178,11 @@ func isStoreFailure(err error, timedOut bool) bool {
 }
 
 // failedStore is the store a backend named in its failure (see
-// backend.StoreFailure), or "".
+// StoreFailure), or "".
 func failedStore(err error) string {
-	var f interface{ FailedStore() string }
+	var f *storeFailure
 	if errors.As(err, &f) {
-		return f.FailedStore()
+		return f.store
 	}
 	return ""
 }

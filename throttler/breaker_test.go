@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -193,16 +192,16 @@ func TestOnlyStoreFailuresTripABreaker(t *testing.T) {
 		err   error
 		trips bool
 	}{
-		{"a corrupt item", backend.KeyFailure(errors.New("memcached: window of \"k\" holds \"x\"")), false},
-		{"ErrKeyState wrapped", fmt.Errorf("redis: take: %w", backend.ErrKeyState), false},
-		{"a key's failure over a network error", backend.KeyFailure(errDown), false},
-		{"a key's failure marked as the store's too", backend.StoreFailure("", backend.KeyFailure(errors.New("x"))), false},
+		{"a corrupt item", throttler.KeyFailure(errors.New("memcached: window of \"k\" holds \"x\"")), false},
+		{"ErrKeyState wrapped", fmt.Errorf("redis: take: %w", throttler.ErrKeyState), false},
+		{"a key's failure over a network error", throttler.KeyFailure(errDown), false},
+		{"a key's failure marked as the store's too", throttler.StoreFailure("", throttler.KeyFailure(errors.New("x"))), false},
 		{"an error nobody classified", errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{"contention on one key", errors.New("memcached: too much contention on one key"), false},
 		{"a refused connection", errDown, true},
 		{"a bare ECONNRESET", fmt.Errorf("read: %w", syscall.ECONNRESET), true},
 		{"EOF", fmt.Errorf("redis: take: %w", io.EOF), true},
-		{"a failure the backend marked", backend.StoreFailure("", errors.New("LOADING Redis is loading the dataset in memory")), true},
+		{"a failure the backend marked", throttler.StoreFailure("", errors.New("LOADING Redis is loading the dataset in memory")), true},
 		{"ErrUnavailable", fmt.Errorf("%w: pool timeout", throttler.ErrUnavailable), true},
 	}
 	p := throttler.PerMinute(3).Named("api")
@@ -384,7 +383,7 @@ func TestInconclusiveProbePassesTheTurn(t *testing.T) {
 	b.set("store a", errDown)
 	takeN(t, th, "a:1", p, 1)
 	b.set("store a", nil)
-	b.set("a:corrupt", backend.KeyFailure(errors.New("corrupt")))
+	b.set("a:corrupt", throttler.KeyFailure(errors.New("corrupt")))
 	mono.Add(time.Second)
 
 	takeN(t, th, "a:corrupt", p, 1) // the probe: the store answered, about one key
@@ -432,7 +431,7 @@ func TestFailureBlamedOnAnotherStore(t *testing.T) {
 	throttler.SetMonotonic(th, (&monoClock{}).Now)
 	p := throttler.PerMinute(100)
 
-	b.set("a:split", backend.StoreFailure("store b", errDown))
+	b.set("a:split", throttler.StoreFailure("store b", errDown))
 	takeN(t, th, "a:split", p, 5)
 	assert.Equal(t, 5, b.count("store a"), "store a is not blamed")
 	_, src := takeN(t, th, "a:1", p, 1)

@@ -54,14 +54,14 @@
 //
 // Breakers keep an outage from costing every request a timeout, and are
 // scoped to what failed. There is one per store (a Redis shard, a Memcached
-// server: backends name them through package backend's Stores), and only
-// failures of the store itself count toward it: this Throttler's Timeout,
-// a network error, or an error a backend marked as its store's (matching
-// ErrUnavailable). One key's bad data (backend.ErrKeyState), a full
-// in-process table and the like still get the failure mode for that call,
-// never for other keys. A cooldown runs on the monotonic clock, never on
-// Options.Clock, and when it ends exactly one call probes the store (see
-// Options.BreakerThreshold and BreakerCooldown).
+// server: backends name them through Stores), and only failures of the
+// store itself count toward it: this Throttler's Timeout, a network error,
+// or an error a backend marked as its store's (matching ErrUnavailable).
+// One key's bad data (ErrKeyState), a full in-process table and the like
+// still get the failure mode for that call, never for other keys. A
+// cooldown runs on the monotonic clock, never on Options.Clock, and when it
+// ends exactly one call probes the store (see Options.BreakerThreshold and
+// BreakerCooldown).
 //
 // # Concurrency
 //

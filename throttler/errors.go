@@ -15,7 +15,7 @@ var (
 
 // ErrUnavailable marks a store failure (an error or a timeout of the store
 // itself, not of one key's data): backends wrap their store failures with it
-// (package backend's StoreFailure), the Throttler's breakers count only
+// (StoreFailure), the Throttler's breakers count only
 // errors that match it or a network error, and a Throttler that fails
 // closed with no working fallback returns an error matching it.
 var ErrUnavailable = errors.New("throttler: backend unavailable")

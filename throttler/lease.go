@@ -85,7 +85,9 @@ func NewLeaseID() LeaseID {
 var ErrInvalidLease = errors.New("throttler: invalid lease")
 
 // ValidateLease reports why a lease operation cannot be made, as an error
-// matching ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or nil.
+// matching ErrInvalidKey, ErrInvalidPolicy or ErrInvalidLease, or nil. Every
+// LeaseBackend runs it first in Acquire and Release, as ValidateCall in the
+// rate operations; wrappers forward without it.
 func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
 	if err := ValidateKey(key); err != nil {
 		return err
@@ -153,18 +155,10 @@ type LeaseBackend interface {
 // no failure mode ever answers it (IsInputError reports it).
 var ErrLeasesUnsupported = errors.New("throttler: the backend does not hold leases")
 
-// leaseBackendOf returns b as a LeaseBackend, or nil when it holds no
-// leases: it lacks the methods, or it is a wrapper that has them but says
-// (package backend's LeaseHolder, matched by its method) that what it wraps
-// holds none.
+// leaseBackendOf returns b as a LeaseBackend, or nil when it holds none
+// (see Leases).
 func leaseBackendOf(b Backend) LeaseBackend {
-	lb, ok := b.(LeaseBackend)
-	if !ok {
-		return nil
-	}
-	if h, ok := b.(interface{ HoldsLeases() bool }); ok && !h.HoldsLeases() {
-		return nil
-	}
+	lb, _ := Leases(b)
 	return lb
 }
 

@@ -137,7 +137,7 @@ func (f *fakeLeases) counts() (acquires, releases int) {
 }
 
 // namedLeases names the store of a lease call by the key's part before ':'
-// (package backend's LeaseStores); rename moves every key to another name,
+// (LeaseStores); rename moves every key to another name,
 // as a router's rollout moves keys to another backend.
 type namedLeases struct {
 	*fakeLeases
@@ -152,7 +152,7 @@ func (n *namedLeases) LeaseStore(key string, _ throttler.ConcurrencyPolicy) stri
 }
 
 // wrapperWithoutLeases has the lease methods but says that what it wraps
-// holds none (package backend's LeaseHolder), as a router over a backend
+// holds none (LeaseHolder), as a router over a backend
 // without leases does.
 type wrapperWithoutLeases struct{ *fakeLeases }
 

@@ -185,6 +185,34 @@ func ValidateKey(key string) error {
 	return nil
 }
 
+// ValidateCall reports why a call cannot be made, as an error matching
+// ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, or nil. Every Backend
+// runs it first in each operation (cost is ignored for a Peek), and a
+// Throttler when its backend fails.
+func ValidateCall(op Op, key string, p Policy, cost int64) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return p.ValidateCost(op, cost)
+}
+
+// ValidateRefund is ValidateCall for a Refund, which also names the Take
+// that counted its units by receipt (that Take's Decision.ResetAt): a zero
+// receipt names none and is an error matching ErrInvalidReceipt. Every
+// Backend runs it first in Refund.
+func ValidateRefund(key string, p Policy, cost int64, receipt time.Time) error {
+	if err := ValidateCall(OpRefund, key, p, cost); err != nil {
+		return err
+	}
+	if receipt.IsZero() {
+		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision", ErrInvalidReceipt)
+	}
+	return nil
+}
+
 // ValidateCost reports why cost cannot be taken (op OpTake) or refunded
 // (OpRefund) under p, as an error matching ErrInvalidCost, or nil; a Peek
 // has no cost. A Take above the policy's Capacity could never be admitted,

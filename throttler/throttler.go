@@ -56,8 +56,8 @@ type Observation struct {
 	// Source is which part of the Throttler made the decision.
 	Source Source
 	// Store is the store the call went to, or would have gone to had its
-	// breaker been closed, as the backend names it (see package backend's
-	// Stores); "" for a backend that is one store.
+	// breaker been closed, as the backend names it (see Stores); "" for a
+	// backend that is one store.
 	Store string
 	// Latency is the wall time the call took, fallback included.
 	Latency time.Duration
@@ -83,7 +83,7 @@ type Options struct {
 	// make the Throttler skip that store for BreakerCooldown (its calls get
 	// the fallback or the failure mode at once), so that an outage does not
 	// cost every request a timeout. There is a breaker per store the
-	// backend names (package backend's Stores: a Redis shard, a Memcached
+	// backend names (Stores: a Redis shard, a Memcached
 	// server), so one failing store never switches limiting off for keys on
 	// the others; a backend that names none is one store.
 	//
@@ -93,10 +93,10 @@ type Options struct {
 	//   - a network error: a net.Error, io.EOF or io.ErrUnexpectedEOF, a
 	//     refused, reset or broken connection;
 	//   - an error matching ErrUnavailable, which is how backends mark the
-	//     failures they know to be their store's (backend.StoreFailure: a
+	//     failures they know to be their store's (StoreFailure: a
 	//     server loading, read-only, out of memory).
 	// Nothing else counts: not bad input, not one key's bad state (an
-	// error matching backend.ErrKeyState, such as a corrupt item, never
+	// error matching ErrKeyState, such as a corrupt item, never
 	// counts whatever it wraps), not a full in-process table
 	// (memory.ErrFull), not contention on one key, not MaxDetached being
 	// reached. Such a call still gets the fallback or the failure mode,
@@ -115,7 +115,7 @@ type Options struct {
 	// own timeouts; at most MaxDetached run at once, beyond which calls fail
 	// at once. It costs a goroutine and a channel per call. The fallback,
 	// meant to be in-process, is always called inline. A primary that says
-	// its calls may outlive their context (package backend's ContextBlind:
+	// its calls may outlive their context (ContextBlind:
 	// the Memcached backend, the Redis backend over an AutoPipeliner, and
 	// wrappers of either) is always detached: without it, a killed or
 	// stalled store holds requests for as long as the client's own timeouts
@@ -184,8 +184,8 @@ type Throttler struct {
 	opts    Options
 	// stores names the store of each rate call, leaseStores of each lease
 	// call; nil: the backend is one store (for that kind of call).
-	stores      storeNamer
-	leaseStores leaseStoreNamer
+	stores      Stores
+	leaseStores LeaseStores
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
@@ -224,33 +224,19 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 		return nil, err
 	}
 	t := &Throttler{backend: b, opts: o, wallClock: opts == nil || opts.Clock == nil}
-	t.stores, _ = b.(storeNamer)
-	t.leaseStores, _ = b.(leaseStoreNamer)
+	t.stores, _ = b.(Stores)
+	t.leaseStores, _ = b.(LeaseStores)
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
-	t.primary = target{b: b, lb: leaseBackendOf(b), local: inProcess(b), detach: o.Detach || ignoresContext(b)}
+	t.primary = target{b: b, lb: leaseBackendOf(b), local: IsInProcess(b), detach: o.Detach || IgnoresContext(b)}
 	if o.Fallback != nil {
-		t.fallback = target{b: o.Fallback, lb: leaseBackendOf(o.Fallback), local: inProcess(o.Fallback)}
+		t.fallback = target{b: o.Fallback, lb: leaseBackendOf(o.Fallback), local: IsInProcess(o.Fallback)}
 	}
 	return t, nil
 }
 
 // errNotBuilt answers calls on a Throttler that New did not build.
 var errNotBuilt = errors.New("throttler: Throttler has no backend; build one with New")
-
-// inProcess reports whether b says its calls answer from memory without
-// blocking (package backend's InProcess interface, matched by its method).
-func inProcess(b Backend) bool {
-	l, ok := b.(interface{ InProcess() bool })
-	return ok && l.InProcess()
-}
-
-// ignoresContext reports whether b says its calls may outlive their
-// context's deadline (package backend's ContextBlind, matched by its method).
-func ignoresContext(b Backend) bool {
-	c, ok := b.(interface{ IgnoresContext() bool })
-	return ok && c.IgnoresContext()
-}
 
 // Allow takes one unit from key's window under p.
 func (t *Throttler) Allow(ctx context.Context, key string, p Policy) (Decision, error) {
@@ -417,7 +403,7 @@ func (r *request) validate() error {
 	if r.isLease() {
 		return ValidateLease(r.key, r.cp, r.id)
 	}
-	return validateCall(r.op, r.key, r.p, r.n)
+	return ValidateCall(r.op, r.key, r.p, r.n)
 }
 
 // run decides r, starting at from (SourcePrimary, or SourceFallback for the
@@ -621,16 +607,4 @@ func dispatchLease(ctx context.Context, tg *target, r *request, now time.Time) (
 	}
 	r.held, d, err = tg.lb.Release(ctx, r.key, r.cp, r.id, now)
 	return d, err
-}
-
-// validateCall reports why a call cannot be made, as package backend's
-// ValidateCall does for backends.
-func validateCall(op Op, key string, p Policy, cost int64) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(op, cost)
 }

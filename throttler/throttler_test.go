@@ -448,8 +448,8 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 	assert.ErrorIs(t, obs[2].Err, throttler.ErrUnavailable, "a third call finds MaxDetached calls still running")
 }
 
-// blindBackend is a deafBackend that says so (package backend's
-// ContextBlind), as the Memcached backend and the Redis backend over an
+// blindBackend is a deafBackend that says so (ContextBlind),
+// as the Memcached backend and the Redis backend over an
 // AutoPipeliner do.
 type blindBackend struct{ deafBackend }
 

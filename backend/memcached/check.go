@@ -12,8 +12,8 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/internal/nilness"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // What can be known of the servers before the first call, and Check.
@@ -139,7 +139,7 @@ func (b *Backend) storeFailure(home func() string, err error) error {
 	if name != "" {
 		err = &namedError{server: name, err: err}
 	}
-	return backend.StoreFailure(store, err)
+	return throttler.StoreFailure(store, err)
 }
 
 // namedError puts the server that failed in place of the package's

@@ -132,7 +132,7 @@ func TestLeaseContention(t *testing.T) {
 			f.setBefore(nil)
 			if tt.wantErr {
 				if !errors.Is(err, ErrContention) || !strings.HasPrefix(err.Error(), "memcached: ") ||
-					errors.Is(err, throttler.ErrUnavailable) || errors.Is(err, backend.ErrKeyState) {
+					errors.Is(err, throttler.ErrUnavailable) || errors.Is(err, throttler.ErrKeyState) {
 					t.Fatalf("err %v, want only ErrContention", err)
 				}
 				if !strings.Contains(err.Error(), fmt.Sprintf("each of %d attempts", tt.wantRounds)) {
@@ -284,7 +284,7 @@ func TestLeaseBadItems(t *testing.T) {
 			_, aErr := b.Acquire(ctx, "k", leasePolicy, 1, t0)
 			_, _, rErr := b.Release(ctx, "k", leasePolicy, 1, t0)
 			for op, err := range map[string]error{"acquire": aErr, "release": rErr} {
-				if !errors.Is(err, ErrBadItem) || !errors.Is(err, backend.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) ||
+				if !errors.Is(err, ErrBadItem) || !errors.Is(err, throttler.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) ||
 					!strings.HasPrefix(err.Error(), "memcached: leases of ") {
 					t.Errorf("%s: err %v, want ErrBadItem", op, err)
 				}

@@ -115,12 +115,12 @@
 //
 // A failure of a server itself (a refused or reset connection, a timeout,
 // a SERVER_ERROR, a broken reply) matches throttler.ErrUnavailable
-// (backend.StoreFailure); an item this backend cannot read, or one
+// (throttler.StoreFailure); an item this backend cannot read, or one
 // Memcached refuses to count (CLIENT_ERROR on incr of a value that is not a
-// number), matches ErrBadItem and backend.ErrKeyState, and never trips a
+// number), matches ErrBadItem and throttler.ErrKeyState, and never trips a
 // Throttler's breaker. Given the client's ServerSelector
 // (Options.Selector), the backend names the server of each call
-// (backend.Stores) and blames a failure on the server it came from, so a
+// (throttler.Stores) and blames a failure on the server it came from, so a
 // Throttler keeps a breaker per server: one stalled server switches
 // limiting off only for the keys whose items it holds. A server's failure
 // names the server ahead of its cause ("memcached 10.0.0.2:11211: get
@@ -171,8 +171,8 @@ type Client interface {
 var _ Client = (*memcache.Client)(nil)
 
 var (
-	_ throttler.Backend    = (*Backend)(nil)
-	_ backend.ContextBlind = (*Backend)(nil)
+	_ throttler.Backend      = (*Backend)(nil)
+	_ throttler.ContextBlind = (*Backend)(nil)
 )
 
 // IgnoresContext reports true: gomemcache takes no context, so a call is
@@ -182,7 +182,7 @@ var (
 func (b *Backend) IgnoresContext() bool { return true }
 
 // MaxLimit is the largest Policy.Limit this backend accepts:
-// throttler.MaxLimit (2^48), which backend.ValidateCall enforces. Memcached
+// throttler.MaxLimit (2^48), which throttler.ValidateCall enforces. Memcached
 // counts in unsigned 64 bits that wrap around; with every admitted cost at
 // most MaxLimit, only 65536 overshooting Takes in flight at once on one key,
 // each costing about MaxLimit, could wrap a counter.
@@ -205,8 +205,8 @@ var (
 	ErrContention = errors.New("memcached: too much contention on one key")
 	// ErrBadItem reports an item that does not hold what the backend stores,
 	// such as a head that is not a reset-at (another program writing under
-	// the prefix). It is one key's failure: it matches backend.ErrKeyState.
-	ErrBadItem = backend.KeyFailure(errors.New("memcached: unexpected item value"))
+	// the prefix). It is one key's failure: it matches throttler.ErrKeyState.
+	ErrBadItem = throttler.KeyFailure(errors.New("memcached: unexpected item value"))
 )
 
 // Options configures a Backend. A nil *Options, or a zero field, means the
@@ -243,7 +243,7 @@ type Options struct {
 	// the client with memcache.NewFromSelector(sel) and pass sel here
 	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
 	// of them). With it, the backend names the server of each call
-	// (backend.Stores) and of each failure, so that a Throttler's breaker
+	// (throttler.Stores) and of each failure, so that a Throttler's breaker
 	// covers one server. default: none: all servers are one store
 	Selector memcache.ServerSelector
 }
@@ -472,7 +472,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 }
 
 func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
+	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -506,7 +506,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -558,7 +558,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 }
 
 func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -691,11 +691,11 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	return backend.WindowState(p, d, resetAt, now, false), nil
 }
 
-var _ backend.Stores = (*Backend)(nil)
+var _ throttler.Stores = (*Backend)(nil)
 
 // Store names the server that holds key's items under p, as the client's
 // Options.Selector picks it ("memcached 10.0.0.2:11211"; see
-// backend.Stores), or "" without a Selector. For a fixed window that is
+// throttler.Stores), or "" without a Selector. For a fixed window that is
 // the head's server: a window's counter may live on another, and a failure
 // there is blamed on that server (see classify). Every op reaches it.
 func (b *Backend) Store(_ throttler.Op, key string, p throttler.Policy) string {
@@ -735,8 +735,8 @@ func (b *Backend) serverName(addr string) string {
 }
 
 // classify marks err, from a call on (p, key), as a server's failure
-// (backend.StoreFailure, naming the server it came from) or as the key's
-// (backend.ErrKeyState) when it is known to be either; anything else, a
+// (throttler.StoreFailure, naming the server it came from) or as the key's
+// (throttler.ErrKeyState) when it is known to be either; anything else, a
 // context's end included, is left as it is for the caller to judge.
 func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 	return b.classifyAt(func() string { return b.homeItem(key, p) }, err)
@@ -746,10 +746,10 @@ func (b *Backend) classify(key string, p throttler.Policy, err error) error {
 // only when a failure is blamed on a server).
 func (b *Backend) classifyAt(home func() string, err error) error {
 	switch {
-	case throttler.IsInputError(err), errors.Is(err, backend.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
+	case throttler.IsInputError(err), errors.Is(err, throttler.ErrKeyState), errors.Is(err, throttler.ErrUnavailable):
 		return err
 	case clientError(err):
-		return backend.KeyFailure(err)
+		return throttler.KeyFailure(err)
 	case serverFailure(err):
 		return b.storeFailure(home, err)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -80,7 +79,7 @@ func TestSelectorMustNotBeANilPointer(t *testing.T) {
 // an error like any other, which opened the Throttler's one breaker for
 // every key. Now each failure says whose it is: a server's
 // (throttler.ErrUnavailable, naming the server), the key's
-// (backend.ErrKeyState), or neither.
+// (throttler.ErrKeyState), or neither.
 func TestFailuresAreClassified(t *testing.T) {
 	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
 	ctx := context.Background()
@@ -120,7 +119,7 @@ func TestFailuresAreClassified(t *testing.T) {
 				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
 					t.Errorf("store failure %v, want %v (%v)", got, tt.want == store, err)
 				}
-				if got := errors.Is(err, backend.ErrKeyState); got != (tt.want == key) {
+				if got := errors.Is(err, throttler.ErrKeyState); got != (tt.want == key) {
 					t.Errorf("key failure %v, want %v (%v)", got, tt.want == key, err)
 				}
 				if tt.want != store {
@@ -190,7 +189,7 @@ func TestCorruptItemsAreTheKeysFailures(t *testing.T) {
 				"refund": func() error { _, err := b.Refund(ctx, name, p, 1, t0.Add(p.Window), t0); return err },
 			} {
 				err := call()
-				if !errors.Is(err, backend.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) {
+				if !errors.Is(err, throttler.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) {
 					t.Errorf("%q, %+v, %s: %v, want only a key failure", name, corrupt, op, err)
 				}
 			}

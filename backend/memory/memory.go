@@ -180,8 +180,8 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend = (*Backend)(nil)
-	_ backend.InProcess = (*Backend)(nil)
+	_ throttler.Backend   = (*Backend)(nil)
+	_ throttler.InProcess = (*Backend)(nil)
 )
 
 // InProcess reports true: calls answer from memory without blocking, so a
@@ -274,7 +274,7 @@ func (b *Backend) Len() int {
 	return n
 }
 
-// begin validates a call as backend.ValidateCall does, in its order (the
+// begin validates a call as throttler.ValidateCall does, in its order (the
 // key, the policy, the cost), and returns the key's shard, locked, the
 // key's hash and the policy's identity number. A shard remembers the last
 // policy it validated, so a caller that passes the same Policy call after
@@ -364,7 +364,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	}
 	if receipt.IsZero() {
 		s.mu.Unlock()
-		return throttler.Decision{}, backend.ValidateRefund(key, p, cost, receipt) // the receipt's error
+		return throttler.Decision{}, throttler.ValidateRefund(key, p, cost, receipt) // the receipt's error
 	}
 	ms := now.UnixMilli()
 	if b.observe(s, ms) {

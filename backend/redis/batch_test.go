@@ -13,7 +13,6 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/internal/redisbatch"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -123,7 +122,7 @@ func TestBatchErrorsGoToTheirCallers(t *testing.T) {
 	if !res[0].d.Allowed || res[0].d.Used != 2 || !res[2].d.Allowed || res[2].d.Used != 5 {
 		t.Errorf("answers %+v, %+v; want used 2 then 5", res[0].d, res[2].d)
 	}
-	if !errors.Is(res[1].err, backend.ErrKeyState) || errors.Is(res[1].err, throttler.ErrUnavailable) {
+	if !errors.Is(res[1].err, throttler.ErrKeyState) || errors.Is(res[1].err, throttler.ErrUnavailable) {
 		t.Errorf("the bad key: %v, want the key's failure", res[1].err)
 	}
 	if s := b.Stats(); s.BatchSizes[1] != 1 || s.Batched != 3 {
@@ -156,7 +155,7 @@ func TestBatchErrorsGoToTheirCallers(t *testing.T) {
 	}
 	for _, r := range []result{res[1], res[3]} {
 		if aloneErr == nil || r.err == nil || !strings.Contains(r.err.Error(), "not an integer") ||
-			errors.Is(r.err, backend.ErrKeyState) || errors.Is(r.err, throttler.ErrUnavailable) {
+			errors.Is(r.err, throttler.ErrKeyState) || errors.Is(r.err, throttler.ErrUnavailable) {
 			t.Errorf("the window counting 1.5: %v (alone: %v), want HINCRBY's error", r.err, aloneErr)
 		}
 	}

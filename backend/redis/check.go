@@ -10,7 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Store errors. Every failure of a call names the store it came from ("redis
@@ -138,5 +138,5 @@ func check(ctx context.Context, name string, l *lane) error {
 	if err == nil {
 		return nil
 	}
-	return backend.StoreFailure(name, storeError(name, l.dials, err))
+	return throttler.StoreFailure(name, storeError(name, l.dials, err))
 }

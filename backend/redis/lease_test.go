@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -132,10 +131,10 @@ func TestLeaseWrongTypeIsTheKeys(t *testing.T) {
 	sk, _ := b.leaseKey(leasePolicy, "k")
 	require.NoError(t, rdb.Set(ctx, sk, "x", 0).Err())
 	_, err = b.Acquire(ctx, "k", leasePolicy, 1, backendtest.T0)
-	assert.True(t, errors.Is(err, backend.ErrKeyState), "%v", err)
+	assert.True(t, errors.Is(err, throttler.ErrKeyState), "%v", err)
 	assert.False(t, errors.Is(err, throttler.ErrUnavailable), "%v", err)
 	_, _, err = b.Release(ctx, "k", leasePolicy, 1, backendtest.T0)
-	assert.True(t, errors.Is(err, backend.ErrKeyState), "%v", err)
+	assert.True(t, errors.Is(err, throttler.ErrKeyState), "%v", err)
 }
 
 // leaseFake answers every script with reply and records what it was sent.

@@ -15,11 +15,11 @@
 //
 // Failures: a failure of Redis itself (a network error, a pool timeout, a
 // server that is LOADING, READONLY, BUSY, out of memory, or a cluster that
-// is down) matches throttler.ErrUnavailable (backend.StoreFailure), so that
+// is down) matches throttler.ErrUnavailable (throttler.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
-// program wrote with another type (WRONGTYPE) matches backend.ErrKeyState
+// program wrote with another type (WRONGTYPE) matches throttler.ErrKeyState
 // and never does. Each shard's primary is a store of its own, and so are
-// its replicas, which Peeks reach first (backend.Stores): one shard's
+// its replicas, which Peeks reach first (throttler.Stores): one shard's
 // outage switches limiting off for its keys only, and a primary and its
 // replicas fail apart. A replica that fails a Peek in any way, its share of
 // the time running out included, costs the Peek time, not its answer: the
@@ -92,7 +92,7 @@ var ErrUnexpectedReply = errors.New("redis: unexpected reply")
 var ErrNoShards = errors.New("redis: no shards")
 
 // MaxLimit is the largest Policy.Limit, and the largest cost, this backend
-// counts: throttler.MaxLimit (2^48), which backend.ValidateCall enforces.
+// counts: throttler.MaxLimit (2^48), which throttler.ValidateCall enforces.
 // The scripts' numbers are Lua doubles, exact up to 2^53.
 const MaxLimit = throttler.MaxLimit
 
@@ -209,8 +209,8 @@ type Backend struct {
 }
 
 var (
-	_ throttler.Backend    = (*Backend)(nil)
-	_ backend.ContextBlind = (*Backend)(nil)
+	_ throttler.Backend      = (*Backend)(nil)
+	_ throttler.ContextBlind = (*Backend)(nil)
 )
 
 // IgnoresContext reports whether a client of any shard is go-redis's
@@ -331,10 +331,10 @@ func addrOf(c Client) string {
 	return ""
 }
 
-var _ backend.Stores = (*Backend)(nil)
+var _ throttler.Stores = (*Backend)(nil)
 
 // Store names the store op on key under p reaches first (see
-// backend.Stores): the primary of the key's shard for a Take or a Refund,
+// throttler.Stores): the primary of the key's shard for a Take or a Refund,
 // its replicas for a Peek when it has some. Each shard fails on its own, and
 // so do its primary and its replicas: a replica's answers never close the
 // breaker of a failing primary, and a primary's open breaker never stops
@@ -366,7 +366,7 @@ func required(what string, c Client) error {
 // cache on, a Take that Redis would deny by what it last answered this
 // process is denied here (cache.go).
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
@@ -403,7 +403,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 // the shard's primary, alone or in a batch, which compares the stored
 // state with the receipt.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
@@ -417,7 +417,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // the shard has one, and the primary when that read fails (see read); a
 // window that ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := backend.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
+	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
@@ -633,8 +633,8 @@ func (b *Backend) shardFor(h uint64) *shard {
 }
 
 // opError wraps a failure with the operation and the policy (rate or lease),
-// and marks it as the shard's (backend.StoreFailure) or the key's
-// (backend.ErrKeyState) when it is known to be either. Long keys are cut:
+// and marks it as the shard's (throttler.StoreFailure) or the key's
+// (throttler.ErrKeyState) when it is known to be either. Long keys are cut:
 // the error is for logs (a Throttler never writes it into a response).
 func opError(op, key string, p fmt.Stringer, err error) error {
 	if len(key) > 64 {
@@ -643,9 +643,9 @@ func opError(op, key string, p fmt.Stringer, err error) error {
 	wrapped := fmt.Errorf("redis: %s %q (policy %v): %w", op, key, p, err)
 	switch {
 	case keyFailure(err):
-		return backend.KeyFailure(wrapped)
+		return throttler.KeyFailure(wrapped)
 	case storeFailure(err):
-		return backend.StoreFailure("", wrapped)
+		return throttler.StoreFailure("", wrapped)
 	}
 	return wrapped
 }

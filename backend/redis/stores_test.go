@@ -128,7 +128,7 @@ func (e replyErr) Error() string { return string(e) }
 func (replyErr) RedisError()     {}
 
 // Failures of the server are the shard's (throttler.ErrUnavailable); a key
-// holding another type is the key's (backend.ErrKeyState); the rest is
+// holding another type is the key's (throttler.ErrKeyState); the rest is
 // neither, and a context's end is left to the caller.
 func TestFailuresAreClassified(t *testing.T) {
 	const store, key, neither = "store", "key", ""
@@ -173,7 +173,7 @@ func TestFailuresAreClassified(t *testing.T) {
 				if got := errors.Is(err, throttler.ErrUnavailable); got != (tt.want == store) {
 					t.Errorf("%s: store failure %v, want %v", op, got, tt.want == store)
 				}
-				if got := errors.Is(err, backend.ErrKeyState); got != (tt.want == key) {
+				if got := errors.Is(err, throttler.ErrKeyState); got != (tt.want == key) {
 					t.Errorf("%s: key failure %v, want %v", op, got, tt.want == key)
 				}
 			}

@@ -8,7 +8,6 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -160,7 +159,7 @@ func (w *waiter) check(ack *goredis.Cmd) error {
 	case err != nil:
 		return fmt.Errorf("WAIT %d replicas: %w", w.replicas, err)
 	case n < int64(w.replicas):
-		return backend.StoreFailure("", fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, w.replicas, w.timeout))
+		return throttler.StoreFailure("", fmt.Errorf("%w: %d of %d within %v", ErrTooFewReplicas, n, w.replicas, w.timeout))
 	}
 	return nil
 }

@@ -75,7 +75,7 @@ func failing(err error) throttler.Backend {
 
 func TestInspectFailures(t *testing.T) {
 	unavailable := fmt.Errorf("%w: dial tcp 10.0.1.5:6379: connection refused", throttler.ErrUnavailable)
-	corrupt := backend.KeyFailure(fmt.Errorf("memcached: unexpected item value"))
+	corrupt := throttler.KeyFailure(fmt.Errorf("memcached: unexpected item value"))
 	tests := []struct {
 		name      string
 		broken    string // the store that fails

@@ -39,7 +39,7 @@ func newDown(store string, hang bool) *down {
 			<-ctx.Done()
 			return throttler.Decision{}, fmt.Errorf("down: %w", ctx.Err())
 		}
-		return throttler.Decision{}, backend.StoreFailure(d.store, errors.New("down: connection refused"))
+		return throttler.Decision{}, throttler.StoreFailure(d.store, errors.New("down: connection refused"))
 	}
 	return d
 }
