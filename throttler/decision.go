@@ -32,6 +32,12 @@ type Decision struct {
 	// the fallback did, or the Throttler's failure mode did (then ResetAt is
 	// zero and Used and Remaining are not known).
 	Degraded bool
+	// At is the instant the Throttler read its clock (Options.Clock) for
+	// the call that returned this Decision: the now the store decided at,
+	// from which ResetAt and RetryAfter were computed. Set on every
+	// Decision a Throttler returns from a call it made; zero from a
+	// Throttler that New did not build.
+	At time.Time
 }
 
 // Known reports whether d carries a real count (false only for a degraded
