@@ -182,6 +182,15 @@ const accepted = "a *throttler.Throttler, or a *flags.Router, *shadow.Backend, "
 	"*migration.Migration, batching backend (backend/redis) or backend/memory Backend, " +
 	"or its Stats method"
 
+// The sources Watch finds by their Stats method: a change of its type is a
+// compile error here rather than "not a source" at run time.
+var (
+	_ interface{ Stats() flags.Stats }     = (*flags.Router)(nil)
+	_ interface{ Stats() shadow.Stats }    = (*shadow.Backend)(nil)
+	_ interface{ Stats() migration.Stats } = (*migration.Migration)(nil)
+	_ interface{ Stats() memory.Stats }    = (*memory.Backend)(nil)
+)
+
 // maxNameLen bounds a source's name, like a policy's.
 const maxNameLen = throttler.MaxPolicyNameLen
 
