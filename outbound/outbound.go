@@ -24,11 +24,11 @@
 //
 // Cost: each request takes its unit (one call, more while it waits) and
 // peeks the pause (one read, which a replica may serve, seeing a new pause
-// one replication lag later): two store calls per request. The Peek comes after the unit is taken, so a pause that
-// began while the request waited for capacity is seen; the unit is then
-// refunded. A pause known in the process (learned from a response, or from
-// a Peek) costs no store call until it ends. A response that asks for a
-// pause costs one more Take.
+// one replication lag later): two store calls per request. The Peek comes
+// after the unit is taken, so a pause that began while the request waited
+// for capacity is seen; the unit is then refunded. A pause known in the
+// process (learned from a response, or from a Peek) costs no store call
+// until it ends. A response that asks for a pause costs one more Take.
 //
 // # Retries and bodies
 //

@@ -42,11 +42,11 @@
 //
 // No client key ever becomes a label. policy is the policy's Name ("unnamed"
 // for an unnamed policy), store the store's name as the backend gives it
-// ("default" for a backend that is one store), router, shadow and migration
-// the names given to Watch: all fixed by configuration. The adapter bounds
-// policies and stores all the same (Options.MaxPolicies, MaxStores); names
-// beyond the bound count under "other". With P policies and S stores the
-// call metrics are at most P×5×4×3 decision series (only those seen are
+// ("default" for a backend that is one store), router, shadow, migration and
+// backend the names given to Watch: all fixed by configuration. The adapter
+// bounds policies and stores all the same (Options.MaxPolicies, MaxStores);
+// names beyond the bound count under "other". With P policies and S stores
+// the call metrics are at most P×5×4×3 decision series (only those seen are
 // created), S histograms of len(Buckets)+3 series and S×2 error series.
 package prometheus
 
