@@ -44,7 +44,10 @@ func newDown(store string, hang bool) *down {
 	return d
 }
 
-func (d *down) Store(throttler.Op, string, throttler.Policy) string { return d.store }
+// Traits names d's one store, so that observations and breakers carry it.
+func (d *down) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(throttler.Op, string, throttler.Policy) string { return d.store }}
+}
 
 // Memory returns a memory backend.
 func Memory(t testing.TB) *memory.Backend {
