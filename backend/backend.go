@@ -2,9 +2,9 @@
 // around one (a router, a shadow): it builds decisions the way every
 // backend must, names a limit's storage identity, marks store and key
 // failures, and forwards operations named as values. Applications use
-// package throttler and never need this one. The optional capabilities a
-// Throttler looks for (InProcess, ContextBlind, Stores, LeaseStores,
-// LeaseHolder) are declared in package throttler, which consumes them.
+// package throttler and never need this one. What a Throttler needs to know
+// of a backend (throttler.Traits) is declared in package throttler, which
+// consumes it.
 //
 // A backend's operation starts with throttler.ValidateCall (a Refund:
 // ValidateRefund; a lease: ValidateLease) and answers bad input with its

@@ -53,6 +53,9 @@ func TestValidateCall(t *testing.T) {
 // recorder is a Backend that records which method was called with what.
 type recorder struct{ calls []string }
 
+// recorderValue is a backend held by value, not by pointer.
+type recorderValue struct{ throttler.Backend }
+
 func (r *recorder) Take(_ context.Context, key string, _ throttler.Policy, cost int64, _ time.Time) (throttler.Decision, error) {
 	r.calls = append(r.calls, fmt.Sprintf("Take %s %d", key, cost))
 	return throttler.Decision{Allowed: true}, nil
@@ -140,7 +143,7 @@ func TestRequired(t *testing.T) {
 		{"typed nil pointer", nilMemory, "shadow.New control is a nil *memory.Backend"},
 		{"nil OpFunc", backend.OpFunc(nil), "shadow.New control is a nil backend.OpFunc"},
 		{"a backend", mem, ""},
-		{"a value", says(false), ""},
+		{"a value", recorderValue{}, ""},
 		{"an OpFunc", backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
 			return throttler.Decision{}, nil
 		}), ""},
@@ -153,30 +156,6 @@ func TestRequired(t *testing.T) {
 			assert.EqualError(t, err, tc.want, tc.name)
 		}
 	}
-}
-
-func TestIsInProcess(t *testing.T) {
-	mem, err := memory.New(nil)
-	require.NoError(t, err)
-	assert.True(t, throttler.IsInProcess(mem))
-	assert.False(t, throttler.IsInProcess(&recorder{}))
-	assert.False(t, throttler.IsInProcess(says(false)), "a wrapper over a network store says false")
-	assert.True(t, throttler.IsInProcess(says(true)))
-	assert.False(t, throttler.IsInProcess(nil))
-}
-
-// says is a wrapper that reports what it wraps.
-type says bool
-
-func (s says) InProcess() bool { return bool(s) }
-func (says) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
-}
-func (says) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
-}
-func (says) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
 }
 
 func TestIdentity(t *testing.T) {

@@ -30,18 +30,6 @@ func (r *leaseRecorder) Release(_ context.Context, key string, p throttler.Concu
 	return r.held, throttler.Decision{Limit: p.Limit, Used: int64(id)}, nil
 }
 
-func (r *leaseRecorder) LeaseStore(key string, _ throttler.ConcurrencyPolicy) string {
-	return "store of " + key
-}
-
-// holder is a leaseRecorder that says whether what it wraps holds leases.
-type holder struct {
-	*leaseRecorder
-	holds bool
-}
-
-func (h holder) HoldsLeases() bool { return h.holds }
-
 func TestValidateLease(t *testing.T) {
 	p := throttler.Concurrent(3, time.Second)
 	tests := []struct {
@@ -65,34 +53,6 @@ func TestValidateLease(t *testing.T) {
 		assert.ErrorIs(t, err, tc.want, "%q %v %d", tc.key, tc.p, tc.id)
 		assert.True(t, throttler.IsInputError(err))
 	}
-}
-
-func TestLeases(t *testing.T) {
-	r := &leaseRecorder{}
-	tests := []struct {
-		name string
-		b    throttler.Backend
-		want bool
-	}{
-		{"a lease backend", r, true},
-		{"a backend without the methods", &r.recorder, false},
-		{"a wrapper over lease backends", holder{r, true}, true},
-		{"a wrapper over a backend without leases", holder{r, false}, false},
-	}
-	for _, tc := range tests {
-		lb, ok := throttler.Leases(tc.b)
-		assert.Equal(t, tc.want, ok, tc.name)
-		assert.Equal(t, tc.want, lb != nil, tc.name)
-		th, err := throttler.New(tc.b, nil)
-		require.NoError(t, err)
-		assert.Equal(t, tc.want, th.SupportsLeases(), "the Throttler decides alike: %s", tc.name)
-	}
-}
-
-func TestLeaseStoreOf(t *testing.T) {
-	p := throttler.Concurrent(3, time.Second)
-	assert.Equal(t, "store of k", throttler.LeaseStoreOf(&leaseRecorder{}, "k", p))
-	assert.Equal(t, "", throttler.LeaseStoreOf(&recorder{}, "k", p))
 }
 
 func TestDoLease(t *testing.T) {

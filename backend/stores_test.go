@@ -1,11 +1,9 @@
 package backend_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -36,34 +34,4 @@ func TestFailureMarks(t *testing.T) {
 
 	assert.NoError(t, throttler.StoreFailure("s", nil))
 	assert.NoError(t, throttler.KeyFailure(nil))
-}
-
-type namedStores struct{ acceptAll }
-
-func (namedStores) Store(op throttler.Op, key string, _ throttler.Policy) string {
-	if op == throttler.OpPeek {
-		return "replicas of " + key
-	}
-	return "store of " + key
-}
-
-type acceptAll struct{}
-
-func (acceptAll) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
-}
-
-func (acceptAll) Peek(context.Context, string, throttler.Policy, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
-}
-
-func (acceptAll) Refund(context.Context, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
-	return throttler.Decision{}, nil
-}
-
-func TestStoreOf(t *testing.T) {
-	p := throttler.PerMinute(1)
-	assert.Equal(t, "store of k", throttler.StoreOf(namedStores{}, throttler.OpTake, "k", p))
-	assert.Equal(t, "replicas of k", throttler.StoreOf(namedStores{}, throttler.OpPeek, "k", p), "the op is passed on")
-	assert.Equal(t, "", throttler.StoreOf(acceptAll{}, throttler.OpTake, "k", p), "a backend that names none is one store")
 }

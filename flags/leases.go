@@ -13,7 +13,7 @@ import (
 
 // Leases through a Router.
 //
-// A Router holds leases when both its backends do (HoldsLeases; a Throttler
+// A Router holds leases when both its backends do (Traits; a Throttler
 // over it then reports SupportsLeases). An Acquire goes where the rollout
 // sends the key, as a Take does; a Release must reach the backend that
 // granted the lease, even if the rollout moved the key in between, or the
@@ -77,38 +77,19 @@ type leaseShard struct {
 
 func (r *Router) initLeases(maxLeases int) {
 	l := &r.leases
-	oldL, okOld := throttler.Leases(r.old)
-	newL, okNew := throttler.Leases(r.new)
-	if !okOld || !okNew {
+	if !r.oldTraits.Leases || !r.newTraits.Leases {
 		return
 	}
-	l.old, l.new = oldL, newL
+	l.old, l.new = r.old.(throttler.LeaseBackend), r.new.(throttler.LeaseBackend)
 	l.perShard = max(1, maxLeases/leaseShards)
 	for i := range l.shards {
 		l.shards[i].m = make(map[leaseRef]grant)
 	}
 }
 
-var (
-	_ throttler.LeaseBackend = (*Router)(nil)
-	_ throttler.LeaseHolder  = (*Router)(nil)
-	_ throttler.LeaseStores  = (*Router)(nil)
-)
-
-// HoldsLeases reports whether both backends hold leases (see
-// throttler.LeaseHolder): a Router over a backend without them has the lease
-// methods, but answers them with throttler.ErrLeasesUnsupported.
-func (r *Router) HoldsLeases() bool { return r.leases.old != nil }
-
-// LeaseStore names the store a lease call for key under p reaches now, as
-// Store does for rate calls.
-func (r *Router) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	b, name := r.routed(key)
-	if s := throttler.LeaseStoreOf(b, key, p); s != "" {
-		return s
-	}
-	return name
-}
+// A Router over a backend without leases has the lease methods, but says so
+// in its Traits and answers them with throttler.ErrLeasesUnsupported.
+var _ throttler.LeaseBackend = (*Router)(nil)
 
 // Acquire takes lease id on key under p from the backend the rollout (or
 // the strategy) sends the key to, and remembers which one granted it. A
@@ -282,7 +263,7 @@ func (r *Router) count(isNew bool) {
 // both hold leases.
 func (r *Router) noLeases() error {
 	name, b := r.oldName, r.old
-	if _, ok := throttler.Leases(b); ok {
+	if r.oldTraits.Leases {
 		name, b = r.newName, r.new
 	}
 	return fmt.Errorf("%w: the router's %s backend (%T)", throttler.ErrLeasesUnsupported, name, b)

@@ -51,8 +51,8 @@ func TestRouterHoldsLeasesOnlyWhenBothBackendsDo(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := router(t, tc.old, tc.new, percent(t, 50), nil)
-			if r.HoldsLeases() != tc.want {
-				t.Fatalf("HoldsLeases = %v, want %v", r.HoldsLeases(), tc.want)
+			if r.Traits().Leases != tc.want {
+				t.Fatalf("Traits().Leases = %v, want %v", r.Traits().Leases, tc.want)
 			}
 			th, err := throttler.New(r, nil)
 			if err != nil {

@@ -80,13 +80,11 @@ type Router struct {
 	_        [56]byte
 
 	leases routerLeases // leases.go
+
+	oldTraits, newTraits throttler.Traits
 }
 
-var (
-	_ throttler.Backend   = (*Router)(nil)
-	_ throttler.InProcess = (*Router)(nil)
-	_ throttler.Stores    = (*Router)(nil)
-)
+var _ throttler.Backend = (*Router)(nil)
 
 // NewRouter returns a Router over oldB and newB, ramped by r. Both backends
 // and r are required: to keep every key on oldB, pass NewPercent(0). nil
@@ -138,6 +136,7 @@ func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *Ro
 		rt.strategy = s
 	}
 	rt.opFunc = rt.do()
+	rt.oldTraits, rt.newTraits = throttler.TraitsOf(oldB), throttler.TraitsOf(newB)
 	rt.initLeases(o.MaxLeases)
 	return rt, nil
 }
@@ -151,35 +150,48 @@ func requiredRollout(what string, r Rollout) error {
 	return nilness.Check(what, r)
 }
 
-// InProcess reports whether the calls of both backends never block.
-func (r *Router) InProcess() bool {
-	return throttler.IsInProcess(r.old) && throttler.IsInProcess(r.new)
+// Traits are what both backends' say together: in process when both are,
+// ignoring their context when either does (so that a Throttler detaches the
+// calls), holding leases when both do; each call's store is the one the
+// backend the key is routed to names, or, for a backend that names none,
+// that backend (RouterOptions.OldName or NewName), so that a Throttler keeps
+// the two backends' breakers apart.
+func (r *Router) Traits() throttler.Traits {
+	return throttler.Traits{
+		InProcess:      r.oldTraits.InProcess && r.newTraits.InProcess,
+		IgnoresContext: r.oldTraits.IgnoresContext || r.newTraits.IgnoresContext,
+		Leases:         r.leases.old != nil,
+		Store:          r.store,
+		LeaseStore:     r.leaseStore,
+	}
 }
 
-// IgnoresContext reports whether either backend's calls may outlive their
-// context (see throttler.ContextBlind), so that a Throttler detaches them.
-func (r *Router) IgnoresContext() bool {
-	return throttler.IgnoresContext(r.old) || throttler.IgnoresContext(r.new)
-}
-
-// Store names the store op for key under p reaches now (see
-// throttler.Stores): the one the backend the key is routed to names, or, for
-// a backend that names none, that backend (RouterOptions.OldName or
-// NewName), so that a Throttler keeps the two backends' breakers apart.
-func (r *Router) Store(op throttler.Op, key string, p throttler.Policy) string {
-	b, name := r.routed(key)
-	if s := throttler.StoreOf(b, op, key, p); s != "" {
+// store names the store op for key under p reaches now (see Traits).
+func (r *Router) store(op throttler.Op, key string, p throttler.Policy) string {
+	t, name := r.routed(key)
+	if s := t.Store(op, key, p); s != "" {
 		return s
 	}
 	return name
 }
 
-// routed returns the backend key is routed to now, and its name.
-func (r *Router) routed(key string) (throttler.Backend, string) {
-	if r.rollout.UseNew(key) {
-		return r.new, r.newName
+// leaseStore names the store a lease call for key under p reaches now, as
+// store does for rate calls.
+func (r *Router) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
+	t, name := r.routed(key)
+	if s := t.LeaseStore(key, p); s != "" {
+		return s
 	}
-	return r.old, r.oldName
+	return name
+}
+
+// routed returns the Traits of the backend key is routed to now, and its
+// name.
+func (r *Router) routed(key string) (*throttler.Traits, string) {
+	if r.rollout.UseNew(key) {
+		return &r.newTraits, r.newName
+	}
+	return &r.oldTraits, r.oldName
 }
 
 // Stats counts the calls a Router has sent to each backend.

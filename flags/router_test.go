@@ -276,15 +276,15 @@ func TestRouterConcurrentRamp(t *testing.T) {
 
 func TestRouterInProcessOnlyWhenBothAre(t *testing.T) {
 	m := mem(t)
-	if !router(t, m, mem(t), percent(t, 50), nil).InProcess() {
+	if !router(t, m, mem(t), percent(t, 50), nil).Traits().InProcess {
 		t.Error("two memory backends: in process")
 	}
-	if router(t, m, notLocal{m}, percent(t, 50), nil).InProcess() {
+	if router(t, m, notLocal{m}, percent(t, 50), nil).Traits().InProcess {
 		t.Error("one backend that may block: not in process")
 	}
 }
 
-// notLocal hides its backend's InProcess, like a network store.
+// notLocal hides its backend's Traits, like a network store.
 type notLocal struct{ throttler.Backend }
 
 // An Op that names no operation reaches no backend's store: it is
@@ -301,13 +301,13 @@ func TestRouterUnknownOp(t *testing.T) {
 // Throttler detaches calls that may reach it.
 func TestRouterIgnoresContextWhenEitherBackendDoes(t *testing.T) {
 	m := mem(t)
-	if router(t, m, mem(t), percent(t, 50), nil).IgnoresContext() {
+	if router(t, m, mem(t), percent(t, 50), nil).Traits().IgnoresContext {
 		t.Error("two memory backends honour their context")
 	}
-	if !router(t, m, blind{m}, percent(t, 50), nil).IgnoresContext() {
+	if !router(t, m, blind{m}, percent(t, 50), nil).Traits().IgnoresContext {
 		t.Error("the new backend ignores its context: so does the router")
 	}
-	if !router(t, blind{m}, m, percent(t, 0), nil).IgnoresContext() {
+	if !router(t, blind{m}, m, percent(t, 0), nil).Traits().IgnoresContext {
 		t.Error("the old backend ignores its context: so does the router, whatever the percentage")
 	}
 }
@@ -315,7 +315,7 @@ func TestRouterIgnoresContextWhenEitherBackendDoes(t *testing.T) {
 // blind says its calls may outlive their context, like the Memcached backend.
 type blind struct{ throttler.Backend }
 
-func (blind) IgnoresContext() bool { return true }
+func (blind) Traits() throttler.Traits { return throttler.Traits{IgnoresContext: true} }
 
 // hiddenPercent routes as its Percent does without telling the percentage.
 type hiddenPercent struct{ p *Percent }

@@ -17,7 +17,9 @@ type namedStore struct {
 	err  error
 }
 
-func (s namedStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
+func (s namedStore) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(throttler.Op, string, throttler.Policy) string { return s.name }}
+}
 
 func (s namedStore) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if s.err != nil {
@@ -30,11 +32,13 @@ func (s namedStore) Take(ctx context.Context, key string, p throttler.Policy, co
 // replicas.
 type peekStore struct{ namedStore }
 
-func (s peekStore) Store(op throttler.Op, key string, p throttler.Policy) string {
-	if op == throttler.OpPeek {
-		return "replicas"
-	}
-	return s.namedStore.Store(op, key, p)
+func (s peekStore) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(op throttler.Op, key string, p throttler.Policy) string {
+		if op == throttler.OpPeek {
+			return "replicas"
+		}
+		return s.name
+	}}
 }
 
 // flags0 is a rollout that keeps every key on the old backend.
@@ -63,7 +67,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 		if rt.UseNew(key) {
 			want = "memory"
 		}
-		if got := rt.Store(throttler.OpTake, key, p); got != want {
+		if got := rt.Traits().Store(throttler.OpTake, key, p); got != want {
 			t.Fatalf("%q: Store %q, want %q", key, got, want)
 		}
 		seen[want]++
@@ -74,14 +78,13 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	if err := pct.Set(100); err != nil {
 		t.Fatal(err)
 	}
-	if got := rt.Store(throttler.OpTake, "user-0", p); got != "memory" {
+	if got := rt.Traits().Store(throttler.OpTake, "user-0", p); got != "memory" {
 		t.Errorf("at 100%%: Store %q, want the new backend's", got)
 	}
-	var _ throttler.Stores = rt
 
 	// The op is passed on: a backend may name its Peeks' store apart.
 	peeks := router(t, peekStore{namedStore{Backend: mem(t), name: "primary"}}, mem(t), flags0(t), nil)
-	if got := peeks.Store(throttler.OpPeek, "k", p); got != "replicas" {
+	if got := peeks.Traits().Store(throttler.OpPeek, "k", p); got != "replicas" {
 		t.Errorf("Peek: Store %q, want the routed backend's name for Peeks", got)
 	}
 }

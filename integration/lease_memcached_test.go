@@ -52,7 +52,7 @@ func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
 	var onHealthy, onPaused []string
 	for i := 0; len(onHealthy) < 4 || len(onPaused) < 4; i++ {
 		key := fmt.Sprint(run, "-", i)
-		switch store := b.LeaseStore(key, p); {
+		switch store := throttler.TraitsOf(b).LeaseStore(key, p); {
 		case store == healthyStore && len(onHealthy) < 4:
 			onHealthy = append(onHealthy, key)
 		case store == pausedStore && len(onPaused) < 4:

@@ -17,8 +17,7 @@ import (
 // key UseNew put on the old one.
 func TestMigrationMethods(t *testing.T) {
 	want := []string{
-		"Acquire", "Close", "Flush", "HoldsLeases", "IgnoresContext", "InProcess", "LeaseStore",
-		"Peek", "Refund", "Release", "Stats", "Store", "Take", "UseNew",
+		"Acquire", "Close", "Flush", "Peek", "Refund", "Release", "Stats", "Take", "Traits", "UseNew",
 	}
 	typ := reflect.TypeFor[*Migration]()
 	var got []string

@@ -29,7 +29,7 @@ func (*nop) Refund(_ context.Context, _ string, p throttler.Policy, _ int64, _, 
 // does: a moving key's two calls are then made one after the other.
 type nopLocal struct{ nop }
 
-func (*nopLocal) InProcess() bool { return true }
+func (*nopLocal) Traits() throttler.Traits { return throttler.Traits{InProcess: true} }
 
 // BenchmarkTake: the cost of a call through a Migration whose stores answer
 // at once, mirroring off. "router" is what a Migration was before moving

@@ -9,7 +9,7 @@ import (
 
 // Leases through a Migration.
 //
-// A Migration holds leases when both stores do (its router's HoldsLeases).
+// A Migration holds leases when both stores do (its Traits say so).
 // A lease call goes through the router to the serving store's shadow, as a
 // Take does: the serving store grants the lease and the shadow mirrors it,
 // with its LeaseID, to the other store, so that with mirroring on both hold
@@ -30,22 +30,9 @@ import (
 // through the shadows, since both stores may hold a mirrored copy, and
 // "either held it" would report the copy.
 
-var (
-	_ throttler.LeaseBackend = (*Migration)(nil)
-	_ throttler.LeaseHolder  = (*Migration)(nil)
-	_ throttler.LeaseStores  = (*Migration)(nil)
-)
-
-// HoldsLeases reports whether both stores hold leases (see
-// throttler.LeaseHolder): a Migration over a store without them has the
-// lease methods, but answers them with throttler.ErrLeasesUnsupported.
-func (m *Migration) HoldsLeases() bool { return m.router.HoldsLeases() }
-
-// LeaseStore names the store a lease call for key under p reaches now, as
-// Store does for rate calls.
-func (m *Migration) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	return m.router.LeaseStore(key, p)
-}
+// A Migration over a store without leases has the lease methods, but says
+// so in its Traits and answers them with throttler.ErrLeasesUnsupported.
+var _ throttler.LeaseBackend = (*Migration)(nil)
 
 // Acquire takes lease id on key under p: through the serving store's
 // shadow, or on both stores for a moving key. It does not validate: the

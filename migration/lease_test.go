@@ -55,8 +55,8 @@ func TestMigrationHoldsLeasesWhenBothStoresDo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m.HoldsLeases() != tc.want || th.SupportsLeases() != tc.want {
-				t.Fatalf("HoldsLeases %v, SupportsLeases %v; want %v", m.HoldsLeases(), th.SupportsLeases(), tc.want)
+			if m.Traits().Leases != tc.want || th.SupportsLeases() != tc.want {
+				t.Fatalf("Traits().Leases %v, SupportsLeases %v; want %v", m.Traits().Leases, th.SupportsLeases(), tc.want)
 			}
 			if _, err := m.Acquire(context.Background(), "k", one, 1, t0); tc.want != (err == nil) || !tc.want && !errors.Is(err, throttler.ErrLeasesUnsupported) {
 				t.Fatalf("Acquire: %v", err)

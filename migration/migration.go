@@ -77,9 +77,9 @@ const defaultSettle = 30 * time.Second
 // percentage is moving to both stores at once. Take, Peek and Refund go to
 // the store that serves the key now, through its shadow; a moving key's go
 // to both stores (see Options.Settle). When both stores hold leases, so
-// does a Migration (HoldsLeases; see Acquire). UseNew reports which store
-// serves a key, InProcess whether both stores' calls never block, and
-// Store (throttler.Stores) the store a call reaches: the serving store's own
+// does a Migration (Traits; see Acquire). UseNew reports which store
+// serves a key, and Traits whether both stores' calls never block and the
+// store a call reaches: the serving store's own
 // name for it (a shard, a server), or "old" or "new" (Options.Router's
 // names) for a store that names none, so that a Throttler's breaker for
 // one store never stops calls to the other. It is safe for concurrent use.
@@ -100,11 +100,7 @@ type Migration struct {
 	moving movingCounters
 }
 
-var (
-	_ throttler.Backend   = (*Migration)(nil)
-	_ throttler.InProcess = (*Migration)(nil)
-	_ throttler.Stores    = (*Migration)(nil)
-)
+var _ throttler.Backend = (*Migration)(nil)
 
 // New returns a Migration from oldB to newB, ramped by r. The stores and r
 // are required: to keep every key on oldB, pass flags.NewPercent(0). Nil
@@ -161,8 +157,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	m := &Migration{
 		router: rt, forward: fwd, reverse: rev,
 		stores: [2]store{
-			{b: oldB, local: throttler.IsInProcess(oldB)},
-			{b: newB, local: throttler.IsInProcess(newB), isNew: true},
+			{b: oldB, local: throttler.TraitsOf(oldB).InProcess},
+			{b: newB, local: throttler.TraitsOf(newB).InProcess, isNew: true},
 		},
 		oldName: "old", newName: "new",
 	}
@@ -172,9 +168,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
 	}
-	if rt.HoldsLeases() {
-		m.leases[0], _ = throttler.Leases(oldB)
-		m.leases[1], _ = throttler.Leases(newB)
+	if rt.Traits().Leases {
+		m.leases[0], m.leases[1] = oldB.(throttler.LeaseBackend), newB.(throttler.LeaseBackend)
 	}
 	routes.init(m, r, o.Settle, mono)
 	return m, nil
@@ -200,19 +195,9 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 // UseNew reports whether the new store serves key now.
 func (m *Migration) UseNew(key string) bool { return m.router.UseNew(key) }
 
-// InProcess reports whether both stores' calls never block (see
-// throttler.InProcess).
-func (m *Migration) InProcess() bool { return m.router.InProcess() }
-
-// IgnoresContext reports whether either store's calls may outlive their
-// context (see throttler.ContextBlind).
-func (m *Migration) IgnoresContext() bool { return m.router.IgnoresContext() }
-
-// Store names the store op for key under p reaches now (see
-// throttler.Stores and Migration).
-func (m *Migration) Store(op throttler.Op, key string, p throttler.Policy) string {
-	return m.router.Store(op, key, p)
-}
+// Traits are its router's: in process when both stores are, each call's
+// store named as Migration says.
+func (m *Migration) Traits() throttler.Traits { return m.router.Traits() }
 
 // optionsError renames a shadow's refusal of its options: the backends are
 // checked before, so shadow.New can only fail as "shadow: Options.<field>

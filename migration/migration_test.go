@@ -240,11 +240,11 @@ func TestBadInput(t *testing.T) {
 
 func TestInProcessAndUseNew(t *testing.T) {
 	m := newMigration(t, mem(t), mem(t), percent(t, 100), nil)
-	if !m.InProcess() || !m.UseNew("k") {
-		t.Errorf("two memory stores at 100%%: InProcess %v, UseNew %v; want true, true", m.InProcess(), m.UseNew("k"))
+	if !m.Traits().InProcess || !m.UseNew("k") {
+		t.Errorf("two memory stores at 100%%: InProcess %v, UseNew %v; want true, true", m.Traits().InProcess, m.UseNew("k"))
 	}
 	m2 := newMigration(t, mem(t), struct{ throttler.Backend }{mem(t)}, percent(t, 0), nil)
-	if m2.InProcess() || m2.UseNew("k") {
-		t.Errorf("a store that may block at 0%%: InProcess %v, UseNew %v; want false, false", m2.InProcess(), m2.UseNew("k"))
+	if m2.Traits().InProcess || m2.UseNew("k") {
+		t.Errorf("a store that may block at 0%%: InProcess %v, UseNew %v; want false, false", m2.Traits().InProcess, m2.UseNew("k"))
 	}
 }

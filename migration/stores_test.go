@@ -15,7 +15,9 @@ type failingStore struct {
 	name string
 }
 
-func (s failingStore) Store(throttler.Op, string, throttler.Policy) string { return s.name }
+func (s failingStore) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(throttler.Op, string, throttler.Policy) string { return s.name }}
+}
 
 func (s failingStore) Take(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) {
 	return throttler.Decision{}, throttler.StoreFailure("", fmt.Errorf("%s: connection refused", s.name))
@@ -29,7 +31,6 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 	old := failingStore{Backend: mem(t), name: "memcached 10.0.0.2:11211"}
 	m := newMigration(t, old, mem(t), percent(t, 50), nil)
 	p := throttler.PerMinute(3).Named("api")
-	var _ throttler.Stores = m
 
 	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) }, BreakerThreshold: 1})
 	if err != nil {
@@ -43,7 +44,7 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 		if m.UseNew(key) {
 			want = "new"
 		}
-		if got := m.Store(throttler.OpTake, key, p); got != want {
+		if got := m.Traits().Store(throttler.OpTake, key, p); got != want {
 			t.Fatalf("%q: Store %q, want %q", key, got, want)
 		}
 		if want != "new" {

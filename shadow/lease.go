@@ -17,30 +17,16 @@ import (
 // the candidate at once, since no Release will come for it.
 //
 // A shadow holds leases when its control does; the calls are mirrored when
-// the candidate holds leases too (throttler.Leases), and otherwise served by
+// the candidate holds leases too (throttler.Traits), and otherwise served by
 // the control alone.
 
-var (
-	_ throttler.LeaseBackend = (*Backend)(nil)
-	_ throttler.LeaseHolder  = (*Backend)(nil)
-	_ throttler.LeaseStores  = (*Backend)(nil)
-)
+var _ throttler.LeaseBackend = (*Backend)(nil)
 
 // leaseCall is what a lease operation adds to a mirrored call.
 type leaseCall struct {
 	p    throttler.ConcurrencyPolicy
 	id   throttler.LeaseID
 	held bool // the control's answer to a Release
-}
-
-// HoldsLeases reports whether the control holds leases (see
-// throttler.LeaseHolder).
-func (b *Backend) HoldsLeases() bool { return b.controlLeases != nil }
-
-// LeaseStore names the control's store for key's leases under p, as Store
-// does for rate calls.
-func (b *Backend) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	return throttler.LeaseStoreOf(b.control, key, p)
 }
 
 // Acquire returns the control's answer and mirrors the call, unless the

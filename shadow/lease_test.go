@@ -215,8 +215,8 @@ func TestShadowHoldsLeasesWhenItsControlDoes(t *testing.T) {
 	noLeases := &hooked{Backend: mem(t)} // a Backend without the lease methods
 
 	s := newShadow(t, noLeases, mem(t), nil)
-	if s.HoldsLeases() {
-		t.Fatal("HoldsLeases over a control without leases")
+	if s.Traits().Leases {
+		t.Fatal("Traits().Leases over a control without leases")
 	}
 	if _, err := s.Acquire(ctx, "k", two, 1, t0); !errors.Is(err, throttler.ErrLeasesUnsupported) {
 		t.Fatalf("Acquire: %v", err)
@@ -226,7 +226,7 @@ func TestShadowHoldsLeasesWhenItsControlDoes(t *testing.T) {
 	}
 
 	s = newShadow(t, mem(t), noLeases, nil)
-	if !s.HoldsLeases() {
+	if !s.Traits().Leases {
 		t.Fatal("a control with leases, a candidate without: the control serves them")
 	}
 	if d, err := s.Acquire(ctx, "k", two, 1, t0); err != nil || !d.Allowed {

@@ -236,6 +236,7 @@ type Backend struct {
 	control, candidate throttler.Backend
 	// The two as lease backends (see lease.go); nil when they hold none.
 	controlLeases, candidateLeases throttler.LeaseBackend
+	controlTraits                  throttler.Traits
 	opts                           Options
 	reorder                        reorder
 	seed                           maphash.Seed
@@ -257,14 +258,7 @@ type Backend struct {
 	mismatches ring
 }
 
-var (
-	_ throttler.Backend   = (*Backend)(nil)
-	_ throttler.InProcess = (*Backend)(nil)
-)
-
-// InProcess reports whether the control's calls never block: the candidate
-// is called in the background, never on the caller's path.
-func (b *Backend) InProcess() bool { return throttler.IsInProcess(b.control) }
+var _ throttler.Backend = (*Backend)(nil)
 
 // call is one mirrored operation waiting for its worker.
 type call struct {
@@ -361,13 +355,19 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 		ctx:     ctx, cancel: cancel,
 	}
 	b.opFunc = b.do()
-	b.controlLeases, _ = throttler.Leases(control)
-	b.candidateLeases, _ = throttler.Leases(candidate)
+	b.controlTraits = throttler.TraitsOf(control)
+	candidateTraits := throttler.TraitsOf(candidate)
+	if b.controlTraits.Leases {
+		b.controlLeases = control.(throttler.LeaseBackend)
+	}
+	if candidateTraits.Leases {
+		b.candidateLeases = candidate.(throttler.LeaseBackend)
+	}
 	b.mismatches.init(o.KeepMismatches)
 	if o.Publish != nil {
 		b.pub = newPublisher(o.Workers)
 	}
-	blocks := !throttler.IsInProcess(candidate)
+	blocks := !candidateTraits.InProcess
 	for i := range b.workers {
 		w := &worker{wake: make(chan struct{}, 1)}
 		if blocks {

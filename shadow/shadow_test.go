@@ -817,11 +817,11 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 
 func TestShadowInProcessFollowsTheControl(t *testing.T) {
 	s := newShadow(t, mem(t), struct{ throttler.Backend }{mem(t)}, nil)
-	if !s.InProcess() {
+	if !s.Traits().InProcess {
 		t.Error("a memory control is in process: the candidate is never on the caller's path")
 	}
 	s2 := newShadow(t, struct{ throttler.Backend }{mem(t)}, mem(t), nil)
-	if s2.InProcess() {
+	if s2.Traits().InProcess {
 		t.Error("a control that may block is not in process")
 	}
 }

@@ -79,7 +79,7 @@ func BenchmarkAllow(b *testing.B) {
 	})
 }
 
-// remote hides the memory backend's InProcess, as a network backend has
+// remote hides the memory backend's Traits (in process), as a network backend has
 // none: its calls get the Timeout's context.
 type remote struct{ throttler.Backend }
 

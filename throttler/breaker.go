@@ -14,8 +14,8 @@ import (
 
 // Breakers, one per store.
 //
-// A backend names the store that serves a call through Stores (lease calls:
-// LeaseStores); a backend that does not is one store. A breaker is
+// A backend names the store that serves a call through its Traits (Store,
+// LeaseStore); a backend that does not is one store. A breaker is
 //
 //   - closed (openUntil 0): calls reach the store. BreakerThreshold
 //     consecutive store failures open it until BreakerCooldown from now.

@@ -51,7 +51,9 @@ func storeOf(key string) string {
 	return "store " + s
 }
 
-func (b *storesBackend) Store(_ throttler.Op, key string, _ throttler.Policy) string {
+func (b *storesBackend) Traits() throttler.Traits { return throttler.Traits{Store: b.store} }
+
+func (b *storesBackend) store(_ throttler.Op, key string, _ throttler.Policy) string {
 	return storeOf(key)
 }
 
@@ -445,7 +447,9 @@ func TestFailureBlamedOnAnotherStore(t *testing.T) {
 // Throttler's map of breakers stays bounded anyway.
 type manyStores struct{ *storesBackend }
 
-func (manyStores) Store(_ throttler.Op, key string, _ throttler.Policy) string { return "store " + key }
+func (manyStores) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(_ throttler.Op, key string, _ throttler.Policy) string { return "store " + key }}
+}
 
 func TestBreakersAreBounded(t *testing.T) {
 	th := newThrottler(t, manyStores{newStoresBackend(t)}, nil)
@@ -503,7 +507,13 @@ func BenchmarkBreakerParallel(b *testing.B) {
 // sharded backend would.
 type namedMemory struct{ *memory.Backend }
 
-func (namedMemory) Store(_ throttler.Op, key string, _ throttler.Policy) string {
+func (n namedMemory) Traits() throttler.Traits {
+	t := n.Backend.Traits()
+	t.Store = n.store
+	return t
+}
+
+func (namedMemory) store(_ throttler.Op, key string, _ throttler.Policy) string {
 	if strings.HasPrefix(key, "a:") {
 		return "store a"
 	}

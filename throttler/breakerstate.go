@@ -28,7 +28,7 @@ func (t *Throttler) Breakers() []BreakerState {
 		return nil
 	}
 	var out []BreakerState
-	if shared := stateOf("", &t.breaker); t.stores == nil || shared.Open || shared.Failures > 0 {
+	if shared := stateOf("", &t.breaker); t.store == nil || shared.Open || shared.Failures > 0 {
 		out = append(out, shared)
 	}
 	if m := t.breakers.Load(); m != nil {

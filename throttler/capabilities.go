@@ -1,113 +1,90 @@
 package throttler
 
-// Capabilities: optional interfaces a Backend implements to tell a Throttler
-// how to call it. Wrappers (a router, a shadow) implement each to say what
-// they wrap, with the helper functions here, which a Throttler uses too.
-
-// InProcess is implemented by backends whose calls answer from memory
-// without blocking (backend/memory), and by wrappers that say what they
-// wrap. A Throttler calls such a backend without a timeout context, which
-// would cost more than the call itself.
-type InProcess interface {
-	InProcess() bool
-}
-
-// IsInProcess reports whether b says its calls never block.
-func IsInProcess(b Backend) bool {
-	l, ok := b.(InProcess)
-	return ok && l.InProcess()
-}
-
-// ContextBlind is implemented by backends whose calls may outlive their
-// context's deadline, because the client under them takes no context
-// (gomemcache) or does not honour it (go-redis's AutoPipeliner), and by
-// wrappers that say what they wrap. A Throttler runs such a backend's calls
-// detached (see Options.Detach), so that its Timeout still bounds
-// every call.
-type ContextBlind interface {
-	IgnoresContext() bool
-}
-
-// IgnoresContext reports whether b says its calls may outlive their
-// context's deadline.
-func IgnoresContext(b Backend) bool {
-	c, ok := b.(ContextBlind)
-	return ok && c.IgnoresContext()
-}
-
-// Stores is implemented by a backend whose keys live on several stores that
-// fail apart (the shards of a sharded Redis, the servers of a Memcached
-// client, a primary and the replicas that serve its reads), and by wrappers
-// (a router, a shadow), which name the store of the backend the call will
-// reach. A Throttler keeps one breaker per store, so that a failing shard or
-// server switches limiting off for its own keys only.
+// Traits tell a Throttler how to call a backend. A backend declares them with
+// a method
 //
-// Store names the store that op (OpTake, OpPeek or OpRefund) on
-// key under p reaches first: a backend whose Peeks go to other servers than
-// its Takes (replicas) names those for a Peek, so that the replicas'
-// answers never close the breaker of a failing primary, and a primary's
-// open breaker never stops the Peeks its replicas can answer. A backend
-// without it is one store.
+//	Traits() throttler.Traits
 //
-// Store runs before every call: it must do no I/O, be safe for concurrent
-// use, and return one of a small set of stable names fixed by the
-// configuration (a Throttler keeps a breaker per name for its lifetime),
-// such as "redis shard 1 (10.0.0.1:6379)" or "memcached 10.0.0.2:11211".
-// "" is the backend's only store.
-type Stores interface {
-	Store(op Op, key string, p Policy) string
+// and a wrapper (a router, a shadow) derives its own from what it wraps with
+// TraitsOf, in one place. A backend without the method has the zero Traits:
+// one store, remote, honouring its context, holding leases if it is a
+// LeaseBackend.
+type Traits struct {
+	// InProcess says the backend's calls answer from memory without
+	// blocking (backend/memory). A Throttler calls it without a timeout
+	// context, which would cost more than the call itself.
+	InProcess bool
+
+	// IgnoresContext says calls may outlive their context's deadline,
+	// because the client under them takes no context (gomemcache) or does
+	// not honour it (go-redis's AutoPipeliner). A Throttler runs such calls
+	// detached (see Options.Detach), so that its Timeout still bounds every
+	// call.
+	IgnoresContext bool
+
+	// Leases says the backend holds leases: it is a LeaseBackend and what it
+	// stores leases in supports them. A router over a backend without leases
+	// leaves it false, so that a Throttler over it reports SupportsLeases
+	// false when it is built rather than failing every Acquire.
+	Leases bool
+
+	// Store names the store that op (OpTake, OpPeek or OpRefund) on key under
+	// p reaches first, for a backend whose keys live on several stores that
+	// fail apart (the shards of a sharded Redis, the servers of a Memcached
+	// client, a primary and the replicas that serve its reads). A Throttler
+	// keeps one breaker per store, so that a failing shard or server switches
+	// limiting off for its own keys only. A backend whose Peeks go to other
+	// servers than its Takes names those for a Peek, so that the replicas'
+	// answers never close the breaker of a failing primary, and a primary's
+	// open breaker never stops the Peeks its replicas can answer.
+	//
+	// Store runs before every call: it must do no I/O, be safe for
+	// concurrent use, and return one of a small set of stable names fixed by
+	// the configuration (a Throttler keeps a breaker per name for its
+	// lifetime), such as "redis shard 1 (10.0.0.1:6379)" or "memcached
+	// 10.0.0.2:11211". "" is the backend's only store; nil means one store.
+	Store func(op Op, key string, p Policy) string
+
+	// LeaseStore is Store for lease calls, with Store's rules and the same
+	// names for the same stores; nil means one store.
+	LeaseStore func(key string, p ConcurrencyPolicy) string
 }
 
-// StoreOf returns the store of b that op on key under p reaches, or "" when
-// b does not name its stores.
-func StoreOf(b Backend, op Op, key string, p Policy) string {
-	if s, ok := b.(Stores); ok {
-		return s.Store(op, key, p)
+// TraitsOf returns b's Traits: what its Traits method says (Leases only if b
+// is also a LeaseBackend), or the zero Traits with Leases set when b is a
+// LeaseBackend. Store and LeaseStore are never nil in the result.
+func TraitsOf(b Backend) Traits {
+	t := declaredTraits(b)
+	if t.Store == nil {
+		t.Store = oneStore
 	}
-	return ""
-}
-
-// LeaseStores is Stores for lease calls: implemented by a lease backend
-// whose keys live on several stores, and by wrappers, which name the store
-// of the backend the call will reach. A Throttler keeps a breaker per store
-// for lease calls too; a backend without LeaseStores is one store for them
-// (even if it has Stores, whose Store takes a rate Policy). Store's rules
-// hold: no I/O, safe for concurrent use, a small fixed set of names, the
-// same names as Store's for the same stores.
-type LeaseStores interface {
-	LeaseStore(key string, p ConcurrencyPolicy) string
-}
-
-// LeaseStoreOf returns the store of b that serves key's leases under p, or
-// "" when b does not name its lease stores.
-func LeaseStoreOf(b Backend, key string, p ConcurrencyPolicy) string {
-	if s, ok := b.(LeaseStores); ok {
-		return s.LeaseStore(key, p)
+	if t.LeaseStore == nil {
+		t.LeaseStore = oneLeaseStore
 	}
-	return ""
+	return t
 }
 
-// LeaseHolder is implemented by wrappers that have a LeaseBackend's methods
-// whatever they wrap, to say whether what they wrap holds leases: a router
-// over a backend without leases must not claim them, so that a Throttler
-// over it reports SupportsLeases false when it is built rather than failing
-// every Acquire.
-type LeaseHolder interface {
-	HoldsLeases() bool
+func oneStore(Op, string, Policy) string             { return "" }
+func oneLeaseStore(string, ConcurrencyPolicy) string { return "" }
+
+// declaredTraits is TraitsOf with Store and LeaseStore nil when b has one
+// store, which a Throttler then never calls.
+func declaredTraits(b Backend) Traits {
+	_, isLeases := b.(LeaseBackend)
+	t := Traits{Leases: isLeases}
+	if d, ok := b.(interface{ Traits() Traits }); ok {
+		t = d.Traits()
+		t.Leases = t.Leases && isLeases
+	}
+	return t
 }
 
-// Leases returns b as a LeaseBackend, and whether it holds leases: it has
-// the methods and, if it is a LeaseHolder, says so. A Throttler decides the
-// same way; wrapper constructors call it on what they wrap.
-func Leases(b Backend) (LeaseBackend, bool) {
-	lb, ok := b.(LeaseBackend)
-	if !ok {
-		return nil, false
+// leasesOf returns b as a LeaseBackend when its Traits say it holds leases.
+func leasesOf(b Backend, t Traits) LeaseBackend {
+	if !t.Leases {
+		return nil
 	}
-	if h, ok := b.(LeaseHolder); ok && !h.HoldsLeases() {
-		return nil, false
-	}
-	return lb, true
+	return b.(LeaseBackend)
 }
 
 // ErrKeyState marks a failure that belongs to one key, not to its store: a

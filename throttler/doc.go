@@ -54,7 +54,7 @@
 //
 // Breakers keep an outage from costing every request a timeout, and are
 // scoped to what failed. There is one per store (a Redis shard, a Memcached
-// server: backends name them through Stores), and only failures of the
+// server: backends name them in their Traits), and only failures of the
 // store itself count toward it: this Throttler's Timeout, a network error,
 // or an error a backend marked as its store's (matching ErrUnavailable).
 // One key's bad data (ErrKeyState), a full in-process table and the like

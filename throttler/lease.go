@@ -155,13 +155,6 @@ type LeaseBackend interface {
 // no failure mode ever answers it (IsInputError reports it).
 var ErrLeasesUnsupported = errors.New("throttler: the backend does not hold leases")
 
-// leaseBackendOf returns b as a LeaseBackend, or nil when it holds none
-// (see Leases).
-func leaseBackendOf(b Backend) LeaseBackend {
-	lb, _ := Leases(b)
-	return lb
-}
-
 // Lease is a lease acquired through a Throttler. Release it when the work it
 // covers ends. The zero Lease releases nothing.
 //
@@ -206,8 +199,8 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 		return Lease{}, Decision{}, errNotBuilt
 	}
 	var store string
-	if t.leaseStores != nil {
-		store = t.leaseStores.LeaseStore(key, p)
+	if t.leaseStore != nil {
+		store = t.leaseStore(key, p)
 	}
 	var r request // filled in place, as in do
 	r.op, r.key, r.cp, r.id = OpAcquire, key, p, NewLeaseID()

@@ -137,14 +137,18 @@ func (f *fakeLeases) counts() (acquires, releases int) {
 }
 
 // namedLeases names the store of a lease call by the key's part before ':'
-// (LeaseStores); rename moves every key to another name,
+// (Traits.LeaseStore); rename moves every key to another name,
 // as a router's rollout moves keys to another backend.
 type namedLeases struct {
 	*fakeLeases
 	rename atomic.Pointer[string]
 }
 
-func (n *namedLeases) LeaseStore(key string, _ throttler.ConcurrencyPolicy) string {
+func (n *namedLeases) Traits() throttler.Traits {
+	return throttler.Traits{Leases: true, LeaseStore: n.leaseStore}
+}
+
+func (n *namedLeases) leaseStore(key string, _ throttler.ConcurrencyPolicy) string {
 	if r := n.rename.Load(); r != nil {
 		return *r
 	}
@@ -152,11 +156,11 @@ func (n *namedLeases) LeaseStore(key string, _ throttler.ConcurrencyPolicy) stri
 }
 
 // wrapperWithoutLeases has the lease methods but says that what it wraps
-// holds none (LeaseHolder), as a router over a backend
+// holds none (Traits.Leases false), as a router over a backend
 // without leases does.
 type wrapperWithoutLeases struct{ *fakeLeases }
 
-func (wrapperWithoutLeases) HoldsLeases() bool { return false }
+func (wrapperWithoutLeases) Traits() throttler.Traits { return throttler.Traits{} }
 
 var conc = throttler.Concurrent(2, time.Minute).Named("exports")
 
@@ -433,10 +437,12 @@ func (d *deafLeases) Acquire(ctx context.Context, key string, p throttler.Concur
 }
 
 // blindLeases says that its calls may outlive their context (package
-// backend's ContextBlind), so the Throttler detaches them.
+// Traits.IgnoresContext), so the Throttler detaches them.
 type blindLeases struct{ *deafLeases }
 
-func (blindLeases) IgnoresContext() bool { return true }
+func (blindLeases) Traits() throttler.Traits {
+	return throttler.Traits{IgnoresContext: true, Leases: true}
+}
 
 // Bad input is an input error, also while the store is down: validated
 // once, by the store, or by the Throttler when the store did not answer;

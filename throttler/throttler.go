@@ -56,7 +56,7 @@ type Observation struct {
 	// Source is which part of the Throttler made the decision.
 	Source Source
 	// Store is the store the call went to, or would have gone to had its
-	// breaker been closed, as the backend names it (see Stores); "" for a
+	// breaker been closed, as the backend names it (see Traits.Store); "" for a
 	// backend that is one store.
 	Store string
 	// Latency is the wall time the call took, fallback included.
@@ -83,7 +83,7 @@ type Options struct {
 	// make the Throttler skip that store for BreakerCooldown (its calls get
 	// the fallback or the failure mode at once), so that an outage does not
 	// cost every request a timeout. There is a breaker per store the
-	// backend names (Stores: a Redis shard, a Memcached
+	// backend names (Traits.Store: a Redis shard, a Memcached
 	// server), so one failing store never switches limiting off for keys on
 	// the others; a backend that names none is one store.
 	//
@@ -115,7 +115,7 @@ type Options struct {
 	// own timeouts; at most MaxDetached run at once, beyond which calls fail
 	// at once. It costs a goroutine and a channel per call. The fallback,
 	// meant to be in-process, is always called inline. A primary that says
-	// its calls may outlive their context (ContextBlind:
+	// its calls may outlive their context (Traits.IgnoresContext:
 	// the Memcached backend, the Redis backend over an AutoPipeliner, and
 	// wrappers of either) is always detached: without it, a killed or
 	// stalled store holds requests for as long as the client's own timeouts
@@ -182,10 +182,11 @@ func (o *Options) withDefaults() (Options, error) {
 type Throttler struct {
 	backend Backend
 	opts    Options
-	// stores names the store of each rate call, leaseStores of each lease
-	// call; nil: the backend is one store (for that kind of call).
-	stores      Stores
-	leaseStores LeaseStores
+	// store names the store of each rate call, leaseStore of each lease
+	// call (the backend's Traits); nil: the backend is one store (for that
+	// kind of call).
+	store      func(op Op, key string, p Policy) string
+	leaseStore func(key string, p ConcurrencyPolicy) string
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
@@ -200,9 +201,9 @@ type Throttler struct {
 type target struct {
 	b Backend
 	// lb is b as a LeaseBackend; nil when b holds no leases (see
-	// leaseBackendOf).
+	// Traits.Leases).
 	lb LeaseBackend
-	// local: b is InProcess, called without a timeout context. detach: its
+	// local: b is in process (Traits), called without a timeout context. detach: its
 	// calls run detached (Options.Detach, or a backend that ignores its
 	// context; never the fallback).
 	local, detach bool
@@ -224,13 +225,14 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 		return nil, err
 	}
 	t := &Throttler{backend: b, opts: o, wallClock: opts == nil || opts.Clock == nil}
-	t.stores, _ = b.(Stores)
-	t.leaseStores, _ = b.(LeaseStores)
+	tr := declaredTraits(b)
+	t.store, t.leaseStore = tr.Store, tr.LeaseStore
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
-	t.primary = target{b: b, lb: leaseBackendOf(b), local: IsInProcess(b), detach: o.Detach || IgnoresContext(b)}
+	t.primary = target{b: b, lb: leasesOf(b, tr), local: tr.InProcess, detach: o.Detach || tr.IgnoresContext}
 	if o.Fallback != nil {
-		t.fallback = target{b: o.Fallback, lb: leaseBackendOf(o.Fallback), local: IsInProcess(o.Fallback)}
+		ft := declaredTraits(o.Fallback)
+		t.fallback = target{b: o.Fallback, lb: leasesOf(o.Fallback, ft), local: ft.InProcess}
 	}
 	return t, nil
 }
@@ -289,8 +291,8 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		}
 		if t.opts.Observe != nil {
 			var store string
-			if t.stores != nil {
-				store = t.stores.Store(OpRefund, key, p)
+			if t.store != nil {
+				store = t.store(OpRefund, key, p)
 			}
 			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
@@ -340,8 +342,8 @@ func (t *Throttler) start(r *request) {
 // out, one frame less on every rate call's path.
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	var store string
-	if t.stores != nil {
-		store = t.stores.Store(r.op, r.key, r.p)
+	if t.store != nil {
+		store = t.store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	d.At = r.now

@@ -448,12 +448,12 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 	assert.ErrorIs(t, obs[2].Err, throttler.ErrUnavailable, "a third call finds MaxDetached calls still running")
 }
 
-// blindBackend is a deafBackend that says so (ContextBlind),
+// blindBackend is a deafBackend that says so (Traits.IgnoresContext),
 // as the Memcached backend and the Redis backend over an
 // AutoPipeliner do.
 type blindBackend struct{ deafBackend }
 
-func (*blindBackend) IgnoresContext() bool { return true }
+func (*blindBackend) Traits() throttler.Traits { return throttler.Traits{IgnoresContext: true} }
 
 // A backend that says it ignores its context is detached without
 // Options.Detach: the Throttler's Timeout bounds its calls all the same.
@@ -480,7 +480,7 @@ func TestDetachReturnsTheBackendsAnswer(t *testing.T) {
 // localStub says its calls never block, so it gets the caller's context as is.
 type localStub struct{ stubBackend }
 
-func (*localStub) InProcess() bool { return true }
+func (*localStub) Traits() throttler.Traits { return throttler.Traits{InProcess: true} }
 
 func TestInProcessBackendsGetNoTimeoutContext(t *testing.T) {
 	local := &localStub{stubBackend{next: newMemory(t)}}

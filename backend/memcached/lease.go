@@ -125,10 +125,10 @@ func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.Concurr
 	return nil
 }
 
-// LeaseStore names the server that holds key's leases under p, as the
-// client's Options.Selector picks it (see Store), or "" without a
+// leaseStore names the server that holds key's leases under p, as the
+// client's Options.Selector picks it (see store), or "" without a
 // Selector.
-func (b *Backend) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
+func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	if b.opts.Selector == nil {
 		return ""
 	}

@@ -430,7 +430,7 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 	for i := range 40 {
 		key := fmt.Sprint("user-", i)
 		want := "memcached " + pick(t, sel, b.leaseKeys(key, leasePolicy).leases()).String()
-		if got := b.LeaseStore(key, leasePolicy); got != want {
+		if got := b.leaseStore(key, leasePolicy); got != want {
 			t.Fatalf("%q: LeaseStore %q, want %q", key, got, want)
 		}
 		seen[want] = true
@@ -445,7 +445,7 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 	if len(seen) != 2 {
 		t.Errorf("servers named %v, want both", seen)
 	}
-	if got := mustNew(t, f, nil).LeaseStore("k", leasePolicy); got != "" {
+	if got := mustNew(t, f, nil).leaseStore("k", leasePolicy); got != "" {
 		t.Errorf("without a Selector: %q", got)
 	}
 	// A network error names the server in its address.

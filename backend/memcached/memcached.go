@@ -120,7 +120,7 @@
 // number), matches ErrBadItem and throttler.ErrKeyState, and never trips a
 // Throttler's breaker. Given the client's ServerSelector
 // (Options.Selector), the backend names the server of each call
-// (throttler.Stores) and blames a failure on the server it came from, so a
+// (throttler.Traits.Store) and blames a failure on the server it came from, so a
 // Throttler keeps a breaker per server: one stalled server switches
 // limiting off only for the keys whose items it holds. A server's failure
 // names the server ahead of its cause ("memcached 10.0.0.2:11211: get
@@ -170,16 +170,16 @@ type Client interface {
 
 var _ Client = (*memcache.Client)(nil)
 
-var (
-	_ throttler.Backend      = (*Backend)(nil)
-	_ throttler.ContextBlind = (*Backend)(nil)
-)
+var _ throttler.LeaseBackend = (*Backend)(nil)
 
-// IgnoresContext reports true: gomemcache takes no context, so a call is
-// bounded only by the client's Timeout per round trip, and a Take makes
-// several. A Throttler therefore detaches every call, so that its own
-// Timeout bounds each one (see throttler.Options.Detach).
-func (b *Backend) IgnoresContext() bool { return true }
+// Traits says that calls ignore their context: gomemcache takes none, so a
+// call is bounded only by the client's Timeout per round trip, and a Take
+// makes several. A Throttler therefore detaches every call, so that its own
+// Timeout bounds each one (see throttler.Options.Detach). They also name
+// each call's server (see store) and say that leases are held.
+func (b *Backend) Traits() throttler.Traits {
+	return throttler.Traits{IgnoresContext: true, Leases: true, Store: b.store, LeaseStore: b.leaseStore}
+}
 
 // MaxLimit is the largest Policy.Limit this backend accepts:
 // throttler.MaxLimit (2^48), which throttler.ValidateCall enforces. Memcached
@@ -243,7 +243,7 @@ type Options struct {
 	// the client with memcache.NewFromSelector(sel) and pass sel here
 	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
 	// of them). With it, the backend names the server of each call
-	// (throttler.Stores) and of each failure, so that a Throttler's breaker
+	// (throttler.Traits.Store) and of each failure, so that a Throttler's breaker
 	// covers one server. default: none: all servers are one store
 	Selector memcache.ServerSelector
 }
@@ -691,14 +691,12 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	return backend.WindowState(p, d, resetAt, now, false), nil
 }
 
-var _ throttler.Stores = (*Backend)(nil)
-
-// Store names the server that holds key's items under p, as the client's
+// store names the server that holds key's items under p, as the client's
 // Options.Selector picks it ("memcached 10.0.0.2:11211"; see
-// throttler.Stores), or "" without a Selector. For a fixed window that is
+// throttler.Traits), or "" without a Selector. For a fixed window that is
 // the head's server: a window's counter may live on another, and a failure
 // there is blamed on that server (see classify). Every op reaches it.
-func (b *Backend) Store(_ throttler.Op, key string, p throttler.Policy) string {
+func (b *Backend) store(_ throttler.Op, key string, p throttler.Policy) string {
 	if b.opts.Selector == nil {
 		return ""
 	}

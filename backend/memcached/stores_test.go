@@ -53,7 +53,7 @@ func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 				item = k.state()
 			}
 			want := "memcached " + pick(t, sel, item).String()
-			if got := b.Store(throttler.OpTake, key, p); got != want {
+			if got := b.store(throttler.OpTake, key, p); got != want {
 				t.Fatalf("%v %q: Store %q, want %q", alg, key, got, want)
 			}
 			seen[want] = true
@@ -62,7 +62,7 @@ func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 	if len(seen) != 2 {
 		t.Errorf("servers named %v, want both", seen)
 	}
-	if got := mustNew(t, newFakeClient(), nil).Store(throttler.OpTake, "k", throttler.PerMinute(1)); got != "" {
+	if got := mustNew(t, newFakeClient(), nil).store(throttler.OpTake, "k", throttler.PerMinute(1)); got != "" {
 		t.Errorf("without a Selector: Store %q, want one store", got)
 	}
 }
@@ -131,7 +131,7 @@ func TestFailuresAreClassified(t *testing.T) {
 				}
 				want := ""
 				if sel != nil {
-					want = b.Store(throttler.OpTake, "k", p)
+					want = b.store(throttler.OpTake, "k", p)
 					if tt.name == "read timeout" {
 						want = "memcached 127.0.0.1:1" // the address in the error
 					}
@@ -224,7 +224,7 @@ func TestCounterFailureBlamesTheCountersServer(t *testing.T) {
 	if !errors.As(err, &named) {
 		t.Fatalf("err %v names no store", err)
 	}
-	if want := "memcached " + pick(t, sel, counter).String(); named.FailedStore() != want || b.Store(throttler.OpTake, key, p) == want {
-		t.Errorf("blamed %q, want the counter's server %q, not the head's %q", named.FailedStore(), want, b.Store(throttler.OpTake, key, p))
+	if want := "memcached " + pick(t, sel, counter).String(); named.FailedStore() != want || b.store(throttler.OpTake, key, p) == want {
+		t.Errorf("blamed %q, want the counter's server %q, not the head's %q", named.FailedStore(), want, b.store(throttler.OpTake, key, p))
 	}
 }

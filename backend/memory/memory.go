@@ -179,14 +179,13 @@ type Backend struct {
 	ids     idents
 }
 
-var (
-	_ throttler.Backend   = (*Backend)(nil)
-	_ throttler.InProcess = (*Backend)(nil)
-)
+var _ throttler.LeaseBackend = (*Backend)(nil)
 
-// InProcess reports true: calls answer from memory without blocking, so a
-// Throttler needs no timeout context for them.
-func (b *Backend) InProcess() bool { return true }
+// Traits says that calls answer from memory without blocking, so a
+// Throttler needs no timeout context for them, and that leases are held.
+func (b *Backend) Traits() throttler.Traits {
+	return throttler.Traits{InProcess: true, Leases: true}
+}
 
 // New returns an empty Backend. Nil options mean defaults; a negative
 // number is an error naming the field.

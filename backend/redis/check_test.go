@@ -74,7 +74,7 @@ func TestPeekErrorNamesReplicaAndPrimary(t *testing.T) {
 	}
 	for i := 0; ; i++ { // a key of shard 0
 		key := string(rune('a' + i))
-		if b.Store(throttler.OpTake, key, policy) != "redis shard 0" {
+		if b.store(throttler.OpTake, key, policy) != "redis shard 0" {
 			continue
 		}
 		_, err = b.Peek(context.Background(), key, policy, t0)

@@ -198,11 +198,11 @@ func TestStoreAllocatesNothingAndNamesTheKeysShard(t *testing.T) {
 	for i := range 50 {
 		key := fmt.Sprint("user-", i)
 		_, h := b.algorithmKey(p, key)
-		if got, want := b.Store(throttler.OpTake, key, p), b.shardFor(h).name; got != want {
+		if got, want := b.store(throttler.OpTake, key, p), b.shardFor(h).name; got != want {
 			t.Fatalf("%s: Store %q, the key's calls go to %q", key, got, want)
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = b.Store(throttler.OpTake, "user-1", p) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = b.store(throttler.OpTake, "user-1", p) }); n != 0 {
 		t.Errorf("Store allocates %v times per call", n)
 	}
 }

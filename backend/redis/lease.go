@@ -98,9 +98,9 @@ func (b *Backend) leaseKey(p throttler.ConcurrencyPolicy, key string) (string, u
 	return b.identityKey(backend.AppendLeaseIdentity(idBuf[:0], p), key, algorithmMarker)
 }
 
-// LeaseStore names the shard that holds p's leases on key, as Store does
+// leaseStore names the shard that holds p's leases on key, as store does
 // for a rate policy: a Throttler's breaker for lease calls.
-func (b *Backend) LeaseStore(key string, p throttler.ConcurrencyPolicy) string {
+func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	if len(b.shards) == 1 {
 		return b.shards[0].name
 	}

@@ -275,7 +275,7 @@ func TestLeaseKeys(t *testing.T) {
 		key := fmt.Sprint("user-", i)
 		_, h := b.leaseKey(leasePolicy, key)
 		want := jumpHash(h, 4)
-		assert.Equal(t, b.shards[want].name, b.LeaseStore(key, leasePolicy))
+		assert.Equal(t, b.shards[want].name, b.leaseStore(key, leasePolicy))
 		for _, f := range fakes {
 			f.args = nil
 		}

@@ -19,7 +19,7 @@
 // a Throttler's breaker counts it against the call's shard; a key another
 // program wrote with another type (WRONGTYPE) matches throttler.ErrKeyState
 // and never does. Each shard's primary is a store of its own, and so are
-// its replicas, which Peeks reach first (throttler.Stores): one shard's
+// its replicas, which Peeks reach first (throttler.Traits): one shard's
 // outage switches limiting off for its keys only, and a primary and its
 // replicas fail apart. A replica that fails a Peek in any way, its share of
 // the time running out included, costs the Peek time, not its answer: the
@@ -208,16 +208,25 @@ type Backend struct {
 	counters counters
 }
 
-var (
-	_ throttler.Backend      = (*Backend)(nil)
-	_ throttler.ContextBlind = (*Backend)(nil)
-)
+var _ throttler.LeaseBackend = (*Backend)(nil)
 
-// IgnoresContext reports whether a client of any shard is go-redis's
+// Traits names each call's store (see store and leaseStore), says that
+// leases are held, and that calls ignore their context when a client is
+// go-redis's AutoPipeliner (see ignoresContext).
+func (b *Backend) Traits() throttler.Traits {
+	return throttler.Traits{
+		IgnoresContext: b.ignoresContext(),
+		Leases:         true,
+		Store:          b.store,
+		LeaseStore:     b.leaseStore,
+	}
+}
+
+// ignoresContext reports whether a client of any shard is go-redis's
 // AutoPipeliner, whose blocking calls wait for their batch whatever the
 // context says (go-redis v9.23): a Throttler then detaches every call, so
 // that its Timeout bounds them (see throttler.Options.Detach).
-func (b *Backend) IgnoresContext() bool {
+func (b *Backend) ignoresContext() bool {
 	for _, s := range b.shards {
 		if _, ok := s.primary.(*goredis.AutoPipeliner); ok {
 			return true
@@ -331,16 +340,14 @@ func addrOf(c Client) string {
 	return ""
 }
 
-var _ throttler.Stores = (*Backend)(nil)
-
-// Store names the store op on key under p reaches first (see
-// throttler.Stores): the primary of the key's shard for a Take or a Refund,
+// store names the store op on key under p reaches first (see
+// throttler.Traits): the primary of the key's shard for a Take or a Refund,
 // its replicas for a Peek when it has some. Each shard fails on its own, and
 // so do its primary and its replicas: a replica's answers never close the
 // breaker of a failing primary, and a primary's open breaker never stops
 // the Peeks its replicas answer. A Cluster or a Ring is one store: the
 // client routes inside it.
-func (b *Backend) Store(op throttler.Op, key string, p throttler.Policy) string {
+func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string {
 	s := b.shards[0]
 	if len(b.shards) > 1 {
 		var idBuf [throttler.MaxPolicyNameLen]byte

@@ -520,8 +520,8 @@ func TestIgnoresContextOnlyOverAnAutoPipeliner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := b.IgnoresContext(); got != tc.want {
-			t.Errorf("%s: IgnoresContext() = %v, want %v", tc.name, got, tc.want)
+		if got := b.ignoresContext(); got != tc.want {
+			t.Errorf("%s: ignoresContext() = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -203,7 +203,7 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 		if _, err := b.Take(context.Background(), key, policy, 1, t0); err != nil {
 			t.Fatal(err)
 		}
-		name := b.Store(throttler.OpTake, key, policy)
+		name := b.store(throttler.OpTake, key, policy)
 		seen[name] = true
 		for j, f := range fakes {
 			if (len(f.calls) > 0) != (name == fmt.Sprint("redis shard ", j)) {
@@ -218,7 +218,7 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 	c := goredis.NewClient(&goredis.Options{Addr: "10.0.0.1:6379"})
 	defer c.Close()
 	single := newBackend(t, c, nil)
-	if got := single.Store(throttler.OpTake, "k", policy); got != "redis (10.0.0.1:6379)" {
+	if got := single.store(throttler.OpTake, "k", policy); got != "redis (10.0.0.1:6379)" {
 		t.Errorf("single client: Store %q", got)
 	}
 	two, err := NewSharded([]Shard{{Primary: c}, {Primary: fakes[0]}}, nil)
@@ -227,7 +227,7 @@ func TestStoreNamesTheKeysShard(t *testing.T) {
 	}
 	names := map[string]bool{}
 	for i := range 50 {
-		names[two.Store(throttler.OpTake, fmt.Sprint(i), policy)] = true
+		names[two.store(throttler.OpTake, fmt.Sprint(i), policy)] = true
 	}
 	if !names["redis shard 0 (10.0.0.1:6379)"] || !names["redis shard 1"] || len(names) != 2 {
 		t.Errorf("two shards: names %v", names)
@@ -324,7 +324,7 @@ func TestReplicasStoreName(t *testing.T) {
 		throttler.OpRefund: "redis (10.0.0.1:6379)",
 		throttler.OpPeek:   "redis replicas (10.0.0.2:6379, 10.0.0.3:6379)",
 	} {
-		if got := b.Store(op, "k", policy); got != want {
+		if got := b.store(op, "k", policy); got != want {
 			t.Errorf("%v: Store %q, want %q", op, got, want)
 		}
 	}
