@@ -20,6 +20,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/httplimit"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -101,7 +102,7 @@ func TestRateOnAZeroThrottler(t *testing.T) {
 }
 
 func TestRateHeaders(t *testing.T) {
-	clock := &fakeClock{now: t0.Add(250 * time.Millisecond)}
+	clock := sleep.NewFake(t0.Add(250 * time.Millisecond))
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(3).Named("core")
 	h := newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
@@ -533,18 +534,18 @@ func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// replay spends on a fresh store and returns the last answer.
-			replay := func() (*fakeClock, http.Handler, *httptest.ResponseRecorder) {
-				clock := &fakeClock{now: t0}
+			replay := func() (*sleep.Fake, http.Handler, *httptest.ResponseRecorder) {
+				clock := sleep.NewFake(t0)
 				th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 				h := newRate(t, th, tc.p, httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
 				var w *httptest.ResponseRecorder
 				for _, at := range tc.spend {
-					clock.now = t0.Add(at)
+					clock.Set(t0.Add(at))
 					w = serve(h)
 					require.Equal(t, http.StatusOK, w.Code, "spending at %v", at)
 				}
 				if tc.at != tc.spend[len(tc.spend)-1] {
-					clock.now = t0.Add(tc.at)
+					clock.Set(t0.Add(tc.at))
 					w = serve(h)
 					require.Equal(t, http.StatusTooManyRequests, w.Code)
 				}
@@ -572,7 +573,7 @@ func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
 			}
 			for header, at := range returns {
 				clock, h, _ := replay()
-				clock.now = at
+				clock.Set(at)
 				assert.Equal(t, http.StatusOK, serve(h).Code, "a client returning at %s (%v after the answer) is refused", header, at.Sub(now))
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -89,7 +90,7 @@ func TestRefundDecisionAt(t *testing.T) {
 	ctx := context.Background()
 	m, err := memory.New(nil)
 	require.NoError(t, err)
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	th := newThrottler(t, m, &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(5)
 	taken, err := th.Allow(ctx, "k", p)
