@@ -33,10 +33,10 @@ type Decision struct {
 	// zero and Used and Remaining are not known).
 	Degraded bool
 	// At is the instant the Throttler read its clock (Options.Clock) for
-	// the call that returned this Decision: the now the store decided at,
-	// from which ResetAt and RetryAfter were computed. Set on every
-	// Decision a Throttler returns from a call it made; zero from a
-	// Throttler that New did not build.
+	// the call that returned this Decision: the now that ResetAt and
+	// RetryAfter were computed from, a fallback's and a failure mode's
+	// answer included, so that a caller needs no clock reading of its own.
+	// It may be zero in a Decision returned with an error.
 	At time.Time
 }
 
