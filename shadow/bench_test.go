@@ -80,7 +80,7 @@ func BenchmarkTake(b *testing.B) {
 				if !strings.HasPrefix(mode, "dropping") {
 					_ = s.Flush(ctx)
 				}
-				b.ReportMetric(float64(s.Stats().Count(Dropped)-before.Count(Dropped))/float64(b.N), "dropped/op")
+				b.ReportMetric(float64(s.Stats().ByKind[Dropped]-before.ByKind[Dropped])/float64(b.N), "dropped/op")
 			}
 		})
 	}

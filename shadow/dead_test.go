@@ -87,15 +87,15 @@ func TestDeadCandidateKeepsUp(t *testing.T) {
 				t.Fatalf("Flush within %v: %v; %d of %d calls accounted", bound, err, st.Results, calls)
 			}
 			st := s.Stats()
-			timedOut, dropped := st.Count(CandidateError), st.Count(Dropped)
+			timedOut, dropped := st.ByKind[CandidateError], st.ByKind[Dropped]
 			if st.Results != calls || timedOut == 0 || timedOut+dropped != calls || st.Compared != 0 {
 				t.Fatalf("Results %d, candidate errors %d, dropped %d, compared %d; want %d results, all timeouts or drops",
 					st.Results, timedOut, dropped, st.Compared, calls)
 			}
 			mu.Lock()
 			for _, err := range errs {
-				if !errors.Is(err, ErrCandidateTimeout) {
-					t.Errorf("CandidateErr %v, want ErrCandidateTimeout", err)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("CandidateErr %v, want context.DeadlineExceeded", err)
 					break
 				}
 			}

@@ -42,13 +42,15 @@ func Example() {
 
 	_ = s.Flush(ctx) // wait for the comparison
 	r := <-results
-	fmt.Printf("%s %s: control allowed=%v used=%d, candidate allowed=%v used=%d: %v\n",
-		r.Op, r.Key, r.Control.Allowed, r.Control.Used, r.Candidate.Allowed, r.Candidate.Used, r.Kinds)
+	fmt.Printf("%s %s: control allowed=%v used=%d, candidate allowed=%v used=%d\n",
+		r.Op, r.Key, r.Control.Allowed, r.Control.Used, r.Candidate.Allowed, r.Candidate.Used)
+	fmt.Printf("mismatch %v: %v\n", r.Mismatch(), r.Kinds)
 	st := s.Stats()
-	fmt.Printf("compared %d, mismatch rate %.0f%%, allowed differs %d\n",
-		st.Compared, 100*st.MismatchRate(), st.Count(shadow.AllowedDiffers))
+	fmt.Printf("compared %d, mismatched %d, allowed differs %d\n",
+		st.Compared, st.Mismatched, st.ByKind[shadow.AllowedDiffers])
 	// Output:
 	// caller gets: false 0 <nil>
-	// take alice: control allowed=false used=2, candidate allowed=true used=1: allowed|used|reset_at
-	// compared 1, mismatch rate 100%, allowed differs 1
+	// take alice: control allowed=false used=2, candidate allowed=true used=1
+	// mismatch true: allowed|used|reset_at
+	// compared 1, mismatched 1, allowed differs 1
 }

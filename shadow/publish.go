@@ -207,7 +207,7 @@ func (p *publisher) flush(ctx context.Context) error {
 	for p.finished < target {
 		if p.exited {
 			p.mu.Unlock()
-			return ErrClosed
+			return errClosed
 		}
 		ch := p.roundDone
 		if ch == nil {

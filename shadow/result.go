@@ -9,66 +9,68 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Kind is a set of the ways one control/candidate pair can disagree. The
-// zero Kind means the pair matched.
+// Kind is a set of the ways one control/candidate pair can disagree, combined with |; test for
+// one with k&AllowedDiffers != 0. The zero Kind means the pair matched. String gives the names
+// the metrics use as labels.
 type Kind uint16
 
-// The kinds of difference. A Result may carry several (Allowed and Used
-// usually differ together).
+// The kinds of a Result. The difference kinds, AllowedDiffers, UsedDiffers, ResetAtDiffers and
+// RetryAfterDiffers, say how two decisions disagree, and a pair may carry several (Allowed and Used usually differ together); CandidateError, ControlError and
+// Dropped say why there was nothing to compare; Reordered marks a difference explained by the
+// order of calls.
 const (
-	// AllowedDiffers: the candidate would have allowed what the control
-	// denied, or the reverse.
+	// AllowedDiffers: the candidate would have allowed what the control denied, or the reverse.
 	AllowedDiffers Kind = 1 << iota
-	// UsedDiffers: Used or Remaining differ by more than
-	// Options.UsedTolerance.
+	// UsedDiffers: Used or Remaining differ by more than Options.UsedTolerance, or (a Release)
+	// one store held the lease and the other did not.
 	UsedDiffers
 	// ResetAtDiffers: ResetAt differs by more than Options.ResetAtTolerance.
 	ResetAtDiffers
-	// CandidateError: the candidate returned an error, timed out or
-	// panicked; see Result.CandidateErr.
+	// CandidateError: the candidate returned an error, timed out or panicked; see
+	// Result.CandidateErr.
 	CandidateError
-	// ControlError: the control returned an error, so there was no decision
-	// to compare. The candidate was still called, to keep its counts warm.
+	// ControlError: the control returned an error, so there was no decision to compare. The
+	// candidate was still called, to keep its counts warm.
 	ControlError
-	// Dropped: the call was never mirrored, because the worker's queue was
-	// full, the Backend was closed, or an earlier call taken with it timed
-	// out (see Options.Timeout). The candidate's counts now lag.
+	// Dropped: the call was never mirrored, because the worker's queue was full, the Backend
+	// was closed, or an earlier call taken with it timed out (see Options.Timeout). The
+	// candidate's counts now lag.
 	Dropped
-	// RetryAfterDiffers: both denied (or both allowed with a RetryAfter)
-	// but RetryAfter differs by more than Options.ResetAtTolerance: the two
-	// stores would send the client back at different times, which a token
-	// bucket's or a log's state can do while Allowed, Used and ResetAt agree.
+	// RetryAfterDiffers: both denied (or both allowed with a RetryAfter) but RetryAfter differs
+	// by more than Options.ResetAtTolerance: the two stores would send the client back at
+	// different times, which a token bucket's or a log's state can do while Allowed, Used and
+	// ResetAt agree.
 	RetryAfterDiffers
-	// Reordered: the decisions differ (the Result keeps the kinds of
-	// Differs that say how), but no more than two exact stores differ
-	// when they count the key's calls in different orders, within the
-	// bounds Options.ReorderSpan and Options.ReorderUnits (see
-	// Options.ReorderSpan for the rule). Calls of one key made by several
-	// processes reach the control in one order and the candidate in
-	// another, since each process mirrors its own calls after the
-	// control answers; so a call can be counted after more (or fewer) of
-	// the others' units, or, near the end of a window, in the next
-	// window by one store and in the last by the other. Such a pair is
-	// not a mismatch: it is counted apart (Stats.Count(Reordered)) and
-	// never passed to Options.Ignore. Only rate operations (Take, Peek,
-	// Refund) are ever Reordered.
+	// Reordered: the decisions differ (the Result keeps the difference kinds that say how), but
+	// no more than two exact stores differ when they count the key's calls in different
+	// orders, within the bounds Options.ReorderSpan and Options.ReorderUnits (see
+	// Options.ReorderSpan for the rule). Calls of one key made by several processes reach the
+	// control in one order and the candidate in another, since each process mirrors its own
+	// calls after the control answers; so a call can be counted after more (or fewer) of the
+	// others' units, or, near the end of a window, in the next window by one store and in the
+	// last by the other. Such a pair is not a mismatch: it is counted apart
+	// (Stats.ByKind[Reordered]) and never passed to Options.Ignore. Only rate operations (Take,
+	// Peek, Refund) are ever Reordered.
 	Reordered
-
-	// Differs is every kind that means the two decisions disagree.
-	Differs = AllowedDiffers | UsedDiffers | ResetAtDiffers | RetryAfterDiffers
 )
 
+// differs is every kind that means the two decisions disagree.
+const differs = AllowedDiffers | UsedDiffers | ResetAtDiffers | RetryAfterDiffers
+
 // The names are exported as metric labels: never change one.
-var kindNames = [...]string{"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after", "reordered"}
+var kindNames = [...]string{
+	"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after",
+	"reordered",
+}
 
 // kinds lists every single-bit Kind, in bit order.
-var kinds = [...]Kind{AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped, RetryAfterDiffers, Reordered}
+var kinds = [...]Kind{
+	AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped,
+	RetryAfterDiffers, Reordered,
+}
 
-// Has reports whether k contains every kind in x.
-func (k Kind) Has(x Kind) bool { return k&x == x }
-
-// String lists the kinds in k joined by "|", for example "allowed|used";
-// "match" for the zero Kind.
+// String lists the kinds in k joined by "|", for example "allowed|used"; "match" for the zero
+// Kind.
 func (k Kind) String() string {
 	if k == 0 {
 		return "match"
@@ -128,13 +130,15 @@ type Result struct {
 	Ignored bool
 }
 
-// Mismatch reports whether the decisions disagree by a real difference: one
-// that was neither Reordered nor ignored.
-func (r Result) Mismatch() bool { return r.Kinds&Differs != 0 && r.Kinds&Reordered == 0 && !r.Ignored }
+// Mismatch reports whether the decisions disagree by a real difference: Kinds holds a difference
+// kind, and the pair is neither Reordered nor Ignored. It is what Stats.Mismatched
+// counts and LastMismatches keeps, and what a Publish hook that logs differences wants.
+func (r Result) Mismatch() bool {
+	return r.Kinds&differs != 0 && r.Kinds&Reordered == 0 && !r.Ignored
+}
 
-// Compared reports whether both sides answered, so that their decisions
-// could be compared.
-func (r Result) Compared() bool {
+// compared reports whether both sides answered, so that their decisions could be compared.
+func (r Result) compared() bool {
 	return r.Kinds&(CandidateError|ControlError|Dropped) == 0
 }
 
@@ -164,7 +168,7 @@ type reorder struct {
 	units int64
 }
 
-// explains reports whether r's difference (r.Kinds within Differs, a rate
+// explains reports whether r's difference (r.Kinds within differs, a rate
 // operation's) is one that exact stores give when they count the key's
 // calls in different orders, within the bounds; the rule is Options.
 // ReorderSpan's.

@@ -35,19 +35,18 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Errors a Result's CandidateErr or a method may match with errors.Is.
+// A Result's CandidateErr after a timeout matches context.DeadlineExceeded (errors.Is), as Go's
+// own deadlines do: a slow candidate is told from a failing one that way. Any other error is the
+// candidate's, wrapped with the call; a panic is recovered and reported in the message.
 var (
-	// ErrCandidateTimeout: the candidate did not answer within
-	// Options.Timeout.
-	ErrCandidateTimeout = errors.New("shadow: candidate timed out")
-	// ErrCandidatePanic: the candidate panicked; the panic was recovered.
-	ErrCandidatePanic = errors.New("shadow: candidate panicked")
-	// errNotSent is a Dropped call's CandidateErr when an earlier call of
-	// its batch timed out (see Options.Timeout). One value for every
-	// such call: a dead candidate makes them many.
-	errNotSent = fmt.Errorf("%w: not sent: an earlier call queued with it timed out", ErrCandidateTimeout)
-	// ErrClosed: Flush was called after Close.
-	ErrClosed = errors.New("shadow: closed")
+	errCandidatePanic = errors.New("shadow: candidate panicked")
+	// errNotSent is a Dropped call's CandidateErr when an earlier call of its batch timed out
+	// (see Options.Timeout). One value for every such call: a dead candidate makes them many.
+	errNotSent = fmt.Errorf("shadow: candidate call not sent: an earlier call queued with it "+
+		"timed out: %w", context.DeadlineExceeded)
+	// errClosed is Flush's error after Close: Close has compared, dropped or given up on every
+	// call, so there is nothing left to wait for.
+	errClosed = errors.New("shadow: flush after Close")
 )
 
 // Options configure a Backend. The zero value (or nil) means defaults; a
@@ -66,7 +65,7 @@ type Options struct {
 	// Timeout bounds each candidate call, through its context's deadline
 	// (the calls to an in-process candidate share a context while at least
 	// about 7/8 of Timeout is left of it). A call that fails once the
-	// deadline has passed is a CandidateError matching ErrCandidateTimeout.
+	// deadline has passed is a CandidateError matching context.DeadlineExceeded.
 	// The worker waits for a candidate that may block (one that is not
 	// throttler.InProcess) no longer than the deadline: a call still running
 	// then is abandoned, counted as a timeout, and left to return on its
@@ -74,7 +73,7 @@ type Options struct {
 	// returned, and waits for that at most Timeout per batch. After a
 	// timeout, the rest of the calls the worker took with it, all queued
 	// before it timed out, are not sent: they are Dropped, their
-	// CandidateErr matching ErrCandidateTimeout. So a dead candidate costs
+	// CandidateErr matching context.DeadlineExceeded. So a dead candidate costs
 	// each worker about one Timeout per batch of calls it takes, not one
 	// per call: every call is accounted within about twice Timeout of
 	// being queued, however the keys fall on the workers, and Flush
@@ -658,7 +657,13 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 	case errors.Is(cerr, context.DeadlineExceeded):
 		w.stale.Store(true)
 		w.skip = true
-		return throttler.Decision{}, false, fmt.Errorf("%w after %v%s: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, how, c.op, c.key, err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			// The store's own error, returned once the deadline had passed: the timeout is
+			// what a reader of the Result matches.
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
+		return throttler.Decision{}, false, fmt.Errorf("shadow: candidate timed out after %v%s: %s %q: %w",
+			b.opts.Timeout, how, c.op, c.key, err)
 	case cerr != nil:
 		w.stale.Store(true)
 		return throttler.Decision{}, false, fmt.Errorf("candidate %s %q cancelled by Close%s: %w", c.op, c.key, how, err)
@@ -671,7 +676,7 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 func (b *Backend) invoke(ctx context.Context, c *call, undo bool) (d throttler.Decision, held bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
+			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", errCandidatePanic, c.op, c.key, v)
 		}
 	}()
 	switch {
@@ -777,13 +782,14 @@ func (b *Backend) record(w *worker, r *Result) {
 	}
 }
 
-// Flush waits until every call mirrored before it was called has been
-// compared (or dropped) and its Result published, or until ctx is done.
-// Operators use it before reading Stats at a stage boundary, and tests to
-// compare deterministically. A Flush that gives up leaves nothing behind.
+// Flush waits until every call mirrored before it was called has been compared (or dropped)
+// and its Result published, or until ctx is done, and keeps the shadow running; Close stops
+// it. Operators use Flush before reading Stats at a stage boundary, and tests to compare
+// deterministically. A Flush that gives up leaves nothing behind. After Close (or during it),
+// Flush returns an error at once: Close has compared, dropped or given up on every call.
 func (b *Backend) Flush(ctx context.Context) error {
 	if b.closed.Load() {
-		return ErrClosed
+		return errClosed
 	}
 	for _, w := range b.workers {
 		if err := w.flush(ctx); err != nil {

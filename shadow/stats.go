@@ -12,15 +12,16 @@ type Stats struct {
 	Results uint64
 	// Compared counts the pairs where both sides answered without error.
 	Compared uint64
-	// Mismatched counts the compared pairs whose decisions really differ:
-	// neither Reordered (counted in ByKind[Reordered]) nor ignored.
+	// Mismatched counts the compared pairs whose decisions really differ (Result.Mismatch):
+	// neither Reordered (counted in ByKind[Reordered]) nor ignored. Mismatched/Compared is the
+	// mismatch rate. Healthy: 0.
 	Mismatched uint64
 	// Ignored counts the differences that Options.Ignore accepted.
 	Ignored uint64
-	// ByKind counts the Results that carried each single kind. The kinds
-	// of Differs count mismatches only: a Reordered pair counts under
-	// Reordered alone, and an ignored difference not at all. Kinds never
-	// seen are absent.
+	// ByKind counts the Results that carried each single kind: ByKind[Dropped] is how many
+	// calls were dropped. The difference kinds count mismatches only: a Reordered pair counts
+	// under Reordered alone, and an ignored difference not at all. Kinds never seen are
+	// absent, and read as 0.
 	ByKind map[Kind]uint64
 	// LastMismatches holds the latest mismatches, oldest first, at most
 	// Options.KeepMismatches.
@@ -42,19 +43,6 @@ type Stats struct {
 	IgnorePanics uint64
 }
 
-// MismatchRate is Mismatched / Compared: the share of answered pairs that
-// really disagreed (Reordered pairs are not mismatches). Zero before
-// anything was compared.
-func (s Stats) MismatchRate() float64 {
-	if s.Compared == 0 {
-		return 0
-	}
-	return float64(s.Mismatched) / float64(s.Compared)
-}
-
-// Count returns how many Results carried kind k (a single kind).
-func (s Stats) Count(k Kind) uint64 { return s.ByKind[k] }
-
 // tally counts Results on one goroutine, without atomics; a worker adds
 // its tally to its counters once per batch.
 type tally struct {
@@ -65,16 +53,16 @@ type tally struct {
 // add counts r and reports whether it is a mismatch.
 func (t *tally) add(r *Result) bool {
 	t.results++
-	if r.Compared() {
+	if r.compared() {
 		t.compared++
 	}
 	k := r.Kinds
 	if r.Ignored {
 		t.ignored++
-		k &^= Differs
+		k &^= differs
 	}
 	if k&Reordered != 0 {
-		k &^= Differs
+		k &^= differs
 	}
 	for i, x := range kinds {
 		if k&x != 0 {
