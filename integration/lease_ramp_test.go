@@ -15,7 +15,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A ramp of leases (issue 13): real Memcached is the old store and real
+// A ramp of leases: real Memcached is the old store and real
 // Redis the new one; four processes (each its own Migration and Throttler
 // over its own clients and its own rollout, seeing each change a few ms
 // after the one before, loadProcessLag) run 32 goroutines each, acquiring

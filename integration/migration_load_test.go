@@ -23,8 +23,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A live migration under load, as issue 11 (case 4) found it handing out
-// fresh windows: real Memcached is the old store and real Redis the new
+// A live migration under load, where a ramp must never hand out fresh
+// windows: real Memcached is the old store and real Redis the new
 // one; four processes (each its own Migration and Throttler over its own
 // clients, its own rollout and its own clock) run 24 closed-loop
 // goroutines each against a few dozen shared keys, while the rollout goes

@@ -21,7 +21,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// The shadow's mismatch signal with both stores healthy (issue 11, case 5):
+// The shadow's mismatch signal with both stores healthy:
 // several processes, each its own shadow over its own clients and its own
 // clock (offsets up to ±50 ms), run closed-loop goroutines on a few shared
 // keys, and every Result is recorded and classified.
