@@ -11,12 +11,11 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A dead candidate costs each worker one Timeout per batch, not one per
-// call: a hot key's calls, all on one worker, are accounted within
-// Timeout × calls / Workers (the bound a candidate that fails every call in
-// Timeout would meet with the keys spread evenly), and Flush returns. A
-// candidate that ignores its context is abandoned at the deadline. Once the
-// candidate answers again, the calls are compared. Run with -race.
+// A dead candidate costs each worker one Timeout per batch, not one per call: a hot key's calls,
+// all on one worker, are accounted within Timeout × calls / Workers (the bound a candidate that
+// fails every call in Timeout would meet with the keys spread evenly), and Flush returns. A
+// candidate that ignores its context is abandoned at the deadline. Once the candidate answers
+// again, the calls are compared. Run with -race.
 func TestDeadCandidateKeepsUp(t *testing.T) {
 	const (
 		calls   = 200
@@ -104,9 +103,8 @@ func TestDeadCandidateKeepsUp(t *testing.T) {
 			}
 			mu.Unlock()
 
-			// The candidate answers again: the next calls are compared (an
-			// abandoned call returns first, and the runner takes calls
-			// again).
+			// The candidate answers again: the next calls are compared (an abandoned
+			// call returns first, and the runner takes calls again).
 			wake()
 			waitFor(t, "a call compared after the candidate revived", func() bool {
 				_, _ = s.Take(context.Background(), "after", big, 1, t0)

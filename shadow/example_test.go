@@ -10,9 +10,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// The old store serves; the new one receives every call and is compared.
-// Here the new store has lost the first window (as an evicting Memcached
-// would), so its decisions diverge and the shadow says how.
+// The old store serves; the new one receives every call and is compared. Here the new store has
+// lost the first window (as an evicting Memcached would), so its decisions diverge and the shadow
+// says how.
 func Example() {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "api", Limit: 2, Window: time.Minute}
@@ -28,8 +28,8 @@ func Example() {
 	}
 	_, _ = old.Take(ctx, "alice", p, 2, t0) // only the old store saw these
 
-	// Publish runs on the shadow's own goroutine; hand results over to
-	// the metrics or, here, to the printing below.
+	// Publish runs on the shadow's own goroutine; hand results over to the metrics or, here, to
+	// the printing below.
 	results := make(chan shadow.Result, 16)
 	s, err := shadow.New(old, candidate, &shadow.Options{Publish: func(r shadow.Result) { results <- r }})
 	if err != nil {

@@ -9,8 +9,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// TestReorderRule: Options.ReorderSpan's rule on hand-made pairs, at fixed
-// instants: span 100ms, 4 units, a limit of 10 per second.
+// TestReorderRule: Options.ReorderSpan's rule on hand-made pairs, at fixed instants: span 100ms, 4
+// units, a limit of 10 per second.
 func TestReorderRule(t *testing.T) {
 	fw := throttler.Policy{Limit: 10, Window: time.Second}
 	tb := throttler.Policy{Limit: 10, Window: time.Second, Algorithm: throttler.TokenBucket}
@@ -69,8 +69,8 @@ func TestReorderRule(t *testing.T) {
 	}
 }
 
-// offBy is a candidate whose Used is off by a set amount, as a store that
-// saw the key's calls in another order would be.
+// offBy is a candidate whose Used is off by a set amount, as a store that saw the key's calls in
+// another order would be.
 type offBy struct {
 	throttler.Backend
 	used int64
@@ -83,9 +83,8 @@ func (o offBy) Take(ctx context.Context, key string, p throttler.Policy, cost in
 	return d, err
 }
 
-// TestReorderedIsCountedApart: a Reordered pair is published with its
-// kinds, counted under Reordered alone, never a mismatch nor asked to
-// Ignore; a pair outside the bound stays a mismatch.
+// TestReorderedIsCountedApart: a Reordered pair is published with its kinds, counted under
+// Reordered alone, never a mismatch nor asked to Ignore; a pair outside the bound stays a mismatch.
 func TestReorderedIsCountedApart(t *testing.T) {
 	p := throttler.Policy{Limit: 10, Window: time.Minute}
 	for _, tc := range []struct {

@@ -9,15 +9,15 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Kind is a set of the ways one control/candidate pair can disagree, combined with |; test for
-// one with k&AllowedDiffers != 0. The zero Kind means the pair matched. String gives the names
-// the metrics use as labels.
+// Kind is a set of the ways one control/candidate pair can disagree, combined with |; test for one
+// with k&AllowedDiffers != 0. The zero Kind means the pair matched. String gives the names the
+// metrics use as labels.
 type Kind uint16
 
 // The kinds of a Result. The difference kinds, AllowedDiffers, UsedDiffers, ResetAtDiffers and
-// RetryAfterDiffers, say how two decisions disagree, and a pair may carry several (Allowed and Used usually differ together); CandidateError, ControlError and
-// Dropped say why there was nothing to compare; Reordered marks a difference explained by the
-// order of calls.
+// RetryAfterDiffers, say how two decisions disagree, and a pair may carry several (Allowed and Used
+// usually differ together); CandidateError, ControlError and Dropped say why there was nothing to
+// compare; Reordered marks a difference explained by the order of calls.
 const (
 	// AllowedDiffers: the candidate would have allowed what the control denied, or the reverse.
 	AllowedDiffers Kind = 1 << iota
@@ -42,15 +42,14 @@ const (
 	// ResetAt agree.
 	RetryAfterDiffers
 	// Reordered: the decisions differ (the Result keeps the difference kinds that say how), but
-	// no more than two exact stores differ when they count the key's calls in different
-	// orders, within the bounds Options.ReorderSpan and Options.ReorderUnits (see
-	// Options.ReorderSpan for the rule). Calls of one key made by several processes reach the
-	// control in one order and the candidate in another, since each process mirrors its own
-	// calls after the control answers; so a call can be counted after more (or fewer) of the
-	// others' units, or, near the end of a window, in the next window by one store and in the
-	// last by the other. Such a pair is not a mismatch: it is counted apart
-	// (Stats.ByKind[Reordered]) and never passed to Options.Ignore. Only rate operations (Take,
-	// Peek, Refund) are ever Reordered.
+	// no more than two exact stores differ when they count the key's calls in different orders,
+	// within the bounds Options.ReorderSpan and Options.ReorderUnits (see Options.ReorderSpan
+	// for the rule). Calls of one key made by several processes reach the control in one order
+	// and the candidate in another, since each process mirrors its own calls after the control
+	// answers; so a call can be counted after more (or fewer) of the others' units, or, near
+	// the end of a window, in the next window by one store and in the last by the other. Such a
+	// pair is not a mismatch: it is counted apart (Stats.ByKind[Reordered]) and never passed to
+	// Options.Ignore. Only rate operations (Take, Peek, Refund) are ever Reordered.
 	Reordered
 )
 
@@ -69,8 +68,7 @@ var kinds = [...]Kind{
 	RetryAfterDiffers, Reordered,
 }
 
-// String lists the kinds in k joined by "|", for example "allowed|used"; "match" for the zero
-// Kind.
+// String lists the kinds in k joined by "|", for example "allowed|used"; "match" for the zero Kind.
 func (k Kind) String() string {
 	if k == 0 {
 		return "match"
@@ -88,17 +86,16 @@ func (k Kind) String() string {
 	return strings.Join(parts, "|")
 }
 
-// Result is one comparison: the call, both answers and how they differ. It
-// is a value; nothing in it changes after it is published.
+// Result is one comparison: the call, both answers and how they differ. It is a value; nothing in
+// it changes after it is published.
 type Result struct {
 	Op  throttler.Op
 	Key string
-	// Policy and Cost are a rate operation's (OpTake, OpPeek, OpRefund);
-	// Concurrency and Lease a lease operation's (OpAcquire, OpRelease).
+	// Policy and Cost are a rate operation's (OpTake, OpPeek, OpRefund); Concurrency and Lease
+	// a lease operation's (OpAcquire, OpRelease).
 	Policy throttler.Policy
 	Cost   int64
-	// Receipt is a Refund's: the ResetAt of the Take it refunds, given to
-	// both stores.
+	// Receipt is a Refund's: the ResetAt of the Take it refunds, given to both stores.
 	Receipt     time.Time
 	Concurrency throttler.ConcurrencyPolicy
 	Lease       throttler.LeaseID
@@ -107,32 +104,30 @@ type Result struct {
 	// Control is what the caller received.
 	Control    throttler.Decision
 	ControlErr error
-	// Candidate is the candidate's answer to the same call; zero when the
-	// call was dropped or the candidate failed.
+	// Candidate is the candidate's answer to the same call; zero when the call was dropped or
+	// the candidate failed.
 	Candidate    throttler.Decision
 	CandidateErr error
-	// ControlHeld and CandidateHeld are a Release's answers: whether each
-	// store held the lease. When they differ, the stores disagreed on the
-	// leases held before the call, and the pair counts as UsedDiffers.
+	// ControlHeld and CandidateHeld are a Release's answers: whether each store held the lease.
+	// When they differ, the stores disagreed on the leases held before the call, and the pair
+	// counts as UsedDiffers.
 	ControlHeld, CandidateHeld bool
 
-	// Lag, for a pair whose decisions differ, bounds how long the call
-	// took from the control's answer to the candidate's: at least the
-	// queue's wait and the candidate's round trip (measured from when
-	// the worker last found its queue, at most a nap of 0.5 ms or a
-	// wake-up before the call was queued). Zero when the pair matched
-	// or the candidate was not asked.
+	// Lag, for a pair whose decisions differ, bounds how long the call took from the control's
+	// answer to the candidate's: at least the queue's wait and the candidate's round trip
+	// (measured from when the worker last found its queue, at most a nap of 0.5 ms or a wake-up
+	// before the call was queued). Zero when the pair matched or the candidate was not asked.
 	Lag time.Duration
 	// Kinds says how the pair differs; zero means it matched.
 	Kinds Kind
-	// Ignored reports that Options.Ignore accepted the difference: it is
-	// published but not counted as a mismatch.
+	// Ignored reports that Options.Ignore accepted the difference: it is published but not
+	// counted as a mismatch.
 	Ignored bool
 }
 
 // Mismatch reports whether the decisions disagree by a real difference: Kinds holds a difference
-// kind, and the pair is neither Reordered nor Ignored. It is what Stats.Mismatched
-// counts and LastMismatches keeps, and what a Publish hook that logs differences wants.
+// kind, and the pair is neither Reordered nor Ignored. It is what Stats.Mismatched counts and
+// LastMismatches keeps, and what a Publish hook that logs differences wants.
 func (r Result) Mismatch() bool {
 	return r.Kinds&differs != 0 && r.Kinds&Reordered == 0 && !r.Ignored
 }
@@ -154,8 +149,8 @@ func compare(control, candidate throttler.Decision, usedTol int64, resetTol time
 	if abs(int64(control.ResetAt.Sub(candidate.ResetAt))) > int64(resetTol) {
 		k |= ResetAtDiffers
 	}
-	// A RetryAfter difference beside an Allowed one says nothing more: a
-	// decision that allows has no wait.
+	// A RetryAfter difference beside an Allowed one says nothing more: a decision that allows
+	// has no wait.
 	if control.Allowed == candidate.Allowed && abs(int64(control.RetryAfter-candidate.RetryAfter)) > int64(resetTol) {
 		k |= RetryAfterDiffers
 	}
@@ -168,22 +163,20 @@ type reorder struct {
 	units int64
 }
 
-// explains reports whether r's difference (r.Kinds within differs, a rate
-// operation's) is one that exact stores give when they count the key's
-// calls in different orders, within the bounds; the rule is Options.
-// ReorderSpan's.
+// explains reports whether r's difference (r.Kinds within differs, a rate operation's) is one that
+// exact stores give when they count the key's calls in different orders, within the bounds; the
+// rule is Options. ReorderSpan's.
 func (o reorder) explains(r *Result) bool {
 	c, k := r.Control, r.Candidate
 	if o.span <= 0 || c.Limit != k.Limit {
 		return false
 	}
-	// Others' calls made up to span before or after this one at the
-	// control, and those it overtook or was overtaken by while it
-	// waited for the candidate.
+	// Others' calls made up to span before or after this one at the control, and those it
+	// overtook or was overtaken by while it waited for the candidate.
 	span := o.span + r.Lag
-	// Units counted beyond the Limit were never admitted (a store's
-	// concurrent overshoots, reported by a denial that reverts them): the
-	// orders that explain a difference are in what each store admitted.
+	// Units counted beyond the Limit were never admitted (a store's concurrent overshoots,
+	// reported by a denial that reverts them): the orders that explain a difference are in what
+	// each store admitted.
 	used := max(abs(min(c.Used, c.Limit)-min(k.Used, k.Limit)), abs(c.Remaining-k.Remaining))
 	slack := span // how far ResetAt and RetryAfter may differ
 	earlier := c.ResetAt
@@ -192,21 +185,19 @@ func (o reorder) explains(r *Result) bool {
 	}
 	switch {
 	case !r.Now.Before(earlier.Add(-span)):
-		// At the end of the earlier window (or state): one store may
-		// have counted the call, or calls before it, in a window the
-		// other had already ended and replaced.
+		// At the end of the earlier window (or state): one store may have counted the call,
+		// or calls before it, in a window the other had already ended and replaced.
 		slack += r.Policy.Window
 	case used > o.units:
 		return false
 	case r.Policy.Algorithm != throttler.FixedWindow && c.Limit > 0:
-		// A bucket's refill, a log's ages and a sliding window's wait
-		// depend on the units counted: the units of the bound move
-		// them by up to the time those units take to refill.
-		// (A tolerance, not an answer: a float cannot overflow here.)
+		// A bucket's refill, a log's ages and a sliding window's wait depend on the units
+		// counted: the units of the bound move them by up to the time those units take to
+		// refill. (A tolerance, not an answer: a float cannot overflow here.)
 		slack += time.Duration(math.Ceil(float64(r.Policy.Window) * min(1, float64(o.units)/float64(c.Limit))))
 	}
-	// As in compare, a RetryAfter beside an Allowed difference says
-	// nothing: a decision that allows has no wait.
+	// As in compare, a RetryAfter beside an Allowed difference says nothing: a decision that
+	// allows has no wait.
 	return abs(int64(c.ResetAt.Sub(k.ResetAt))) <= int64(slack) &&
 		(c.Allowed != k.Allowed || abs(int64(c.RetryAfter-k.RetryAfter)) <= int64(slack))
 }
