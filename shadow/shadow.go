@@ -30,9 +30,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A Result's CandidateErr after a timeout matches context.DeadlineExceeded (errors.Is), as Go's own
-// deadlines do: a slow candidate is told from a failing one that way. Any other error is the
-// candidate's, wrapped with the call; a panic is recovered and reported in the message.
+// The shadow's own errors, unexported: a timeout matches context.DeadlineExceeded (see
+// Result.CandidateErr), a panicking candidate is a bug read in the message, and Flush after
+// Close is the caller's doing.
 var (
 	errCandidatePanic = errors.New("shadow: candidate panicked")
 	// errNotSent is a Dropped call's CandidateErr when an earlier call of its batch timed out
