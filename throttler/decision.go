@@ -32,6 +32,11 @@ type Decision struct {
 	// the fallback did, or the Throttler's failure mode did (then ResetAt is
 	// zero and Used and Remaining are not known).
 	Degraded bool
+	// WouldDeny reports that the policy would have denied the call but does
+	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the call
+	// was counted as a denial is (nothing), and answered Allowed with no
+	// RetryAfter. For Peek and Refund: one more unit would be denied.
+	WouldDeny bool
 	// At is the instant the Throttler read its clock (Options.Clock) for
 	// the call that returned this Decision: the now that ResetAt and
 	// RetryAfter were computed from, a fallback's and a failure mode's

@@ -49,6 +49,14 @@ type Policy struct {
 	// Burst is a TokenBucket's capacity, the most units one instant can
 	// take; 0 means Limit. It must be 0 for the other algorithms.
 	Burst int64
+	// Enforce, if set, says which keys the policy is enforced for; for the
+	// others a Throttler runs it in dry run: counted exactly as enforced,
+	// answered admitted, a would-be denial reported in Decision.WouldDeny.
+	// It is not part of the identity in storage, so a key keeps its window
+	// when its enforcement changes. DryRun sets one that enforces no key;
+	// flags.Enforcement one that follows a rollout. default: nil, enforced
+	// for every key
+	Enforce Enforcer
 }
 
 // PerSecond returns an unnamed policy of n units per second.
@@ -106,6 +114,11 @@ func (p Policy) Validate() error {
 	}
 	if !validName(p.Name) {
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
+	}
+	if p.Enforce != nil {
+		if err := validateEnforcer(p.Enforce); err != nil {
+			return err
+		}
 	}
 	return p.validateAlgorithm()
 }

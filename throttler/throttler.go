@@ -262,7 +262,7 @@ func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, e
 // credits a later window with units the earlier one counted (20 admitted
 // against a limit of 10, when 304s finished after their window ended).
 // Nothing is refunded, and the error matches ErrNotRefunded, when
-//   - taken was denied: it counted nothing;
+//   - taken was denied, or would have been (WouldDeny): it counted nothing;
 //   - taken is Degraded: the fallback or the failure mode admitted it, and
 //     the primary store's count never held the units;
 //   - the Throttler's clock has reached taken.ResetAt: the fixed window
@@ -298,6 +298,9 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		}
 		return Decision{}, err
 	}
+	if p.Enforce != nil {
+		return t.doEnforced(ctx, &r)
+	}
 	return t.doAt(ctx, &r)
 }
 
@@ -310,6 +313,9 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	var r request
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
+	if p.Enforce != nil {
+		return t.doEnforced(ctx, &r)
+	}
 	return t.doAt(ctx, &r)
 }
 
@@ -318,6 +324,8 @@ func unrefundable(taken Decision, now time.Time) string {
 	switch {
 	case !taken.Allowed:
 		return "the take was denied, so it counted nothing"
+	case taken.WouldDeny:
+		return "the take would have been denied (dry run), so it counted nothing"
 	case taken.Degraded:
 		return "the take was answered by the fallback or the failure mode, not counted by the store"
 	case !now.Before(taken.ResetAt):

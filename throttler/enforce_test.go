@@ -1,0 +1,297 @@
+package throttler_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// switchable enforces every key while on: a rollout moved by the test.
+type switchable struct{ on atomic.Bool }
+
+func (s *switchable) Enforced(string) bool { return s.on.Load() }
+
+// twinStep is one call made twice at the same instant: under a dry-run
+// policy on key "dry-<k>" and under its enforced twin on "enf-<k>".
+type twinStep struct {
+	at  time.Duration // after t0
+	op  throttler.Op
+	k   int
+	n   int64
+	ref int // for a Refund: the index of the Take whose units go back
+}
+
+// runTwins makes every step under dry and under enforced and checks that
+// the two count alike, call for call: the same state in every Decision,
+// the dry run admitted where its twin is denied, and said so.
+func runTwins(t *testing.T, dry, enforced throttler.Policy, steps []twinStep) {
+	t.Helper()
+	now := t0
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return now }})
+	ctx := context.Background()
+	type pair struct{ dry, enf throttler.Decision }
+	taken := map[int]pair{}
+	for i, s := range steps {
+		now = t0.Add(s.at)
+		dk, ek := fmt.Sprintf("dry-%d", s.k), fmt.Sprintf("enf-%d", s.k)
+		var dd, ed throttler.Decision
+		var derr, eerr error
+		switch s.op {
+		case throttler.OpTake:
+			dd, derr = th.AllowN(ctx, dk, dry, s.n)
+			ed, eerr = th.AllowN(ctx, ek, enforced, s.n)
+			taken[i] = pair{dd, ed}
+		case throttler.OpPeek:
+			dd, derr = th.Peek(ctx, dk, dry)
+			ed, eerr = th.Peek(ctx, ek, enforced)
+		case throttler.OpRefund:
+			dd, derr = th.Refund(ctx, dk, dry, s.n, taken[s.ref].dry)
+			ed, eerr = th.Refund(ctx, ek, enforced, s.n, taken[s.ref].enf)
+		}
+		msg := fmt.Sprintf("step %d %+v", i, s)
+		require.Equal(t, errors.Is(eerr, throttler.ErrNotRefunded), errors.Is(derr, throttler.ErrNotRefunded), msg)
+		if eerr != nil {
+			require.ErrorIs(t, eerr, throttler.ErrNotRefunded, msg)
+			continue
+		}
+		require.NoError(t, derr, msg)
+		assert.True(t, dd.Allowed, msg)
+		assert.Equal(t, !ed.Allowed, dd.WouldDeny, msg)
+		assert.False(t, ed.WouldDeny, msg)
+		assert.Zero(t, dd.RetryAfter, msg)
+		// The state is the same: only the answer differs.
+		ed.Allowed, ed.RetryAfter, ed.WouldDeny = dd.Allowed, dd.RetryAfter, dd.WouldDeny
+		require.Equal(t, ed, dd, msg)
+	}
+}
+
+func policiesOfEveryAlgorithm() []throttler.Policy {
+	return []throttler.Policy{
+		throttler.PerMinute(3).Named("api"),
+		throttler.PerMinute(3).Named("api").WithBurst(5),
+		throttler.PerMinute(3).Named("api").With(throttler.SlidingLog),
+		throttler.PerMinute(3).Named("api").With(throttler.SlidingWindow),
+		throttler.PerMinute(3), // unnamed: the identity is the definition
+	}
+}
+
+func TestDryRunCountsAsItsEnforcedTwin(t *testing.T) {
+	s := time.Second
+	take := func(at time.Duration, k int, n int64) twinStep {
+		return twinStep{at: at, op: throttler.OpTake, k: k, n: n}
+	}
+	steps := []twinStep{
+		take(0, 0, 1), take(0, 0, 2),
+		take(s, 0, 1), // over the limit: the enforced twin denies, counting nothing
+		{at: s, op: throttler.OpPeek, k: 0},
+		take(2*s, 0, 3),
+		{at: 3 * s, op: throttler.OpRefund, k: 0, n: 1, ref: 0}, // a counted take
+		{at: 3 * s, op: throttler.OpRefund, k: 0, n: 1, ref: 2}, // a would-be denial: nothing
+		take(3*s, 0, 1),
+		take(3*s, 1, 3), take(4*s, 1, 1),
+		take(30*s, 0, 2), take(45*s, 0, 2),
+		take(61*s, 0, 1), take(61*s, 0, 3), take(62*s, 1, 2),
+		take(2*s, 0, 1), // the clock went back
+		{at: 130 * s, op: throttler.OpPeek, k: 1},
+		take(130*s, 1, 3), take(130*s, 1, 1),
+	}
+	for _, p := range policiesOfEveryAlgorithm() {
+		t.Run(p.String(), func(t *testing.T) { runTwins(t, p.DryRun(), p, steps) })
+	}
+}
+
+func TestDryRunCountsAsItsEnforcedTwinRandomTrace(t *testing.T) {
+	rng := rand.New(rand.NewPCG(27, 1))
+	for _, p := range policiesOfEveryAlgorithm() {
+		var steps []twinStep
+		var at time.Duration
+		var takes []int
+		for i := range 400 {
+			at += time.Duration(rng.IntN(4000)-400) * time.Millisecond // sometimes back
+			s := twinStep{at: at, k: rng.IntN(3), n: 1 + rng.Int64N(3)}
+			switch r := rng.IntN(10); {
+			case r < 6 || len(takes) == 0:
+				s.op = throttler.OpTake
+				takes = append(takes, i)
+			case r < 8:
+				s.op = throttler.OpPeek
+			default:
+				s.op = throttler.OpRefund
+				s.ref = takes[rng.IntN(len(takes))]
+				s.k = steps[s.ref].k
+			}
+			steps = append(steps, s)
+		}
+		t.Run(p.String(), func(t *testing.T) { runTwins(t, p.DryRun(), p, steps) })
+	}
+}
+
+// A named policy has one state per key whoever enforces it: a key that
+// becomes enforced keeps its window, and a key back in dry run too.
+func TestEnforcementChangeKeepsTheWindow(t *testing.T) {
+	now := t0
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return now }})
+	ctx := context.Background()
+	sw := &switchable{}
+	p := throttler.PerMinute(2).Named("api")
+	p.Enforce = sw
+	for _, want := range []bool{true, true, false} {
+		d, err := th.Allow(ctx, "k", p)
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		require.Equal(t, !want, d.WouldDeny)
+	}
+	sw.on.Store(true)
+	d, err := th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "enforcement on: the dry-run window is kept")
+	assert.Positive(t, d.RetryAfter)
+	// The same policy without Enforce is the same limit.
+	d, err = th.Allow(ctx, "k", throttler.PerMinute(2).Named("api"))
+	require.NoError(t, err)
+	assert.False(t, d.Allowed)
+	sw.on.Store(false)
+	d, err = th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	assert.True(t, d.Allowed && d.WouldDeny, "rolled back: admitted at once")
+}
+
+// A dry-run policy of another identity never changes what an enforced one
+// counts on the same key.
+func TestDryRunBesideAnEnforcedPolicy(t *testing.T) {
+	now := t0
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return now }})
+	ctx := context.Background()
+	enforced := []throttler.Policy{throttler.PerMinute(3).Named("api"), throttler.PerMinute(3)}
+	dry := []throttler.Policy{
+		throttler.PerMinute(1).Named("api-tight").DryRun(),
+		throttler.PerMinute(1).DryRun(),
+		throttler.PerSecond(3).DryRun(),
+	}
+	for i := range 5 {
+		for _, p := range dry {
+			d, err := th.Allow(ctx, "k", p)
+			require.NoError(t, err)
+			require.True(t, d.Allowed)
+		}
+		for _, p := range enforced {
+			d, err := th.Allow(ctx, "k", p)
+			require.NoError(t, err)
+			assert.Equal(t, i < 3, d.Allowed, "%v, call %d", p, i)
+			assert.Equal(t, min(int64(i+1), 3), d.Used, "%v, call %d", p, i)
+		}
+	}
+}
+
+// nilEnforcer and mapEnforcer are Enforcers that cannot be used: a nil
+// pointer, and a type whose values == would panic on.
+type nilEnforcer struct{}
+
+func (*nilEnforcer) Enforced(string) bool { return true }
+
+type mapEnforcer map[string]bool
+
+func (m mapEnforcer) Enforced(k string) bool { return m[k] }
+
+type holder struct{ v any }
+
+func (holder) Enforced(string) bool { return true }
+
+func TestEnforceValidation(t *testing.T) {
+	th := newThrottler(t, newMemory(t), nil)
+	ctx := context.Background()
+	for name, e := range map[string]throttler.Enforcer{
+		"nil pointer":         (*nilEnforcer)(nil),
+		"map":                 mapEnforcer{"k": true},
+		"slice in an any":     holder{v: []int{1}},
+		"function in an any":  holder{v: func() {}},
+		"nil map":             mapEnforcer(nil),
+		"map behind a struct": holder{v: map[int]int{}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := throttler.PerMinute(1).Named("api")
+			p.Enforce = e
+			require.ErrorIs(t, p.Validate(), throttler.ErrInvalidPolicy)
+			for range 2 { // a denial too: Enforced is never reached
+				_, err := th.Allow(ctx, "k", p)
+				require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+			}
+			_, err := th.Wait(ctx, "k", p)
+			require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+			_, err = th.Refund(ctx, "k", p, 1, throttler.Decision{Allowed: true, ResetAt: t0.Add(time.Hour)})
+			require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+		})
+	}
+	ok := throttler.PerMinute(1).Named("api")
+	ok.Enforce = holder{v: 3}
+	require.NoError(t, ok.Validate())
+	require.NoError(t, throttler.PerMinute(1).DryRun().Validate())
+}
+
+// A key in dry run is never refused, not even by a Throttler that fails
+// closed while its store is down; Observe still sees the failure.
+func TestDryRunFailClosed(t *testing.T) {
+	stub := &stubBackend{next: newMemory(t), err: errDown}
+	var seen []throttler.Observation
+	th := newThrottler(t, stub, &throttler.Options{Clock: func() time.Time { return t0 },
+		FailureMode: throttler.FailClosed, Observe: func(o throttler.Observation) { seen = append(seen, o) }})
+	ctx := context.Background()
+	p := throttler.PerMinute(1).Named("api")
+	_, err := th.Allow(ctx, "k", p)
+	require.ErrorIs(t, err, throttler.ErrUnavailable)
+	d, err := th.Allow(ctx, "k", p.DryRun())
+	require.NoError(t, err)
+	assert.True(t, d.Allowed && d.WouldDeny && d.Degraded)
+	require.Len(t, seen, 2)
+	assert.ErrorIs(t, seen[1].Err, throttler.ErrUnavailable)
+	assert.Equal(t, throttler.SourceFailureMode, seen[1].Source)
+	assert.True(t, seen[1].Decision.WouldDeny)
+	assert.Equal(t, p.DryRun(), seen[1].Policy, "the observation names the policy as called")
+}
+
+// A would-be denial counted nothing, so nothing is refunded, and the store
+// is not asked.
+func TestDryRunRefundOfAWouldBeDenial(t *testing.T) {
+	stub := &stubBackend{next: newMemory(t)}
+	th := newThrottler(t, stub, &throttler.Options{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	p := throttler.PerMinute(1).Named("api").DryRun()
+	_, err := th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	d, err := th.Allow(ctx, "k", p)
+	require.NoError(t, err)
+	require.True(t, d.WouldDeny)
+	calls := stub.count()
+	_, err = th.Refund(ctx, "k", p, 1, d)
+	require.ErrorIs(t, err, throttler.ErrNotRefunded)
+	assert.Equal(t, calls, stub.count())
+	peek, err := th.Peek(ctx, "k", p)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), peek.Used)
+}
+
+// Wait never waits for a would-be denial: a window of an hour, and a
+// deadline of a second, which a wait would report at once.
+func TestDryRunWaitDoesNotWait(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	p := throttler.PerHour(1).Named("api").DryRun()
+	for i := range 3 {
+		d, err := th.WaitN(ctx, "k", p, 1)
+		require.NoError(t, err)
+		assert.True(t, d.Allowed)
+		assert.Equal(t, i > 0, d.WouldDeny)
+	}
+	_, err := th.Wait(ctx, "k", throttler.PerHour(1).Named("api"))
+	require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline, "the enforced policy shares the count")
+}
