@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -97,4 +98,41 @@ func (c ThreadCPU) Report(b *testing.B) {
 	if b.N > 0 {
 		b.ReportMetric(float64(cputime.Thread()-c.start)/float64(b.N), "cpu-ns/op")
 	}
+}
+
+// Refused takes one unit twice for every key, at now, under a fixed window
+// of one unit an hour enforced by e, through a Throttler over a fresh memory
+// backend, and returns the keys whose second call was refused. Every other
+// second call must be admitted and reported as a would-be denial, which t
+// checks.
+func Refused(t testing.TB, e throttler.Enforcer, keys []string, now time.Time) map[string]bool {
+	t.Helper()
+	m, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.PerHour(1).Named("enforced")
+	p.Enforce = e
+	refused := map[string]bool{}
+	ctx := context.Background()
+	for _, k := range keys {
+		for i := range 2 {
+			d, err := th.Allow(ctx, k, p)
+			switch {
+			case err != nil:
+				t.Fatalf("key %q: %v", k, err)
+			case i == 0 && (!d.Allowed || d.WouldDeny):
+				t.Fatalf("key %q: the first call was not simply admitted: %+v", k, d)
+			case i == 1 && d.Allowed && !d.WouldDeny:
+				t.Fatalf("key %q: the second call was admitted without a would-be denial: %+v", k, d)
+			case i == 1 && !d.Allowed:
+				refused[k] = true
+			}
+		}
+	}
+	return refused
 }
