@@ -77,7 +77,6 @@ func TestEnforcementRefusesExactlyTheBucketedKeys(t *testing.T) {
 	}
 }
 
-
 // TestEnforcementFromAFile: a rollout file drives enforcement as it does a
 // router, in the file's group.
 func TestEnforcementFromAFile(t *testing.T) {
