@@ -32,7 +32,10 @@
 // rounded up) and -Resource (the policy's Name, when it has one); with
 // Options.IETFHeaders also RateLimit-Policy and RateLimit
 // (draft-ietf-httpapi-ratelimit-headers). A denied request gets
-// DeniedStatus (429) and Retry-After, in whole seconds rounded up.
+// DeniedStatus (429) and Retry-After, in whole seconds rounded up. A key
+// that the policy runs in dry run (throttler.Policy.Enforce) is never
+// refused and gets none of these headers, unless Options.DryRunHeaders
+// asks for the X-RateLimit-* and IETF ones.
 // Concurrency sets the same X-RateLimit-* headers, of its own limit, on
 // the requests it refuses.
 //

@@ -17,6 +17,12 @@ type Options struct {
 	// headers of the IETF draft (draft-ietf-httpapi-ratelimit-headers).
 	// default: false
 	IETFHeaders bool
+	// DryRunHeaders makes Rate set its headers also for a key that its
+	// policy runs in dry run (throttler.Policy.Enforce), which it otherwise
+	// leaves without any: a client sees no sign of a limit not enforced on
+	// it. Such a key never gets a denial's status or Retry-After.
+	// default: false
+	DryRunHeaders bool
 	// OnError answers a request that could not be decided: a KeyFunc's
 	// error, a key the store refuses, a failing store when the Throttler
 	// fails closed, a client that has gone. err may hold the client's key:

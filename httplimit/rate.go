@@ -20,7 +20,9 @@ import (
 // the Throttler's Timeout. Every response carries the X-RateLimit-* headers
 // of the single backend call that decided it (see the package doc); a
 // denied request is answered with DeniedStatus, Retry-After and a body
-// stating the rate, and never reaches the handler. A request that could
+// stating the rate, and never reaches the handler. A key that p runs in dry
+// run (throttler.Policy.Enforce) is never refused, and gets no
+// X-RateLimit-* headers unless Options.DryRunHeaders asks for them. A request that could
 // not be decided is answered by OnError (Error by default).
 //
 // It returns an error, naming what is wrong, for a nil Throttler, an
@@ -51,7 +53,12 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				o.OnError(w, r, err)
 				return
 			}
-			setRateHeaders(w.Header(), p, d, o.IETFHeaders)
+			// A key the policy does not enforce (dry run) is told
+			// nothing of it, unless Options.DryRunHeaders asks.
+			headers := o.DryRunHeaders || enforced(p, k, d)
+			if headers {
+				setRateHeaders(w.Header(), p, d, o.IETFHeaders)
+			}
 			if !d.Allowed {
 				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(p))
 				return
@@ -65,12 +72,25 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				// (its context cancelled) still gets its unit back: the
 				// refund runs without the cancellation, bounded by the
 				// Throttler's Timeout, as a lease's Release does.
-				if d, err := th.Refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
+				if d, err := th.Refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil && headers {
 					setRateHeaders(w.Header(), p, d, o.IETFHeaders)
 				}
 			}), r)
 		})
 	}, nil
+}
+
+// enforced reports whether p is enforced for key k, whose decision is d:
+// a denial is, a would-be denial is not, and an admission asks
+// p.Enforce (the Throttler asks it only of denials).
+func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
+	switch {
+	case p.Enforce == nil || !d.Allowed:
+		return true
+	case d.WouldDeny:
+		return false
+	}
+	return p.Enforce.Enforced(k)
 }
 
 // setRateHeaders writes the headers of a rate decision at the instant it

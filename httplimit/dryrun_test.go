@@ -1,0 +1,89 @@
+package httplimit_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/throttlekit/throttlekit/httplimit"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// keySet enforces the keys in it; a pointer, so that a Policy holding it is
+// comparable.
+type keySet struct{ keys map[string]bool }
+
+func (s *keySet) Enforced(k string) bool { return s.keys[k] }
+
+var rateHeaders = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Used",
+	"X-RateLimit-Reset", "X-RateLimit-Resource", "RateLimit-Policy", "RateLimit", "Retry-After"}
+
+// TestRateDryRun: a key the policy does not enforce is never refused and,
+// unless DryRunHeaders, gets no rate headers; an enforced key of the same
+// policy is refused as usual.
+func TestRateDryRun(t *testing.T) {
+	p := throttler.PerMinute(1).Named("api")
+	p.Enforce = &keySet{keys: map[string]bool{"alice": true}}
+	for _, opted := range []bool{false, true} {
+		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+		reached := 0
+		h := newRate(t, th, p, httplimit.KeyByHeader("X-Client"),
+			&httplimit.Options{DryRunHeaders: opted, IETFHeaders: true})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			reached++
+		}))
+		for i := range 3 {
+			w := serve(h, "X-Client", "bob")
+			require.Equal(t, http.StatusOK, w.Code, "bob, call %d", i)
+			assert.Empty(t, w.Header().Get("Retry-After"), "bob, call %d", i)
+			for _, name := range rateHeaders[:len(rateHeaders)-1] {
+				assert.Equal(t, opted, w.Header().Get(name) != "", "bob, call %d, header %s, DryRunHeaders %v", i, name, opted)
+			}
+			if opted {
+				assert.Equal(t, "0", w.Header().Get("X-RateLimit-Remaining"), "bob, call %d", i)
+				assert.Equal(t, "1", w.Header().Get("X-RateLimit-Used"), "bob, call %d: a would-be denial counts nothing", i)
+			}
+		}
+		assert.Equal(t, 3, reached)
+		w := serve(h, "X-Client", "alice")
+		require.Equal(t, http.StatusOK, w.Code)
+		assert.Equal(t, "0", w.Header().Get("X-RateLimit-Remaining"), "an enforced key has its headers")
+		w = serve(h, "X-Client", "alice")
+		require.Equal(t, http.StatusTooManyRequests, w.Code)
+		assert.NotEmpty(t, w.Header().Get("Retry-After"))
+		assert.Equal(t, "0", w.Header().Get("X-RateLimit-Remaining"))
+		assert.Equal(t, 4, reached)
+	}
+}
+
+// A 304 gives its unit back to a dry-run key whose call was counted, and
+// nothing for a would-be denial, which counted nothing.
+func TestRateDryRunRefund(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	p := throttler.PerMinute(2).Named("api").DryRun()
+	h := newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
+	used := func() int64 {
+		d, err := th.Peek(context.Background(), "alice", p)
+		require.NoError(t, err)
+		return d.Used
+	}
+	w := serve(h, "If-None-Match", `"x"`)
+	assert.Equal(t, int64(0), used(), "a counted call's unit goes back")
+	assert.Empty(t, w.Header().Get("X-RateLimit-Remaining"), "the refund's headers are a dry run's too")
+	serve(h)
+	serve(h)
+	w = serve(h, "If-None-Match", `"x"`) // a would-be denial
+	assert.Equal(t, http.StatusNotModified, w.Code)
+	assert.Equal(t, int64(2), used(), "a would-be denial gave back a unit it never took")
+}
+
+func TestRateRefusesABadEnforcer(t *testing.T) {
+	th := newThrottler(t, newMemory(t), nil)
+	p := throttler.PerMinute(1).Named("api")
+	p.Enforce = (*keySet)(nil)
+	_, err := httplimit.Rate(th, p, httplimit.KeyByRemoteIP, nil)
+	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+}
