@@ -25,6 +25,7 @@
 // error classification is the conventions' error.type.
 //
 //	throttlekit.decisions         counter   {decision}  throttlekit.policy, .op, .source, .result
+//	throttlekit.would_deny        counter   {decision}  throttlekit.policy
 //	throttlekit.backend.duration  histogram s           throttlekit.store
 //	throttlekit.backend.errors    counter   {error}     throttlekit.store, error.type (timeout, error)
 //	throttlekit.breakers.open     gauge     {breaker}   throttlekit.store
@@ -74,6 +75,7 @@ type Options struct {
 // Create it with New.
 type Metrics struct {
 	decisions metric.Int64Counter
+	wouldDeny metric.Int64Counter
 	latency   metric.Float64Histogram
 	errors    metric.Int64Counter
 
@@ -92,6 +94,8 @@ type Metrics struct {
 type policyOptions struct {
 	label string
 	opts  [metricdef.NumOps][metricdef.NumSources][metricdef.NumResults]atomic.Pointer[[]metric.AddOption]
+	// wouldDeny is the policy's attribute alone.
+	wouldDeny []metric.AddOption
 }
 
 type storeOptions struct {
@@ -124,6 +128,9 @@ func New(mp metric.MeterProvider, opts *Options) (*Metrics, error) {
 	m.decisions, err = meter.Int64Counter("throttlekit.decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result."))
 	add(err)
+	m.wouldDeny, err = meter.Int64Counter("throttlekit.would_deny", metric.WithUnit("{decision}"),
+		metric.WithDescription("Takes a policy would have denied for keys it runs in dry run, answered allowed, by policy."))
+	add(err)
 	m.latency, err = meter.Float64Histogram("throttlekit.backend.duration", metric.WithUnit("s"),
 		metric.WithDescription("Wall time of Throttler calls that reached a store (fallback included), by store."),
 		metric.WithExplicitBucketBoundaries(o.Buckets...))
@@ -147,7 +154,8 @@ func New(mp metric.MeterProvider, opts *Options) (*Metrics, error) {
 		return nil, fmt.Errorf("otel: %w", errors.Join(errs...))
 	}
 	m.policies = metricdef.Table[policyOptions]{Max: o.MaxPolicies, New: func(l string) *policyOptions {
-		return &policyOptions{label: l}
+		return &policyOptions{label: l, wouldDeny: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+			attribute.String(metricdef.AttrKey("policy"), l)))}}
 	}}
 	m.stores = metricdef.Table[storeOptions]{Max: o.MaxStores, New: newStore}
 	m.defaultStore = m.stores.Get("", metricdef.StoreLabel)
@@ -184,6 +192,9 @@ func (m *Metrics) Observe(o throttler.Observation) {
 		slot.Store(opts) // a racing Observe stores an equal set
 	}
 	m.decisions.Add(ctx, 1, *opts...)
+	if metricdef.WouldDeny(&o) {
+		m.wouldDeny.Add(ctx, 1, po.wouldDeny...)
+	}
 	if o.Source == throttler.SourceNone {
 		return // no store decided: bad input or the caller gave up
 	}

@@ -20,6 +20,7 @@
 // # Metrics
 //
 //	throttlekit_decisions_total{policy,op,source,result}       counter
+//	throttlekit_would_deny_total{policy}                       counter
 //	throttlekit_backend_call_duration_seconds{store}           histogram
 //	throttlekit_backend_errors_total{store,reason}             counter
 //	throttlekit_breakers_open{store}                           gauge
@@ -34,7 +35,10 @@
 // cancelled context: result error); result allowed, denied or error; reason
 // timeout (the Throttler's Timeout expired) or error (any other failure, an
 // open breaker's skipped calls included). A decision is degraded exactly
-// when its source is fallback or failure_mode. The latency and error
+// when its source is fallback or failure_mode. throttlekit_would_deny_total
+// counts the Takes a policy would have denied for keys it runs in dry run
+// (throttler.Policy.Enforce), which throttlekit_decisions_total counts as
+// allowed. The latency and error
 // metrics leave out source none. docs/operations.md has the whole list, the
 // alerts and the dashboard built on them.
 //
@@ -46,8 +50,8 @@
 // backend the names given to Watch: all fixed by configuration. The adapter
 // bounds policies and stores all the same (Options.MaxPolicies, MaxStores);
 // names beyond the bound count under "other". With P policies and S stores
-// the call metrics are at most P×5×4×3 decision series (only those seen are
-// created), S histograms of len(Buckets)+3 series and S×2 error series.
+// the call metrics are at most P×5×4×3 decision series and P would-deny
+// series (only those seen are created), S histograms of len(Buckets)+3 series and S×2 error series.
 package prometheus
 
 import (
@@ -95,15 +99,17 @@ type Metrics struct {
 	// defaultStore is the store of a backend that is one store: no lookup.
 	defaultStore *storeCounters
 
-	sources                    metricdef.Sources
-	decisions, latency, errors *prom.Desc
-	pulls                      [metricdef.NumPulls]*prom.Desc
+	sources                               metricdef.Sources
+	decisions, wouldDeny, latency, errors *prom.Desc
+	pulls                                 [metricdef.NumPulls]*prom.Desc
 }
 
 // policyCounters are one policy's decisions by op, source and result.
 type policyCounters struct {
 	label string
 	n     [metricdef.NumOps][metricdef.NumSources][metricdef.NumResults]atomic.Uint64
+	// wouldDeny counts the Takes it would have denied in dry run.
+	wouldDeny atomic.Uint64
 }
 
 // storeCounters are one store's latency histogram and errors.
@@ -136,6 +142,9 @@ func New(opts *Options) (*Metrics, error) {
 	m.decisions = prom.NewDesc("throttlekit_decisions_total",
 		"Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.",
 		[]string{"policy", "op", "source", "result"}, nil)
+	m.wouldDeny = prom.NewDesc("throttlekit_would_deny_total",
+		"Takes a policy would have denied for keys it runs in dry run, answered allowed, by policy.",
+		[]string{"policy"}, nil)
 	m.latency = prom.NewDesc("throttlekit_backend_call_duration_seconds",
 		"Wall time of Throttler calls that reached a store (fallback included), by store.",
 		[]string{"store"}, nil)
@@ -164,6 +173,9 @@ func (m *Metrics) newStore(label string) *storeCounters {
 func (m *Metrics) Observe(o throttler.Observation) {
 	pc := m.policies.Get(metricdef.PolicyName(&o), metricdef.PolicyLabel)
 	pc.n[metricdef.OpIndex(o.Op)][metricdef.SourceIndex(o.Source)][metricdef.ResultIndex(&o)].Add(1)
+	if metricdef.WouldDeny(&o) {
+		pc.wouldDeny.Add(1)
+	}
 	if o.Source == throttler.SourceNone {
 		return // no store decided: bad input or the caller gave up
 	}
@@ -220,6 +232,7 @@ func wrap(err error) error {
 // Describe implements the Prometheus Collector.
 func (m *Metrics) Describe(ch chan<- *prom.Desc) {
 	ch <- m.decisions
+	ch <- m.wouldDeny
 	ch <- m.latency
 	ch <- m.errors
 	for _, d := range m.pulls {
@@ -248,6 +261,9 @@ func (m *Metrics) Collect(ch chan<- prom.Metric) {
 					}
 				}
 			}
+		}
+		if n := pc.wouldDeny.Load(); n > 0 {
+			send(m.wouldDeny, prom.CounterValue, float64(n), pc.label)
 		}
 	})
 	m.stores.Each(func(st *storeCounters) {

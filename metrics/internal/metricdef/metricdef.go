@@ -84,6 +84,13 @@ func ResultIndex(o *throttler.Observation) int {
 	return 1
 }
 
+// WouldDeny reports whether o is a Take that its policy would have denied
+// but runs in dry run for the key (Decision.WouldDeny): what the would-deny
+// counters count. Peeks and refunds are not admissions.
+func WouldDeny(o *throttler.Observation) bool {
+	return o.Op == throttler.OpTake && o.Decision.WouldDeny
+}
+
 // ReasonIndex classifies a backend error (see ReasonNames).
 func ReasonIndex(err error) int {
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -243,3 +243,43 @@ func isTrue(t testing.TB, ok bool, what string) {
 		t.Fatalf("traffic: want %s", what)
 	}
 }
+
+// DryRun makes, at T0, through one Throttler over a memory store that
+// observe watches:
+//   - 4 Takes of Login in dry run on key "a": 2 would-be denials;
+//   - 4 Takes of "export" (1 a minute) in dry run on "a": 3;
+//   - 2 Takes of an unnamed 1 a minute in dry run on "a": 1;
+//   - a Peek of Login in dry run on "a", which would deny: no Take;
+//   - 3 Takes of Login enforced on "b": 1 denial, not a would-be one.
+func DryRun(t testing.TB, observe func(throttler.Observation)) {
+	t.Helper()
+	m, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return T0 }, Observe: observe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	calls := []struct {
+		p   throttler.Policy
+		key string
+		n   int
+	}{
+		{Login.DryRun(), "a", 4},
+		{throttler.PerMinute(1).Named("export").DryRun(), "a", 4},
+		{throttler.PerMinute(1).DryRun(), "a", 2},
+		{Login, "b", 3},
+	}
+	for _, c := range calls {
+		for range c.n {
+			if _, err := th.Allow(ctx, c.key, c.p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if d, err := th.Peek(ctx, "a", Login.DryRun()); err != nil || !d.WouldDeny {
+		t.Fatalf("the Peek: %+v, %v; want a would-be denial", d, err)
+	}
+}
