@@ -295,3 +295,24 @@ func TestDryRunWaitDoesNotWait(t *testing.T) {
 	_, err := th.Wait(ctx, "k", throttler.PerHour(1).Named("api"))
 	require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline, "the enforced policy shares the count")
 }
+
+// Enforcement allocates nothing on a memory-backend Allow, admitted or
+// denied, in dry run or by a rollout (reflect.Value.Comparable would, on a
+// struct).
+func TestEnforcementAllocatesNothing(t *testing.T) {
+	ctx := context.Background()
+	th := newThrottler(t, newMemory(t), nil)
+	sw := &switchable{}
+	for _, p := range []throttler.Policy{throttler.PerHour(1).Named("api"), throttler.PerHour(1 << 40).Named("open")} {
+		rollout := p
+		rollout.Enforce = sw
+		for _, q := range []throttler.Policy{p.DryRun(), rollout} {
+			if _, err := th.Allow(ctx, "k", q); err != nil {
+				t.Fatal(err)
+			}
+			if n := testing.AllocsPerRun(100, func() { _, _ = th.Allow(ctx, "k", q) }); n != 0 {
+				t.Errorf("%v with %T: %v allocations per Allow", q, q.Enforce, n)
+			}
+		}
+	}
+}
