@@ -29,13 +29,14 @@ const (
 	rulesFile     = "../../deploy/prometheus/throttlekit-alerts.yml"
 )
 
-// exported is every series name the adapter exports after traffic.Calls and
-// traffic.Drive, a histogram's _bucket, _sum and _count included.
+// exported is every series name the adapter exports after traffic.Calls,
+// traffic.DryRun and traffic.Drive, a histogram's _bucket, _sum and _count included.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	m, reg := newMetrics(t, nil)
 	open, _ := traffic.Calls(t, m.Observe)
 	require.NoError(t, m.Watch("open", open))
+	traffic.DryRun(t, m.Observe)
 	s := traffic.Drive(t)
 	require.NoError(t, m.Watch("shadow", s.Mismatch))
 	require.NoError(t, m.Watch("sessions", s.Migration))
@@ -187,6 +188,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		"throttlekit_backend_call_duration_seconds_bucket", // latency per store
 		"throttlekit_decisions_total",                      // degraded decisions
 		"throttlekit_breakers_open",                        // breaker state
+		"throttlekit_would_deny_total",                     // a limit's dry run
 	} {
 		assert.True(t, used[want], "the dashboard does not show %s", want)
 	}
@@ -207,6 +209,6 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			exprs[r.Alert] = r.Expr
 		}
 	}
-	require.Len(t, exprs, 8)
+	require.Len(t, exprs, 9)
 	checkExprs(t, exprs, exported(t))
 }
