@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -315,4 +316,45 @@ func TestEnforcementAllocatesNothing(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Under concurrency, with enforcement switched on and off meanwhile,
+// exactly Limit calls are counted: each call is an admission that counted,
+// a refusal, or a would-be denial, and never two of them.
+func TestEnforcementConcurrent(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	sw := &switchable{}
+	p := throttler.PerMinute(50).Named("api")
+	p.Enforce = sw
+	var counted, refused, would atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				if g == 0 && i%10 == 0 {
+					sw.on.Store(!sw.on.Load())
+				}
+				d, err := th.Allow(context.Background(), "k", p)
+				switch {
+				case err != nil:
+					t.Error(err)
+					return
+				case d.WouldDeny:
+					would.Add(1)
+				case d.Allowed:
+					counted.Add(1)
+				default:
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.Equal(t, int64(50), counted.Load())
+	assert.Equal(t, int64(750), refused.Load()+would.Load())
+	d, err := th.Peek(context.Background(), "k", throttler.PerMinute(50).Named("api"))
+	require.NoError(t, err)
+	assert.Equal(t, int64(50), d.Used)
 }
