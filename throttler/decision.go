@@ -33,9 +33,10 @@ type Decision struct {
 	// zero and Used and Remaining are not known).
 	Degraded bool
 	// WouldDeny reports that the policy would have denied the call but does
-	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the call
-	// was counted as a denial is (nothing), and answered Allowed with no
-	// RetryAfter. For Peek and Refund: one more unit would be denied.
+	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the store
+	// counted it as the denial it would have been (nothing), and it is
+	// answered Allowed, with no RetryAfter. For Peek and Refund: one more
+	// unit would be denied if the policy were enforced.
 	WouldDeny bool
 	// At is the instant the Throttler read its clock (Options.Clock) for
 	// the call that returned this Decision: the now that ResetAt and
