@@ -6,8 +6,8 @@
 // of a backend (throttler.Traits) is declared in package throttler, which
 // consumes it.
 //
-// A backend's operation starts with throttler.ValidateCall (a Refund:
-// ValidateRefund; a lease: ValidateLease) and answers bad input with its
+// A backend's operation starts with throttler.ValidateCall (a lease:
+// ValidateLease) and answers bad input with its
 // error before touching any store. That is the only validation a call
 // gets: wrappers forward without validating, since the backend they end in
 // validates, and the Throttler validates only when its backend fails.

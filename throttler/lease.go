@@ -89,7 +89,7 @@ var ErrInvalidLease = errors.New("throttler: invalid lease")
 // LeaseBackend runs it first in Acquire and Release, as ValidateCall in the
 // rate operations; wrappers forward without it.
 func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return err
 	}
 	if err := p.Validate(); err != nil {

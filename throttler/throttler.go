@@ -400,12 +400,15 @@ type request struct {
 // isLease reports whether r is a LeaseBackend's operation.
 func (r *request) isLease() bool { return r.op == OpAcquire || r.op == OpRelease }
 
-// validate reports why r cannot be made, as the backend would.
+// validate reports why r cannot be made, as the backend would. A Refund's
+// receipt is not the caller's input but its Take's ResetAt, which Refund
+// judges itself (unrefundable): r.now stands in for it, so that a Take
+// whose Decision names no window is ErrNotRefunded, not ErrInvalidReceipt.
 func (r *request) validate() error {
 	if r.isLease() {
 		return ValidateLease(r.key, r.cp, r.id)
 	}
-	return ValidateCall(r.op, r.key, r.p, r.n)
+	return ValidateCall(r.op, r.key, r.p, r.n, r.now)
 }
 
 // run decides r, starting at from (SourcePrimary, or SourceFallback for the

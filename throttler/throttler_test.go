@@ -151,10 +151,10 @@ func TestTakeAboveCapacityIsAnInputError(t *testing.T) {
 		throttler.PerSecond(5).With(throttler.SlidingLog),
 		throttler.PerSecond(5).With(throttler.SlidingWindow),
 	} {
-		assert.NoError(t, p.ValidateCost(throttler.OpTake, p.Capacity()), "%v", p)
-		assert.ErrorIs(t, p.ValidateCost(throttler.OpTake, p.Capacity()+1), throttler.ErrInvalidCost, "%v", p)
-		assert.NoError(t, p.ValidateCost(throttler.OpRefund, throttler.MaxLimit), "%v: a refund clamps", p)
-		assert.NoError(t, p.ValidateCost(throttler.OpPeek, 0), "%v: a peek has no cost", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity(), time.Time{}), "%v", p)
+		assert.ErrorIs(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity()+1, time.Time{}), throttler.ErrInvalidCost, "%v", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpRefund, "k", p, throttler.MaxLimit, t0), "%v: a refund clamps", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpPeek, "k", p, 0, time.Time{}), "%v: a peek has no cost", p)
 	}
 }
 

@@ -100,7 +100,7 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 			return d, waitFailed(ctx, err)
 		}
 		denied = true
-	} else if err := validTake(key, p, n); err != nil {
+	} else if err := ValidateCall(OpTake, key, p, n, time.Time{}); err != nil {
 		// Bad input is said at once, not after a turn in the queue.
 		return Decision{}, err
 	}
@@ -205,17 +205,6 @@ func waitEnded(ctx context.Context) error {
 		return fmt.Errorf("throttler: wait ended before admission: %w: %w", err, cause)
 	}
 	return fmt.Errorf("throttler: wait ended before admission: %w", err)
-}
-
-// validTake reports why a Take of n units of key under p cannot be made.
-func validTake(key string, p Policy, n int64) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(OpTake, n)
 }
 
 // waitEnv is what Wait takes from the world besides the store: the wall

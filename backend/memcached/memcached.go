@@ -472,7 +472,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 }
 
 func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
+	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -506,7 +506,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -558,7 +558,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 }
 
 func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {

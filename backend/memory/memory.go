@@ -277,15 +277,16 @@ func (b *Backend) Len() int {
 // key, the policy, the cost), and returns the key's shard, locked, the
 // key's hash and the policy's identity number. A shard remembers the last
 // policy it validated, so a caller that passes the same Policy call after
-// call has it validated once per shard.
+// call has it validated once per shard; the key's length and the cost are
+// compared as numbers, and ValidateCall runs only to say what is wrong.
 func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost int64) (*shard, uint64, uint32, error) {
-	if err := throttler.ValidateKey(key); err != nil {
-		return nil, 0, 0, err
+	if key == "" || len(key) > throttler.MaxKeyLen {
+		return nil, 0, 0, throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the key's error
 	}
 	s, h := b.lock(key)
 	id, err := b.idOf(s, p)
-	if err == nil {
-		err = p.ValidateCost(op, cost)
+	if err == nil && op != throttler.OpPeek && (cost < 1 || cost > throttler.MaxLimit || op == throttler.OpTake && cost > p.Capacity()) {
+		err = throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the cost's error
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -363,7 +364,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	}
 	if receipt.IsZero() {
 		s.mu.Unlock()
-		return throttler.Decision{}, throttler.ValidateRefund(key, p, cost, receipt) // the receipt's error
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt) // the receipt's error
 	}
 	ms := now.UnixMilli()
 	if b.observe(s, ms) {
