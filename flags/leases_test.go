@@ -264,7 +264,7 @@ func TestRouterLeasesUnderARamp(t *testing.T) {
 					t.Errorf("Acquire = %+v, %v", d, err)
 					return
 				}
-				if ok, err := l.Release(context.Background()); err != nil || !ok {
+				if ok, _, err := l.Release(context.Background()); err != nil || !ok {
 					t.Errorf("Release = %v, %v; want held", ok, err)
 					return
 				}

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -171,7 +172,7 @@ func TestLeaseRedisPaused(t *testing.T) {
 						default:
 							tl.denied.Add(1)
 						}
-						_, _ = l.Release(ctx) // fails while paused: that lease counts until its TTL
+						_, _, _ = l.Release(ctx) // fails while paused: that lease counts until its TTL
 						if !d.Allowed || d.Degraded {
 							// A client not admitted waits a little before it
 							// asks again. Without it, 16 callers answered at
@@ -214,18 +215,18 @@ func TestLeaseRedisPaused(t *testing.T) {
 			// Leases whose Release failed count until their TTL by the
 			// callers' clock, and not a moment longer.
 			now := time.UnixMilli(clock.Load())
-			_, d, err := b.Release(ctx, key, p, throttler.NewLeaseID(), now.Add(p.TTL-time.Millisecond))
+			_, d, err := b.Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now.Add(p.TTL-time.Millisecond))
 			require.NoError(t, err)
 			t.Logf("%d leases left by Releases that failed during the pause", d.Used)
 			assert.LessOrEqual(t, d.Used, p.Limit)
-			_, d, err = b.Release(ctx, key, p, throttler.NewLeaseID(), now.Add(p.TTL))
+			_, d, err = b.Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now.Add(p.TTL))
 			require.NoError(t, err)
 			assert.Zero(t, d.Used, "every lease is released or has expired")
 			clock.Store(now.Add(p.TTL).UnixMilli())
 			l, d, err := th.Acquire(ctx, key, p)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed && !d.Degraded, "Redis grants leases again: %+v", d)
-			_, _ = l.Release(ctx)
+			_, _, _ = l.Release(ctx)
 		})
 	}
 }

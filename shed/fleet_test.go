@@ -54,9 +54,9 @@ func TestFleetShare(t *testing.T) {
 		if err != nil {
 			t.Fatalf("step %d (%v): %v", i, s.c, err)
 		}
-		if a.Allowed != s.allowed || (a.Lease.ID() != 0) != s.hasLease || a.Decision.Limit != s.limit || a.Decision.Used != s.used {
+		if a.Allowed != s.allowed || (a.Lease != throttler.Lease{}) != s.hasLease || a.Decision.Limit != s.limit || a.Decision.Used != s.used {
 			t.Fatalf("step %d (%v): allowed %v lease %v limit %d used %d; want %v %v %d %d",
-				i, s.c, a.Allowed, a.Lease.ID() != 0, a.Decision.Limit, a.Decision.Used, s.allowed, s.hasLease, s.limit, s.used)
+				i, s.c, a.Allowed, a.Lease != throttler.Lease{}, a.Decision.Limit, a.Decision.Used, s.allowed, s.hasLease, s.limit, s.used)
 		}
 		leases = append(leases, a.Lease)
 	}
@@ -66,7 +66,7 @@ func TestFleetShare(t *testing.T) {
 	// Releasing three leases (two critical, one write) leaves 7 held: one
 	// non-critical request fits again, a second does not.
 	for _, i := range []int{0, 1, 2} {
-		if held, err := leases[i].Release(ctx); !held || err != nil {
+		if held, _, err := leases[i].Release(ctx); !held || err != nil {
 			t.Fatalf("release %d: %v %v", i, held, err)
 		}
 	}
@@ -88,7 +88,7 @@ func TestFleetStoreFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.setFail(errors.New("store down"))
-	if a, err := f.Admit(ctx, shed.Critical); err != nil || !a.Allowed || a.Lease.ID() != 0 {
+	if a, err := f.Admit(ctx, shed.Critical); err != nil || !a.Allowed || a.Lease != (throttler.Lease{}) {
 		t.Fatalf("critical while the store fails: %+v %v, want allowed without a lease", a, err)
 	}
 	if a, err := f.Admit(ctx, shed.Read); err == nil || a.Allowed {

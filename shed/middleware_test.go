@@ -163,7 +163,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// Concurrency: bob holds a lease already; his request is refused
 	// before the rate limit counts it.
 	bobs, _, err := g.th.Acquire(ctx, "bob", g.conc)
-	if err != nil || bobs.ID() == 0 {
+	if err != nil || bobs == (throttler.Lease{}) {
 		t.Fatal(err)
 	}
 	w = g.serve(h, "GET", "bob")
@@ -175,7 +175,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	if used := g.rateUsed(t, "bob"); used != 0 {
 		t.Errorf("the rate limit counted %d of bob's refused request", used)
 	}
-	if _, err := bobs.Release(ctx); err != nil {
+	if _, _, err := bobs.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -200,7 +200,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	hc := g.handler(t)
 	w = g.serve(hc, "POST", "carol", "Critical", "1")
 	checkHeaders(t, "critical at the fleet's share", w, 200, map[string]string{shed.HeaderLimiter: ""})
-	if _, err := held.Lease.Release(ctx); err != nil {
+	if _, _, err := held.Lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 

@@ -2,6 +2,7 @@ package throttler_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"testing"
@@ -94,7 +95,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.ReportAllocs()
 		report := cputime.Measure(b)
 		for b.Loop() {
-			id := throttler.NewLeaseID()
+			id := throttler.LeaseID(rand.Uint64() | 1)
 			if _, err := m.Acquire(ctx, "client", p, id, now); err != nil {
 				b.Fatal(err)
 			}
@@ -113,7 +114,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			if err != nil || !d.Allowed {
 				b.Fatal(d, err)
 			}
-			if _, err := l.Release(ctx); err != nil {
+			if _, _, err := l.Release(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -33,7 +33,3 @@ type Decision struct {
 	// zero and Used and Remaining are not known).
 	Degraded bool
 }
-
-// Known reports whether d carries a real count (false only for a degraded
-// decision made without any backend).
-func (d Decision) Known() bool { return !d.ResetAt.IsZero() }

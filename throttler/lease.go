@@ -72,8 +72,8 @@ func (p ConcurrencyPolicy) String() string {
 // on one key collide with a probability below 2^-37). Zero is no lease.
 type LeaseID uint64
 
-// NewLeaseID returns a random non-zero LeaseID.
-func NewLeaseID() LeaseID {
+// newLeaseID returns a random non-zero LeaseID.
+func newLeaseID() LeaseID {
 	for {
 		if id := LeaseID(rand.Uint64()); id != 0 {
 			return id
@@ -176,9 +176,6 @@ type Lease struct {
 	store string
 }
 
-// ID returns the lease's ID (zero for a lease that no store holds).
-func (l Lease) ID() LeaseID { return l.id }
-
 // SupportsLeases reports whether t's backend holds leases: whether Acquire
 // can work. Constructors that need leases check it when they are built.
 func (t *Throttler) SupportsLeases() bool {
@@ -203,7 +200,7 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 		store = t.leaseStore(key, p)
 	}
 	var r request // filled in place, as in do
-	r.op, r.key, r.cp, r.id = OpAcquire, key, p, NewLeaseID()
+	r.op, r.key, r.cp, r.id = OpAcquire, key, p, newLeaseID()
 	if t.primary.lb == nil {
 		err := fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
 		if t.opts.Observe != nil {
@@ -225,20 +222,23 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 
 // Release gives the lease back to the store that granted it, and reports
 // whether that store still held it (false: it expired, or was released
-// already). It goes through the Throttler's failure handling as Acquire
-// does (observed with OpRelease), except that it never goes to a store that
-// did not grant the lease: when the primary fails to release its lease,
-// the FailureMode answers (the lease then counts until its TTL). Releasing
-// a lease granted by the failure mode calls no store, and is observed.
+// already) and the key's state after it, as LeaseBackend.Release does: one
+// shape for every Release of the module. It goes through the Throttler's
+// failure handling as Acquire does (observed with OpRelease), except that
+// it never goes to a store that did not grant the lease: when the primary
+// fails to release its lease, the FailureMode answers (the lease then
+// counts until its TTL). Releasing a lease granted by the failure mode calls
+// no store, and is observed. The zero Lease releases nothing and returns the
+// zero Decision.
 //
 // A context cancelled already does not stop the Release (it is made
 // without the cancellation, still bounded by the Timeout): a request's
 // context ends when its client goes away, often just as the work ends, and
 // a lease not released would hold a slot until its TTL.
-func (l Lease) Release(ctx context.Context) (bool, error) {
+func (l Lease) Release(ctx context.Context) (held bool, d Decision, err error) {
 	t := l.t
 	if t == nil {
-		return false, nil
+		return false, Decision{}, nil
 	}
 	if ctx.Err() != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -246,12 +246,13 @@ func (l Lease) Release(ctx context.Context) (bool, error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
 	if l.source == SourceFailureMode {
+		d = t.failureMode(&r)
 		if t.opts.Observe != nil {
 			t.start(&r)
-			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil)
+			t.observe(&r, l.store, d, SourceFailureMode, nil)
 		}
-		return false, nil
+		return false, d, nil
 	}
-	_, _, err := t.run(ctx, &r, l.store, l.source)
-	return r.held, err
+	d, _, err = t.run(ctx, &r, l.store, l.source)
+	return r.held, d, err
 }

@@ -187,19 +187,19 @@ func TestAcquireAndRelease(t *testing.T) {
 	l1, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
 	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute)}, d)
-	assert.NotZero(t, l1.ID())
+	assert.NotZero(t, throttler.LeaseIDOf(l1))
 	assert.Equal(t, throttler.Observation{Op: throttler.OpAcquire, Key: "k", Concurrency: conc, Decision: d, Source: throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	l2, _, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
-	assert.NotEqual(t, l1.ID(), l2.ID())
+	assert.NotEqual(t, throttler.LeaseIDOf(l1), throttler.LeaseIDOf(l2))
 	l3, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed, "the limit is 2")
 	assert.Equal(t, time.Minute, d.RetryAfter)
 	assert.Zero(t, l3, "a denied Acquire holds nothing")
 
-	held, err := l1.Release(ctx)
+	held, _, err := l1.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
@@ -207,7 +207,7 @@ func TestAcquireAndRelease(t *testing.T) {
 		Source:   throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	// A second Release of the same value is sent again and changes nothing.
-	held, err = l1.Release(ctx)
+	held, _, err = l1.Release(ctx)
 	require.NoError(t, err)
 	assert.False(t, held, "released already")
 	_, releases := f.counts()
@@ -218,7 +218,7 @@ func TestAcquireAndRelease(t *testing.T) {
 
 	// The zero Lease (a denied Acquire's) calls nothing and observes nothing.
 	n := obs.count()
-	held, err = l3.Release(ctx)
+	held, _, err = l3.Release(ctx)
 	assert.NoError(t, err)
 	assert.False(t, held)
 	_, releases = f.counts()
@@ -287,7 +287,7 @@ func TestLeaseFailureHandling(t *testing.T) {
 			assert.Equal(t, tc.wantAllowed, d.Allowed)
 			assert.True(t, d.Degraded)
 			assert.Equal(t, conc.Limit, d.Limit)
-			assert.Equal(t, tc.wantID, l.ID() != 0)
+			assert.Equal(t, tc.wantID, throttler.LeaseIDOf(l) != 0)
 			assert.Equal(t, tc.wantAllowed, l != throttler.Lease{}, "a denied Acquire returns the zero Lease")
 			o := obs.last()
 			assert.Equal(t, tc.wantSource, o.Source)
@@ -299,7 +299,7 @@ func TestLeaseFailureHandling(t *testing.T) {
 			// granted it, never to the primary.
 			primary.set(nil)
 			n := obs.count()
-			held, err := l.Release(ctx)
+			held, _, err := l.Release(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantID, held)
 			_, releases := primary.counts()
@@ -341,7 +341,7 @@ func TestReleaseThePrimaryFailsToTakeBack(t *testing.T) {
 			require.True(t, d.Allowed && !d.Degraded)
 
 			primary.set(errDown)
-			held, err := l.Release(ctx)
+			held, _, err := l.Release(ctx)
 			if tc.wantErr != nil {
 				assert.ErrorIs(t, err, tc.wantErr)
 			} else {
@@ -395,7 +395,7 @@ func TestLeaseBreakersPerStore(t *testing.T) {
 	// still goes to store b, as its breaker allows.
 	a := "store a"
 	nl.rename.Store(&a)
-	ok, err := held.Release(ctx)
+	ok, _, err := held.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, "store b", obs.last().Store)
@@ -422,7 +422,7 @@ func TestLeaseCallsAreBoundedByTheTimeout(t *testing.T) {
 			l, d, err := th.Acquire(context.Background(), "k", conc)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed && d.Degraded, "a hung store fails open")
-			assert.Zero(t, l.ID())
+			assert.Zero(t, throttler.LeaseIDOf(l))
 			assert.ErrorIs(t, obs.last().Err, context.DeadlineExceeded)
 		})
 	}
@@ -497,7 +497,7 @@ func TestReleaseOfAFailureModeLease(t *testing.T) {
 	l, _, err := th.Acquire(context.Background(), "k", conc)
 	require.NoError(t, err)
 	f.set(nil)
-	held, err := l.Release(context.Background())
+	held, _, err := l.Release(context.Background())
 	require.NoError(t, err)
 	assert.False(t, held)
 	_, releases := f.counts()
@@ -534,7 +534,7 @@ func TestLeasesExactUnderConcurrency(t *testing.T) {
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
 				inFlight.Add(-1)
-				if held, err := l.Release(context.Background()); err != nil || !held {
+				if held, _, err := l.Release(context.Background()); err != nil || !held {
 					t.Error("release:", held, err)
 				}
 			}
@@ -573,10 +573,45 @@ func TestReleaseWithACancelledContext(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	held, err := l.Release(ctx)
+	held, _, err := l.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.SourcePrimary, obs.last().Source)
 	_, releases := f.counts()
 	assert.Equal(t, 1, releases)
+}
+
+// TestReleaseReturnsItsDecision: Lease.Release has LeaseBackend.Release's
+// shape, the held flag and the key's state after it, whoever answered.
+func TestReleaseReturnsItsDecision(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeLeases()
+	th, obs := leaseThrottler(t, f, nil)
+	l, _, err := th.Acquire(ctx, "k", conc)
+	require.NoError(t, err)
+	held, d, err := l.Release(ctx)
+	require.NoError(t, err)
+	assert.True(t, held)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Remaining: 2, ResetAt: t0.Add(time.Minute)}, d,
+		"no lease held after it")
+	assert.Equal(t, obs.last().Decision, d, "the decision it observed")
+
+	// A lease the failure mode granted is released to no store, and its
+	// Decision is the failure mode's.
+	f.err = errors.New("connection refused")
+	l, _, err = th.Acquire(ctx, "k", conc)
+	require.NoError(t, err)
+	require.Zero(t, throttler.LeaseIDOf(l))
+	f.err = nil
+	held, d, err = l.Release(ctx)
+	require.NoError(t, err)
+	assert.False(t, held)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Degraded: true}, d)
+	assert.Equal(t, obs.last().Decision, d)
+
+	// The zero Lease (a denied Acquire's) returns the zero Decision.
+	held, d, err = throttler.Lease{}.Release(ctx)
+	assert.NoError(t, err)
+	assert.False(t, held)
+	assert.Zero(t, d)
 }

@@ -314,7 +314,7 @@ func TestFailureModes(t *testing.T) {
 			}
 			assert.Equal(t, tc.wantAllowed, d.Allowed)
 			assert.True(t, d.Degraded)
-			assert.Equal(t, tc.wantKnown, d.Known())
+			assert.Equal(t, tc.wantKnown, !d.ResetAt.IsZero())
 			assert.Equal(t, p.Limit, d.Limit)
 			assert.Equal(t, tc.wantSource, obs.Source)
 			assert.ErrorIs(t, obs.Err, errDown, "the hook sees the failure even when it is hidden from the caller")
