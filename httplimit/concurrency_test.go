@@ -145,7 +145,7 @@ func TestConcurrencyReleasesAfterTheClientLeft(t *testing.T) {
 // Throttler that fails open reports a failed Release only to its Observe).
 func TestConcurrencyReleaseError(t *testing.T) {
 	store := newNetLeases(t)
-	th := newThrottler(t, store, &throttler.Options{FailureMode: throttler.FailClosed})
+	th := newThrottler(t, store, &throttler.Options{FailClosed: true})
 	var released []error
 	h := newConcurrency(t, th, throttler.Concurrent(1, time.Minute), &httplimit.Options{
 		OnReleaseError: func(r *http.Request, err error) { released = append(released, err) },

@@ -113,7 +113,7 @@ func leaseRampRun(t *testing.T, mcAddr, redisAddr string, keys []string, p throt
 			// is about.
 			Timeout:          10 * time.Second,
 			BreakerThreshold: 1 << 30,
-			FailureMode:      throttler.FailClosed, // a failed Acquire grants nothing
+			FailClosed:       true, // a failed Acquire grants nothing
 		})
 		if err != nil {
 			t.Fatal(err)

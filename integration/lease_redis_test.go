@@ -18,6 +18,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 // leaseRedisSetups are the layouts the lease tests run on: one server, and
 // a Cluster of three masters. newClient returns a client of its own (its
 // own connections, as another process would have) each call.
@@ -100,7 +103,7 @@ const leaseFaultMargin = time.Second
 // test's own clock. Every call returns within the Throttler's Timeout
 // (plus scheduling); no call made while Redis is paused is answered by it:
 // each fails with the store's error or is answered by the failure mode
-// (Degraded; never allowed under FailClosed), as the FailureMode says. The
+// (Degraded; never allowed under FailClosed), as Options.FailClosed says. The
 // leases Redis granted are never more than Limit, before, during and after
 // the pause; those whose Release failed during it count until their TTL by
 // the callers' clock, and not a moment longer.
@@ -108,14 +111,14 @@ func TestLeaseRedisPaused(t *testing.T) {
 	rc := redisStart(t)
 	b := redisNew(t, redisClient(t, rc.Addr), nil)
 	p := throttler.ConcurrencyPolicy{Name: "paused", Limit: 8, TTL: time.Minute}
-	for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
-		name := map[throttler.FailureMode]string{throttler.FailOpen: "fail-open", throttler.FailClosed: "fail-closed"}[mode]
+	for _, mode := range []bool{failOpen, failClosed} {
+		name := map[bool]string{failOpen: "fail-open", failClosed: "fail-closed"}[mode]
 		t.Run(name, func(t *testing.T) {
 			key := fmt.Sprint("paused-", time.Now().UnixNano())
 			var clock atomic.Int64 // the test's clock, Unix ms: fixed while the load runs
 			clock.Store(backendtest.T0.UnixMilli())
 			th, err := throttler.New(b, &throttler.Options{
-				Timeout: redisFaultTimeout, FailureMode: mode,
+				Timeout: redisFaultTimeout, FailClosed: mode,
 				Clock: func() time.Time { return time.UnixMilli(clock.Load()) },
 			})
 			require.NoError(t, err)
@@ -159,7 +162,7 @@ func TestLeaseRedisPaused(t *testing.T) {
 							tl.failed.Add(1)
 						case d.Degraded:
 							tl.degraded.Add(1)
-							if mode == throttler.FailClosed && d.Allowed {
+							if mode == failClosed && d.Allowed {
 								t.Errorf("FailClosed allowed an Acquire Redis did not answer")
 							}
 						case d.Allowed:

@@ -183,9 +183,9 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 		}
 		m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: small, Reverse: small, Settle: loadSettle})
 		th, err := throttler.New(loadStamped{m}, &throttler.Options{
-			Clock:       func() time.Time { return clk.at(off) },
-			Timeout:     2 * time.Second,
-			FailureMode: throttler.FailClosed, // a failed call admits nothing
+			Clock:      func() time.Time { return clk.at(off) },
+			Timeout:    2 * time.Second,
+			FailClosed: true, // a failed call admits nothing
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -92,7 +92,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	th := newThrottler(b, store, throttler.FailOpen)
+	th := newThrottler(b, store, failOpen)
 	worker, _ := newWorker(b, shed.WorkerOptions{})
 	fleet, err := shed.NewFleet(th, &shed.FleetOptions{Capacity: throttler.MaxConcurrencyLimit})
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 func TestFleetShare(t *testing.T) {
 	ctx := context.Background()
 	store := newLeaseStore(t)
-	f, err := shed.NewFleet(newThrottler(t, store, throttler.FailOpen), &shed.FleetOptions{Capacity: 10})
+	f, err := shed.NewFleet(newThrottler(t, store, failOpen), &shed.FleetOptions{Capacity: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestFleetShare(t *testing.T) {
 func TestFleetStoreFailure(t *testing.T) {
 	ctx := context.Background()
 	store := newLeaseStore(t)
-	f, err := shed.NewFleet(newThrottler(t, store, throttler.FailClosed), &shed.FleetOptions{Capacity: 4})
+	f, err := shed.NewFleet(newThrottler(t, store, failClosed), &shed.FleetOptions{Capacity: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestFleetStoreFailure(t *testing.T) {
 }
 
 func TestFleetShareRounding(t *testing.T) {
-	f, err := shed.NewFleet(newThrottler(t, newLeaseStore(t), throttler.FailOpen), &shed.FleetOptions{Capacity: 100, Share: 0.29})
+	f, err := shed.NewFleet(newThrottler(t, newLeaseStore(t), failOpen), &shed.FleetOptions{Capacity: 100, Share: 0.29})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +107,12 @@ func TestFleetShareRounding(t *testing.T) {
 }
 
 func TestNewFleetErrors(t *testing.T) {
-	leases := newThrottler(t, newLeaseStore(t), throttler.FailOpen)
+	leases := newThrottler(t, newLeaseStore(t), failOpen)
 	m, err := memory.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
+	noLeases := newThrottler(t, rateOnly{m}, failOpen)
 	for _, tc := range []struct {
 		name string
 		t    *throttler.Throttler

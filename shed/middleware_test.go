@@ -34,7 +34,7 @@ type rig struct {
 	reached   int
 }
 
-func newRig(t *testing.T, mode throttler.FailureMode) *rig {
+func newRig(t *testing.T, mode bool) *rig {
 	t.Helper()
 	g := &rig{store: newLeaseStore(t)}
 	g.th = newThrottler(t, g.store, mode)
@@ -135,7 +135,7 @@ func checkHeaders(t *testing.T, what string, w *httptest.ResponseRecorder, statu
 // after it nor the handler, and that nothing stays held.
 func TestMiddlewareEachRefusal(t *testing.T) {
 	ctx := context.Background()
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, failOpen)
 	h := g.handler(t)
 
 	// Admitted: 200, the rate limit's headers, no HeaderLimiter; while
@@ -227,7 +227,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 // leases and leaves the worker's in-flight count, and the panic goes on up
 // to the server.
 func TestMiddlewareReleasesOnPanic(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, failOpen)
 	g.inHandler = func(http.ResponseWriter, *http.Request) { panic("handler bug") }
 	h := g.handler(t)
 	func() {
@@ -250,7 +250,7 @@ func TestMiddlewareReleasesOnPanic(t *testing.T) {
 // it, and never with the error's text; a limit's own OnError answers its
 // errors, under HeaderLimiter.
 func TestMiddlewareErrors(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	h := g.handler(t)
 	w := g.serve(h, "GET", "")
 	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: "concurrency"})
@@ -290,7 +290,7 @@ func TestMiddlewareErrors(t *testing.T) {
 // fleet shedder as the limits: one mapping (httplimit.Error) for all, where
 // the chain used to answer 503 and the rate limit 400.
 func TestMiddlewareClientGone(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	g.store.setFail(context.Canceled) // what a network store returns for a cancelled call
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -318,7 +318,7 @@ func TestMiddlewareClientGone(t *testing.T) {
 // failed Release with (false, nil), reporting the failure only to its
 // Observe, as it does every failure it answers.
 func TestMiddlewareReleaseError(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
 	var released []error
 	g.opts.Concurrency = g.concurrency(t, &httplimit.Options{OnReleaseError: func(r *http.Request, err error) { released = append(released, err) }})

@@ -27,7 +27,7 @@
 //
 // Every constructor (New, and the backends' New) checks what it is given
 // and returns an error naming the bad field: a nil backend, a negative
-// duration, an unknown FailureMode, an invalid Policy. A misconfigured
+// duration, a Timeout under 1ms, an invalid Policy. A misconfigured
 // limiter fails when the program starts, never by failing every call and
 // letting everything through. Zero values mean defaults; nil options mean
 // all defaults.
@@ -48,7 +48,7 @@
 // never counted as a store outage, so it is never answered by a fallback or
 // by failing open. A store that fails or times out is an outage: the
 // Throttler answers from Options.Fallback, or fails open (allows, marks the
-// Decision Degraded) or closed (ErrUnavailable), as Options.FailureMode
+// Decision Degraded) or closed (ErrUnavailable), as Options.FailClosed
 // says, and reports it to Options.Observe, so that failing open is always
 // visible.
 //
@@ -69,7 +69,7 @@
 // one key held at once, each released when its work ends (Lease.Release)
 // or counting no longer after its TTL, so that a crashed process never
 // holds capacity for good. Leases go through the same failure handling as
-// Allow (breakers, Timeout, fallback, FailureMode, Observe with OpAcquire
+// Allow (breakers, Timeout, fallback, failure mode, Observe with OpAcquire
 // and OpRelease); a Release always goes back to whoever granted its lease.
 // Backends that hold leases implement LeaseBackend (SupportsLeases).
 //

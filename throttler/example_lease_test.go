@@ -16,8 +16,8 @@ import (
 func ExampleLease_failOpen() {
 	exports := throttler.Concurrent(2, time.Minute).Named("exports")
 	ctx := context.Background()
-	for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
-		th, err := throttler.New(downLeases{}, &throttler.Options{FailureMode: mode})
+	for _, mode := range []bool{failOpen, failClosed} {
+		th, err := throttler.New(downLeases{}, &throttler.Options{FailClosed: mode})
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -188,7 +188,7 @@ func (t *Throttler) SupportsLeases() bool {
 // goes to the backend under Timeout, unless the breaker of its store is
 // open; a failing store is answered by the fallback if the fallback holds
 // leases (the lease is then the fallback's, and Degraded), else by the
-// FailureMode (FailOpen grants a lease that no store holds); every call is
+// failure mode (failing open grants a lease that no store holds); every call is
 // observed with OpAcquire. A backend that holds no leases is an error
 // matching ErrLeasesUnsupported, never a failure mode.
 func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy) (Lease, Decision, error) {
@@ -226,7 +226,7 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 // shape for every Release of the module. It goes through the Throttler's
 // failure handling as Acquire does (observed with OpRelease), except that
 // it never goes to a store that did not grant the lease: when the primary
-// fails to release its lease, the FailureMode answers (the lease then
+// fails to release its lease, the failure mode answers (the lease then
 // counts until its TTL). Releasing a lease granted by the failure mode calls
 // no store, and is observed. The zero Lease releases nothing and returns the
 // zero Decision.

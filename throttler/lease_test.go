@@ -237,7 +237,7 @@ func TestLeasesOnABackendWithoutThem(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Fail open with a fallback that holds leases: neither may
 			// answer a configuration error.
-			th, obs := leaseThrottler(t, tc.b, &throttler.Options{FailureMode: throttler.FailOpen, Fallback: newFakeLeases()})
+			th, obs := leaseThrottler(t, tc.b, &throttler.Options{FailClosed: false, Fallback: newFakeLeases()})
 			assert.False(t, th.SupportsLeases())
 			l, d, err := th.Acquire(context.Background(), "k", conc)
 			assert.ErrorIs(t, err, throttler.ErrLeasesUnsupported)
@@ -257,7 +257,7 @@ func TestLeasesOnABackendWithoutThem(t *testing.T) {
 func TestLeaseFailureHandling(t *testing.T) {
 	tests := []struct {
 		name     string
-		mode     throttler.FailureMode
+		mode     bool
 		fallback throttler.Backend // nil: none
 		// The Acquire while the primary is down.
 		wantAllowed bool
@@ -265,17 +265,17 @@ func TestLeaseFailureHandling(t *testing.T) {
 		wantSource  throttler.Source
 		wantID      bool // the lease is held by a store
 	}{
-		{"fail open", throttler.FailOpen, nil, true, nil, throttler.SourceFailureMode, false},
-		{"fail closed", throttler.FailClosed, nil, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
-		{"a fallback with leases", throttler.FailClosed, newFakeLeases(), true, nil, throttler.SourceFallback, true},
-		{"a fallback without leases, fail open", throttler.FailOpen, acceptAll{}, true, nil, throttler.SourceFailureMode, false},
-		{"a fallback without leases, fail closed", throttler.FailClosed, acceptAll{}, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"fail open", failOpen, nil, true, nil, throttler.SourceFailureMode, false},
+		{"fail closed", failClosed, nil, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"a fallback with leases", failClosed, newFakeLeases(), true, nil, throttler.SourceFallback, true},
+		{"a fallback without leases, fail open", failOpen, acceptAll{}, true, nil, throttler.SourceFailureMode, false},
+		{"a fallback without leases, fail closed", failClosed, acceptAll{}, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			primary := newFakeLeases()
 			primary.set(errDown)
-			th, obs := leaseThrottler(t, primary, &throttler.Options{FailureMode: tc.mode, Fallback: tc.fallback})
+			th, obs := leaseThrottler(t, primary, &throttler.Options{FailClosed: tc.mode, Fallback: tc.fallback})
 			ctx := context.Background()
 			l, d, err := th.Acquire(ctx, "k", conc)
 			if tc.wantErr != nil {
@@ -326,15 +326,15 @@ func TestLeaseFailureHandling(t *testing.T) {
 func TestReleaseThePrimaryFailsToTakeBack(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		mode    throttler.FailureMode
+		mode    bool
 		wantErr error
 	}{
-		{"fail open", throttler.FailOpen, nil},
-		{"fail closed", throttler.FailClosed, throttler.ErrUnavailable},
+		{"fail open", failOpen, nil},
+		{"fail closed", failClosed, throttler.ErrUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary, fallback := newFakeLeases(), newFakeLeases()
-			th, obs := leaseThrottler(t, primary, &throttler.Options{FailureMode: tc.mode, Fallback: fallback})
+			th, obs := leaseThrottler(t, primary, &throttler.Options{FailClosed: tc.mode, Fallback: fallback})
 			ctx := context.Background()
 			l, d, err := th.Acquire(ctx, "k", conc)
 			require.NoError(t, err)
@@ -466,7 +466,7 @@ func TestLeaseBadInput(t *testing.T) {
 			if down {
 				f.set(errDown)
 			}
-			th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen, Fallback: newFakeLeases()})
+			th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false, Fallback: newFakeLeases()})
 			l, _, err := th.Acquire(context.Background(), tc.key, tc.p)
 			assert.ErrorIs(t, err, tc.want, "%s (down: %v)", tc.name, down)
 			assert.Zero(t, l, tc.name)
@@ -478,7 +478,7 @@ func TestLeaseBadInput(t *testing.T) {
 func TestLeaseCallerCancellationIsNotAnOutage(t *testing.T) {
 	f := newFakeLeases()
 	f.hang = true
-	th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen})
+	th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	l, _, err := th.Acquire(ctx, "k", conc)
@@ -493,7 +493,7 @@ func TestLeaseCallerCancellationIsNotAnOutage(t *testing.T) {
 func TestReleaseOfAFailureModeLease(t *testing.T) {
 	f := newFakeLeases()
 	f.set(errDown)
-	th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen})
+	th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false})
 	l, _, err := th.Acquire(context.Background(), "k", conc)
 	require.NoError(t, err)
 	f.set(nil)
@@ -513,7 +513,7 @@ func TestLeasesExactUnderConcurrency(t *testing.T) {
 	// A Timeout no scheduling delay reaches: a call that timed out would be
 	// answered by the failure mode, which this test is not about (a loaded
 	// CI machine under -race took over 100 ms).
-	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute, FailureMode: throttler.FailClosed})
+	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute, FailClosed: true})
 	p := throttler.Concurrent(3, time.Minute)
 	var inFlight, most atomic.Int64
 	var wg sync.WaitGroup

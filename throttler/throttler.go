@@ -10,25 +10,13 @@ import (
 	"github.com/throttlekit/throttlekit/internal/nilness"
 )
 
-// FailureMode says what a Throttler answers when its backend fails or times
-// out and no fallback answers either.
-type FailureMode int
-
-const (
-	// FailOpen allows the call and marks the decision Degraded: a dead store
-	// must not take the site down (Stripe's choice). The default.
-	FailOpen FailureMode = iota
-	// FailClosed denies the call and returns an error matching ErrUnavailable.
-	FailClosed
-)
-
 // Source says which part of a Throttler made a decision.
 type Source int
 
 const (
 	SourcePrimary     Source = iota // the primary backend answered
 	SourceFallback                  // the primary failed and the fallback answered
-	SourceFailureMode               // no backend answered; FailureMode decided
+	SourceFailureMode               // no backend answered; the failure mode (Options.FailClosed) decided
 	SourceNone                      // bad input or a caller's cancelled context: no decision
 )
 
@@ -72,9 +60,13 @@ type Options struct {
 	// answers in microseconds, so every call would time out and fail open (a
 	// bare number such as 100 is 100ns, not 100ms). default: 100ms
 	Timeout time.Duration
-	// FailureMode is what to answer when the backend fails and no fallback
-	// answers. default: FailOpen
-	FailureMode FailureMode
+	// FailClosed says what a Throttler answers when its backend fails or
+	// times out and no fallback answers either (its failure mode): false
+	// (the default) fails open, allowing the call and marking the Decision
+	// Degraded, since a dead store must not take the site down (Stripe's
+	// choice); true fails closed, denying the call with an error matching
+	// ErrUnavailable.
+	FailClosed bool
 	// Fallback, if set, answers while the primary fails: typically a memory
 	// backend, so that limits keep holding per process during an outage.
 	// default: none
@@ -145,8 +137,6 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("throttler: Options.Timeout must be >= 0, got %v", out.Timeout)
 	case out.Timeout > 0 && out.Timeout < minTimeout:
 		return out, fmt.Errorf("throttler: Options.Timeout must be 0 (the default, 100ms) or at least %v, got %v: every call would time out and fail open (a duration counts nanoseconds)", minTimeout, out.Timeout)
-	case out.FailureMode != FailOpen && out.FailureMode != FailClosed:
-		return out, fmt.Errorf("throttler: Options.FailureMode %d is neither FailOpen nor FailClosed", out.FailureMode)
 	case out.BreakerThreshold < 0:
 		return out, fmt.Errorf("throttler: Options.BreakerThreshold must be >= 0, got %d", out.BreakerThreshold)
 	case out.BreakerCooldown < 0:
@@ -211,8 +201,7 @@ type target struct {
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
 // error naming the problem for a nil backend and for options that cannot
-// work (a negative duration or count, a Timeout under 1ms, an unknown
-// FailureMode).
+// work (a negative duration or count, a Timeout under 1ms).
 func New(b Backend, opts *Options) (*Throttler, error) {
 	if b == nil {
 		return nil, errors.New("throttler: New needs a backend, got nil")
@@ -504,7 +493,8 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 	return d, SourceFailureMode, primaryErr, primaryErr
 }
 
-// failureMode is the decision of FailureMode for r, made without any store.
+// failureMode is the decision of the failure mode (Options.FailClosed) for
+// r, made without any store.
 // Its Limit is what a store's Decision says (a token bucket's capacity, as
 // the algorithm's Decision reports it), so X-RateLimit-Limit does not
 // change while the store is down.
@@ -513,7 +503,7 @@ func (t *Throttler) failureMode(r *request) Decision {
 	if r.isLease() {
 		limit = r.cp.Limit
 	}
-	return Decision{Allowed: t.opts.FailureMode == FailOpen, Limit: limit, Degraded: true}
+	return Decision{Allowed: !t.opts.FailClosed, Limit: limit, Degraded: true}
 }
 
 // record counts a failed primary call toward the breaker it concerns: br,

@@ -17,6 +17,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 // fakeClock is moved by tests; nothing sleeps.
@@ -219,13 +222,13 @@ func TestBadInputIsAnInputErrorNeverAnOutage(t *testing.T) {
 		{"breaker open", errDown, true},
 	}
 	for _, pr := range primaries {
-		for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
+		for _, mode := range []bool{failOpen, failClosed} {
 			for _, c := range calls {
-				t.Run(fmt.Sprintf("%s/%d/%s", pr.name, mode, c.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/failclosed=%v/%s", pr.name, mode, c.name), func(t *testing.T) {
 					primary := &stubBackend{next: newMemory(t)}
 					fallback := &stubBackend{next: newMemory(t)}
 					var seen []throttler.Observation
-					th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: mode, Fallback: fallback, BreakerThreshold: 1,
+					th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, FailClosed: mode, Fallback: fallback, BreakerThreshold: 1,
 						Observe: func(o throttler.Observation) { seen = append(seen, o) }})
 					if pr.breakerOpen {
 						primary.set(errDown)
@@ -286,22 +289,22 @@ func TestFailureModes(t *testing.T) {
 	p := throttler.PerMinute(10).Named("api")
 	tests := []struct {
 		name        string
-		mode        throttler.FailureMode
+		mode        bool
 		fallback    bool
 		wantAllowed bool
 		wantErr     error
 		wantSource  throttler.Source
 		wantKnown   bool
 	}{
-		{"fail open", throttler.FailOpen, false, true, nil, throttler.SourceFailureMode, false},
-		{"fail closed", throttler.FailClosed, false, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
-		{"fallback", throttler.FailClosed, true, true, nil, throttler.SourceFallback, true},
+		{"fail open", failOpen, false, true, nil, throttler.SourceFailureMode, false},
+		{"fail closed", failClosed, false, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"fallback", failClosed, true, true, nil, throttler.SourceFallback, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			stub := &stubBackend{err: errDown}
 			var obs throttler.Observation
-			o := &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: tc.mode, Observe: func(x throttler.Observation) { obs = x }}
+			o := &throttler.Options{Clock: func() time.Time { return t0 }, FailClosed: tc.mode, Observe: func(x throttler.Observation) { obs = x }}
 			if tc.fallback {
 				o.Fallback = newMemory(t)
 			}
@@ -340,13 +343,13 @@ func TestDegradedDecisionsReportTheHealthyLimit(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, healthy.Degraded)
 		for _, o := range []*throttler.Options{
-			{Clock: clock, FailureMode: throttler.FailOpen},
-			{Clock: clock, FailureMode: throttler.FailClosed},
+			{Clock: clock, FailClosed: false},
+			{Clock: clock, FailClosed: true},
 			{Clock: clock, Fallback: newMemory(t)},
 		} {
 			d, _ := newThrottler(t, &stubBackend{err: errDown}, o).Allow(context.Background(), "k", p)
 			assert.True(t, d.Degraded)
-			assert.Equal(t, healthy.Limit, d.Limit, "%v, failure mode %v, fallback %v", p, o.FailureMode, o.Fallback != nil)
+			assert.Equal(t, healthy.Limit, d.Limit, "%v, fail closed %v, fallback %v", p, o.FailClosed, o.Fallback != nil)
 		}
 	}
 }
@@ -518,8 +521,6 @@ func TestNewRejects(t *testing.T) {
 		{"negative BreakerThreshold", mem, &throttler.Options{BreakerThreshold: -1}, "throttler: Options.BreakerThreshold must be >= 0, got -1"},
 		{"negative BreakerCooldown", mem, &throttler.Options{BreakerCooldown: -time.Second}, "throttler: Options.BreakerCooldown must be >= 0, got -1s"},
 		{"negative MaxDetached", mem, &throttler.Options{MaxDetached: -1}, "throttler: Options.MaxDetached must be >= 0, got -1"},
-		{"unknown FailureMode", mem, &throttler.Options{FailureMode: 2}, "throttler: Options.FailureMode 2 is neither FailOpen nor FailClosed"},
-		{"negative FailureMode", mem, &throttler.Options{FailureMode: -1}, "throttler: Options.FailureMode -1 is neither FailOpen nor FailClosed"},
 		{"typed-nil Fallback", mem, &throttler.Options{Fallback: nilMemory}, "throttler: Options.Fallback is a nil *memory.Backend"},
 	}
 	for _, tc := range tests {
@@ -529,7 +530,7 @@ func TestNewRejects(t *testing.T) {
 	}
 
 	// Zero means default; nothing else is needed.
-	for _, o := range []*throttler.Options{nil, {}, {FailureMode: throttler.FailClosed, Fallback: mem}, {Timeout: time.Millisecond}} {
+	for _, o := range []*throttler.Options{nil, {}, {FailClosed: true, Fallback: mem}, {Timeout: time.Millisecond}} {
 		_, err := throttler.New(mem, o)
 		assert.NoError(t, err)
 	}
@@ -554,7 +555,6 @@ func TestMisconfiguredBackendIsAnErrorAtConstructionNeverAFailOpen(t *testing.T)
 		{"typed nil", nilMemory, nil},
 		{"memory.New's error ignored", badMemory, nil},
 		{"typed-nil fallback", newMemory(t), &throttler.Options{Fallback: nilMemory}},
-		{"unknown failure mode", newMemory(t), &throttler.Options{FailureMode: 7}},
 	}
 	p := throttler.PerMinute(1)
 	for _, tc := range builds {
@@ -634,7 +634,7 @@ func TestErrorsHaveOnePrefix(t *testing.T) {
 	// fails too.
 	deaf := &deafBackend{release: make(chan struct{})}
 	defer close(deaf.release)
-	th := newThrottler(t, deaf, &throttler.Options{Timeout: time.Millisecond, Detach: true, FailureMode: throttler.FailClosed, Fallback: &stubBackend{err: errDown}})
+	th := newThrottler(t, deaf, &throttler.Options{Timeout: time.Millisecond, Detach: true, FailClosed: true, Fallback: &stubBackend{err: errDown}})
 	_, err = th.Allow(context.Background(), "k", throttler.PerSecond(1))
 	require.ErrorIs(t, err, throttler.ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)

@@ -307,7 +307,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	t.Run("fail closed", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
 		down := &waitDown{}
-		th := waitThrottler(t, down, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed})
+		th := waitThrottler(t, down, &throttler.Options{Clock: w.Now, FailClosed: true})
 		d, err := th.Wait(context.Background(), "k", p)
 		require.ErrorIs(t, err, throttler.ErrUnavailable)
 		assert.False(t, d.Allowed)
@@ -316,7 +316,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	})
 	t.Run("fail open", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
-		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailOpen})
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailClosed: false})
 		d, err := th.Wait(context.Background(), "k", p)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed)
@@ -325,7 +325,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	})
 	t.Run("fallback", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
-		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed, Fallback: waitMemory(t)})
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailClosed: true, Fallback: waitMemory(t)})
 		_, err := th.AllowN(context.Background(), "k", p, 2)
 		require.NoError(t, err)
 		d, err := th.Wait(context.Background(), "k", p)
