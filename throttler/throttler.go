@@ -185,6 +185,8 @@ type Throttler struct {
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
+	// wait is the world Wait runs in (realWait; tests replace it).
+	wait waitEnv
 }
 
 // target is a backend as the Throttler calls it.
@@ -218,6 +220,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	t.store, t.leaseStore = tr.Store, tr.LeaseStore
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
+	t.wait = realWait()
 	t.primary = target{b: b, lb: leasesOf(b, tr), local: tr.InProcess, detach: o.Detach || tr.IgnoresContext}
 	if o.Fallback != nil {
 		ft := declaredTraits(o.Fallback)
