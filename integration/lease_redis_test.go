@@ -175,7 +175,8 @@ func TestLeaseRedisPaused(t *testing.T) {
 						default:
 							tl.denied.Add(1)
 						}
-						_, _, _ = l.Release(ctx) // fails while paused: that lease counts until its TTL
+						// Fails while paused: that lease counts until its TTL.
+						_, _, _ = l.Release(ctx)
 						if !d.Allowed || d.Degraded {
 							// A client not admitted waits a little before it
 							// asks again. Without it, 16 callers answered at

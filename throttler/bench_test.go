@@ -80,8 +80,8 @@ func BenchmarkAllow(b *testing.B) {
 	})
 }
 
-// remote hides the memory backend's Traits (in process), as a network backend has
-// none: its calls get the Timeout's context.
+// remote hides the memory backend's Traits (in process), as a network
+// backend has none: its calls get the Timeout's context.
 type remote struct{ throttler.Backend }
 
 // BenchmarkAcquireRelease is one request's lease through the Throttler over

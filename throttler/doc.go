@@ -80,8 +80,8 @@
 // less), and return ErrWouldExceedDeadline at once when the context's
 // deadline comes before the earliest admission, as golang.org/x/time/rate
 // does, also for a waiter queued behind others of its key (see WaitN for
-// how it knows). They are for callers that can afford to delay work (outbound calls;
-// see package outbound), not for answering clients.
+// how it knows). They are for callers that can afford to delay work
+// (outbound calls; see package outbound), not for answering clients.
 //
 // Errors may contain the client's key: log them, never send them to a
 // client (package httplimit's answers hold only the status text). Keys

@@ -21,8 +21,9 @@ import (
 type fakeLeases struct {
 	acceptAll
 
-	mu       sync.Mutex
-	held     map[string]map[throttler.LeaseID]int64 // key and policy identity → lease → expiry (Unix ms)
+	mu sync.Mutex
+	// held maps key and policy identity → lease → expiry (Unix ms).
+	held     map[string]map[throttler.LeaseID]int64
 	err      error
 	hang     bool // wait for the call's context to end, like a paused server
 	acquires int
@@ -433,7 +434,8 @@ func TestLeaseCallsAreBoundedByTheTimeout(t *testing.T) {
 type deafLeases struct{ *fakeLeases }
 
 func (d *deafLeases) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
-	return d.fakeLeases.Acquire(context.Background(), key, p, id, now) // hangs for good: ctx is not passed on
+	// Hangs for good: ctx is not passed on.
+	return d.fakeLeases.Acquire(context.Background(), key, p, id, now)
 }
 
 // blindLeases says that its calls may outlive their context (package

@@ -16,7 +16,7 @@ type Source int
 const (
 	SourcePrimary     Source = iota // the primary backend answered
 	SourceFallback                  // the primary failed and the fallback answered
-	SourceFailureMode               // no backend answered; the failure mode (Options.FailClosed) decided
+	SourceFailureMode               // no backend answered: the failure mode (Options.FailClosed)
 	SourceNone                      // bad input or a caller's cancelled context: no decision
 )
 
@@ -195,9 +195,9 @@ type target struct {
 	// lb is b as a LeaseBackend; nil when b holds no leases (see
 	// Traits.Leases).
 	lb LeaseBackend
-	// local: b is in process (Traits), called without a timeout context. detach: its
-	// calls run detached (Options.Detach, or a backend that ignores its
-	// context; never the fallback).
+	// local: b is in process (Traits), called without a timeout context.
+	// detach: its calls run detached (Options.Detach, or a backend that
+	// ignores its context; never the fallback).
 	local, detach bool
 }
 

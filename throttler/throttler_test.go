@@ -124,11 +124,13 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(10).With(throttler.Algorithm(4)), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(throttler.MaxLogLimit).With(throttler.SlidingLog), nil},
 		{throttler.PerSecond(throttler.MaxLogLimit + 1).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
-		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil}, // 2^53 exactly
+		// 2^53 exactly:
+		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil},
 		{throttler.Policy{Limit: 1<<43 + 1, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1 << 43}, nil},
 		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1<<43 + 1}, throttler.ErrInvalidPolicy},
-		{throttler.Policy{Limit: throttler.MaxLimit, Window: 1 << 40 * time.Millisecond, Algorithm: throttler.TokenBucket}, throttler.ErrInvalidPolicy}, // the product overflows 64 bits
+		// The product overflows 64 bits:
+		{throttler.Policy{Limit: throttler.MaxLimit, Window: 1 << 40 * time.Millisecond, Algorithm: throttler.TokenBucket}, throttler.ErrInvalidPolicy},
 	}
 	for _, tc := range tests {
 		err := tc.p.Validate()

@@ -487,7 +487,8 @@ func TestWaitersOfAKeyQueue(t *testing.T) {
 // no lane behind.
 func TestWaitEndsWithItsContext(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine; typically well under 1ms
+	// Scheduling under -race on a busy machine; typically well under 1ms.
+	const bound = 250 * time.Millisecond
 	th := waitThrottler(t, waitMemory(t), nil)
 	p := throttler.PerMinute(1)
 	_, err := th.Allow(context.Background(), "k", p)
@@ -792,7 +793,8 @@ func TestWaitQueuedAfterItsOwnDenial(t *testing.T) {
 	_, err := th.Allow(context.Background(), "k", p)
 	require.NoError(t, err)
 	var stopHead func() waitResult
-	store.hook = func() { _, stopHead = g.goHead(t, th, "k", p, 1) } // the head queues while the waiter asks
+	// The head queues while the waiter asks.
+	store.hook = func() { _, stopHead = g.goHead(t, th, "k", p, 1) }
 	store.armed.Store(true)
 
 	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(30*time.Second))

@@ -364,7 +364,8 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	}
 	if receipt.IsZero() {
 		s.mu.Unlock()
-		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt) // the receipt's error
+		// The receipt's error.
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt)
 	}
 	ms := now.UnixMilli()
 	if b.observe(s, ms) {
