@@ -17,7 +17,7 @@ const MaxConcurrencyLimit = 10_000
 // key held at once, each counting for at most TTL.
 type ConcurrencyPolicy struct {
 	// Name identifies the limit in storage and in headers. It may be empty;
-	// otherwise it is printable ASCII without spaces.
+	// otherwise it is printable ASCII without spaces, at most 128 bytes.
 	Name string
 	// Limit is how many leases a key may hold at once: 1 to
 	// MaxConcurrencyLimit.
@@ -50,8 +50,8 @@ func (p ConcurrencyPolicy) Validate() error {
 		return fmt.Errorf("%w: lease TTL must be >= 1ms, got %v", ErrInvalidPolicy, p.TTL)
 	case p.TTL%time.Millisecond != 0:
 		return fmt.Errorf("%w: lease TTL must be a whole number of milliseconds, got %v", ErrInvalidPolicy, p.TTL)
-	case len(p.Name) > MaxPolicyNameLen:
-		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), MaxPolicyNameLen)
+	case len(p.Name) > maxPolicyNameLen:
+		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), maxPolicyNameLen)
 	case !validName(p.Name):
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
 	}

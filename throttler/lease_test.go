@@ -617,3 +617,28 @@ func TestReleaseReturnsItsDecision(t *testing.T) {
 	assert.False(t, held)
 	assert.Zero(t, d)
 }
+
+func TestConcurrencyPolicyValidate(t *testing.T) {
+	tests := []struct {
+		p    throttler.ConcurrencyPolicy
+		want error
+	}{
+		{throttler.Concurrent(1, time.Millisecond), nil},
+		{throttler.Concurrent(throttler.MaxConcurrencyLimit, time.Hour), nil},
+		{throttler.Concurrent(0, time.Minute), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(throttler.MaxConcurrencyLimit+1, time.Minute), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(1, 0), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(1, 1500*time.Microsecond), throttler.ErrInvalidPolicy},
+		{throttler.ConcurrencyPolicy{Name: "has space", Limit: 1, TTL: time.Minute}, throttler.ErrInvalidPolicy},
+		// Names of at most 128 bytes, as ConcurrencyPolicy.Name's doc says.
+		{throttler.ConcurrencyPolicy{Name: strings.Repeat("n", 128), Limit: 1, TTL: time.Minute}, nil},
+		{throttler.ConcurrencyPolicy{Name: strings.Repeat("n", 129), Limit: 1, TTL: time.Minute}, throttler.ErrInvalidPolicy},
+	}
+	for _, tc := range tests {
+		if err := tc.p.Validate(); tc.want == nil {
+			assert.NoError(t, err, "%v", tc.p)
+		} else {
+			assert.ErrorIs(t, err, tc.want, "%v", tc.p)
+		}
+	}
+}

@@ -17,8 +17,9 @@ const MaxKeyLen = 4096
 // backends behind a router or a shadow accept the same policies.
 const MaxLimit = 1 << 48
 
-// MaxPolicyNameLen is the longest Policy.Name, in bytes.
-const MaxPolicyNameLen = 128
+// maxPolicyNameLen is the longest Policy.Name and ConcurrencyPolicy.Name,
+// in bytes, as their docs state.
+const maxPolicyNameLen = 128
 
 // Policy names a limit: Limit units per Window, counted by its Algorithm
 // (fixed windows by default; see docs/algorithms.md for the others).
@@ -35,7 +36,8 @@ const MaxPolicyNameLen = 128
 // middleware (package httplimit) does so when it is built.
 type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
-	// header. It may be empty; otherwise it is printable ASCII without spaces.
+	// header. It may be empty; otherwise it is printable ASCII without
+	// spaces, at most 128 bytes.
 	Name string
 	// Limit is how many units a key may take per Window: 1 to MaxLimit
 	// (MaxLogLimit for a SlidingLog). For a TokenBucket it is the refill:
@@ -101,8 +103,8 @@ func (p Policy) Validate() error {
 	if p.Window%time.Millisecond != 0 {
 		return fmt.Errorf("%w: window must be a whole number of milliseconds, got %v", ErrInvalidPolicy, p.Window)
 	}
-	if len(p.Name) > MaxPolicyNameLen {
-		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), MaxPolicyNameLen)
+	if len(p.Name) > maxPolicyNameLen {
+		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), maxPolicyNameLen)
 	}
 	if !validName(p.Name) {
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
@@ -146,7 +148,7 @@ func scaledFits(n, w int64) bool {
 }
 
 func validName(name string) bool {
-	if len(name) > MaxPolicyNameLen {
+	if len(name) > maxPolicyNameLen {
 		return false
 	}
 	for i := 0; i < len(name); i++ {

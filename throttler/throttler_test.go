@@ -114,6 +114,9 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(1).Named("has space"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named("new\nline"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named(string(make([]byte, 200))), throttler.ErrInvalidPolicy},
+		// Names of at most 128 bytes, as Policy.Name's doc says.
+		{throttler.PerSecond(1).Named(strings.Repeat("n", 128)), nil},
+		{throttler.PerSecond(1).Named(strings.Repeat("n", 129)), throttler.ErrInvalidPolicy},
 		// Algorithms and their bounds.
 		{throttler.PerSecond(10).With(throttler.TokenBucket), nil},
 		{throttler.PerSecond(10).WithBurst(50), nil},

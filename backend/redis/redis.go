@@ -350,7 +350,7 @@ func addrOf(c Client) string {
 func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string {
 	s := b.shards[0]
 	if len(b.shards) > 1 {
-		var idBuf [throttler.MaxPolicyNameLen]byte
+		var idBuf [maxPolicyNameLen]byte
 		var lenBuf [20]byte
 		_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
 		s = b.shardFor(h)
