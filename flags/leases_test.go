@@ -13,7 +13,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-var exports = throttler.Concurrent(1, time.Minute).Named("exports")
+var exports = throttler.ConcurrencyPolicy{Name: "exports", Limit: 1, TTL: time.Minute}
 
 func TestRouterLeaseConformance(t *testing.T) {
 	for _, p := range []int{0, 50, 100} {
@@ -308,7 +308,7 @@ func TestOldStoreDownKeepsTheNewOnesLeasesLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := throttler.Concurrent(2, time.Minute).Named("exports")
+	p := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
 	var onNew []string
 	for i := range 50 {

@@ -46,7 +46,7 @@ func TestRolloutReadOncePerCall(t *testing.T) {
 	var clk monoClock
 	m := clk.migration(t, mem(t), mem(t), r, nil)
 	p := throttler.PerMinute(3).Named("api")
-	lease := throttler.Concurrent(1, time.Minute).Named("exports")
+	lease := throttler.ConcurrencyPolicy{Name: "exports", Limit: 1, TTL: time.Minute}
 	calls := []struct {
 		name string
 		call func(key string) error

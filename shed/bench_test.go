@@ -99,7 +99,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	key := httplimit.KeyByHeader("Client")
-	conc, err := httplimit.Concurrency(th, throttler.Concurrent(1000, time.Minute).Named("inflight"), key, nil)
+	conc, err := httplimit.Concurrency(th, throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1000, TTL: time.Minute}, key, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -82,7 +82,7 @@ func NewFleet(t *throttler.Throttler, o *FleetOptions) (*Fleet, error) {
 	if opts.Key == "" {
 		opts.Key = "fleet"
 	}
-	critical := throttler.Concurrent(opts.Capacity, opts.TTL).Named(opts.Name)
+	critical := throttler.ConcurrencyPolicy{Name: opts.Name, Limit: opts.Capacity, TTL: opts.TTL}
 	if err := critical.Validate(); err != nil {
 		return nil, reword(fmt.Sprintf("FleetOptions (Capacity %d, TTL %v, Name %q)", opts.Capacity, opts.TTL, opts.Name), err)
 	}

@@ -43,7 +43,7 @@ func newRig(t *testing.T, mode bool) *rig {
 	if g.fleet, err = shed.NewFleet(g.th, &shed.FleetOptions{Capacity: 2, Share: 0.5, TTL: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	g.conc = throttler.Concurrent(1, 10*time.Second).Named("inflight")
+	g.conc = throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1, TTL: 10 * time.Second}
 	g.rate = throttler.PerMinute(2).Named("core")
 	g.opts = shed.Options{
 		Worker:      g.worker,

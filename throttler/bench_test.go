@@ -87,7 +87,7 @@ type remote struct{ throttler.Backend }
 // BenchmarkAcquireRelease is one request's lease through the Throttler over
 // the memory backend: what the Throttler adds to the backend's pair.
 func BenchmarkAcquireRelease(b *testing.B) {
-	p := throttler.Concurrent(1<<10, time.Minute).Named("bench")
+	p := throttler.ConcurrencyPolicy{Name: "bench", Limit: 1 << 10, TTL: time.Minute}
 	ctx := context.Background()
 	m := newMemory(b)
 	b.Run("backend", func(b *testing.B) {

@@ -14,7 +14,7 @@ import (
 // a lease that no store holds: its ID is 0 and its Release calls nothing.
 // Failing closed refuses instead, with an error matching ErrUnavailable.
 func ExampleLease_failOpen() {
-	exports := throttler.Concurrent(2, time.Minute).Named("exports")
+	exports := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
 	for _, mode := range []bool{failOpen, failClosed} {
 		th, err := throttler.New(downLeases{}, &throttler.Options{FailClosed: mode})

@@ -99,7 +99,7 @@ func ExampleThrottler_Acquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	exports := throttler.Concurrent(2, time.Minute).Named("exports")
+	exports := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
 
 	first, d, _ := th.Acquire(ctx, "account:7", exports)

@@ -29,15 +29,10 @@ type ConcurrencyPolicy struct {
 }
 
 // Concurrent returns an unnamed concurrency policy: at most n leases held at
-// once, each counting for at most ttl.
+// once, each counting for at most ttl. A named one is a literal, for example
+// ConcurrencyPolicy{Name: "exports", Limit: 20, TTL: time.Minute}.
 func Concurrent(n int64, ttl time.Duration) ConcurrencyPolicy {
 	return ConcurrencyPolicy{Limit: n, TTL: ttl}
-}
-
-// Named returns a copy of p with the given name.
-func (p ConcurrencyPolicy) Named(name string) ConcurrencyPolicy {
-	p.Name = name
-	return p
 }
 
 // Validate reports why p cannot be used, as an error matching

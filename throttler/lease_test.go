@@ -163,7 +163,7 @@ type wrapperWithoutLeases struct{ *fakeLeases }
 
 func (wrapperWithoutLeases) Traits() throttler.Traits { return throttler.Traits{} }
 
-var conc = throttler.Concurrent(2, time.Minute).Named("exports")
+var conc = throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 
 func leaseThrottler(t *testing.T, b throttler.Backend, o *throttler.Options) (*throttler.Throttler, *observations) {
 	t.Helper()
@@ -460,7 +460,7 @@ func TestLeaseBadInput(t *testing.T) {
 		{"zero limit", "k", throttler.Concurrent(0, time.Second), throttler.ErrInvalidPolicy},
 		{"limit too high", "k", throttler.Concurrent(throttler.MaxConcurrencyLimit+1, time.Second), throttler.ErrInvalidPolicy},
 		{"sub-millisecond TTL", "k", throttler.Concurrent(1, 1500*time.Microsecond), throttler.ErrInvalidPolicy},
-		{"name with a space", "k", conc.Named("a b"), throttler.ErrInvalidPolicy},
+		{"name with a space", "k", throttler.ConcurrencyPolicy{Name: "a b", Limit: 2, TTL: time.Minute}, throttler.ErrInvalidPolicy},
 	}
 	for _, tc := range tests {
 		for _, down := range []bool{false, true} {
