@@ -96,8 +96,12 @@
 //
 // # Writing a backend
 //
-// Backend is the interface applications pass around. What only backend and
-// wrapper authors need (call validation, decision builders, storage
-// identity, Do, OpFunc) is in package
-// github.com/throttlekit/throttlekit/backend.
+// Backend is the interface applications pass around; its doc is the
+// contract a backend keeps (LeaseBackend's, for concurrency limits). A
+// backend starts each operation with ValidateCall (a lease: ValidateLease),
+// marks its store's failures with StoreFailure and one key's with
+// KeyFailure, and declares what a Throttler needs to know of its store in
+// Traits; a wrapper derives its own with TraitsOf. The rest (an operation
+// named as a value, batching counts, the conformance suite) is in package
+// github.com/throttlekit/throttlekit/backend and its backendtest.
 package throttler
