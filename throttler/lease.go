@@ -241,9 +241,10 @@ func (l Lease) Release(ctx context.Context) (held bool, d Decision, err error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
 	if l.source == SourceFailureMode {
+		t.start(&r)
 		d = t.failureMode(&r)
+		d.At = r.now
 		if t.opts.Observe != nil {
-			t.start(&r)
 			t.observe(&r, l.store, d, SourceFailureMode, nil)
 		}
 		return false, d, nil

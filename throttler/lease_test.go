@@ -187,7 +187,7 @@ func TestAcquireAndRelease(t *testing.T) {
 
 	l1, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
-	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute)}, d)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute), At: t0}, d)
 	assert.NotZero(t, throttler.LeaseIDOf(l1))
 	assert.Equal(t, throttler.Observation{Op: throttler.OpAcquire, Key: "k", Concurrency: conc, Decision: d, Source: throttler.SourcePrimary}, withoutLatency(obs.last()))
 
@@ -204,7 +204,7 @@ func TestAcquireAndRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
-		Decision: throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute)},
+		Decision: throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute), At: t0},
 		Source:   throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	// A second Release of the same value is sent again and changes nothing.
@@ -505,7 +505,7 @@ func TestReleaseOfAFailureModeLease(t *testing.T) {
 	_, releases := f.counts()
 	assert.Zero(t, releases)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
-		Decision: throttler.Decision{Allowed: true, Limit: conc.Limit, Degraded: true},
+		Decision: throttler.Decision{Allowed: true, Limit: conc.Limit, Degraded: true, At: t0},
 		Source:   throttler.SourceFailureMode}, withoutLatency(obs.last()))
 }
 
@@ -594,7 +594,7 @@ func TestReleaseReturnsItsDecision(t *testing.T) {
 	held, d, err := l.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, held)
-	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Remaining: 2, ResetAt: t0.Add(time.Minute)}, d,
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Remaining: 2, ResetAt: t0.Add(time.Minute), At: t0}, d,
 		"no lease held after it")
 	assert.Equal(t, obs.last().Decision, d, "the decision it observed")
 
@@ -608,7 +608,7 @@ func TestReleaseReturnsItsDecision(t *testing.T) {
 	held, d, err = l.Release(ctx)
 	require.NoError(t, err)
 	assert.False(t, held)
-	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Degraded: true}, d)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Degraded: true, At: t0}, d)
 	assert.Equal(t, obs.last().Decision, d)
 
 	// The zero Lease (a denied Acquire's) returns the zero Decision.

@@ -274,25 +274,30 @@ func (b *Backend) Len() int {
 }
 
 // begin validates a call as throttler.ValidateCall does, in its order (the
-// key, the policy, the cost), and returns the key's shard, locked, the
-// key's hash and the policy's identity number. A shard remembers the last
-// policy it validated, so a caller that passes the same Policy call after
-// call has it validated once per shard; the key's length and the cost are
-// compared as numbers, and ValidateCall runs only to say what is wrong.
-func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost int64) (*shard, uint64, uint32, error) {
-	if key == "" || len(key) > throttler.MaxKeyLen {
-		return nil, 0, 0, throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the key's error
+// key, the policy, the cost), records its now (ms) for cleanup, sweeping
+// the shard when one is due, and returns the key's shard, locked, the
+// key's hash, the shard's memo of the policy (valid while the shard is
+// locked) and the key's slot under it, nil for none. A caller that passes
+// the same Policy call after call has it validated once per shard; then
+// only the key's length and the cost are checked, against numbers, and the
+// validators run only to say what is wrong.
+func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost, ms int64) (*shard, uint64, *lastPolicy, *slot, error) {
+	if uint(len(key)-1) >= throttler.MaxKeyLen { // empty or too long
+		return nil, 0, nil, nil, throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the key's error
 	}
 	s, h := b.lock(key)
-	id, err := b.idOf(s, p)
-	if err == nil && op != throttler.OpPeek && (cost < 1 || cost > throttler.MaxLimit || op == throttler.OpTake && cost > p.Capacity()) {
+	m, err := b.policy(s, p)
+	if err == nil && !m.fits(op, cost) {
 		err = throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the cost's error
 	}
 	if err != nil {
 		s.mu.Unlock()
-		return nil, 0, 0, err
+		return nil, 0, nil, nil, err
 	}
-	return s, h, id, nil
+	if b.observe(s, ms) {
+		b.sweep(s, ms, true)
+	}
+	return s, h, m, s.table.find(h, key, m.id), nil
 }
 
 // lock returns the key's shard, locked, and the key's hash.
@@ -305,15 +310,11 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	s, h, id, err := b.begin(throttler.OpTake, key, &p, cost)
+	ms := now.UnixMilli()
+	s, h, m, w, err := b.begin(throttler.OpTake, key, &p, cost, ms)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
-	}
-	w := s.table.find(h, key, id)
 	if w != nil {
 		w.used1()
 		// The common case, stored state that admits the Take: each
@@ -321,11 +322,12 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		// Decision that the general path would build for it.
 		var used, resetAt int64
 		ok := false
+		c := m.capacity
 		switch p.Algorithm {
 		case throttler.FixedWindow:
 			used, resetAt, ok = w.takeFixed(p.Limit, cost, ms)
 		case throttler.TokenBucket:
-			used, resetAt, ok = w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+			used, resetAt, ok = w.takeBucket(p.Limit, c, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingWindow:
 			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingLog:
@@ -335,43 +337,35 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		}
 		if ok {
 			s.mu.Unlock()
-			c := p.Capacity()
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.answer(s, h, w, id, throttler.OpTake, key, &p, cost, 0, ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	s, h, id, err := b.begin(throttler.OpPeek, key, &p, 1)
+	ms := now.UnixMilli()
+	s, h, m, w, err := b.begin(throttler.OpPeek, key, &p, 1, ms)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
-	}
-	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpPeek, key, &p, 1, 0, ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	s, h, id, err := b.begin(throttler.OpRefund, key, &p, cost)
-	if err != nil {
-		return throttler.Decision{}, err
-	}
 	if receipt.IsZero() {
-		s.mu.Unlock()
-		// The receipt's error.
+		// The call's error, else the receipt's.
 		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt)
 	}
 	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
+	s, h, m, w, err := b.begin(throttler.OpRefund, key, &p, cost, ms)
+	if err != nil {
+		return throttler.Decision{}, err
 	}
-	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
 }
 
 // answer runs op on the slot w of (key, p), whose identity number is id,
