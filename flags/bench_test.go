@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkRouterTake(b *testing.B) {
 
 func BenchmarkBucket(b *testing.B) {
 	keys := flagstest.BenchKeys()
-	bk := NewBucketer(DefaultGroupID)
+	bk := rollout.NewBucketer(DefaultGroupID)
 	b.ReportAllocs()
 	cpu := flagstest.StartThreadCPU(b)
 	for i := 0; b.Loop(); i++ {

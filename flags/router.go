@@ -56,7 +56,7 @@ type opFunc = backend.OpFunc
 
 // Router is a throttler.Backend whose Take, Peek and Refund send each call
 // to the old or the new backend, as its Rollout says for the key at call
-// time (or its Strategy, see NewRouterWith). While the rollout's setting
+// time. While the rollout's setting
 // holds still, a key stays on one backend, so its budget never splits
 // across two stores. A Refund after the key has moved goes to the backend
 // that serves it now, as the next Take would, with the receipt of the Take
@@ -69,7 +69,7 @@ type Router struct {
 	opFunc           // r.do(): Take, Peek and Refund
 	old, new         throttler.Backend
 	rollout          Rollout
-	strategy         Strategy // nil: the rollout routes every call
+	strategy         strategy // nil: the rollout routes every call
 	oldName, newName string
 	// The counters sit on cache lines of their own, apart from the fields
 	// every call reads: every call bumps one.
@@ -90,31 +90,6 @@ var _ throttler.Backend = (*Router)(nil)
 // and r are required: to keep every key on oldB, pass NewPercent(0). nil
 // opts mean defaults.
 func NewRouter(oldB, newB throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
-	return NewRouterWith(oldB, newB, r, nil, opts)
-}
-
-// Strategy routes each call of a Router in place of its Rollout, for a
-// router that serves some keys from both backends at once: package
-// migration's keys moving between stores. Route and RouteLease run on
-// every call: they must be cheap, safe for concurrent use, and agree with
-// the rollout, which still answers UseNew and Store.
-type Strategy interface {
-	// Route returns whether the call for key under p is the new backend's
-	// and, for a key to be served by both backends, the backend that makes
-	// the call on both (nil otherwise). The Router calls that one instead,
-	// counting the call as the serving backend's and naming that one in
-	// errors.
-	Route(key string, p throttler.Policy) (toNew bool, both throttler.Backend)
-	// RouteLease is Route for a lease call: an Acquire goes to both when
-	// moving is true, and the Release of a lease the Router does not
-	// remember goes to both whenever it is not nil, since the strategy
-	// knows where copies of such a lease may be held.
-	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
-}
-
-// NewRouterWith is NewRouter with s routing each call instead of r; nil s
-// is NewRouter.
-func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *RouterOptions) (*Router, error) {
 	if err := backend.Required("flags: old backend", oldB); err != nil {
 		return nil, err
 	}
@@ -129,16 +104,34 @@ func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *Ro
 		return nil, err
 	}
 	rt := &Router{old: oldB, new: newB, rollout: r, oldName: o.OldName, newName: o.NewName}
-	if s != nil {
-		if err := nilness.Check("flags: strategy", s); err != nil {
-			return nil, err
-		}
-		rt.strategy = s
-	}
+	// Package migration's rollout routes each call itself, sending a key
+	// that is moving between stores to both.
+	rt.strategy, _ = r.(strategy)
 	rt.opFunc = rt.do()
 	rt.oldTraits, rt.newTraits = throttler.TraitsOf(oldB), throttler.TraitsOf(newB)
 	rt.initLeases(o.MaxLeases)
 	return rt, nil
+}
+
+// strategy routes each call of a Router in place of its rollout, for a
+// router that serves some keys from both backends at once: package
+// migration's keys moving between stores. A rollout that is also a
+// strategy (a migration's is: the caller's rollout wrapped) makes NewRouter
+// route by it; package migration's tests fail if its rollout stops being
+// one. Route and RouteLease run on every call: they must be cheap, safe
+// for concurrent use, and agree with the rollout's UseNew.
+type strategy interface {
+	// Route returns whether the call for key under p is the new backend's
+	// and, for a key to be served by both backends, the backend that makes
+	// the call on both (nil otherwise). The Router calls that one instead,
+	// counting the call as the serving backend's and naming that one in
+	// errors.
+	Route(key string, p throttler.Policy) (toNew bool, both throttler.Backend)
+	// RouteLease is Route for a lease call: an Acquire goes to both when
+	// moving is true, and the Release of a lease the Router does not
+	// remember goes to both whenever it is not nil, since the strategy
+	// knows where copies of such a lease may be held.
+	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
 }
 
 // requiredRollout is backend.Required for a Rollout: a nil one, or a nil
@@ -199,17 +192,28 @@ type Stats struct {
 	// Old and New count every call, lease calls included.
 	Old, New uint64
 	// Leases counts the lease calls among them.
-	Leases LeaseStats
+	Leases struct {
+		// Acquires and releases sent to each backend.
+		OldAcquires, NewAcquires, OldReleases, NewReleases uint64
+		// Unknown counts the Releases of leases the router did not
+		// remember, each sent to both backends (see Router.Release).
+		Unknown uint64
+		// Untracked counts the leases granted while the table was full
+		// (RouterOptions.MaxLeases): their Release goes to both backends.
+		// Healthy: 0.
+		Untracked uint64
+		// Held is how many leases the router remembers now.
+		Held int
+	}
 }
 
 // Stats returns how many calls have gone to each backend so far, including
 // those the backend rejected as bad input.
 func (r *Router) Stats() Stats {
-	return Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load(), Leases: r.leaseStats()}
+	s := Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load()}
+	r.leaseStats(&s)
+	return s
 }
-
-// UseNew reports whether key would be sent to the new backend now.
-func (r *Router) UseNew(key string) bool { return r.rollout.UseNew(key) }
 
 // do returns the function behind Take, Peek and Refund: it sends the call
 // to the backend key maps to now (or to the strategy's backend for both),
@@ -273,37 +277,3 @@ func (r *Router) wrap(err error, isNew bool) error {
 	}
 	return fmt.Errorf("%s backend: %w", name, err)
 }
-
-// Percenter is a Rollout that routes by a percentage of Bucket(GroupID(),
-// key), as Percent and File do: a key is new when its bucket is at most
-// Percent(). Knowing the percentage, a caller can tell where a key was
-// routed under an earlier setting; package migration uses it to find the
-// keys a change moves. GroupID must not change.
-type Percenter interface {
-	Rollout
-	// Percent returns the current percentage, 0 to 100.
-	Percent() int
-	// GroupID returns the bucketing group.
-	GroupID() string
-}
-
-var _ Percenter = (*Percent)(nil)
-
-// AsPercenter returns r as a Percenter: a *File's settings, or r itself when
-// it is one (an unleash.PercentSource is). ok is false for a rollout that
-// cannot tell its percentage (an unleash.Source, or a rollout of your own
-// without the two methods).
-func AsPercenter(r Rollout) (p Percenter, ok bool) {
-	if f, isFile := r.(*File); isFile && f != nil {
-		return filePercent{f.pct}, true
-	}
-	p, ok = r.(Percenter)
-	return p, ok
-}
-
-// filePercent is a File's Percent seen through Percenter, without its Set.
-type filePercent struct{ p *Percent }
-
-func (f filePercent) UseNew(key string) bool { return f.p.UseNew(key) }
-func (f filePercent) Percent() int           { return f.p.Percent() }
-func (f filePercent) GroupID() string        { return f.p.GroupID() }

@@ -64,7 +64,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	for i := range 200 {
 		key := fmt.Sprint("user-", i)
 		want := "redis shard 0"
-		if rt.UseNew(key) {
+		if rt.rollout.UseNew(key) {
 			want = "memory"
 		}
 		if got := rt.Traits().Store(throttler.OpTake, key, p); got != want {
@@ -113,7 +113,7 @@ func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	checked := 0
 	for i := range 50 {
 		key := fmt.Sprint("user-", i)
-		if !rt.UseNew(key) {
+		if !rt.rollout.UseNew(key) {
 			continue
 		}
 		checked++

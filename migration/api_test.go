@@ -14,10 +14,10 @@ import (
 
 // A Migration's methods are its own: nothing of the router it is built on
 // is promoted. A promoted AcquireOn granted a lease on the new store for a
-// key UseNew put on the old one.
+// key the rollout put on the old one.
 func TestMigrationMethods(t *testing.T) {
 	want := []string{
-		"Acquire", "Close", "Flush", "Peek", "Refund", "Release", "Stats", "Take", "Traits", "UseNew",
+		"Acquire", "Close", "Flush", "Peek", "Refund", "Release", "Stats", "Take", "Traits",
 	}
 	typ := reflect.TypeFor[*Migration]()
 	var got []string
