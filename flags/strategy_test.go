@@ -20,12 +20,16 @@ type fixedRoute struct {
 	asked  atomic.Int64
 }
 
-func (s *fixedRoute) Route(string, throttler.Policy) (bool, throttler.Backend) {
+func (s *fixedRoute) Route(string, throttler.Policy) (bool, bool) {
 	s.asked.Add(1)
+	return s.toNew, s.both != nil
+}
+
+func (s *fixedRoute) Both(bool) throttler.Backend {
 	if s.both == nil {
-		return s.toNew, nil
+		return nil
 	}
-	return s.toNew, s.both
+	return s.both
 }
 
 func (s *fixedRoute) RouteLease(string, throttler.ConcurrencyPolicy) (bool, bool, throttler.LeaseBackend) {

@@ -39,7 +39,8 @@ func (c *countingPercent) UseNew(key string) bool { c.reads.Add(1); return c.pct
 func (c *countingPercent) Percent() int           { c.reads.Add(1); return c.pct.Percent() }
 func (c *countingPercent) GroupID() string        { return c.pct.GroupID() }
 
-// A call reads the rollout once, whether or not its key is moving.
+// A call reads the rollout once, whether or not its key is moving, and
+// through a Throttler too.
 func TestRolloutReadOncePerCall(t *testing.T) {
 	ctx := context.Background()
 	r := &countingPercent{pct: percent(t, 0)}
@@ -47,11 +48,17 @@ func TestRolloutReadOncePerCall(t *testing.T) {
 	m := clk.migration(t, mem(t), mem(t), r, nil)
 	p := throttler.PerMinute(3).Named("api")
 	lease := throttler.Concurrent(1, time.Minute).Named("exports")
+	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
 	calls := []struct {
 		name string
 		call func(key string) error
 	}{
 		{"Take", func(key string) error { _, err := m.Take(ctx, key, p, 1, t0); return err }},
+		// A Throttler names the store and sends the call from one reading.
+		{"Allow through a Throttler", func(key string) error { _, err := th.Allow(ctx, key, p); return err }},
 		{"Peek", func(key string) error { _, err := m.Peek(ctx, key, p, t0); return err }},
 		{"Acquire", func(key string) error { _, err := m.Acquire(ctx, key, lease, 1, t0); return err }},
 	}

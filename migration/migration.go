@@ -155,17 +155,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 		_ = fwd.Close()
 		return nil, optionsError("Reverse", err)
 	}
-	// The router routes by the strategy, which is r made to send the keys
-	// a change is moving to both stores; it is set up below.
-	routes := &strategy{rollout: r}
-	rt, err := flags.NewRouter(fwd, rev, routes, o.Router)
-	if err != nil {
-		// Everything it checks was checked above, but for Options.Router.
-		_ = errors.Join(fwd.Close(), rev.Close())
-		return nil, err
-	}
 	m := &Migration{
-		router: rt, forward: fwd, reverse: rev,
+		forward: fwd, reverse: rev,
 		stores: [2]store{
 			{b: oldB, local: throttler.TraitsOf(oldB).InProcess},
 			{b: newB, local: throttler.TraitsOf(newB).InProcess, isNew: true},
@@ -178,10 +169,22 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
 	}
+	// The router routes by the strategy, which is r made to send the keys
+	// a change is moving to both stores; it is complete before the router
+	// asks it for the pairs of stores.
+	routes := &strategy{rollout: r}
+	routes.init(m, o.Settle, mono)
+	rt, err := flags.NewRouter(fwd, rev, routes, o.Router)
+	if err != nil {
+		// Everything it checks was checked above, but for Options.Router.
+		// The mover has no ticker yet: it starts at the first change.
+		_ = errors.Join(fwd.Close(), rev.Close())
+		return nil, err
+	}
+	m.router = rt
 	if rt.Traits().Leases {
 		m.leases[0], m.leases[1] = oldB.(throttler.LeaseBackend), newB.(throttler.LeaseBackend)
 	}
-	routes.init(m, o.Settle, mono)
 	return m, nil
 }
 

@@ -296,23 +296,22 @@ func b2i(b bool) int {
 	return 0
 }
 
-// Route returns where a call for key under p goes, and for a moving key
-// the pair of stores.
-func (s *strategy) Route(key string, p throttler.Policy) (bool, throttler.Backend) {
+// Route returns where a call for key under p goes, and whether the key is
+// moving: its call then goes to the pair of stores, Both(toNew).
+func (s *strategy) Route(key string, p throttler.Policy) (toNew, moving bool) {
 	if !s.tracked {
-		return s.rollout.UseNew(key), nil
+		return s.rollout.UseNew(key), false
 	}
 	pct := min(max(s.pct.Percent(), 0), 100)
 	h := s.hist.Load()
 	if pct == h.cur && len(h.marks) == 0 {
-		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, nil
+		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, false
 	}
-	toNew, moving := s.route(h, pct, key, p)
-	if moving {
-		return toNew, s.pairs[1][b2i(toNew)]
-	}
-	return toNew, nil
+	return s.route(h, pct, key, p)
 }
+
+// Both returns the pair of stores for a moving key's rate calls.
+func (s *strategy) Both(toNew bool) throttler.Backend { return s.pairs[1][b2i(toNew)] }
 
 // RouteLease is Route for a lease call: key is moving for the lease's TTL
 // plus Settle. The pair is returned whether or not the key is moving: the
