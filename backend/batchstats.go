@@ -3,7 +3,7 @@ package backend
 // BatchStats are the counts since it was built of a backend that batches
 // operations into round trips (backend/redis: Backend.Stats): how well
 // batching packs operations into round trips, and what an over-limit cache
-// saves. The metrics adapters export them (AddBatching).
+// saves. The metrics adapters export them (Watch).
 type BatchStats struct {
 	// RoundTrips counts requests sent to the store (a batch, a pipeline of
 	// them, or one operation), Ops the operations they carried.

@@ -18,8 +18,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// The Redis batching benchmarks (issue 16, docs/performance.md "Redis
-// batching (issue 16)"). Every comparison is paired: each iteration is one
+// The Redis batching benchmarks (docs/performance.md, "Batching" under
+// "Redis"). Every comparison is paired: each iteration is one
 // round in which every variant runs for batchBurst in turn, so that all see
 // the same machine; run them with -benchtime Nx (N rounds). throttlekit is
 // the Backend as built by default (batching on), on a plain client;

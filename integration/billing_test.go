@@ -25,7 +25,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Billing day (issue 14): the workers of a payment service call a gateway
+// Billing day: the workers of a payment service call a gateway
 // that allows billingN calls per window and answers 429 beyond, through
 // outbound Transports sharing one Redis. Each client stands for a process:
 // its own Redis client, backend, Throttler, Transport and connections.

@@ -15,7 +15,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A ramp of leases (issue 13): real Memcached is the old store and real
+// A ramp of leases: real Memcached is the old store and real
 // Redis the new one; four processes (each its own Migration and Throttler
 // over its own clients and its own rollout, seeing each change a few ms
 // after the one before, loadProcessLag) run 32 goroutines each, acquiring
@@ -221,7 +221,7 @@ func (r *leaseRampResult) String() string {
 		routed.Untracked += l.Untracked
 		routed.Held += l.Held
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
-			drops += s.Count(shadow.Dropped)
+			drops += s.ByKind[shadow.Dropped]
 			for kind, n := range s.ByKind {
 				kinds[kind.String()] += n
 			}
@@ -313,7 +313,7 @@ func TestLeaseRamp(t *testing.T) {
 		} {
 			var failed uint64
 			for _, s := range res.stats {
-				failed += st.mirrored(s).Count(shadow.CandidateError) + st.mirrored(s).Count(shadow.Dropped)
+				failed += st.mirrored(s).ByKind[shadow.CandidateError] + st.mirrored(s).ByKind[shadow.Dropped]
 			}
 			var left int64
 			for _, key := range keys {

@@ -23,8 +23,8 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// A live migration under load, as issue 11 (case 4) found it handing out
-// fresh windows: real Memcached is the old store and real Redis the new
+// A live migration under load, where a ramp must never hand out fresh
+// windows: real Memcached is the old store and real Redis the new
 // one; four processes (each its own Migration and Throttler over its own
 // clients, its own rollout and its own clock) run 24 closed-loop
 // goroutines each against a few dozen shared keys, while the rollout goes
@@ -325,10 +325,10 @@ func loadCheck(p throttler.Policy, res loadResult) loadReport {
 		rep.moving.OneStore += st.Moving.OneStore
 		rep.moving.Changes += st.Moving.Changes
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
-			rep.drops += s.Count(shadow.Dropped)
+			rep.drops += s.ByKind[shadow.Dropped]
 			rep.compared += s.Compared
 			rep.mismatched += s.Mismatched
-			rep.reordered += s.Count(shadow.Reordered)
+			rep.reordered += s.ByKind[shadow.Reordered]
 			for kind, n := range s.ByKind {
 				rep.kinds[kind.String()] += n
 			}

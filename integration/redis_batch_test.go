@@ -29,7 +29,7 @@ func redisBatched[B any](build func() B) B {
 	return build()
 }
 
-// TestRedisBatch proves batching (issue 16) on every topology: the
+// TestRedisBatch proves batching on every topology: the
 // conformance suite (tables, differential traces, exactness under
 // concurrency) with every answer from a batch, exactness across clients
 // with batching as built by default, and a load whose callers leave at

@@ -128,8 +128,7 @@ func ExampleOptions_route() {
 			if m == "" {
 				return outbound.Route{}, errors.New("request has no X-Merchant")
 			}
-			host, err := outbound.HostKey(r)
-			return outbound.Route{Key: host + "/" + m}, err // the zero Policy: Options.Policy
+			return outbound.Route{Key: r.URL.Host + "/" + m}, nil // the zero Policy: Options.Policy
 		},
 	})
 	if err != nil {
@@ -147,8 +146,7 @@ func ExampleOptions_route() {
 		log.Fatal(err)
 	}
 	resp.Body.Close()
-	host, _ := outbound.HostKey(req)
-	d, err := th.Peek(context.Background(), host+"/m-42", perMerchant)
+	d, err := th.Peek(context.Background(), req.URL.Host+"/m-42", perMerchant)
 	if err != nil {
 		log.Fatal(err)
 	}

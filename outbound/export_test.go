@@ -28,3 +28,6 @@ func PauseFrom(h http.Header, status int, now time.Time) (time.Duration, bool) {
 
 // KnownPause is how long the process knows key to stay paused.
 func KnownPause(t *Transport, key string) time.Duration { return t.pauses.left(key, t.now()) }
+
+// HostKey is the default key of req.
+func HostKey(req *http.Request) (string, error) { return hostKey(req) }

@@ -5,7 +5,7 @@
 // A Transport wraps a base transport. Each request counts against a key
 // and a Policy (per host by default; Options.Route for per-gateway or
 // per-merchant keys): the Transport waits until the Throttler admits it
-// (Throttler.Wait), or fails fast with ErrLimited. When a response says
+// (Throttler.Wait), or fails fast with a *LimitedError. When a response says
 // the remote's limit is spent (a 429 or 503 with Retry-After, or
 // RateLimit / X-RateLimit-* headers with nothing remaining and a reset), it
 // pauses that key in the store until then, so that every worker of every
@@ -24,11 +24,11 @@
 //
 // Cost: each request takes its unit (one call, more while it waits) and
 // peeks the pause (one read, which a replica may serve, seeing a new pause
-// one replication lag later): two store calls per request. The Peek comes after the unit is taken, so a pause that
-// began while the request waited for capacity is seen; the unit is then
-// refunded. A pause known in the process (learned from a response, or from
-// a Peek) costs no store call until it ends. A response that asks for a
-// pause costs one more Take.
+// one replication lag later): two store calls per request. The Peek comes
+// after the unit is taken, so a pause that began while the request waited
+// for capacity is seen; the unit is then refunded. A pause known in the
+// process (learned from a response, or from a Peek) costs no store call
+// until it ends. A response that asks for a pause costs one more Take.
 //
 // # Retries and bodies
 //
@@ -56,12 +56,13 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// ErrLimited is returned, by a Transport that fails fast, for a request
-// that would have to wait: errors.As finds a *LimitedError saying how long.
-var ErrLimited = errors.New("outbound: rate limited")
-
 // LimitedError is the error of a request that a Transport with FailFast did
-// not send. It matches ErrLimited.
+// not send because it would have to wait; errors.AsType finds it (through
+// the *url.Error of an http.Client too):
+//
+//	if le, ok := errors.AsType[*outbound.LimitedError](err); ok {
+//		// retry in le.RetryAfter
+//	}
 type LimitedError struct {
 	// RetryAfter is how long until the request could be sent.
 	RetryAfter time.Duration
@@ -77,14 +78,13 @@ func (e *LimitedError) Error() string {
 	return fmt.Sprintf("outbound: rate limited: retry in %v", e.RetryAfter)
 }
 
-// Unwrap makes errors.Is(err, ErrLimited) hold.
-func (e *LimitedError) Unwrap() error { return ErrLimited }
-
 // Route is the limit one request counts against.
 type Route struct {
-	// Key names the remote limit, for example a gateway's host or
-	// "gateway:merchant". Keys are opaque to the store (see
-	// throttler.MaxKeyLen); hash the ones that are secrets.
+	// Key names the remote limit, for example "gateway:merchant". Keys are
+	// opaque to the store (see throttler.MaxKeyLen); hash the ones that are
+	// secrets. The empty Key means the default key: the request's host, in
+	// lower case, and port, the scheme's default when the URL has none
+	// ("api.example.com:443"; a per-host policy needs no key of its own).
 	Key string
 	// Policy is the limit of Key. The zero Policy means Options.Policy.
 	Policy throttler.Policy
@@ -113,10 +113,10 @@ type Options struct {
 	Policy throttler.Policy
 	// Route maps a request to its key and policy. An error fails the
 	// request before anything is sent. default: the request's host and port
-	// ("api.example.com:443") under Policy
+	// ("api.example.com:443", as an empty Route.Key) under Policy
 	Route func(*http.Request) (Route, error)
-	// FailFast returns an error matching ErrLimited at once, instead of
-	// waiting, for a request that would have to wait. default: false
+	// FailFast returns a *LimitedError at once, instead of waiting, for a
+	// request that would have to wait. default: false
 	FailFast bool
 	// Retries is how many times a request answered 429 or 503 with a pause
 	// is sent again once the pause is over, if that is safe (see the
@@ -213,7 +213,7 @@ func New(th *throttler.Throttler, opts *Options) (*Transport, error) {
 // RoundTrip sends req once its key has capacity and no pause, and learns
 // from the response. Its errors: the Route's; the Throttler's (bad input,
 // throttler.ErrUnavailable from one that fails closed while its store is
-// down); ErrLimited with FailFast; the context's, wrapped, when it ends
+// down); a *LimitedError with FailFast; the context's, wrapped, when it ends
 // while waiting; throttler.ErrWouldExceedDeadline, at once, when the wait
 // would outlast the request's deadline, also for a request queued behind
 // others waiting for its key (Throttler.WaitN says how it knows); and the
@@ -258,15 +258,20 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// route returns req's Route, its Policy filled in.
+// route returns req's Route, its Key and Policy filled in.
 func (t *Transport) route(req *http.Request) (Route, error) {
-	if t.opts.Route == nil {
-		key, err := HostKey(req)
-		return Route{Key: key, Policy: t.opts.Policy}, err
+	var r Route
+	if t.opts.Route != nil {
+		var err error
+		if r, err = t.opts.Route(req); err != nil {
+			return r, fmt.Errorf("outbound: Options.Route: %w", err)
+		}
 	}
-	r, err := t.opts.Route(req)
-	if err != nil {
-		return r, fmt.Errorf("outbound: Options.Route: %w", err)
+	if r.Key == "" {
+		var err error
+		if r.Key, err = hostKey(req); err != nil {
+			return r, err
+		}
 	}
 	if r.Policy == (throttler.Policy{}) {
 		r.Policy = t.opts.Policy
@@ -277,9 +282,9 @@ func (t *Transport) route(req *http.Request) (Route, error) {
 	return r, nil
 }
 
-// HostKey is the default key of a request: its host, in lower case, and
+// hostKey is the default key of a request: its host, in lower case, and
 // port, the scheme's default when the URL has none ("api.example.com:443").
-func HostKey(req *http.Request) (string, error) {
+func hostKey(req *http.Request) (string, error) {
 	if req.URL == nil {
 		return "", errors.New("outbound: request has no URL")
 	}

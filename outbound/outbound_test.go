@@ -232,7 +232,7 @@ func TestHostKey(t *testing.T) {
 	} {
 		req, err := http.NewRequest(http.MethodGet, tc.url, nil)
 		require.NoError(t, err)
-		got, err := outbound.HostKey(req)
+		got, err := outbound.HostKey(req) // the default key
 		require.NoError(t, err, tc.url)
 		assert.Equal(t, tc.want, got, tc.url)
 	}
@@ -474,18 +474,18 @@ func post(t *testing.T, ctx context.Context) (*http.Request, *closeRecorder) {
 	return req, body
 }
 
-// TestFailFast: a request that would wait fails at once with ErrLimited,
-// saying how long; nothing is sent and its body is closed.
+// TestFailFast: a request that would wait fails at once with a
+// *LimitedError, saying how long; nothing is sent and its body is closed.
 func TestFailFast(t *testing.T) {
 	f := newFleet(t, 2, outbound.Options{Policy: throttler.PerMinute(1).Named("gateway"), FailFast: true}, nil)
 
 	f.mustGet(t, 0)
 	req, body := post(t, context.Background())
 	_, err := f.trs[0].RoundTrip(req)
-	require.ErrorIs(t, err, outbound.ErrLimited)
-	var le *outbound.LimitedError
-	require.ErrorAs(t, err, &le)
+	le, ok := errors.AsType[*outbound.LimitedError](err)
+	require.True(t, ok, "%v", err)
 	assert.Equal(t, outbound.LimitedError{RetryAfter: time.Minute}, *le)
+	assert.EqualError(t, err, "outbound: rate limited: retry in 1m0s")
 	assert.True(t, body.closed)
 	assert.Len(t, f.remote.Calls(), 1)
 
@@ -501,6 +501,11 @@ func TestFailFast(t *testing.T) {
 		assert.Equal(t, outbound.LimitedError{RetryAfter: 30 * time.Second, Paused: true}, *le)
 		assert.EqualError(t, err, "outbound: rate limited: the remote asked to pause for 30s more")
 	}
+	// Through an http.Client, which wraps it in a *url.Error.
+	_, err = (&http.Client{Transport: g.trs[1]}).Get("https://gateway.example/pay")
+	le, ok = errors.AsType[*outbound.LimitedError](err)
+	require.True(t, ok, "%v", err)
+	assert.True(t, le.Paused)
 	assert.Len(t, g.remote.Calls(), 1)
 	assert.Empty(t, g.w.Sleeps())
 	d, err := g.ths[1].Peek(context.Background(), gatewayKey, perMinute)
@@ -508,8 +513,9 @@ func TestFailFast(t *testing.T) {
 	assert.Equal(t, int64(1), d.Used, "the unit process 1 took was refunded")
 }
 
-// TestRoutes: per-merchant keys from a Route; its errors fail the request
-// before anything is sent or counted.
+// TestRoutes: per-merchant keys from a Route, or the default key with the
+// Route's policy; its errors fail the request before anything is sent or
+// counted.
 func TestRoutes(t *testing.T) {
 	merchant := func(r *http.Request) (outbound.Route, error) {
 		m := r.Header.Get("X-Merchant")
@@ -520,8 +526,10 @@ func TestRoutes(t *testing.T) {
 			return outbound.Route{Key: "gw:" + m, Policy: throttler.PerMinute(1000).Named("big")}, nil
 		case "pause":
 			return outbound.Route{Key: "gw:" + m, Policy: throttler.PerMinute(1000).Named("outbound-pause")}, nil
-		case "empty":
-			return outbound.Route{Policy: perMinute}, nil
+		case "host":
+			return outbound.Route{Policy: throttler.PerMinute(1000).Named("big")}, nil // the default key
+		case "long":
+			return outbound.Route{Key: strings.Repeat("k", throttler.MaxKeyLen+1)}, nil
 		}
 		return outbound.Route{Key: "gw:" + m}, nil // Options.Policy
 	}
@@ -541,23 +549,29 @@ func TestRoutes(t *testing.T) {
 	}
 	require.NoError(t, send("small"))
 	require.NoError(t, send("big"))
+	require.NoError(t, send("host"))
 	ctx := context.Background()
-	d, err := f.ths[0].Peek(ctx, "gw:small", perMinute)
+	for _, c := range []struct {
+		key string
+		p   throttler.Policy
+	}{{"gw:small", perMinute}, {"gw:big", throttler.PerMinute(1000).Named("big")}, {gatewayKey, throttler.PerMinute(1000).Named("big")}} {
+		d, err := f.ths[0].Peek(ctx, c.key, c.p)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), d.Used, c.key)
+	}
+	d, err := f.ths[0].Peek(ctx, gatewayKey, perMinute)
 	require.NoError(t, err)
-	assert.Equal(t, int64(1), d.Used)
-	d, err = f.ths[0].Peek(ctx, "gw:big", throttler.PerMinute(1000).Named("big"))
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), d.Used)
+	assert.Zero(t, d.Used, "the default key under the Route's policy only")
 
 	takes := f.store.takes.Load()
 	assert.EqualError(t, send(""), "outbound: Options.Route: no merchant")
 	assert.EqualError(t, send("pause"), `outbound: Options.Route gave a policy named "outbound-pause", as the pauses are (Options.PauseName)`)
-	err = send("empty")
+	err = send("long")
 	require.ErrorIs(t, err, throttler.ErrInvalidKey)
 	assert.Equal(t, 1, strings.Count(err.Error(), "outbound:"), err.Error())
 	assert.NotContains(t, err.Error(), "throttler:")
-	assert.Equal(t, takes+1, f.store.takes.Load(), "only the empty key reached the store, which refused it")
-	assert.Len(t, f.remote.Calls(), 2)
+	assert.Equal(t, takes+1, f.store.takes.Load(), "only the long key reached the store, which refused it")
+	assert.Len(t, f.remote.Calls(), 3)
 }
 
 type down struct{}

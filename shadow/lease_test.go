@@ -14,8 +14,8 @@ import (
 
 var two = throttler.Concurrent(2, time.Minute).Named("exports")
 
-// leaseHooked is hooked with leases: before runs ahead of every call, lease
-// calls included, and may block or fail them.
+// leaseHooked is hooked with leases: before runs ahead of every call, lease calls included, and may
+// block or fail them.
 type leaseHooked struct {
 	*hooked
 	leases throttler.LeaseBackend
@@ -69,8 +69,8 @@ func TestShadowLeaseConformance(t *testing.T) {
 	})
 }
 
-// Every lease call is mirrored with its LeaseID, so the candidate holds
-// what the control holds, and the pairs compare.
+// Every lease call is mirrored with its LeaseID, so the candidate holds what the control holds, and
+// the pairs compare.
 func TestLeasesMirrored(t *testing.T) {
 	ctx := context.Background()
 	control, candidate := mem(t), mem(t)
@@ -128,8 +128,8 @@ func TestLeasesMirrored(t *testing.T) {
 	}
 }
 
-// A lease the candidate grants where the control did not (it denied, or
-// failed) is released on the candidate at once: nobody will release it.
+// A lease the candidate grants where the control did not (it denied, or failed) is released on the
+// candidate at once: nobody will release it.
 func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 	ctx := context.Background()
 	down := errors.New("connection refused")
@@ -171,8 +171,8 @@ func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 	}
 }
 
-// A Release that one store held and the other did not is a difference of
-// the leases held before the call, though the decisions after it agree.
+// A Release that one store held and the other did not is a difference of the leases held before the
+// call, though the decisions after it agree.
 func TestReleaseHeldDiffers(t *testing.T) {
 	ctx := context.Background()
 	control := mem(t)
@@ -208,8 +208,7 @@ func TestLeaseBadInputIsNotMirrored(t *testing.T) {
 	}
 }
 
-// A shadow holds leases when its control does, and mirrors them when the
-// candidate does too.
+// A shadow holds leases when its control does, and mirrors them when the candidate does too.
 func TestShadowHoldsLeasesWhenItsControlDoes(t *testing.T) {
 	ctx := context.Background()
 	noLeases := &hooked{Backend: mem(t)} // a Backend without the lease methods

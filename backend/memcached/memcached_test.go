@@ -172,7 +172,7 @@ func TestRoundTrips(t *testing.T) {
 // already opened, with the cache as without it: the contract's answer (the
 // stored window is open at its now), which Redis gives too. Trusting the
 // cache up to the reset-at counted it in the window the other process had
-// ended (issue 11, case 5). A vanished counter makes it read the head.
+// ended. A vanished counter makes it read the head.
 func TestCacheStaleness(t *testing.T) {
 	p := throttler.Policy{Limit: 10, Window: time.Minute}
 	ctx := context.Background()

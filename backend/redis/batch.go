@@ -757,7 +757,7 @@ func (c *counters) roundTrip(n int) {
 
 // Stats are a Backend's counts since New, for observations: how well
 // batching packs operations into round trips, and what the over-limit
-// cache saves (the metrics adapters' AddBatching exports them).
+// cache saves (the metrics adapters' Watch exports them).
 type Stats = backend.BatchStats
 
 // Stats returns the backend's counts so far.

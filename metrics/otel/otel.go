@@ -9,8 +9,9 @@
 //	defer m.Unregister()
 //	t, err := throttler.New(b, &throttler.Options{Observe: m.Observe})
 //	...
-//	err = m.WatchThrottler(t)             // its breakers
-//	err = m.AddMigration("sessions", mig) // share, shadows, moving keys
+//	err = m.Watch("api", t)            // its breakers
+//	err = m.Watch("sessions", mig)     // share, shadows, moving keys
+//	err = m.Watch("redis", redisStore) // batches, over-limit cache
 //
 // Observe records the call instruments on every call; the rest are
 // observable instruments whose callback reads each source's Stats when the
@@ -41,27 +42,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/backend/memory"
-	"slices"
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/metrics/internal/metricdef"
-	"github.com/throttlekit/throttlekit/migration"
-	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // ScopeName is the instrumentation scope of the meter.
 const ScopeName = "github.com/throttlekit/throttlekit/metrics/otel"
-
-// DefaultBuckets are the latency histogram's bucket boundaries, in seconds:
-// the same as metrics/prometheus's.
-var DefaultBuckets = slices.Clone(metricdef.DefaultBuckets)
 
 // Options configure Metrics. Nil options mean defaults.
 type Options struct {
@@ -73,7 +64,9 @@ type Options struct {
 	MaxStores int
 	// Buckets are the latency histogram's boundaries in seconds,
 	// increasing by at least a nanosecond (advice: a View may replace
-	// them). default: DefaultBuckets
+	// them). default: those of metrics/prometheus: 0.00005, 0.0001,
+	// 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+	// 0.5, 1
 	Buckets []float64
 }
 
@@ -233,44 +226,30 @@ func (m *Metrics) Unregister() error {
 	return nil
 }
 
-// WatchThrottler adds t's breakers to throttlekit.breakers.open.
-func (m *Metrics) WatchThrottler(t *throttler.Throttler) error {
-	return wrap(m.sources.WatchThrottler(t))
-}
-
-// AddRouter reads r's Stats at each collection: throttlekit.router.calls
-// with throttlekit.router=name.
-func (m *Metrics) AddRouter(name string, r *flags.Router) error {
-	return wrap(m.sources.AddRouter(name, r))
-}
-
-// AddShadow reads b's Stats at each collection: the throttlekit.shadow.*
-// instruments with throttlekit.shadow=name and throttlekit.direction="".
-func (m *Metrics) AddShadow(name string, b *shadow.Backend) error {
-	return wrap(m.sources.AddShadow(name, b))
-}
-
-// AddMigration reads mg's Stats at each collection: its routing
-// (throttlekit.router.calls, throttlekit.router=name), its shadows
-// (throttlekit.shadow=name, direction forward and reverse) and its moving
-// keys (throttlekit.migration=name).
-func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
-	return wrap(m.sources.AddMigration(name, mg))
-}
-
-// AddBatching reads stats at each collection, a batching backend's
-// counts (backend/redis: pass the Backend's Stats method): the
-// throttlekit.backend. round trip and operation instruments and the
-// throttlekit.overlimit_cache. ones with throttlekit.backend=name.
-func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
-	return wrap(m.sources.AddBatching(name, stats))
-}
-
-// AddMemory reads stats at each collection, an in-process backend's counts
-// (backend/memory: pass the Backend's Stats method): the throttlekit.memory. keys,
-// evictions and second-tier hits metrics with throttlekit.backend=name.
-func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
-	return wrap(m.sources.AddMemory(name, stats))
+// Watch reads source at each collection, under name (unique among the
+// sources of m). source is one of:
+//
+//   - a *throttler.Throttler: its breakers in throttlekit.breakers.open,
+//     whose attribute is the store (name only tells Throttlers apart);
+//   - a *flags.Router: throttlekit.router.calls with throttlekit.router=name;
+//   - a *shadow.Backend: the throttlekit.shadow.* instruments with
+//     throttlekit.shadow=name and throttlekit.direction="";
+//   - a *migration.Migration: its routing (throttlekit.router.calls,
+//     throttlekit.router=name), its shadows (throttlekit.shadow=name,
+//     direction forward and reverse) and its moving keys
+//     (throttlekit.migration=name);
+//   - a batching backend (backend/redis's Backend): the throttlekit.backend.
+//     round trip and operation instruments and the throttlekit.overlimit_cache.
+//     ones with throttlekit.backend=name;
+//   - a backend/memory Backend: the throttlekit.memory. keys, evictions and
+//     second-tier hits instruments with throttlekit.backend=name.
+//
+// Each but the Throttler may also be given as its Stats method
+// (redisBackend.Stats). Any other source, a nil one, a name that is empty,
+// longer than 128 bytes, not UTF-8 or already watched, and a Throttler
+// watched twice are errors.
+func (m *Metrics) Watch(name string, source any) error {
+	return wrap(m.sources.Watch(name, source))
 }
 
 func wrap(err error) error {

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	"github.com/throttlekit/throttlekit/metrics/otel"
 )
@@ -61,11 +62,14 @@ func decision(v int64, policy, op, source, result string) metricdata.DataPoint[i
 	return point(v, "throttlekit.policy", policy, "throttlekit.op", op, "throttlekit.source", source, "throttlekit.result", result)
 }
 
+// documentedBuckets are Options.Buckets' default, as its comment lists them.
+var documentedBuckets = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+
 // The calls are traffic.Calls'; its comment says what each did.
 func TestObservedCallsCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
 	open, _ := traffic.Calls(t, m.Observe)
-	require.NoError(t, m.WatchThrottler(open))
+	require.NoError(t, m.Watch("open", open))
 	got := collect(t, reader)
 
 	dec := got["throttlekit.decisions"]
@@ -102,7 +106,7 @@ func TestObservedCallsCollect(t *testing.T) {
 	for _, p := range hist.DataPoints {
 		store, _ := p.Attributes.Value("throttlekit.store")
 		counts[store.AsString()] = p.Count
-		assert.Equal(t, otel.DefaultBuckets, p.Bounds)
+		assert.Equal(t, documentedBuckets, p.Bounds)
 	}
 	assert.Equal(t, map[string]uint64{"default": 4, "redis-1": 1, "redis-2": 2, "redis-3": 1}, counts)
 }
@@ -175,15 +179,20 @@ func TestNewRefusesBadInput(t *testing.T) {
 	assert.EqualError(t, err, "otel: New needs a MeterProvider, got nil")
 }
 
+// batcher is a batching backend whose counts are fixed.
+type batcher struct{ st backend.BatchStats }
+
+func (b *batcher) Stats() backend.BatchStats { return b.st }
+
 // A batching backend's counts as observable instruments, read at each
 // collection, under throttlekit.backend=name (fixed counts here; a
 // redis.Backend's Stats in an application).
 func TestBatchingCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
-	st := backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
-		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}
-	require.NoError(t, m.AddBatching("redis", func() backend.BatchStats { return st }))
-	st.RoundTrips = 11 // read at the collection, not when added
+	b := &batcher{backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
+		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}}
+	require.NoError(t, m.Watch("redis", b)) // the backend itself, as a *redis.Backend
+	b.st.RoundTrips = 11                    // read at the collection, not when added
 	got := collect(t, reader)
 
 	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "redis")) }
@@ -209,15 +218,16 @@ func TestBatchingCollect(t *testing.T) {
 		sizes[s.AsString()] = p.Value
 	}
 	assert.Equal(t, map[string]int64{"1": 6, "2-3": 1, "4-7": 0, "8-15": 3, "16-31": 0, "32-63": 0, "64-127": 0, "128+": 0}, sizes)
-	assert.EqualError(t, m.AddBatching("other", nil), `otel: AddBatching "other": nil`)
+	assert.EqualError(t, m.Watch("other", (*batcher)(nil)), `otel: Watch "other": the source is a nil *otel_test.batcher`)
+	assert.EqualError(t, m.Watch("other", b.st), `otel: Watch "other": a backend.BatchStats is not a source: want a *throttler.Throttler, or a *flags.Router, *shadow.Backend, *migration.Migration, batching backend (backend/redis) or backend/memory Backend, or its Stats method`)
 }
 
 // An in-process backend's counts as observable instruments, under
 // throttlekit.backend=name: a table of one key that two keys share.
 func TestMemoryCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
-	mem := traffic.FullMemory(t) // its comment says what it holds
-	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	mem := traffic.FullMemory(t)                       // its comment says what it holds
+	require.NoError(t, m.Watch("embedded", mem.Stats)) // its Stats method
 	got := collect(t, reader)
 	one := func(v int64) metricdata.Sum[int64] { return sum(point(v, "throttlekit.backend", "embedded")) }
 	metricdatatest.AssertAggregationsEqual(t, one(2), got["throttlekit.memory.evictions"].Data, metricdatatest.IgnoreTimestamp())
@@ -226,5 +236,6 @@ func TestMemoryCollect(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, keys.DataPoints, 1)
 	assert.Equal(t, int64(1), keys.DataPoints[0].Value)
-	assert.EqualError(t, m.AddMemory("other", nil), `otel: AddMemory "other": nil`)
+	assert.EqualError(t, m.Watch("embedded", mem), `otel: Watch "embedded": name already watched`)
+	assert.EqualError(t, m.Watch("other", (func() memory.Stats)(nil)), `otel: Watch "other": the source is a nil func() memory.Stats`)
 }

@@ -30,7 +30,10 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	if err := metrics.WatchThrottler(t); err != nil {
+	if err := metrics.Watch("api", t); err != nil { // its breakers
+		panic(err)
+	}
+	if err := metrics.Watch("memory", store); err != nil { // its keys, read at each scrape
 		panic(err)
 	}
 	login := throttler.Policy{Name: "login", Limit: 2, Window: time.Minute}
@@ -43,7 +46,9 @@ func Example() {
 		panic(err)
 	}
 	for _, f := range families {
-		if f.GetName() != "throttlekit_decisions_total" && f.GetName() != "throttlekit_breakers_open" {
+		switch f.GetName() {
+		case "throttlekit_decisions_total", "throttlekit_breakers_open", "throttlekit_memory_keys":
+		default:
 			continue
 		}
 		for _, m := range f.GetMetric() {
@@ -58,4 +63,5 @@ func Example() {
 	// throttlekit_breakers_open store=default: 0
 	// throttlekit_decisions_total op=take policy=login result=allowed source=primary: 2
 	// throttlekit_decisions_total op=take policy=login result=denied source=primary: 1
+	// throttlekit_memory_keys backend=memory: 1
 }

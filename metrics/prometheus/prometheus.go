@@ -9,8 +9,9 @@
 //	registry.MustRegister(m)
 //	t, err := throttler.New(b, &throttler.Options{Observe: m.Observe})
 //	...
-//	err = m.WatchThrottler(t)             // its breakers
-//	err = m.AddMigration("sessions", mig) // share, shadows, moving keys
+//	err = m.Watch("api", t)            // its breakers
+//	err = m.Watch("sessions", mig)     // share, shadows, moving keys
+//	err = m.Watch("redis", redisStore) // batches, over-limit cache
 //
 // Observe feeds the call metrics on every call; the rest is read from each
 // source's Stats when the registry is scraped, so the core needs no other
@@ -41,35 +42,24 @@
 //
 // No client key ever becomes a label. policy is the policy's Name ("unnamed"
 // for an unnamed policy), store the store's name as the backend gives it
-// ("default" for a backend that is one store), router, shadow and migration
-// the names given to Add*: all fixed by configuration. The adapter bounds
-// policies and stores all the same (Options.MaxPolicies, MaxStores); names
-// beyond the bound count under "other". With P policies and S stores the
-// call metrics are at most P×5×4×3 decision series (only those seen are
+// ("default" for a backend that is one store), router, shadow, migration and
+// backend the names given to Watch: all fixed by configuration. The adapter
+// bounds policies and stores all the same (Options.MaxPolicies, MaxStores);
+// names beyond the bound count under "other". With P policies and S stores
+// the call metrics are at most P×5×4×3 decision series (only those seen are
 // created), S histograms of len(Buckets)+3 series and S×2 error series.
 package prometheus
 
 import (
 	"fmt"
-	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/backend/memory"
-	"slices"
 	"sync/atomic"
 	"time"
 
 	prom "github.com/prometheus/client_golang/prometheus"
 
-	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/metrics/internal/metricdef"
-	"github.com/throttlekit/throttlekit/migration"
-	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// DefaultBuckets are the latency buckets, in seconds: from an in-process
-// store's microseconds through a network store's milliseconds to the
-// Throttler's default 100ms timeout and beyond.
-var DefaultBuckets = slices.Clone(metricdef.DefaultBuckets)
 
 // Options configure Metrics. Nil options mean defaults.
 type Options struct {
@@ -80,7 +70,11 @@ type Options struct {
 	// as "other". default: 64
 	MaxStores int
 	// Buckets are the latency histogram's upper bounds in seconds,
-	// increasing by at least a nanosecond. default: DefaultBuckets
+	// increasing by at least a nanosecond. default: from an in-process
+	// store's microseconds through a network store's milliseconds to the
+	// Throttler's default 100ms timeout and beyond: 0.00005, 0.0001,
+	// 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+	// 0.5, 1
 	Buckets []float64
 }
 
@@ -190,44 +184,30 @@ func (m *Metrics) Observe(o throttler.Observation) {
 	}
 }
 
-// WatchThrottler adds t's breakers to throttlekit_breakers_open.
-func (m *Metrics) WatchThrottler(t *throttler.Throttler) error {
-	return wrap(m.sources.WatchThrottler(t))
-}
-
-// AddRouter reads r's Stats at each scrape: throttlekit_router_calls_total
-// with router=name.
-func (m *Metrics) AddRouter(name string, r *flags.Router) error {
-	return wrap(m.sources.AddRouter(name, r))
-}
-
-// AddShadow reads b's Stats at each scrape: the throttlekit_shadow_ metrics
-// with shadow=name and direction="".
-func (m *Metrics) AddShadow(name string, b *shadow.Backend) error {
-	return wrap(m.sources.AddShadow(name, b))
-}
-
-// AddMigration reads mg's Stats at each scrape: its routing
-// (throttlekit_router_calls_total, router=name), its shadows
-// (shadow=name, direction forward: old serves and new is compared;
-// reverse: the other way) and its moving keys (migration=name).
-func (m *Metrics) AddMigration(name string, mg *migration.Migration) error {
-	return wrap(m.sources.AddMigration(name, mg))
-}
-
-// AddBatching reads stats at each scrape, a batching backend's counts
-// (backend/redis: pass the Backend's Stats method): the
-// throttlekit_backend_ round trip and operation metrics and the
-// throttlekit_overlimit_cache_ metrics with backend=name.
-func (m *Metrics) AddBatching(name string, stats func() backend.BatchStats) error {
-	return wrap(m.sources.AddBatching(name, stats))
-}
-
-// AddMemory reads stats at each scrape, an in-process backend's counts
-// (backend/memory: pass the Backend's Stats method): the throttlekit_memory_ keys,
-// evictions and second-tier hits metrics with backend=name.
-func (m *Metrics) AddMemory(name string, stats func() memory.Stats) error {
-	return wrap(m.sources.AddMemory(name, stats))
+// Watch reads source at each scrape, under name (unique among the sources
+// of m). source is one of:
+//
+//   - a *throttler.Throttler: its breakers in throttlekit_breakers_open,
+//     whose label is the store (name only tells Throttlers apart);
+//   - a *flags.Router: throttlekit_router_calls_total with router=name;
+//   - a *shadow.Backend: the throttlekit_shadow_ metrics with shadow=name
+//     and direction="";
+//   - a *migration.Migration: its routing (throttlekit_router_calls_total,
+//     router=name), its shadows (shadow=name, direction forward: old serves
+//     and new is compared; reverse: the other way) and its moving keys
+//     (throttlekit_migration_ metrics, migration=name);
+//   - a batching backend (backend/redis's Backend): the throttlekit_backend_
+//     round trip and operation metrics and the throttlekit_overlimit_cache_
+//     metrics with backend=name;
+//   - a backend/memory Backend: the throttlekit_memory_ keys, evictions and
+//     second-tier hits metrics with backend=name.
+//
+// Each but the Throttler may also be given as its Stats method
+// (redisBackend.Stats). Any other source, a nil one, a name that is empty,
+// longer than 128 bytes, not UTF-8 or already watched, and a Throttler
+// watched twice are errors.
+func (m *Metrics) Watch(name string, source any) error {
+	return wrap(m.sources.Watch(name, source))
 }
 
 func wrap(err error) error {

@@ -12,8 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/metrics/internal/traffic"
 	"github.com/throttlekit/throttlekit/metrics/prometheus"
+	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -30,7 +32,7 @@ func newMetrics(t *testing.T, o *prometheus.Options) (*prometheus.Metrics, *prom
 func TestObservedCallsScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	open, _ := traffic.Calls(t, m.Observe)
-	require.NoError(t, m.WatchThrottler(open))
+	require.NoError(t, m.Watch("open", open))
 
 	want := `
 # HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
@@ -231,28 +233,32 @@ func TestNewRefusesBadOptions(t *testing.T) {
 	}
 }
 
-func TestAddRefusesBadSources(t *testing.T) {
+// Watch refuses, when it is called, a source it could not read; its errors
+// carry the adapter's prefix (metricdef's tests cover every case).
+func TestWatchRefusesBadSources(t *testing.T) {
 	m, _ := newMetrics(t, nil)
 	s := traffic.Drive(t)
-	require.NoError(t, m.AddRouter("r", s.Router))
+	require.NoError(t, m.Watch("r", s.Router))
 	tests := []struct {
 		err  error
 		want string
 	}{
-		{m.AddRouter("r", s.Router), `prometheus: AddRouter "r": name already added`},
-		{m.AddMigration("r", s.Migration), `prometheus: AddMigration "r": name already added`},
-		{m.AddShadow("", s.Mismatch), `prometheus: AddShadow: empty name`},
-		{m.AddShadow("x", nil), `prometheus: AddShadow "x": nil`},
-		{m.AddRouter("bad\xff", s.Router), `prometheus: AddRouter "bad\xff": a name is valid UTF-8 of at most 128 bytes`},
-		{m.AddMigration(strings.Repeat("m", 129), s.Migration), `prometheus: AddMigration "` + strings.Repeat("m", 129) + `": a name is valid UTF-8 of at most 128 bytes`},
-		{m.WatchThrottler(nil), `prometheus: WatchThrottler: nil Throttler`},
+		{m.Watch("r", s.Router), `prometheus: Watch "r": name already watched`},
+		{m.Watch("r", s.Migration), `prometheus: Watch "r": name already watched`},
+		{m.Watch("", s.Mismatch), `prometheus: Watch "": empty name`},
+		{m.Watch("x", (*shadow.Backend)(nil)), `prometheus: Watch "x": the source is a nil *shadow.Backend`},
+		{m.Watch("x", nil), `prometheus: Watch "x": the source is nil`},
+		{m.Watch("bad\xff", s.Router), `prometheus: Watch "bad\xff": a name is valid UTF-8 of at most 128 bytes`},
+		{m.Watch(strings.Repeat("m", 129), s.Migration), `prometheus: Watch "` + strings.Repeat("m", 129) + `": a name is valid UTF-8 of at most 128 bytes`},
+		{m.Watch("x", (*throttler.Throttler)(nil)), `prometheus: Watch "x": the source is a nil *throttler.Throttler`},
+		{m.Watch("x", s.Router.Take), `prometheus: Watch "x": a func(context.Context, string, throttler.Policy, int64, time.Time) (throttler.Decision, error) is not a source: want a *throttler.Throttler, or a *flags.Router, *shadow.Backend, *migration.Migration, batching backend (backend/redis) or backend/memory Backend, or its Stats method`},
 	}
 	for _, tt := range tests {
 		assert.EqualError(t, tt.err, tt.want)
 	}
 	_, healthy := traffic.Calls(t, nil)
-	require.NoError(t, m.WatchThrottler(healthy))
-	assert.EqualError(t, m.WatchThrottler(healthy), "prometheus: WatchThrottler: Throttler already watched")
+	require.NoError(t, m.Watch("healthy", healthy))
+	assert.EqualError(t, m.Watch("healthy-again", healthy), `prometheus: Watch "healthy-again": the Throttler is watched under another name`)
 }
 
 // A batching backend's counts, read at each scrape: round trips by size,
@@ -262,7 +268,7 @@ func TestBatchingScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	st := backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
 		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}
-	require.NoError(t, m.AddBatching("redis", func() backend.BatchStats { return st }))
+	require.NoError(t, m.Watch("redis", func() backend.BatchStats { return st }))
 	st.CacheHits = 9 // read at the scrape, not when added
 
 	want := `
@@ -299,8 +305,8 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 		"throttlekit_backend_round_trips_total", "throttlekit_backend_operations_total",
 		"throttlekit_backend_batched_operations_total", "throttlekit_backend_abandoned_operations_total",
 		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys"))
-	assert.EqualError(t, m.AddBatching("redis", func() backend.BatchStats { return st }), `prometheus: AddBatching "redis": name already added`)
-	assert.EqualError(t, m.AddBatching("other", nil), `prometheus: AddBatching "other": nil`)
+	assert.EqualError(t, m.Watch("redis", func() backend.BatchStats { return st }), `prometheus: Watch "redis": name already watched`)
+	assert.EqualError(t, m.Watch("other", (func() backend.BatchStats)(nil)), `prometheus: Watch "other": the source is a nil func() backend.BatchStats`)
 }
 
 // An in-process backend's counts, read at each scrape under backend=name:
@@ -308,8 +314,8 @@ throttlekit_overlimit_cache_keys{backend="redis"} 3
 // came back from the second tier, evicting the other.
 func TestMemoryScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
-	mem := traffic.FullMemory(t) // its comment says what it holds
-	require.NoError(t, m.AddMemory("embedded", mem.Stats))
+	mem := traffic.FullMemory(t)                 // its comment says what it holds
+	require.NoError(t, m.Watch("embedded", mem)) // the Backend itself
 	want := `
 # HELP throttlekit_memory_evictions_total Live states a full in-process backend moved to its second tier to make room.
 # TYPE throttlekit_memory_evictions_total counter
@@ -323,6 +329,6 @@ throttlekit_memory_second_tier_hits_total{backend="embedded"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total"))
-	assert.EqualError(t, m.AddMemory("embedded", mem.Stats), `prometheus: AddMemory "embedded": name already added`)
-	assert.EqualError(t, m.AddMemory("other", nil), `prometheus: AddMemory "other": nil`)
+	assert.EqualError(t, m.Watch("embedded", mem.Stats), `prometheus: Watch "embedded": name already watched`)
+	assert.EqualError(t, m.Watch("other", (*memory.Backend)(nil)), `prometheus: Watch "other": the source is a nil *memory.Backend`)
 }

@@ -4,7 +4,7 @@
 // migrations, Throttlers' breakers) read at each collection.
 //
 // Cardinality: no client key ever becomes a label. Label values come from
-// configuration (policy names, store names, the names given to Add*) or
+// configuration (policy names, store names, the names given to Watch) or
 // from small fixed sets (op, source, result, reason, side, direction,
 // kind); policy and store names are capped by Table, beyond which they
 // count as "other".

@@ -3,12 +3,14 @@ package metricdef
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/migration"
 	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -151,9 +153,9 @@ type Sample struct {
 // mismatches, so never in ShadowMismatches: the real-difference rate).
 var differenceKinds = [...]shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers, shadow.RetryAfterDiffers, shadow.Reordered}
 
-// Sources are what an adapter reads at each collection. Add* and Watch may
-// be called at any time; names share one space (a router and a migration of
-// one name would write the same series).
+// Sources are what an adapter reads at each collection. Watch may be called
+// at any time; names share one space (a router and a migration of one name
+// would write the same series).
 type Sources struct {
 	// MaxStores bounds the store label values of BreakersOpen, as the
 	// observed metrics' store table does.
@@ -161,52 +163,66 @@ type Sources struct {
 
 	mu         sync.Mutex
 	names      map[string]bool
-	routers    []namedRouter
-	shadows    []namedShadow
-	migrations []namedMigration
-	batchers   []namedBatcher
-	memories   []namedMemory
+	routers    []named[flags.Stats]
+	shadows    []named[shadow.Stats]
+	migrations []named[migration.Stats]
+	batchers   []named[backend.BatchStats]
+	memories   []named[memory.Stats]
 	throttlers []*throttler.Throttler
 }
 
-type namedMemory struct {
+// named is a source's Stats and the name its series carry.
+type named[S any] struct {
 	name  string
-	stats func() memory.Stats
+	stats func() S
 }
 
-type namedBatcher struct {
-	name  string
-	stats func() backend.BatchStats
-}
+// accepted lists the sources Watch takes, for its error.
+const accepted = "a *throttler.Throttler, or a *flags.Router, *shadow.Backend, " +
+	"*migration.Migration, batching backend (backend/redis) or backend/memory Backend, " +
+	"or its Stats method"
 
-type namedRouter struct {
-	name  string
-	stats func() flags.Stats
-}
-
-type namedShadow struct {
-	name, direction string
-	stats           func() shadow.Stats
-}
-
-type namedMigration struct {
-	name string
-	m    *migration.Migration
-}
+// The sources Watch finds by their Stats method: a change of its type is a
+// compile error here rather than "not a source" at run time.
+var (
+	_ interface{ Stats() flags.Stats }     = (*flags.Router)(nil)
+	_ interface{ Stats() shadow.Stats }    = (*shadow.Backend)(nil)
+	_ interface{ Stats() migration.Stats } = (*migration.Migration)(nil)
+	_ interface{ Stats() memory.Stats }    = (*memory.Backend)(nil)
+)
 
 // maxNameLen bounds a source's name, like a policy's.
 const maxNameLen = throttler.MaxPolicyNameLen
 
-func (s *Sources) claim(what, name string, nilArg bool) error {
-	switch {
-	case nilArg:
-		return fmt.Errorf("%s %q: nil", what, name)
-	case name == "":
-		return fmt.Errorf("%s: empty name", what)
-	case len(name) > maxNameLen || !utf8.ValidString(name):
-		return fmt.Errorf("%s %q: a name is valid UTF-8 of at most %d bytes", what, name, maxNameLen)
-	case s.names[name]:
-		return fmt.Errorf("%s %q: name already added", what, name)
+// Watch reads src at each collection under name:
+//
+//   - a *throttler.Throttler: its breakers in BreakersOpen, labelled by
+//     store (the name only identifies it);
+//   - a flags.Router's Stats: RouterCalls with router name;
+//   - a shadow.Backend's Stats: the Shadow metrics with shadow name and an
+//     empty direction;
+//   - a migration.Migration's Stats: its routing as RouterCalls (router
+//     name), its shadows (shadow name, direction forward and reverse) and
+//     its moving keys (migration name);
+//   - a backend.BatchStats (backend/redis's Backend): the Batch and Cache
+//     metrics with backend name;
+//   - a memory.Stats (backend/memory's Backend): the Memory metrics with
+//     backend name.
+//
+// Each Stats source may be given as the value whose Stats method returns
+// it or as that method. Anything else, a nil source, an empty, invalid or
+// taken name and a Throttler already watched are errors.
+func (s *Sources) Watch(name string, src any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.check(name, src); err != nil {
+		return fmt.Errorf("Watch %q: %w", name, err)
+	}
+	if t, ok := src.(*throttler.Throttler); ok {
+		s.throttlers = append(s.throttlers, t)
+	} else if !add(&s.routers, name, src) && !add(&s.shadows, name, src) &&
+		!add(&s.migrations, name, src) && !add(&s.batchers, name, src) && !add(&s.memories, name, src) {
+		return fmt.Errorf("Watch %q: a %T is not a source: want %s", name, src, accepted)
 	}
 	if s.names == nil {
 		s.names = map[string]bool{}
@@ -215,81 +231,37 @@ func (s *Sources) claim(what, name string, nilArg bool) error {
 	return nil
 }
 
-// AddRouter reads r's Stats: RouterCalls with router name.
-func (s *Sources) AddRouter(name string, r *flags.Router) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.claim("AddRouter", name, r == nil); err != nil {
-		return err
+func (s *Sources) check(name string, src any) error {
+	switch {
+	case nilness.IsNil(src):
+		return nilness.Check("the source", src)
+	case name == "":
+		return errors.New("empty name")
+	case len(name) > maxNameLen || !utf8.ValidString(name):
+		return fmt.Errorf("a name is valid UTF-8 of at most %d bytes", maxNameLen)
+	case s.names[name]:
+		return errors.New("name already watched")
 	}
-	s.routers = append(s.routers, namedRouter{name, r.Stats})
+	if t, ok := src.(*throttler.Throttler); ok && slices.Contains(s.throttlers, t) {
+		// Its open breakers would count twice.
+		return errors.New("the Throttler is watched under another name")
+	}
 	return nil
 }
 
-// AddShadow reads b's Stats: the Shadow metrics with shadow name and an
-// empty direction.
-func (s *Sources) AddShadow(name string, b *shadow.Backend) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.claim("AddShadow", name, b == nil); err != nil {
-		return err
+// add appends src to list if it is a source of S's, or its Stats method.
+func add[S any](list *[]named[S], name string, src any) bool {
+	var stats func() S
+	switch v := src.(type) {
+	case func() S:
+		stats = v
+	case interface{ Stats() S }:
+		stats = v.Stats
+	default:
+		return false
 	}
-	s.shadows = append(s.shadows, namedShadow{name: name, stats: b.Stats})
-	return nil
-}
-
-// AddMigration reads m's Stats: its routing as RouterCalls (router name),
-// its shadows (shadow name, direction forward and reverse) and its moving
-// keys (migration name).
-func (s *Sources) AddMigration(name string, m *migration.Migration) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.claim("AddMigration", name, m == nil); err != nil {
-		return err
-	}
-	s.migrations = append(s.migrations, namedMigration{name, m})
-	return nil
-}
-
-// AddBatching reads stats (a batching backend's, such as backend/redis's
-// Backend.Stats): the Batch and Cache metrics with backend name.
-func (s *Sources) AddBatching(name string, stats func() backend.BatchStats) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.claim("AddBatching", name, stats == nil); err != nil {
-		return err
-	}
-	s.batchers = append(s.batchers, namedBatcher{name, stats})
-	return nil
-}
-
-// AddMemory reads stats (backend/memory's Backend.Stats): the Memory
-// metrics with backend name.
-func (s *Sources) AddMemory(name string, stats func() memory.Stats) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.claim("AddMemory", name, stats == nil); err != nil {
-		return err
-	}
-	s.memories = append(s.memories, namedMemory{name, stats})
-	return nil
-}
-
-// WatchThrottler reads t's breakers: BreakersOpen counts, per store, the
-// watched Throttlers whose breaker is open.
-func (s *Sources) WatchThrottler(t *throttler.Throttler) error {
-	if t == nil {
-		return errors.New("WatchThrottler: nil Throttler")
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, w := range s.throttlers {
-		if w == t {
-			return errors.New("WatchThrottler: Throttler already watched")
-		}
-	}
-	s.throttlers = append(s.throttlers, t)
-	return nil
+	*list = append(*list, named[S]{name, stats})
+	return true
 }
 
 // Collect reads every source and yields its samples.
@@ -301,10 +273,10 @@ func (s *Sources) Collect(yield func(Sample)) {
 		routed(yield, r.name, r.stats())
 	}
 	for _, sh := range shadows {
-		compared(yield, sh.name, sh.direction, sh.stats())
+		compared(yield, sh.name, "", sh.stats())
 	}
 	for _, m := range migrations {
-		st := m.m.Stats()
+		st := m.stats()
 		routed(yield, m.name, st.Routed)
 		compared(yield, m.name, "forward", st.Forward)
 		compared(yield, m.name, "reverse", st.Reverse)
@@ -361,16 +333,16 @@ func compared(yield func(Sample), name, direction string, st shadow.Stats) {
 		ShadowCompared:        st.Compared,
 		ShadowMismatches:      st.Mismatched,
 		ShadowIgnored:         st.Ignored,
-		ShadowCandidateErrors: st.Count(shadow.CandidateError),
-		ShadowControlErrors:   st.Count(shadow.ControlError),
-		ShadowDropped:         st.Count(shadow.Dropped),
+		ShadowCandidateErrors: st.ByKind[shadow.CandidateError],
+		ShadowControlErrors:   st.ByKind[shadow.ControlError],
+		ShadowDropped:         st.ByKind[shadow.Dropped],
 		ShadowPublishDropped:  st.PublishDropped,
 	} {
 		yield(Sample{Pull: p, Labels: l, Value: float64(v)})
 	}
 	yield(Sample{Pull: ShadowQueued, Labels: l, Value: float64(st.Queued)})
 	for _, k := range differenceKinds {
-		yield(Sample{Pull: ShadowDifferences, Labels: [3]string{name, direction, k.String()}, Value: float64(st.Count(k))})
+		yield(Sample{Pull: ShadowDifferences, Labels: [3]string{name, direction, k.String()}, Value: float64(st.ByKind[k])})
 	}
 }
 

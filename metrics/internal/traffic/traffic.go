@@ -44,7 +44,10 @@ func newDown(store string, hang bool) *down {
 	return d
 }
 
-func (d *down) Store(throttler.Op, string, throttler.Policy) string { return d.store }
+// Traits names d's one store, so that observations and breakers carry it.
+func (d *down) Traits() throttler.Traits {
+	return throttler.Traits{Store: func(throttler.Op, string, throttler.Policy) string { return d.store }}
+}
 
 // Memory returns a memory backend.
 func Memory(t testing.TB) *memory.Backend {
@@ -123,9 +126,7 @@ type Sources struct {
 
 // Adapter is what each metrics adapter has for pulled sources.
 type Adapter interface {
-	AddRouter(name string, r *flags.Router) error
-	AddShadow(name string, b *shadow.Backend) error
-	AddMigration(name string, mg *migration.Migration) error
+	Watch(name string, source any) error
 }
 
 // AddTo adds every source to m under the names the adapters' tests expect:
@@ -133,11 +134,11 @@ type Adapter interface {
 // "sessions".
 func (s Sources) AddTo(t testing.TB, m Adapter) {
 	t.Helper()
-	noError(t, m.AddRouter("r", s.Router))
-	noError(t, m.AddShadow("mismatch", s.Mismatch))
-	noError(t, m.AddShadow("failing", s.Failing))
-	noError(t, m.AddShadow("closed", s.Closed))
-	noError(t, m.AddMigration("sessions", s.Migration))
+	noError(t, m.Watch("r", s.Router))
+	noError(t, m.Watch("mismatch", s.Mismatch))
+	noError(t, m.Watch("failing", s.Failing))
+	noError(t, m.Watch("closed", s.Closed))
+	noError(t, m.Watch("sessions", s.Migration))
 }
 
 // Drive builds the sources and makes these calls:
