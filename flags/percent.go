@@ -31,7 +31,7 @@ func NewPercent(p int) (*Percent, error) { return NewPercentFor(DefaultGroupID, 
 // that will take over, so the same keys stay on the new backend. An empty
 // groupID means DefaultGroupID.
 func NewPercentFor(groupID string, p int) (*Percent, error) {
-	if err := rollout.CheckPercent(p); err != nil {
+	if err := checkPercent(p); err != nil {
 		return nil, err
 	}
 	return newPercent(groupID, p), nil
@@ -50,7 +50,7 @@ func newPercent(groupID string, p int) *Percent {
 // Set changes the percentage. It returns an error matching ErrPercent, and
 // changes nothing, when p is outside [0, 100].
 func (s *Percent) Set(p int) error {
-	if err := rollout.CheckPercent(p); err != nil {
+	if err := checkPercent(p); err != nil {
 		return err
 	}
 	for {

@@ -1,6 +1,11 @@
 package flags
 
-import "github.com/throttlekit/throttlekit/internal/rollout"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/throttlekit/throttlekit/internal/rollout"
+)
 
 // Rollout decides, per key, whether the new backend serves it. UseNew must
 // be cheap (it runs on every call), safe for concurrent use, and stable: for
@@ -27,7 +32,14 @@ type Rollout interface {
 const DefaultGroupID = "throttlekit-new-backend"
 
 // ErrPercent is returned for a percentage outside [0, 100].
-var ErrPercent = rollout.ErrPercent
+var ErrPercent = errors.New("flags: percentage must be within [0, 100]")
+
+func checkPercent(p int) error {
+	if p < 0 || p > 100 {
+		return fmt.Errorf("%w: got %d", ErrPercent, p)
+	}
+	return nil
+}
 
 // Bucket returns key's percentile bucket in group, from 1 to 100, exactly as
 // Unleash's flexibleRollout strategy computes it: murmur3 (32-bit, seed 0)

@@ -255,7 +255,10 @@ func (r *Router) store(op throttler.Op, key string, p throttler.Policy) string {
 }
 
 // leaseStore names the store a lease call for key under p reaches now, as
-// store does for rate calls.
+// store does for rate calls. Unlike a rate call's (Route), an Acquire's
+// store is named from a reading of the rollout of its own: the Acquire
+// reads it again (or finds the lease in its table), so a change in between
+// can charge the other backend's breaker with that one call.
 func (r *Router) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	t, name := r.routed(key)
 	if s := t.LeaseStore(key, p); s != "" {

@@ -16,17 +16,9 @@ import (
 	"strings"
 )
 
-// ErrPercent is returned for a percentage outside [0, 100]; flags.ErrPercent
-// is this error.
+// ErrPercent is Marshal's and Write's error for a percentage outside
+// [0, 100] (flags.ErrPercent is Percent's).
 var ErrPercent = errors.New("flags: percentage must be within [0, 100]")
-
-// CheckPercent returns an error matching ErrPercent for p outside [0, 100].
-func CheckPercent(p int) error {
-	if p < 0 || p > 100 {
-		return fmt.Errorf("%w: got %d", ErrPercent, p)
-	}
-	return nil
-}
 
 // Settings is the content of a rollout file: flags.Settings, which
 // converts to and from it.
@@ -198,8 +190,8 @@ func ParseFile(path string, data []byte) (Settings, error) {
 // flags.File, reads back as s. A percentage outside [0, 100] is an error
 // matching ErrPercent.
 func Marshal(s Settings) ([]byte, error) {
-	if err := CheckPercent(s.Percent); err != nil {
-		return nil, err
+	if s.Percent < 0 || s.Percent > 100 {
+		return nil, fmt.Errorf("%w: got %d", ErrPercent, s.Percent)
 	}
 	data, err := json.Marshal(s) // Settings' own field names
 	if err != nil {
