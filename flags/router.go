@@ -178,8 +178,12 @@ func (r *Router) Traits() throttler.Traits {
 
 // route names the store a rate call for key under p goes to and returns
 // the side that sends it there, from one reading of the rollout (see
-// throttler.Traits.Route).
-func (r *Router) route(op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
+// throttler.Traits.Route); for a Throttler that holds another backend than
+// r (a wrapper of r), it only names the store.
+func (r *Router) route(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
+	if b != throttler.Backend(r) {
+		return r.store(op, key, p), nil
+	}
 	s := r.pick(key, p)
 	if name := s.traits.Store(op, key, p); name != "" {
 		return name, s

@@ -182,3 +182,33 @@ func TestThrottlerNamesTheStoreTheCallIsSentTo(t *testing.T) {
 		}
 	}
 }
+
+// stampedRouter embeds a Router, promoting its Traits, and counts its
+// Takes.
+type stampedRouter struct {
+	*Router
+	takes int
+}
+
+func (s *stampedRouter) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	s.takes++
+	return s.Router.Take(ctx, key, p, cost, now)
+}
+
+// A Throttler over a wrapper that embeds a Router calls the wrapper: the
+// promoted Route only names the store.
+func TestThrottlerCallsAWrapperOfARouter(t *testing.T) {
+	w := &stampedRouter{Router: router(t, mem(t), mem(t), percent(t, 50), nil)}
+	th, err := throttler.New(w, &throttler.Options{Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := th.Allow(context.Background(), fmt.Sprint("user-", i), throttler.PerMinute(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.takes != 10 {
+		t.Errorf("the wrapper made %d of 10 Takes", w.takes)
+	}
+}

@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"fmt"
 	"reflect"
 	"slices"
 	"sync/atomic"
@@ -78,5 +79,35 @@ func TestRolloutReadOncePerCall(t *testing.T) {
 	}
 	if m.Stats().Moving.Calls == 0 {
 		t.Error("no call was a moving key's")
+	}
+}
+
+// stamped embeds a Migration, promoting its Traits, and counts its Takes.
+type stamped struct {
+	*Migration
+	takes atomic.Int64
+}
+
+func (s *stamped) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	s.takes.Add(1)
+	return s.Migration.Take(ctx, key, p, cost, now)
+}
+
+// A Throttler over a wrapper that embeds a Migration calls the wrapper:
+// the router's Route, promoted with Traits, only names the store.
+func TestThrottlerCallsAWrapperOfAMigration(t *testing.T) {
+	var clk monoClock
+	w := &stamped{Migration: clk.migration(t, mem(t), mem(t), percent(t, 50), nil)}
+	th, err := throttler.New(w, &throttler.Options{Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := th.Allow(context.Background(), fmt.Sprint("user-", i), throttler.PerMinute(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := w.takes.Load(); n != 10 {
+		t.Errorf("the wrapper made %d of 10 Takes", n)
 	}
 }

@@ -206,8 +206,21 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 }
 
 // Traits are its router's: in process when both stores are, each call's
-// store named as Migration says.
-func (m *Migration) Traits() throttler.Traits { return m.router.Traits() }
+// store named as Migration says, and a Throttler's call over m named and
+// sent from one reading of the rollout.
+func (m *Migration) Traits() throttler.Traits {
+	t := m.router.Traits()
+	route := t.Route
+	t.Route = func(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
+		if b != throttler.Backend(m) {
+			b = nil // a wrapper of m: the router only names the store
+		} else {
+			b = m.router
+		}
+		return route(b, op, key, p)
+	}
+	return t
+}
 
 // optionsError renames a shadow's refusal of its options: the backends are
 // checked before, so shadow.New can only fail as "shadow: Options.<field>

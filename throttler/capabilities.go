@@ -53,23 +53,22 @@ type Traits struct {
 	// backends by a setting that may change at any moment (flags.Router):
 	// from one reading of the setting it names the call's store, as Store
 	// would, and returns the backend that makes the call, which a Throttler
-	// then calls in this backend's place. Read twice, once by Store and
-	// once by the call, a change in between would name one store (whose
-	// breaker admits and is charged) and send the call to another. It has
-	// Store's rules; a backend with Route also has Store. TraitsOf leaves
-	// it out, so that a wrapper deriving its Traits from a router's is not
-	// skipped; a wrapper that forwards Route must make its calls exactly as
-	// the backend Route returns does. nil: Store names the store.
-	Route func(op Op, key string, p Policy) (store string, to Backend)
+	// then calls in b's place. Read twice, once by Store and once by the
+	// call, a change in between would name one store (whose breaker admits
+	// and is charged) and send the call to another. b is the backend the
+	// Throttler holds: when it is not the router itself (a wrapper that
+	// embeds the router, or forwards its Traits), Route returns nil, and the
+	// Throttler calls b, which must make the call its own way. It has
+	// Store's rules; a backend with Route also has Store. nil: Store names
+	// the store.
+	Route func(b Backend, op Op, key string, p Policy) (store string, to Backend)
 }
 
 // TraitsOf returns b's Traits: what its Traits method says (Leases only if b
 // is also a LeaseBackend), or the zero Traits with Leases set when b is a
-// LeaseBackend. Store and LeaseStore are never nil in the result; Route is
-// always nil (see Traits.Route).
+// LeaseBackend. Store and LeaseStore are never nil in the result.
 func TraitsOf(b Backend) Traits {
 	t := declaredTraits(b)
-	t.Route = nil
 	if t.Store == nil {
 		t.Store = oneStore
 	}

@@ -189,7 +189,7 @@ type Throttler struct {
 	leaseStore func(key string, p ConcurrencyPolicy) string
 	// route names the store of each rate call and the backend that makes
 	// it (the backend's Traits.Route); nil: store names it, b makes it.
-	route func(op Op, key string, p Policy) (string, Backend)
+	route func(b Backend, op Op, key string, p Policy) (string, Backend)
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
@@ -364,7 +364,7 @@ func (t *Throttler) start(r *request) {
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	var store string
 	if t.route != nil {
-		store, r.to = t.route(r.op, r.key, r.p)
+		store, r.to = t.route(t.backend, r.op, r.key, r.p)
 	} else if t.store != nil {
 		store = t.store(r.op, r.key, r.p)
 	}
