@@ -93,10 +93,10 @@ var _ throttler.Backend = (*Router)(nil)
 // and r are required: to keep every key on oldB, pass NewPercent(0). nil
 // opts mean defaults.
 func NewRouter(oldB, newB throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
-	if err := backend.Required("flags: old backend", oldB); err != nil {
+	if err := nilness.Check("flags: old backend", oldB); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("flags: new backend", newB); err != nil {
+	if err := nilness.Check("flags: new backend", newB); err != nil {
 		return nil, err
 	}
 	if err := requiredRollout("flags: rollout", r); err != nil {
@@ -148,7 +148,7 @@ type strategy interface {
 	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
 }
 
-// requiredRollout is backend.Required for a Rollout: a nil one, or a nil
+// requiredRollout is nilness.Check for a Rollout: a nil one, or a nil
 // pointer in one, would panic on the first call.
 func requiredRollout(what string, r Rollout) error {
 	if r == nil {

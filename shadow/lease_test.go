@@ -9,6 +9,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/leasetest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -123,7 +124,7 @@ func TestLeasesMirrored(t *testing.T) {
 		t.Errorf("Stats: %+v", st)
 	}
 	now := t0.Add(time.Minute / 2)
-	if c, d := backendtest.Holds(t, control, "k", two, now), backendtest.Holds(t, candidate, "k", two, now); c != 1 || d != 1 {
+	if c, d := leasetest.Holds(t, control, "k", two, now), leasetest.Holds(t, candidate, "k", two, now); c != 1 || d != 1 {
 		t.Errorf("control holds %d leases, candidate %d; want lease 2 on both", c, d)
 	}
 }
@@ -164,7 +165,7 @@ func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 			if len(rs) != 1 || rs[0].Kinds != tc.wantKind || !rs[0].Candidate.Allowed {
 				t.Fatalf("results %+v; want one, %v, the candidate granting", rs, tc.wantKind)
 			}
-			if n := backendtest.Holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
+			if n := leasetest.Holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
 				t.Errorf("the candidate holds %d leases; want the one the control did not grant released", n)
 			}
 		})

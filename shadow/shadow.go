@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/leaseop"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -304,10 +306,10 @@ type job struct {
 // Both backends are required. Nil options mean defaults; a negative number in them is an error.
 // Call Close to stop the workers.
 func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) {
-	if err := backend.Required("shadow: control backend", control); err != nil {
+	if err := nilness.Check("shadow: control backend", control); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("shadow: candidate backend", candidate); err != nil {
+	if err := nilness.Check("shadow: candidate backend", candidate); err != nil {
 		return nil, err
 	}
 	o, err := opts.withDefaults()
@@ -647,7 +649,7 @@ func (b *Backend) invoke(ctx context.Context, c *call, undo bool) (d throttler.D
 	case undo:
 		held, d, err = b.candidateLeases.Release(ctx, c.key, c.lease.p, c.lease.id, c.now)
 	case c.op == throttler.OpAcquire || c.op == throttler.OpRelease:
-		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
+		held, d, err = leaseop.Do(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
 	default:
 		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.receipt, c.now)
 	}

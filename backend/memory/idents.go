@@ -8,7 +8,7 @@ import (
 )
 
 // policyID is a policy's storage identity: its name and algorithm, or for
-// an unnamed policy its whole definition (see backend.Identity).
+// an unnamed policy its whole definition (see identity.Rate).
 type policyID struct {
 	name                 string
 	limit, window, burst int64 // 0 for a named policy

@@ -66,7 +66,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -379,7 +379,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // table first.
 func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	defer s.mu.Unlock()
-	var lg *backend.LogBuffer
+	var lg *algo.LogBuffer
 	if w != nil {
 		w.used1()
 		if w.kind() == kindLog {
@@ -410,29 +410,29 @@ func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op
 // locked shard s. It makes a slot only when the call writes: a Peek and a
 // denied Take store nothing. Each algorithm keeps its state in the slot's
 // fields as the slot's doc says.
-func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
+func (b *Backend) apply(s *shard, h uint64, w *slot, lg *algo.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
 	write := false
 	switch p.Algorithm {
 	case throttler.FixedWindow:
 		return b.fixed(s, h, w, id, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
-		var st, next backend.TokenBucketState
+		var st, next algo.TokenBucketState
 		if w != nil {
-			st = backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
+			st = algo.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
 		}
-		if d, next, write = backend.TokenBucket(*p, st, w != nil, op, cost, r, ms); write {
+		if d, next, write = algo.TokenBucket(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
-				// backend.TokenBucketEnd, without computing it twice.
+				// algo.TokenBucketEnd, without computing it twice.
 				w.used, w.resetAt, w.prev, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
 			}
 		}
 	case throttler.SlidingWindow:
-		var st, next backend.CounterState
+		var st, next algo.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
+			st = algo.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
 		}
-		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, r, ms); write {
+		if d, next, write = algo.Counter(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, next.Window // end: the window (slot)
 			}
@@ -445,11 +445,11 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id u
 			break
 		}
 		// No log: answer from an empty one, kept only if the call wrote.
-		var l backend.LogBuffer
+		var l algo.LogBuffer
 		if d, write = l.Apply(*p, op, cost, r, ms); write {
 			if w, err = b.make(s, h, nil, key, p, id, ms); err == nil {
 				x := s.table.extraOf(w)
-				x.log = new(backend.LogBuffer)
+				x.log = new(algo.LogBuffer)
 				*x.log = l
 				w.end = l.End(*p)
 			}
@@ -474,10 +474,10 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, id uint32, op throttler.Op,
 			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
 			w.end = w.resetAt
 		} else if w.used+cost > p.Limit {
-			return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+			return algo.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
 		}
 		w.used += cost
-		return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+		return algo.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
 	case throttler.OpRefund:
 		if open && w.resetAt == r { // the Take's window, not a later one
 			w.used = max(0, w.used-cost)
@@ -519,5 +519,5 @@ func state(p throttler.Policy, used, resetAt int64, now time.Time) throttler.Dec
 	if resetAt != 0 {
 		at = time.UnixMilli(resetAt)
 	}
-	return backend.PeekState(p, used, at, now)
+	return algo.PeekState(p, used, at, now)
 }
