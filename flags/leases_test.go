@@ -110,12 +110,14 @@ func TestRouterReleasesWhereTheLeaseWasGranted(t *testing.T) {
 				t.Fatal("the granting backend still holds the lease")
 			}
 			s := r.Stats()
-			want := LeaseStats{OldAcquires: 2, OldReleases: 1}
+			var want Stats
 			if tc.from == 100 {
-				want = LeaseStats{NewAcquires: 2, NewReleases: 1}
+				want.Leases.NewAcquires, want.Leases.NewReleases = 2, 1
+			} else {
+				want.Leases.OldAcquires, want.Leases.OldReleases = 2, 1
 			}
-			if s.Leases != want {
-				t.Fatalf("Stats.Leases = %+v, want %+v", s.Leases, want)
+			if s.Leases != want.Leases {
+				t.Fatalf("Stats.Leases = %+v, want %+v", s.Leases, want.Leases)
 			}
 			if s.Old+s.New != 3 {
 				t.Fatalf("Stats = %+v: lease calls count as calls", s)
@@ -313,7 +315,7 @@ func TestOldStoreDownKeepsTheNewOnesLeasesLimited(t *testing.T) {
 	var onNew []string
 	for i := range 50 {
 		key := "user-" + strconv.Itoa(i)
-		if rt.UseNew(key) {
+		if rt.rollout.UseNew(key) {
 			onNew = append(onNew, key)
 			continue
 		}

@@ -204,8 +204,7 @@ func leaseRampRun(t *testing.T, mcAddr, redisAddr string, keys []string, p throt
 // String summarises a run: its counts, each key's peak, the moving keys,
 // the routers' lease counts and the shadows' comparisons.
 func (r *leaseRampResult) String() string {
-	var moving migration.MovingStats
-	var routed flags.LeaseStats
+	var moving, routed = migration.Stats{}.Moving, flags.Stats{}.Leases
 	var drops uint64
 	kinds := map[string]uint64{}
 	for _, st := range r.stats {
@@ -239,14 +238,14 @@ func (r *leaseRampResult) String() string {
 }
 
 // routed sums the routers' lease counts and the moving keys' calls.
-func (r *leaseRampResult) routed() (flags.LeaseStats, uint64) {
-	var routed flags.LeaseStats
+func (r *leaseRampResult) routed() (flags.Stats, uint64) {
+	var routed flags.Stats
 	var moving uint64
 	for _, st := range r.stats {
 		l := st.Routed.Leases
-		routed.OldAcquires += l.OldAcquires
-		routed.NewAcquires += l.NewAcquires
-		routed.Held += l.Held
+		routed.Leases.OldAcquires += l.OldAcquires
+		routed.Leases.NewAcquires += l.NewAcquires
+		routed.Leases.Held += l.Held
 		moving += st.Moving.Calls
 	}
 	return routed, moving
@@ -281,7 +280,7 @@ func TestLeaseRamp(t *testing.T) {
 		// the limit, moving keys went to both stores, and the routers sent
 		// leases to each store.
 		routed, moving := res.routed()
-		if res.denied.Load() == 0 || moving == 0 || routed.OldAcquires == 0 || routed.NewAcquires == 0 {
+		if res.denied.Load() == 0 || moving == 0 || routed.Leases.OldAcquires == 0 || routed.Leases.NewAcquires == 0 {
 			t.Errorf("the ramp did not exercise the problem")
 		}
 		for k, key := range keys {
@@ -292,8 +291,8 @@ func TestLeaseRamp(t *testing.T) {
 		if f := res.acquireErrors.Load(); f*100 > res.admitted.Load()+res.denied.Load() {
 			t.Errorf("%d Acquires failed", f)
 		}
-		if routed.Held != 0 {
-			t.Errorf("the routers still remember %d leases", routed.Held)
+		if routed.Leases.Held != 0 {
+			t.Errorf("the routers still remember %d leases", routed.Leases.Held)
 		}
 
 		// Both stores hold no lease of any key (a Release of a lease no one

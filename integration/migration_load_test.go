@@ -265,7 +265,8 @@ type loadReport struct {
 	fresh                           int   // windows opened less than a Window after the key's previous one
 	spread, maxFlight               int64 // ms: the processes' clock spread, the longest flight of an admitted call
 	medianFlight                    int64 // ms
-	moving                          migration.MovingStats
+	// The migrations' counts of moving keys' calls (Stats.Moving), summed.
+	moving                          struct{ Calls, Compensated, RefundFailed, OneStore, Changes uint64 }
 	drops                           uint64
 	compared, mismatched, reordered uint64 // shadow pairs, both directions
 	kinds                           map[string]uint64

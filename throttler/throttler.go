@@ -177,6 +177,9 @@ type Throttler struct {
 	// kind of call).
 	store      func(op Op, key string, p Policy) string
 	leaseStore func(key string, p ConcurrencyPolicy) string
+	// route names the store of each rate call and the backend that makes
+	// it (the backend's Traits.Route); nil: store names it, b makes it.
+	route func(b Backend, op Op, key string, p Policy) (string, Backend)
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
@@ -217,7 +220,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	}
 	t := &Throttler{backend: b, opts: o, wallClock: opts == nil || opts.Clock == nil}
 	tr := declaredTraits(b)
-	t.store, t.leaseStore = tr.Store, tr.LeaseStore
+	t.store, t.leaseStore, t.route = tr.Store, tr.LeaseStore, tr.Route
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
 	t.wait = realWait()
@@ -334,7 +337,9 @@ func (t *Throttler) start(r *request) {
 // out, one frame less on every rate call's path.
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	var store string
-	if t.store != nil {
+	if t.route != nil {
+		store, r.to = t.route(t.backend, r.op, r.key, r.p)
+	} else if t.store != nil {
 		store = t.store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
@@ -370,6 +375,8 @@ type request struct {
 	// held is a Release's answer, set by dispatch: carried here rather
 	// than returned, so that no rate call pays for passing it back.
 	held bool
+	// to makes the primary's call in its place when set (Traits.Route).
+	to Backend
 }
 
 // isLease reports whether r is a LeaseBackend's operation.
@@ -460,6 +467,7 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		}
 	}
 	if t.fallback.b != nil && (from == SourceFallback || r.op != OpRelease && (!r.isLease() || t.fallback.lb != nil)) {
+		r.to = nil // the primary's route
 		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
@@ -565,15 +573,19 @@ func (t *Throttler) detachedCall(ctx context.Context, tg *target, r *request, no
 
 // dispatch calls tg's method for r's op, one of the Throttler's own five.
 func dispatch(ctx context.Context, tg *target, r *request, now time.Time) (Decision, error) {
+	b := tg.b
+	if r.to != nil {
+		b = r.to
+	}
 	switch r.op {
 	case OpPeek:
-		return tg.b.Peek(ctx, r.key, r.p, now)
+		return b.Peek(ctx, r.key, r.p, now)
 	case OpRefund:
-		return tg.b.Refund(ctx, r.key, r.p, r.n, r.receipt, now)
+		return b.Refund(ctx, r.key, r.p, r.n, r.receipt, now)
 	case OpAcquire, OpRelease:
 		return dispatchLease(ctx, tg, r, now)
 	}
-	return tg.b.Take(ctx, r.key, r.p, r.n, now)
+	return b.Take(ctx, r.key, r.p, r.n, now)
 }
 
 // dispatchLease is dispatch for the lease operations, out of line so that

@@ -25,13 +25,14 @@ import (
 	ucontext "github.com/Unleash/unleash-client-go/v4/context"
 
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
 // Options configure a Source. The zero value (or nil) means defaults.
 type Options struct {
 	// MirrorFeature names a second Unleash feature, an on/off toggle, whose
-	// state is the mirror setting (see Source.Mirroring and
-	// flags.Mirrorer). It must not be the rollout's own feature.
+	// state is the mirror setting (see Source.Mirroring). It must not be the
+	// rollout's own feature.
 	// default: "" (never mirrors)
 	MirrorFeature string
 	// Recheck is how often the source re-reads the feature's definition
@@ -54,11 +55,15 @@ type Options struct {
 // Asking the client per call costs microseconds (it counts every evaluation
 // for Unleash's metrics through a channel), so the source reads the
 // feature's definition from the client at most every Recheck and evaluates
-// flexibleRollout strategies itself, with flags.Bucketer. A definition it
-// does not fully understand (constraints, segments, variants, dependencies,
-// other strategies or stickiness) is evaluated by the client on every call
+// flexibleRollout strategies itself. A definition it does not fully
+// understand (constraints, segments, variants, dependencies, other
+// strategies or stickiness) is evaluated by the client on every call
 // instead. Either way, the evaluations are not reported to Unleash's
 // metrics per key.
+//
+// A source made by NewPercent routes by one percentage instead, and tells
+// it (Percent, GroupID), so that a migration over it can track the keys a
+// change moves.
 //
 // It is safe for concurrent use.
 type Source struct {
@@ -71,12 +76,11 @@ type Source struct {
 	// caller that advances it does the re-read.
 	next atomic.Int64
 	plan atomic.Pointer[plan]
+	// pct is set for a source made by NewPercent.
+	pct *percentMode
 }
 
-var (
-	_ flags.Rollout  = (*Source)(nil)
-	_ flags.Mirrorer = (*Source)(nil)
-)
+var _ flags.Rollout = (*Source)(nil)
 
 // New returns a rollout over feature, evaluated with c's definitions. c
 // and feature are required. nil opts mean defaults. The caller owns c; New
@@ -126,7 +130,7 @@ type plan struct {
 }
 
 type rolloutRule struct {
-	b       flags.Bucketer
+	b       rollout.Bucketer
 	percent float64
 }
 
@@ -243,7 +247,7 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 			return rolloutRule{}, false
 		}
 	}
-	r.b = flags.NewBucketer(group)
+	r.b = rollout.NewBucketer(group)
 	switch v := s.Parameters["rollout"].(type) {
 	case float64:
 		r.percent = v
@@ -270,8 +274,12 @@ func (u *Source) isEnabled(feature, key string) (on bool) {
 	return u.c.IsEnabled(feature, unleashsdk.WithContext(ucontext.Context{UserId: key}), unleashsdk.WithFallback(false))
 }
 
-// UseNew reports whether the feature is enabled for UserId key.
+// UseNew reports whether the feature is enabled for UserId key (for a
+// source made by NewPercent, whether key's bucket is at most Percent()).
 func (u *Source) UseNew(key string) bool {
+	if u.pct != nil {
+		return u.usePercent(key)
+	}
 	p := u.current()
 	switch {
 	case p.byClient:
