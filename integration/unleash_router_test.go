@@ -69,7 +69,7 @@ func unleashCloseBounded(t *testing.T, c *unleashsdk.Client) {
 // unleashRouted is a Router and the Unleash source that ramps it.
 type unleashRouted struct {
 	*flags.Router
-	src *unleash.Source
+	src *unleash.Rollout
 }
 
 // UseNew reports where the router sends key now: where its source says.

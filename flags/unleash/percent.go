@@ -17,7 +17,7 @@ type percentMode struct {
 	ignored atomic.Pointer[string]
 }
 
-// NewPercent returns a Source that routes by one percentage of keys
+// NewPercent returns a Rollout that routes by one percentage of keys
 // bucketed in group (Unleash's groupId; "" means the feature's name, which
 // is Unleash's own default groupId), so that package migration can tell
 // which keys a change of the feature moves and send their calls to both
@@ -39,7 +39,7 @@ type percentMode struct {
 // keeps routing by the last percentage it could read (0 before any) and
 // Problem says why, so that a change made in Unleash's UI that the
 // migration cannot follow is never applied to half the fleet silently.
-func NewPercent(c *unleashsdk.Client, feature, group string, opts *Options) (*Source, error) {
+func NewPercent(c *unleashsdk.Client, feature, group string, opts *Options) (*Rollout, error) {
 	u, err := New(c, feature, opts)
 	if err != nil {
 		return nil, err
@@ -58,7 +58,7 @@ func NewPercent(c *unleashsdk.Client, feature, group string, opts *Options) (*So
 // source's group, the last one it was. For a source made by New, it is the
 // feature's percentage while its definition reads as one (see NewPercent),
 // -1 otherwise.
-func (u *Source) Percent() int {
+func (u *Rollout) Percent() int {
 	p := u.current()
 	ps := u.pct
 	if ps == nil {
@@ -97,7 +97,7 @@ var ErrNotPercent = errors.New("unleash: the feature is not one percentage; not 
 // every definition. Alert on it: the routing of a NewPercent source is
 // frozen at its last percentage until the feature reads as one percentage
 // again.
-func (u *Source) Problem() error {
+func (u *Rollout) Problem() error {
 	if u.pct == nil {
 		return nil
 	}
@@ -110,7 +110,7 @@ func (u *Source) Problem() error {
 // GroupID returns the group a source made by NewPercent buckets keys in,
 // and "" for one made by New: package migration then tracks no moving
 // keys.
-func (u *Source) GroupID() string {
+func (u *Rollout) GroupID() string {
 	if u.pct == nil {
 		return ""
 	}
@@ -119,6 +119,6 @@ func (u *Source) GroupID() string {
 
 // usePercent is UseNew for a source made by NewPercent: key's bucket is at
 // most Percent().
-func (u *Source) usePercent(key string) bool {
+func (u *Rollout) usePercent(key string) bool {
 	return u.pct.bucket.In(key, u.Percent())
 }

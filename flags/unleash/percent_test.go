@@ -11,7 +11,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-func percentSource(t *testing.T, f *fakeUnleash, group string) (*Source, func()) {
+func percentSource(t *testing.T, f *fakeUnleash, group string) (*Rollout, func()) {
 	t.Helper()
 	c, wait := f.client(t, 5*time.Millisecond)
 	wait()

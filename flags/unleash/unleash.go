@@ -28,10 +28,10 @@ import (
 	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
-// Options configure a Source. The zero value (or nil) means defaults.
+// Options configure a Rollout. The zero value (or nil) means defaults.
 type Options struct {
 	// MirrorFeature names a second Unleash feature, an on/off toggle, whose
-	// state is the mirror setting (see Source.Mirroring). It must not be the
+	// state is the mirror setting (see Rollout.Mirroring). It must not be the
 	// rollout's own feature.
 	// default: "" (never mirrors)
 	MirrorFeature string
@@ -41,7 +41,7 @@ type Options struct {
 	Recheck time.Duration
 }
 
-// Source is a rollout decided by an Unleash feature flag: a key is new when
+// Rollout is a rollout decided by an Unleash feature flag: a key is new when
 // the feature is enabled for a context whose UserId is the key. Give the
 // feature a flexibleRollout strategy with stickiness userId; its percentage
 // is then the share of keys on the new backend, bucketed as flags.Bucket
@@ -66,7 +66,7 @@ type Options struct {
 // change moves.
 //
 // It is safe for concurrent use.
-type Source struct {
+type Rollout struct {
 	c       *unleashsdk.Client
 	feature string
 	mirror  string
@@ -80,7 +80,7 @@ type Source struct {
 	pct *percentMode
 }
 
-var _ flags.Rollout = (*Source)(nil)
+var _ flags.Rollout = (*Rollout)(nil)
 
 // New returns a rollout over feature, evaluated with c's definitions. c
 // and feature are required. nil opts mean defaults. The caller owns c; New
@@ -92,7 +92,7 @@ var _ flags.Rollout = (*Source)(nil)
 // unleashsdk.NewClient registers with a synchronous request, which the
 // default client lets hang on a server that accepts connections and never
 // answers.
-func New(c *unleashsdk.Client, feature string, opts *Options) (*Source, error) {
+func New(c *unleashsdk.Client, feature string, opts *Options) (*Rollout, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -109,7 +109,7 @@ func New(c *unleashsdk.Client, feature string, opts *Options) (*Source, error) {
 	case o.Recheck == 0:
 		o.Recheck = 100 * time.Millisecond
 	}
-	u := &Source{c: c, feature: feature, mirror: o.MirrorFeature, recheck: int64(o.Recheck), epoch: time.Now()}
+	u := &Rollout{c: c, feature: feature, mirror: o.MirrorFeature, recheck: int64(o.Recheck), epoch: time.Now()}
 	u.refresh(0)
 	return u, nil
 }
@@ -135,7 +135,7 @@ type rolloutRule struct {
 }
 
 // current returns the plan, re-reading it when it is due.
-func (u *Source) current() *plan {
+func (u *Rollout) current() *plan {
 	now := int64(time.Since(u.epoch))
 	if next := u.next.Load(); now >= next && u.next.CompareAndSwap(next, now+u.recheck) {
 		return u.refresh(now)
@@ -143,7 +143,7 @@ func (u *Source) current() *plan {
 	return u.plan.Load()
 }
 
-func (u *Source) refresh(now int64) *plan {
+func (u *Rollout) refresh(now int64) *plan {
 	p := u.compile()
 	u.plan.Store(p)
 	u.next.Store(now + u.recheck)
@@ -151,7 +151,7 @@ func (u *Source) refresh(now int64) *plan {
 }
 
 // compile reads the features' definitions from the client.
-func (u *Source) compile() *plan {
+func (u *Rollout) compile() *plan {
 	features := u.c.ListFeatures()
 	p := readFeature(features, u.feature)
 	if u.mirror != "" {
@@ -265,7 +265,7 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 
 // isEnabled asks the client, turning a panic on a malformed definition (the
 // client asserts parameter types) into "old".
-func (u *Source) isEnabled(feature, key string) (on bool) {
+func (u *Rollout) isEnabled(feature, key string) (on bool) {
 	defer func() {
 		if recover() != nil {
 			on = false
@@ -276,7 +276,7 @@ func (u *Source) isEnabled(feature, key string) (on bool) {
 
 // UseNew reports whether the feature is enabled for UserId key (for a
 // source made by NewPercent, whether key's bucket is at most Percent()).
-func (u *Source) UseNew(key string) bool {
+func (u *Rollout) UseNew(key string) bool {
 	if u.pct != nil {
 		return u.usePercent(key)
 	}
@@ -308,4 +308,4 @@ func (u *Source) UseNew(key string) bool {
 // with no strategy, the "default" strategy, or a 100% flexibleRollout, none
 // with constraints. Anything else, no mirror feature, or an unknown one,
 // reads as off.
-func (u *Source) Mirroring() bool { return u.current().mirror }
+func (u *Rollout) Mirroring() bool { return u.current().mirror }
