@@ -175,14 +175,16 @@ func TestLeaseRedisPaused(t *testing.T) {
 						default:
 							tl.denied.Add(1)
 						}
-						// Fails while paused: that lease counts until its TTL.
+						// Fails while paused: that lease counts until its
+						// TTL.
 						_, _, _ = l.Release(ctx)
 						if !d.Allowed || d.Degraded {
-							// A client not admitted waits a little before it
-							// asks again. Without it, 16 callers answered at
-							// once (the breaker open) spun through ~2M calls,
-							// and on a loaded machine a call that did no I/O
-							// at all took 375 ms to return.
+							// A client not admitted waits a little
+							// before it asks again. Without it, 16
+							// callers answered at once (the breaker
+							// open) spun through ~2M calls, and on a
+							// loaded machine a call that did no I/O at
+							// all took 375 ms to return.
 							time.Sleep(time.Millisecond)
 						}
 					}

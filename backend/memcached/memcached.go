@@ -37,14 +37,13 @@
 // exhaust the attempts: only simultaneous openings of one window retry, and
 // each round has a winner.
 //
-// Peek is gets head, then get counter (one round trip when the window is
-// already known, see below). Refund is gets head, then, when the head's
-// window is the Take's (its reset-at is the refund's receipt), decr that
-// window's counter; otherwise it counts nothing and reads the counter as
-// Peek does. The counter's key holds the reset-at, so a refund can only
-// ever credit the window of its receipt, even when the head was read from
-// a cache that a clock ahead has since made stale. Memcached's decr stops at zero, which is exactly "never below zero", and it
-// commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
+// Peek is gets head, then get counter (one round trip when the window is already known, see below).
+// Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
+// receipt), decr that window's counter; otherwise it counts nothing and reads the counter as Peek
+// does. The counter's key holds the reset-at, so a refund can only ever credit the window of its
+// receipt, even when the head was read from a cache that a clock ahead has since made stale.
+// Memcached's decr stops at zero, which is exactly "never below zero", and it commutes with a
+// pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
 //
 // # The head cache
 //

@@ -22,19 +22,16 @@
 //
 // # Cleanup
 //
-// State ends by the now values callers pass (a fixed window at its
-// ResetAt, a bucket when full again, a log when its newest entry ends, a
-// counter pair two windows on), and sweeps drop it: sweeps made by the
-// calls themselves, and while the backend holds anything, a sweep of every
-// shard each Options.SweepEvery by a timer (no goroutine between sweeps;
-// Close stops it), so memory returns to its baseline within SweepEvery of
-// the end of the last state plus Lag, without calls to drive it. Dropped state answers like none only for a now at or after its
-// end, so what matters is which nows the backend will still be asked
-// about. A sweep drops the state that ended Options.Lag before the
-// callers' clock as the backend trusts it: the monotonic clock plus the
-// lowest offset (now − monotonic time) that its clock guard recorded in
-// the last ClockHold to 2·ClockHold of real time, and the last one of the
-// newest spell before that which recorded any. The guard records
+// State ends by the now values callers pass (a fixed window at its ResetAt, a bucket when full
+// again, a log when its newest entry ends, a counter pair two windows on), and sweeps drop it:
+// sweeps made by the calls themselves, and while the backend holds anything, a sweep of every shard
+// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so memory
+// returns to its baseline within SweepEvery of the end of the last state plus Lag, without calls to
+// drive it. Dropped state answers like none only for a now at or after its end, so what matters is
+// which nows the backend will still be asked about. A sweep drops the state that ended Options.Lag
+// before the callers' clock as the backend trusts it: the monotonic clock plus the lowest offset
+// (now − monotonic time) that its clock guard recorded in the last ClockHold to 2·ClockHold of real
+// time, and the last one of the newest spell before that which recorded any. The guard records
 //
 //   - the now of each call that sweeps, and
 //   - before any sweep of a shard, the lowest now of the shard's calls
