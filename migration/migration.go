@@ -9,7 +9,7 @@
 //	t, err := throttler.New(m, nil)
 //
 // The rollout (a flags source: flags.Percent, flags.File or an
-// unleash.Source from package flags/unleash) decides per key
+// unleash.Rollout from package flags/unleash) decides per key
 // which store serves it, and whether mirroring is on. A key served by the
 // old store is mirrored to the new one (the forward shadow), and a key
 // served by the new store is mirrored back to the old one (the reverse
