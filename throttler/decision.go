@@ -45,7 +45,3 @@ type Decision struct {
 	// It may be zero in a Decision returned with an error.
 	At time.Time
 }
-
-// Known reports whether d carries a real count (false only for a degraded
-// decision made without any backend).
-func (d Decision) Known() bool { return !d.ResetAt.IsZero() }
