@@ -4,13 +4,12 @@ import (
 	"testing"
 
 	"github.com/throttlekit/throttlekit/shed"
-	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // TestMiddlewareDryRunRate: a rate limit in dry run never refuses in the
 // chain, leaves no HeaderLimiter and no rate headers, and still counts.
 func TestMiddlewareDryRunRate(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, failOpen)
 	g.rate = g.rate.DryRun()
 	g.opts.Rate = g.rateLimit(t, nil)
 	h := g.handler(t)

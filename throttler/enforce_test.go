@@ -244,7 +244,7 @@ func TestDryRunFailClosed(t *testing.T) {
 	stub := &stubBackend{next: newMemory(t), err: errDown}
 	var seen []throttler.Observation
 	th := newThrottler(t, stub, &throttler.Options{Clock: func() time.Time { return t0 },
-		FailureMode: throttler.FailClosed, Observe: func(o throttler.Observation) { seen = append(seen, o) }})
+		FailClosed: true, Observe: func(o throttler.Observation) { seen = append(seen, o) }})
 	ctx := context.Background()
 	p := throttler.PerMinute(1).Named("api")
 	_, err := th.Allow(ctx, "k", p)

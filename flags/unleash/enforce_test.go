@@ -14,7 +14,7 @@ import (
 func TestEnforcementFollowsTheFeature(t *testing.T) {
 	f := newFakeUnleash(t)
 	f.set(flexible("feat", "feat", 30))
-	ps, wait := percentSource(t, f, nil)
+	ps, wait := percentSource(t, f, "")
 	e, err := flags.Enforcement(ps)
 	if err != nil {
 		t.Fatal(err)
