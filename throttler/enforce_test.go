@@ -358,3 +358,19 @@ func TestEnforcementConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(50), d.Used)
 }
+
+// A policy with an Enforce is routed and its store named as any other:
+// one Route answer, the call made to the backend it names.
+func TestEnforceRoutes(t *testing.T) {
+	to := &counting{}
+	var last throttler.Observation
+	th := newThrottler(t, routing{store: "shard 2", to: to}, &throttler.Options{Clock: func() time.Time { return t0 },
+		Observe: func(o throttler.Observation) { last = o }})
+	for _, p := range []throttler.Policy{throttler.PerMinute(5).DryRun(), throttler.PerMinute(5)} {
+		d, err := th.Allow(context.Background(), "k", p)
+		require.NoError(t, err, "%v", p)
+		assert.True(t, d.Allowed)
+		assert.Equal(t, "shard 2", last.Store)
+	}
+	assert.Equal(t, 2, to.takes)
+}

@@ -294,9 +294,7 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		return Decision{}, err
 	}
 	if p.Enforce != nil {
-		if err := t.takeEnforcer(&r); err != nil {
-			return Decision{}, err
-		}
+		return t.doEnforced(ctx, &r)
 	}
 	return t.doAt(ctx, &r)
 }
@@ -311,9 +309,7 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
 	if p.Enforce != nil {
-		if err := t.takeEnforcer(&r); err != nil {
-			return Decision{}, err
-		}
+		return t.doEnforced(ctx, &r)
 	}
 	return t.doAt(ctx, &r)
 }
@@ -356,9 +352,6 @@ func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	d.At = r.now
-	if r.enforcer != nil {
-		r.enforce(&d, src, &err)
-	}
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
@@ -379,11 +372,8 @@ type request struct {
 	n   int64
 	// receipt is a Refund's: the ResetAt of the Take that counted the units.
 	receipt time.Time
-	// enforcer is p's Enforce, taken out of p before the backend sees it
-	// (takeEnforcer); nil when p has none.
-	enforcer Enforcer
-	cp       ConcurrencyPolicy
-	id       LeaseID
+	cp      ConcurrencyPolicy
+	id      LeaseID
 	// now is the instant of the call, read from Options.Clock once.
 	now time.Time
 	// started is when the call started, for Observe's Latency: now itself
@@ -437,9 +427,6 @@ func (t *Throttler) observe(r *request, store string, d Decision, src Source, er
 		o.Concurrency = r.cp
 	} else {
 		o.Policy, o.Cost = r.p, r.n
-		if r.enforcer != nil {
-			o.Policy.Enforce = r.enforcer // the policy as the caller gave it
-		}
 	}
 	t.opts.Observe(o)
 }
