@@ -32,6 +32,9 @@ type Decision struct {
 	// the fallback did, or the Throttler's failure mode did (then ResetAt is
 	// zero and Used and Remaining are not known).
 	Degraded bool
+
+	// members are a composite's members' own Decisions (see Members).
+	members *memberDecisions
 }
 
 // Known reports whether d carries a real count (false only for a degraded

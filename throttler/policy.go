@@ -49,6 +49,9 @@ type Policy struct {
 	// Burst is a TokenBucket's capacity, the most units one instant can
 	// take; 0 means Limit. It must be 0 for the other algorithms.
 	Burst int64
+
+	// all holds a composite's members (see All); nil for one policy.
+	all *composite
 }
 
 // PerSecond returns an unnamed policy of n units per second.
@@ -82,7 +85,11 @@ func (p Policy) WithBurst(burst int64) Policy {
 
 // Capacity is the most units a key can ever hold: Burst (or Limit when 0)
 // for a TokenBucket, Limit otherwise. A Take of more is ErrInvalidCost.
+// A composite's is the least of its members'.
 func (p Policy) Capacity() int64 {
+	if p.all != nil {
+		return p.all.capacity()
+	}
 	if p.Algorithm == TokenBucket && p.Burst != 0 {
 		return p.Burst
 	}
@@ -90,8 +97,11 @@ func (p Policy) Capacity() int64 {
 }
 
 // Validate reports why p cannot be used, as an error matching
-// ErrInvalidPolicy, or nil.
+// ErrInvalidPolicy, or nil. A composite is checked as All says.
 func (p Policy) Validate() error {
+	if p.all != nil {
+		return p.validateComposite()
+	}
 	if p.Limit <= 0 || p.Limit > MaxLimit {
 		return fmt.Errorf("%w: limit must be between 1 and 2^48, got %d", ErrInvalidPolicy, p.Limit)
 	}
@@ -158,8 +168,12 @@ func validName(name string) bool {
 }
 
 // String describes p, for example "api: 5000 per 1h0m0s" or
-// "10 per 1s (token-bucket, burst 20)".
+// "10 per 1s (token-bucket, burst 20)"; a composite lists its members,
+// "all(login-s: 1 per 1s; login-h: 100 per 1h0m0s)".
 func (p Policy) String() string {
+	if p.all != nil {
+		return p.all.String()
+	}
 	s := fmt.Sprintf("%d per %v", p.Limit, p.Window)
 	switch {
 	case p.Algorithm == TokenBucket:
@@ -195,6 +209,9 @@ func ValidateCall(op Op, key string, p Policy, cost int64) error {
 	}
 	if err := p.Validate(); err != nil {
 		return err
+	}
+	if op == OpRefund && p.all != nil {
+		return fmt.Errorf("%w: a composite is refunded member by member, each under its own receipt", ErrInvalidPolicy)
 	}
 	return p.ValidateCost(op, cost)
 }

@@ -192,6 +192,9 @@ type Throttler struct {
 
 	// wallClock: Options.Clock is time.Now (the default).
 	wallClock bool
+	// composites: the backend, and the fallback if any, take composite
+	// policies (Traits.Composites).
+	composites bool
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
@@ -234,6 +237,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 		ft := declaredTraits(o.Fallback)
 		t.fallback = target{b: o.Fallback, lb: leasesOf(o.Fallback, ft), local: ft.InProcess}
 	}
+	t.composites = tr.Composites && (o.Fallback == nil || declaredTraits(o.Fallback).Composites)
 	return t, nil
 }
 
@@ -279,6 +283,9 @@ func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, e
 func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
+	}
+	if p.all != nil {
+		return t.refundComposite(ctx, key, p, n, taken)
 	}
 	d, _, err := t.refund(ctx, key, p, n, taken)
 	return d, err
@@ -359,6 +366,9 @@ func (t *Throttler) start(r *request) {
 // doAt decides the rate operation r at r.now and observes it: run, written
 // out, one frame less on every rate call's path.
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
+	if r.p.all != nil && !t.composites {
+		return t.refuseComposite(r)
+	}
 	var store string
 	if t.store != nil {
 		store = t.store(r.op, r.key, r.p)
@@ -484,6 +494,9 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
+			if d.members != nil {
+				markDegraded(&d)
+			}
 			return d, SourceFallback, primaryErr, nil
 		}
 		if from == SourceFallback && (IsInputError(err) || ctx.Err() != nil) {

@@ -72,7 +72,11 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int6
 	if err := throttler.ValidateCall(op, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	d, commit := m.try(op, key, p, cost, r, now.UnixMilli(), false)
+	try := m.try
+	if p.Composite() {
+		try = m.tryComposite
+	}
+	d, commit := try(op, key, p, cost, r, now.UnixMilli(), false)
 	commit()
 	return d, nil
 }
@@ -83,6 +87,16 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int6
 func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	d, commit := m.tryLocked(op, key, p, cost, r, t, dropped)
+	return d, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		commit()
+	}
+}
+
+// tryLocked is try with m.mu held, whose commit needs m.mu held too.
+func (m *Model) tryLocked(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	k := modelKey{backend.Identity(p), key}
 	var cp *modelState
 	if st := m.states[k]; st != nil && !dropped {
@@ -99,8 +113,6 @@ func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, r, t 
 		next.window = w
 	}
 	return d, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
 		if dropped {
 			delete(m.states, k)
 		}

@@ -177,14 +177,16 @@ type Backend struct {
 
 	sweeper sweeper
 	ids     idents
+	alls    allMemos // composites' memos, per shard (composite.go)
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
 
 // Traits says that calls answer from memory without blocking, so a
-// Throttler needs no timeout context for them, and that leases are held.
+// Throttler needs no timeout context for them, that leases are held, and
+// that composites are taken (atomically: see composite.go).
 func (b *Backend) Traits() throttler.Traits {
-	return throttler.Traits{InProcess: true, Leases: true}
+	return throttler.Traits{InProcess: true, Leases: true, Composites: true}
 }
 
 // New returns an empty Backend. Nil options mean defaults; a negative
@@ -304,6 +306,9 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(throttler.OpTake, key, &p, cost, now)
+	}
 	s, h, id, err := b.begin(throttler.OpTake, key, &p, cost)
 	if err != nil {
 		return throttler.Decision{}, err
@@ -343,6 +348,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 
 // Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(throttler.OpPeek, key, &p, 1, now)
+	}
 	s, h, id, err := b.begin(throttler.OpPeek, key, &p, 1)
 	if err != nil {
 		return throttler.Decision{}, err
@@ -357,6 +365,9 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // Refund gives cost back to the key's state that the Take of receipt
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost) // never nil
+	}
 	s, h, id, err := b.begin(throttler.OpRefund, key, &p, cost)
 	if err != nil {
 		return throttler.Decision{}, err
@@ -379,6 +390,12 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // table first.
 func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	defer s.mu.Unlock()
+	return b.answerLocked(s, h, w, id, op, key, p, cost, r, ms, now)
+}
+
+// answerLocked is answer, leaving s locked: a composite's members are
+// answered under one lock (composite.go).
+func (b *Backend) answerLocked(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	var lg *backend.LogBuffer
 	if w != nil {
 		w.used1()
