@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"math"
 	"strings"
+	"time"
 )
 
 // MaxMembers is the most policies a composite holds (see All): enough for a
@@ -125,12 +127,51 @@ func (c *composite) String() string {
 	return "all(" + strings.Join(parts, "; ") + ")"
 }
 
-// memberDecisions are a composite Decision's members' own, behind a
-// pointer so that a Decision stays comparable (two composite Decisions are
-// == only when one is a copy of the other).
-type memberDecisions struct {
-	n int
-	d [MaxMembers]Decision
+// memberDecisions are a composite Decision's members' own (the Decision
+// holds how many), behind a pointer so that a Decision stays comparable (two
+// composite Decisions are == only when one is a copy of the other), and
+// compact, 128 bytes without pointers: the garbage collector never scans
+// them.
+type memberDecisions [MaxMembers]memberDecision
+
+// memberDecision is a member's Decision in four words: its Limit with
+// Allowed and Degraded in bits above any Limit, Used, ResetAt in Unix ns
+// (zeroTime for the zero time) and RetryAfter. Its Remaining is Limit -
+// Used, never below zero, as every Decision's is.
+type memberDecision struct {
+	limit, used, resetAt int64
+	retry                time.Duration
+}
+
+const (
+	allowedBit  = 1 << 62
+	degradedBit = 1 << 61
+	// zeroTime stands for the zero ResetAt, which Unix ns cannot hold.
+	zeroTime = math.MinInt64
+)
+
+func compact(d Decision) memberDecision {
+	m := memberDecision{limit: d.Limit & (degradedBit - 1), used: d.Used, resetAt: zeroTime, retry: d.RetryAfter}
+	if d.Allowed {
+		m.limit |= allowedBit
+	}
+	if d.Degraded {
+		m.limit |= degradedBit
+	}
+	if !d.ResetAt.IsZero() {
+		m.resetAt = d.ResetAt.UnixNano()
+	}
+	return m
+}
+
+func (m *memberDecision) decision() Decision {
+	limit := m.limit & (degradedBit - 1)
+	d := Decision{Allowed: m.limit&allowedBit != 0, Limit: limit, Used: m.used, Remaining: max(limit-m.used, 0),
+		RetryAfter: m.retry, Degraded: m.limit&degradedBit != 0}
+	if m.resetAt != zeroTime {
+		d.ResetAt = time.Unix(0, m.resetAt)
+	}
+	return d
 }
 
 // Combine returns the Decision of a composite from its members' own
@@ -144,9 +185,11 @@ func Combine(members []Decision) Decision {
 		return Decision{}
 	}
 	d := members[b]
-	md := &memberDecisions{n: len(members)}
-	copy(md.d[:], members)
-	d.members = md
+	md := new(memberDecisions)
+	for i, m := range members {
+		md[i] = compact(m)
+	}
+	d.members, d.nMembers = md, uint8(len(members))
 	for _, m := range members {
 		d.Allowed = d.Allowed && m.Allowed
 		d.Remaining = min(d.Remaining, m.Remaining)
@@ -159,18 +202,15 @@ func Combine(members []Decision) Decision {
 }
 
 // Members yields, for a composite policy's Decision (see All), each
-// member's own Decision with its index, in the composite's order; nothing
-// for a single policy's. In a denied composite nothing was counted: a
+// member's own Decision with its index, in the composite's order (its
+// ResetAt in the local time zone); nothing for a single policy's. In a denied composite nothing was counted: a
 // member that would have admitted the cost says Allowed, with its state as
 // it stands (as a Peek's), and a denying one says what its own denied Take
 // says.
 func (d Decision) Members() iter.Seq2[int, Decision] {
 	return func(yield func(int, Decision) bool) {
-		if d.members == nil {
-			return
-		}
-		for i, m := range d.members.d[:d.members.n] {
-			if !yield(i, m) {
+		for i := range int(d.nMembers) {
+			if !yield(i, d.members[i].decision()) {
 				return
 			}
 		}
@@ -180,19 +220,14 @@ func (d Decision) Members() iter.Seq2[int, Decision] {
 // member is the i-th member's Decision of a composite's (the zero Decision
 // when d has no such member).
 func (d Decision) member(i int) Decision {
-	if d.members == nil || i >= d.members.n {
+	if i >= int(d.nMembers) {
 		return Decision{}
 	}
-	return d.members.d[i]
+	return d.members[i].decision()
 }
 
 // memberCount is how many members' Decisions d holds.
-func (d Decision) memberCount() int {
-	if d.members == nil {
-		return 0
-	}
-	return d.members.n
-}
+func (d Decision) memberCount() int { return int(d.nMembers) }
 
 // Binding returns the index of the member that binds a composite's
 // Decision, whose Limit, Used, ResetAt and RetryAfter it reports, or -1 for
@@ -201,10 +236,11 @@ func (d Decision) memberCount() int {
 // RetryAfter. Ties go to the latest ResetAt (a client told to come back
 // then finds every tied member ready), then to the first.
 func (d Decision) Binding() int {
-	if d.members == nil {
-		return -1
+	var ms [MaxMembers]Decision
+	for i, m := range d.Members() {
+		ms[i] = m
 	}
-	return binding(d.members.d[:d.members.n])
+	return binding(ms[:d.memberCount()])
 }
 
 func binding(ms []Decision) int {
@@ -310,8 +346,8 @@ func (t *Throttler) refuseComposite(r *request) (Decision, error) {
 // on a copy of them: the backend's Decision may share its members.
 func markDegraded(d *Decision) {
 	m := *d.members
-	for i := range m.d[:m.n] {
-		m.d[i].Degraded = true
+	for i := range m[:d.nMembers] {
+		m[i].limit |= degradedBit
 	}
 	d.members = &m
 }

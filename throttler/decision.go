@@ -33,8 +33,10 @@ type Decision struct {
 	// zero and Used and Remaining are not known).
 	Degraded bool
 
-	// members are a composite's members' own Decisions (see Members).
-	members *memberDecisions
+	// nMembers and members are a composite's members' own Decisions (see
+	// Members); nMembers sits in what would be padding.
+	nMembers uint8
+	members  *memberDecisions
 }
 
 // Known reports whether d carries a real count (false only for a degraded

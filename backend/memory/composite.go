@@ -76,6 +76,9 @@ func (b *Backend) composite(op throttler.Op, key string, p *throttler.Policy, co
 		b.sweep(s, ms, true)
 	}
 	var ds [throttler.MaxMembers]throttler.Decision
+	if op == throttler.OpTake && b.takeStored(s, h, m, key, cost, ms, &ds) {
+		return throttler.Combine(ds[:m.n]), nil
+	}
 	all := true
 	for i := range m.n {
 		d, err := b.memberOp(s, h, m, i, throttler.OpPeek, key, 1, 0, ms, now)
@@ -127,4 +130,42 @@ func (b *Backend) undo(s *shard, h uint64, m *allMemo, i int, key string, cost i
 		ds[j] = d
 	}
 	return throttler.Combine(ds[:m.n]), nil
+}
+
+// takeStored is the common composite Take, done without the Peeks and the
+// general path: every member has stored state that a single Take would
+// take on its fast path (fast.go; not a log, whose buffer is not a slot's
+// value), and each admits. Each member's Take runs on a copy of its slot,
+// and only when all are admitted are the copies stored and ds filled in.
+// Otherwise it changes nothing and reports false.
+func (b *Backend) takeStored(s *shard, h uint64, m *allMemo, key string, cost, ms int64, ds *[throttler.MaxMembers]throttler.Decision) bool {
+	var slots [throttler.MaxMembers]*slot
+	var next [throttler.MaxMembers]slot
+	var used, resetAt [throttler.MaxMembers]int64
+	for i := range m.n {
+		w := s.table.find(h, key, m.ids[i])
+		if w == nil {
+			return false
+		}
+		c, p, ok := *w, &m.ms[i], false
+		switch p.Algorithm {
+		case throttler.FixedWindow:
+			used[i], resetAt[i], ok = c.takeFixed(p.Limit, cost, ms)
+		case throttler.TokenBucket:
+			used[i], resetAt[i], ok = c.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+		case throttler.SlidingWindow:
+			used[i], resetAt[i], ok = c.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
+		}
+		if !ok {
+			return false
+		}
+		slots[i], next[i] = w, c
+	}
+	for i := range m.n {
+		next[i].used1()
+		*slots[i] = next[i]
+		c := m.ms[i].Capacity()
+		ds[i] = throttler.Decision{Allowed: true, Limit: c, Used: used[i], Remaining: max(c-used[i], 0), ResetAt: time.UnixMilli(resetAt[i])}
+	}
+	return true
 }
