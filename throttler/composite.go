@@ -295,9 +295,14 @@ func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n
 		return Decision{}, err
 	}
 	ms := p.all.members
-	// Checked on the composite: a member of a denied composite may say
-	// Allowed (it would have admitted) though nothing was counted.
-	why := unrefundable(taken, t.opts.Clock())
+	// Allowed and Degraded are checked on the composite (a member of a
+	// denied composite says Allowed when it would have admitted, though
+	// nothing was counted); whether what counted the units has ended, on
+	// each member, whose ResetAt is its own.
+	why := ""
+	if !taken.Allowed || taken.Degraded {
+		why = unrefundable(taken, taken.ResetAt.Add(-1)) // before any ResetAt: only these two reasons
+	}
 	if why == "" && taken.memberCount() != len(ms) {
 		why = fmt.Sprintf("the Decision names %d members, the composite has %d", taken.memberCount(), len(ms))
 	}
