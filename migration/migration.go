@@ -178,11 +178,17 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 // Take takes cost units from key's budget under p: see throttler.Backend.
 // The Migration does not validate: the stores do.
 func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, errComposite
+	}
 	return m.router.Take(ctx, key, p, cost, now)
 }
 
 // Peek reports key's budget under p without taking from it.
 func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, errComposite
+	}
 	return m.router.Peek(ctx, key, p, now)
 }
 
@@ -196,8 +202,12 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 func (m *Migration) UseNew(key string) bool { return m.router.UseNew(key) }
 
 // Traits are its router's: in process when both stores are, each call's
-// store named as Migration says.
-func (m *Migration) Traits() throttler.Traits { return m.router.Traits() }
+// store named as Migration says; but no composites (see errComposite).
+func (m *Migration) Traits() throttler.Traits {
+	t := m.router.Traits()
+	t.Composites = false
+	return t
+}
 
 // optionsError renames a shadow's refusal of its options: the backends are
 // checked before, so shadow.New can only fail as "shadow: Options.<field>
