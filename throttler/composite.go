@@ -287,12 +287,13 @@ func (t *Throttler) SupportsComposites() bool { return t != nil && t.composites 
 // member after another. Refunds only give back, so they need not be atomic
 // together. The error matches ErrNotRefunded only when no member refunded;
 // any other member's error is returned, joined.
-func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
+// The instant returned is the binding member's call's.
+func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
 	if !t.composites {
-		return Decision{}, errNoComposites
+		return Decision{}, time.Time{}, errNoComposites
 	}
 	if err := p.Validate(); err != nil {
-		return Decision{}, err
+		return Decision{}, time.Time{}, err
 	}
 	ms := p.all.members
 	// Allowed and Degraded are checked on the composite (a member of a
@@ -307,33 +308,39 @@ func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n
 		why = fmt.Sprintf("the Decision names %d members, the composite has %d", taken.memberCount(), len(ms))
 	}
 	if why != "" {
-		return Decision{}, fmt.Errorf("%w: %s", ErrNotRefunded, why)
+		return Decision{}, time.Time{}, fmt.Errorf("%w: %s", ErrNotRefunded, why)
 	}
-	out := make([]Decision, len(ms))
+	var out [MaxMembers]Decision
+	var at [MaxMembers]time.Time
 	var errs []error
 	refunded := false
 	for i, m := range ms {
-		d, _, err := t.refund(ctx, key, m, n, taken.member(i))
+		d, now, err := t.refund(ctx, key, m, n, taken.member(i))
 		switch {
 		case err == nil:
 			refunded = true
 		case errors.Is(err, ErrNotRefunded):
 			// What counted this member's units has ended: its state as it
 			// stands, for the composite's Decision.
-			d, err = t.do(ctx, OpPeek, key, m, 1)
+			var r request // filled in place, as in do
+			r.op, r.key, r.p, r.n = OpPeek, key, m, 1
+			t.start(&r)
+			d, err = t.doAt(ctx, &r)
+			now = r.now
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("member %d: %w", i, err))
 		}
-		out[i] = d
+		out[i], at[i] = d, now
 	}
 	if len(errs) > 0 {
-		return Decision{}, errors.Join(errs...)
+		return Decision{}, time.Time{}, errors.Join(errs...)
 	}
 	if !refunded {
-		return Decision{}, fmt.Errorf("%w: no member's state still holds the units", ErrNotRefunded)
+		return Decision{}, time.Time{}, fmt.Errorf("%w: no member's state still holds the units", ErrNotRefunded)
 	}
-	return Combine(out), nil
+	d := Combine(out[:len(ms)])
+	return d, at[d.Binding()], nil
 }
 
 // refuseComposite answers r, a composite's call on a Throttler that takes

@@ -284,15 +284,15 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
-	if p.all != nil {
-		return t.refundComposite(ctx, key, p, n, taken)
-	}
 	d, _, err := t.refund(ctx, key, p, n, taken)
 	return d, err
 }
 
 // refund is Refund, which also returns the instant it was decided at.
 func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
+	if p.all != nil {
+		return t.refundComposite(ctx, key, p, n, taken)
+	}
 	var r request // filled in place, as in do
 	r.op, r.key, r.p, r.n, r.receipt = OpRefund, key, p, n, taken.ResetAt
 	t.start(&r)
