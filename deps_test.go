@@ -13,11 +13,12 @@ import (
 
 const module = "github.com/throttlekit/throttlekit"
 
-// wantDeps is, for each package a program may import, every third-party
-// module (not the standard library, not this module) whose code it
-// compiles in: exactly these, no more and no fewer. Modules rather than
-// packages, because the packages inside a module move with its versions;
-// a module is what reaches a user's go.sum and build.
+// wantDeps is, for each package a program may import and each internal
+// package the stores and wrappers compile in, every third-party module (not
+// the standard library, not this module) whose code it compiles in: exactly
+// these, no more and no fewer. Modules rather than packages, because the
+// packages inside a module move with its versions; a module is what reaches
+// a user's go.sum and build.
 //
 // Only the HTTP edge (httplimit, and shed, which runs it) has httpsnoop
 // (the rate middleware's writer). Only flags/unleash has the Unleash
@@ -50,6 +51,12 @@ var wantDeps = map[string][]string{
 	"metrics/otel": {
 		"github.com/cespare/xxhash/v2", "go.opentelemetry.io/otel", "go.opentelemetry.io/otel/metric",
 	},
+	// The arithmetic and names the stores share, and the wrappers' lease
+	// forwarding: standard library only.
+	"internal/algo":     nil,
+	"internal/identity": nil,
+	"internal/leaseset": nil,
+	"internal/leaseop":  nil,
 }
 
 // listed is what `go list -json` says of one package.
@@ -110,14 +117,16 @@ func TestThirdPartyDeps(t *testing.T) {
 	}
 }
 
-// TestCoreCompilesInNoHTTP: the core (throttler, backend) and every store
-// under backend/ compile in no HTTP code, not even the standard library's:
-// HTTP lives in package httplimit, which a program imports only when it
-// serves HTTP. backend/backendtest is left out: the conformance suite runs
-// in tests, and testify's assert, which it uses, has HTTP helpers.
+// TestCoreCompilesInNoHTTP: the core (throttler, backend), the internal
+// packages the stores share, and every store under backend/ compile in no
+// HTTP code, not even the standard library's: HTTP lives in package
+// httplimit, which a program imports only when it serves HTTP.
+// backend/backendtest is left out: the conformance suite runs in tests, and
+// testify's assert, which it uses, has HTTP helpers.
 func TestCoreCompilesInNoHTTP(t *testing.T) {
 	checked := 0
-	for _, p := range goList(t, "-json=ImportPath,Deps", module+"/throttler", module+"/backend/...") {
+	for _, p := range goList(t, "-json=ImportPath,Deps", module+"/throttler", module+"/backend/...",
+		module+"/internal/algo", module+"/internal/identity", module+"/internal/leaseset", module+"/internal/leaseop") {
 		if p.ImportPath == module+"/backend/backendtest" {
 			continue
 		}
@@ -129,7 +138,7 @@ func TestCoreCompilesInNoHTTP(t *testing.T) {
 			}
 		}
 	}
-	if checked < 5 { // throttler, backend and its three stores at least
+	if checked < 9 { // throttler, backend, its three stores and the four shared at least
 		t.Errorf("checked %d packages; go list did not list the core and the stores", checked)
 	}
 }

@@ -1,16 +1,23 @@
 // Package backend is for those who write a throttler.Backend or a wrapper
-// around one (a router, a shadow): it builds decisions the way every
-// backend must, names a limit's storage identity, marks store and key
-// failures, and forwards operations named as values. Applications use
-// package throttler and never need this one. What a Throttler needs to know
-// of a backend (throttler.Traits) is declared in package throttler, which
-// consumes it.
+// around one (a router, a shadow); applications use package throttler and
+// never need this one.
 //
-// A backend's operation starts with throttler.ValidateCall (a Refund:
-// ValidateRefund; a lease: ValidateLease) and answers bad input with its
-// error before touching any store. That is the only validation a call
-// gets: wrappers forward without validating, since the backend they end in
-// validates, and the Throttler validates only when its backend fails.
+// A backend author starts from the contract on throttler.Backend (and
+// throttler.LeaseBackend for concurrency limits), declares what a Throttler
+// needs to know of the store in throttler.Traits, and runs the conformance
+// suite, backend/backendtest (Run, RunLeases), from the backend's tests.
+// docs/algorithms.md states the exact arithmetic each algorithm computes, to
+// the millisecond. A backend's operation starts with throttler.ValidateCall
+// (a Refund: ValidateRefund; a lease: ValidateLease) and answers bad input
+// with its error before touching any store; a store's failure is marked
+// with throttler.StoreFailure or KeyFailure. That is the only validation a
+// call gets: wrappers forward without validating, since the backend they
+// end in validates, and the Throttler validates only when its backend
+// fails.
+//
+// This package holds what such code shares: an operation named as a value
+// (OpFunc, Do, ErrUnknownOp), and the batching counts a backend that batches
+// round trips reports (BatchStats).
 package backend
 
 import (
@@ -19,7 +26,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -66,11 +72,4 @@ func (f OpFunc) Peek(ctx context.Context, key string, p throttler.Policy, now ti
 // Refund calls f with throttler.OpRefund.
 func (f OpFunc) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	return f(ctx, throttler.OpRefund, key, p, cost, receipt, now)
-}
-
-// Required returns an error naming what for a nil b, including a nil
-// pointer held in the interface: constructors of wrappers call it so that a
-// missing backend fails when the wrapper is built, not on every call.
-func Required(what string, b throttler.Backend) error {
-	return nilness.Check(what, b)
 }

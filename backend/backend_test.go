@@ -2,6 +2,7 @@ package backend_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -52,9 +53,6 @@ func TestValidateCall(t *testing.T) {
 
 // recorder is a Backend that records which method was called with what.
 type recorder struct{ calls []string }
-
-// recorderValue is a backend held by value, not by pointer.
-type recorderValue struct{ throttler.Backend }
 
 func (r *recorder) Take(_ context.Context, key string, _ throttler.Policy, cost int64, _ time.Time) (throttler.Decision, error) {
 	r.calls = append(r.calls, fmt.Sprintf("Take %s %d", key, cost))
@@ -130,112 +128,6 @@ func TestOpFunc(t *testing.T) {
 	assert.Equal(t, []call{{throttler.OpRefund, "d", 7, t0.Add(time.Second), t0}}, got)
 }
 
-func TestRequired(t *testing.T) {
-	var nilMemory *memory.Backend
-	mem, err := memory.New(nil)
-	require.NoError(t, err)
-	tests := []struct {
-		name string
-		b    throttler.Backend
-		want string // "" for no error
-	}{
-		{"nil", nil, "shadow.New control is nil"},
-		{"typed nil pointer", nilMemory, "shadow.New control is a nil *memory.Backend"},
-		{"nil OpFunc", backend.OpFunc(nil), "shadow.New control is a nil backend.OpFunc"},
-		{"a backend", mem, ""},
-		{"a value", recorderValue{}, ""},
-		{"an OpFunc", backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
-			return throttler.Decision{}, nil
-		}), ""},
-	}
-	for _, tc := range tests {
-		err := backend.Required("shadow.New control", tc.b)
-		if tc.want == "" {
-			assert.NoError(t, err, tc.name)
-		} else {
-			assert.EqualError(t, err, tc.want, tc.name)
-		}
-	}
-}
-
-func TestIdentity(t *testing.T) {
-	named := []throttler.Policy{
-		throttler.PerHour(3).Named("core"),
-		throttler.PerMinute(2).Named("core"),
-		throttler.PerSecond(1).Named("~!#$%"),
-	}
-	for _, p := range named {
-		assert.Equal(t, p.Name, backend.Identity(p), "a named policy keeps its Name: stored windows stay where they are")
-	}
-	assert.Equal(t, backend.Identity(named[0]), backend.Identity(named[1]), "a named policy's Limit and Window may change without a fresh window")
-
-	unnamed := []throttler.Policy{
-		throttler.PerHour(3), throttler.PerMinute(2), throttler.PerMinute(3), throttler.PerHour(2),
-		{Limit: 3, Window: 61 * time.Minute}, {Limit: throttler.MaxLimit, Window: time.Millisecond},
-	}
-	seen := map[string]throttler.Policy{}
-	for _, p := range unnamed {
-		id := backend.Identity(p)
-		if prev, ok := seen[id]; ok {
-			t.Errorf("%v and %v share the identity %q", prev, p, id)
-		}
-		seen[id] = p
-		assert.True(t, strings.HasPrefix(id, " "), "%q: a space, which no Name may hold", id)
-		assert.Error(t, throttler.PerHour(1).Named(id).Validate(), "%q is not a valid Name", id)
-		assert.Equal(t, id, backend.Identity(p), "stable")
-	}
-	assert.Equal(t, " fw 3/3600000", backend.Identity(throttler.PerHour(3)))
-}
-
-func TestAppendIdentity(t *testing.T) {
-	for _, p := range []throttler.Policy{throttler.PerHour(3), throttler.PerHour(3).Named("core")} {
-		assert.Equal(t, "prefix:"+backend.Identity(p), string(backend.AppendIdentity([]byte("prefix:"), p)))
-		buf := make([]byte, 0, 64)
-		allocs := testing.AllocsPerRun(100, func() { buf = backend.AppendIdentity(buf[:0], p) })
-		assert.Zero(t, allocs, "%v: a backend builds its keys without allocating", p)
-	}
-}
-
-func TestWindowState(t *testing.T) {
-	p := throttler.Policy{Limit: 10, Window: time.Minute}
-	tests := []struct {
-		name    string
-		used    int64
-		resetAt time.Time
-		allowed bool
-		want    throttler.Decision
-	}{
-		{"open", 4, t0.Add(30 * time.Second), true, throttler.Decision{Allowed: true, Limit: 10, Used: 4, Remaining: 6, ResetAt: t0.Add(30 * time.Second)}},
-		{"denied", 10, t0.Add(30 * time.Second), false, throttler.Decision{Limit: 10, Used: 10, Remaining: 0, ResetAt: t0.Add(30 * time.Second), RetryAfter: 30 * time.Second}},
-		{"over a lowered limit", 12, t0.Add(time.Second), false, throttler.Decision{Limit: 10, Used: 12, Remaining: 0, ResetAt: t0.Add(time.Second), RetryAfter: time.Second}},
-		{"absent", 0, time.Time{}, true, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-		{"ended at now", 7, t0, true, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-		{"ended before now", 7, t0.Add(-time.Second), true, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, backend.WindowState(p, tc.used, tc.resetAt, t0, tc.allowed), tc.name)
-	}
-}
-
-func TestPeekState(t *testing.T) {
-	p := throttler.Policy{Limit: 10, Window: time.Minute}
-	tests := []struct {
-		name    string
-		used    int64
-		resetAt time.Time
-		want    throttler.Decision
-	}{
-		{"room for one more", 9, t0.Add(time.Second), throttler.Decision{Allowed: true, Limit: 10, Used: 9, Remaining: 1, ResetAt: t0.Add(time.Second)}},
-		{"full", 10, t0.Add(time.Second), throttler.Decision{Limit: 10, Used: 10, ResetAt: t0.Add(time.Second), RetryAfter: time.Second}},
-		{"over a lowered limit", 15, t0.Add(2 * time.Second), throttler.Decision{Limit: 10, Used: 15, ResetAt: t0.Add(2 * time.Second), RetryAfter: 2 * time.Second}},
-		{"absent", 0, time.Time{}, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-		{"ended", 10, t0, throttler.Decision{Allowed: true, Limit: 10, Remaining: 10, ResetAt: t0.Add(time.Minute)}},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, backend.PeekState(p, tc.used, tc.resetAt, t0), tc.name)
-	}
-}
-
 // counting is a wrapper written with OpFunc: one function for the three
 // operations, forwarding with Do.
 type counting struct {
@@ -244,8 +136,8 @@ type counting struct {
 }
 
 func newCounting(next throttler.Backend) (*counting, error) {
-	if err := backend.Required("counting: next", next); err != nil {
-		return nil, err
+	if next == nil { // a wrapper refuses to be built around nothing
+		return nil, errors.New("counting: next is nil")
 	}
 	c := &counting{calls: map[throttler.Op]int{}}
 	c.OpFunc = func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
@@ -277,16 +169,6 @@ func ExampleOpFunc() {
 	// Output:
 	// map[take:2 peek:1] false 2
 	// counting: next is nil
-}
-
-func ExampleIdentity() {
-	fmt.Printf("%q\n", backend.Identity(throttler.PerHour(3).Named("core")))
-	fmt.Printf("%q\n", backend.Identity(throttler.PerHour(3)))
-	fmt.Printf("%q\n", backend.Identity(throttler.PerMinute(2)))
-	// Output:
-	// "core"
-	// " fw 3/3600000"
-	// " fw 2/60000"
 }
 
 // A Refund also names its Take: a zero receipt is an input error of its

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -52,30 +52,9 @@ func FuzzValidateCall(f *testing.F) {
 				t.Fatalf("accepted name %q", name)
 			}
 		}
-		if id := backend.Identity(p); name != "" && id != name || name == "" && !strings.HasPrefix(id, " ") {
+		if id := identity.Rate(p); name != "" && id != name || name == "" && !strings.HasPrefix(id, " ") {
 			t.Fatalf("identity %q of %v", id, p)
 		}
 		_ = p.String()
-	})
-}
-
-// FuzzIdentity: an unnamed policy's identity never equals a valid Name, and
-// two unnamed policies share one only when they are the same limit.
-func FuzzIdentity(f *testing.F) {
-	f.Add("core", int64(3), int64(3600_000), int64(2), int64(60_000))
-	f.Add("fw", int64(1), int64(1), int64(1), int64(1))
-	f.Fuzz(func(t *testing.T, name string, limit1, ms1, limit2, ms2 int64) {
-		p1 := throttler.Policy{Limit: limit1, Window: time.Duration(ms1) * time.Millisecond}
-		p2 := throttler.Policy{Limit: limit2, Window: time.Duration(ms2) * time.Millisecond}
-		if p1.Validate() != nil || p2.Validate() != nil {
-			return
-		}
-		if (backend.Identity(p1) == backend.Identity(p2)) != (p1 == p2) {
-			t.Fatalf("%v and %v: identities %q and %q", p1, p2, backend.Identity(p1), backend.Identity(p2))
-		}
-		named := p1.Named(name)
-		if named.Validate() == nil && name != "" && backend.Identity(named) == backend.Identity(p2) {
-			t.Fatalf("name %q meets the unnamed %v", name, p2)
-		}
 	})
 }

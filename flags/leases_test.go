@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/leasetest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -98,14 +99,14 @@ func TestRouterReleasesWhereTheLeaseWasGranted(t *testing.T) {
 			if err != nil || !d.Allowed || !d.ResetAt.Equal(t0.Add(time.Second+time.Minute)) {
 				t.Fatalf("retried Acquire = %+v, %v; want it renewed", d, err)
 			}
-			if backendtest.Holds(t, other, "k", exports, t0.Add(time.Second)) > 0 {
+			if leasetest.Holds(t, other, "k", exports, t0.Add(time.Second)) > 0 {
 				t.Fatal("the retried Acquire went to the backend the key moved to")
 			}
 			ok, d, err := r.Release(ctx, "k", exports, 7, t0.Add(2*time.Second))
 			if err != nil || !ok {
 				t.Fatalf("Release = %v, %+v, %v; want held", ok, d, err)
 			}
-			if backendtest.Holds(t, granter, "k", exports, t0.Add(2*time.Second)) > 0 {
+			if leasetest.Holds(t, granter, "k", exports, t0.Add(2*time.Second)) > 0 {
 				t.Fatal("the granting backend still holds the lease")
 			}
 			s := r.Stats()

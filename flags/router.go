@@ -115,10 +115,10 @@ type Strategy interface {
 // NewRouterWith is NewRouter with s routing each call instead of r; nil s
 // is NewRouter.
 func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *RouterOptions) (*Router, error) {
-	if err := backend.Required("flags: old backend", oldB); err != nil {
+	if err := nilness.Check("flags: old backend", oldB); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("flags: new backend", newB); err != nil {
+	if err := nilness.Check("flags: new backend", newB); err != nil {
 		return nil, err
 	}
 	if err := requiredRollout("flags: rollout", r); err != nil {
@@ -141,7 +141,7 @@ func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *Ro
 	return rt, nil
 }
 
-// requiredRollout is backend.Required for a Rollout: a nil one, or a nil
+// requiredRollout is nilness.Check for a Rollout: a nil one, or a nil
 // pointer in one, would panic on the first call.
 func requiredRollout(what string, r Rollout) error {
 	if r == nil {

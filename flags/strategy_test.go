@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/leasetest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -164,7 +164,7 @@ func TestRouterStrategyRoutesLeases(t *testing.T) {
 	if d, err := r.Acquire(ctx, "k", exports, 4, t0); err != nil || !d.Allowed {
 		t.Fatalf("Acquire = %+v, %v", d, err)
 	}
-	if backendtest.Holds(t, new, "k", exports, t0) == 0 || backendtest.Holds(t, old, "k", exports, t0) > 0 {
+	if leasetest.Holds(t, new, "k", exports, t0) == 0 || leasetest.Holds(t, old, "k", exports, t0) > 0 {
 		t.Fatal("the strategy's route to new was not taken")
 	}
 	// A retry renews where the lease is held, whatever the strategy says.
@@ -172,13 +172,13 @@ func TestRouterStrategyRoutesLeases(t *testing.T) {
 	if d, err := r.Acquire(ctx, "k", exports, 4, t0.Add(time.Second)); err != nil || !d.Allowed || !d.ResetAt.Equal(t0.Add(time.Second+time.Minute)) {
 		t.Fatalf("retried Acquire = %+v, %v", d, err)
 	}
-	if backendtest.Holds(t, old, "k", exports, t0) > 0 {
+	if leasetest.Holds(t, old, "k", exports, t0) > 0 {
 		t.Fatal("the retry went to old")
 	}
 	if held, _, err := r.Release(ctx, "k", exports, 4, t0.Add(2*time.Second)); err != nil || !held {
 		t.Fatalf("Release = %v, %v", held, err)
 	}
-	if backendtest.Holds(t, new, "k", exports, t0.Add(2*time.Second)) > 0 {
+	if leasetest.Holds(t, new, "k", exports, t0.Add(2*time.Second)) > 0 {
 		t.Fatal("the lease is still held on new")
 	}
 
@@ -189,7 +189,7 @@ func TestRouterStrategyRoutesLeases(t *testing.T) {
 	if d, err := r.Acquire(ctx, "m", exports, 5, t0); err != nil || !d.Allowed {
 		t.Fatalf("moving Acquire = %+v, %v", d, err)
 	}
-	if both.calls.Load() != 1 || backendtest.Holds(t, new, "m", exports, t0) > 0 || r.Stats().Leases.Held != 0 {
+	if both.calls.Load() != 1 || leasetest.Holds(t, new, "m", exports, t0) > 0 || r.Stats().Leases.Held != 0 {
 		t.Fatalf("moving Acquire: %d calls to both, Leases %+v; want one, not remembered", both.calls.Load(), r.Stats().Leases)
 	}
 	s.moving = false

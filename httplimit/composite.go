@@ -37,11 +37,11 @@ func bindingOf(p throttler.Policy, d throttler.Decision) throttler.Policy {
 // latest reset of those members, each by its own algorithm (resetOf);
 // another names the binding ResetAt. RateLimit-Policy lists every member
 // in order, RateLimit names the binding one.
-func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision, now time.Time, ietf bool) {
+func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool) {
 	bp := bindingOf(p, d)
 	reset := time.Time{}
 	if !d.ResetAt.IsZero() {
-		reset = resetOf(bp, d, now)
+		reset = resetOf(bp, d)
 	}
 	if d.Allowed && d.Remaining == 0 && !reset.IsZero() {
 		var ms [throttler.MaxMembers]throttler.Policy
@@ -49,7 +49,7 @@ func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision
 			ms[i] = m
 		}
 		for i, md := range d.Members() {
-			if r := resetOf(ms[i], md, now); md.Remaining == 0 && r.After(reset) {
+			if r := resetOf(ms[i], md); md.Remaining == 0 && r.After(reset) {
 				reset = r
 			}
 		}
@@ -63,7 +63,7 @@ func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision
 		list = append(list, fmt.Sprintf("%q;q=%d;w=%d", memberName(m, i), m.Limit, ceilSeconds(m.Window)))
 	}
 	h.Set("RateLimit-Policy", strings.Join(list, ", "))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", memberName(bp, d.Binding()), d.Remaining, ceilSeconds(reset.Sub(now))))
+	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", memberName(bp, d.Binding()), d.Remaining, ceilSeconds(reset.Sub(d.At))))
 }
 
 // memberName is a composite's member's name in the IETF headers: its Name,

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/httplimit"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -20,7 +21,7 @@ type oneAtATime struct{ throttler.Backend }
 // headers are the binding member's, the IETF ones list both; a denied
 // request spends nothing in the hour; a 304 refunds both.
 func TestRateComposite(t *testing.T) {
-	clock := &fakeClock{now: t0.Add(250 * time.Millisecond)}
+	clock := sleep.NewFake(t0.Add(250 * time.Millisecond))
 	store := newMemory(t)
 	th := newThrottler(t, store, &throttler.Options{Clock: clock.Now})
 	hour := throttler.PerHour(100).Named("login-h")

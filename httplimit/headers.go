@@ -35,9 +35,9 @@ func setHeaders(h http.Header, name string, d throttler.Decision, reset time.Tim
 }
 
 // setIETF writes the RateLimit-Policy and RateLimit headers of the IETF
-// draft (draft-ietf-httpapi-ratelimit-headers) for a decision of p made at
-// now, whose reset is known.
-func setIETF(h http.Header, p throttler.Policy, d throttler.Decision, reset, now time.Time) {
+// draft (draft-ietf-httpapi-ratelimit-headers) for a decision of p, whose
+// reset is known, at the instant it was made (d.At).
+func setIETF(h http.Header, p throttler.Policy, d throttler.Decision, reset time.Time) {
 	name := p.Name
 	if name == "" {
 		name = "default"
@@ -45,7 +45,7 @@ func setIETF(h http.Header, p throttler.Policy, d throttler.Decision, reset, now
 	// q and w are the policy's rate, for a token bucket too: its burst is
 	// no quota per window (r may then exceed q, up to Burst).
 	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=%d;w=%d", name, p.Limit, ceilSeconds(p.Window)))
-	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, ceilSeconds(reset.Sub(now))))
+	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", name, d.Remaining, ceilSeconds(reset.Sub(d.At))))
 }
 
 // refuse answers a request over a limit: status, Retry-After (retry in
@@ -77,7 +77,7 @@ func unixCeil(t time.Time) int64 {
 }
 
 // resetOf is the instant that X-RateLimit-Reset and the IETF RateLimit's t
-// name for d, made at now under p (zero when d knows no count). A client
+// name for d, made at d.At under p (zero when d knows no count). A client
 // that returns then is admitted if nobody else spent in between, on every
 // algorithm, and a denied answer's reset is never before its Retry-After:
 //   - a denied answer names ResetAt, or its earliest admission (the ms of
@@ -91,14 +91,14 @@ func unixCeil(t time.Time) int64 {
 //     and one unit fits once that weight is down to Limit - 1;
 //   - any other answer names ResetAt: when the fixed window ends, the
 //     bucket is full again, the log's newest entry ends.
-func resetOf(p throttler.Policy, d throttler.Decision, now time.Time) time.Time {
+func resetOf(p throttler.Policy, d throttler.Decision) time.Time {
 	switch {
 	case !d.Known():
 		return time.Time{}
 	case !d.Allowed:
-		// The store counted from now's ms, truncated: the admission is an
-		// instant that does not wobble with the sub-ms part of now.
-		if at := time.UnixMilli(now.UnixMilli()).Add(d.RetryAfter); at.After(d.ResetAt) {
+		// The store counted from d.At's ms, truncated: the admission is an
+		// instant that does not wobble with the sub-ms part of d.At.
+		if at := time.UnixMilli(d.At.UnixMilli()).Add(d.RetryAfter); at.After(d.ResetAt) {
 			return at
 		}
 	case p.Algorithm == throttler.SlidingWindow && d.Remaining == 0:

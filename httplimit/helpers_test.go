@@ -16,19 +16,6 @@ import (
 
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
-// fakeClock is moved by tests; nothing sleeps.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // stubBackend answers every call with err (or delegates to next when err is
 // nil) and counts the calls.
 type stubBackend struct {

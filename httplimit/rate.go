@@ -6,21 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/felixge/httpsnoop"
 
-	"github.com/throttlekit/throttlekit/internal/edge"
 	"github.com/throttlekit/throttlekit/throttler"
-)
-
-// The Throttler's functions that package throttler lends this one (see
-// internal/edge): a Take of one unit and a Refund, each with the instant
-// it was decided at, and whether New built the Throttler.
-var (
-	built      = edge.Built.(func(*throttler.Throttler) bool)
-	takeOne    = edge.Take.(func(*throttler.Throttler, context.Context, string, throttler.Policy) (throttler.Decision, time.Time, error))
-	refundSome = edge.Refund.(func(*throttler.Throttler, context.Context, string, throttler.Policy, int64, throttler.Decision) (throttler.Decision, time.Time, error))
 )
 
 // Rate limits every request to p per key, through th. It counts one unit
@@ -34,15 +23,17 @@ var (
 // stating the rate, and never reaches the handler. A request that could
 // not be decided is answered by OnError (Error by default).
 //
-// It returns an error, naming what is wrong, for a Throttler that
-// throttler.New did not build, an invalid policy, a nil key function or
-// bad options: a server misconfiguration fails when the server is built,
-// never as a client error on every request. The writer the handler gets
+// It returns an error, naming what is wrong, for a nil Throttler, an
+// invalid policy, a nil key function or bad options: a server
+// misconfiguration fails when the server is built, never as a client error
+// on every request. (A zero Throttler, which throttler.New did not build,
+// fails every call with an error, which OnError answers: 500 by default,
+// never an admission.) The writer the handler gets
 // keeps every optional interface of the server's (http.Flusher,
 // http.Hijacker, io.ReaderFrom, ...), so streaming works.
 func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Options) (func(http.Handler) http.Handler, error) {
-	if !built(th) {
-		return nil, errors.New("httplimit: Rate needs a Throttler built by throttler.New")
+	if th == nil {
+		return nil, errors.New("httplimit: Rate needs a Throttler built by throttler.New, got nil")
 	}
 	o, err := checked("Rate", p.Validate(), key, opts)
 	if err != nil {
@@ -58,12 +49,12 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				o.OnError(w, r, err)
 				return
 			}
-			d, now, err := takeOne(th, r.Context(), k, p)
+			d, err := th.Allow(r.Context(), k, p)
 			if err != nil {
 				o.OnError(w, r, err)
 				return
 			}
-			setRateHeaders(w.Header(), p, d, now, o.IETFHeaders)
+			setRateHeaders(w.Header(), p, d, o.IETFHeaders)
 			if !d.Allowed {
 				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(bindingOf(p, d)))
 				return
@@ -77,26 +68,27 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				// (its context cancelled) still gets its unit back: the
 				// refund runs without the cancellation, bounded by the
 				// Throttler's Timeout, as a lease's Release does.
-				if d, now, err := refundSome(th, context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
-					setRateHeaders(w.Header(), p, d, now, o.IETFHeaders)
+				if d, err := th.Refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil {
+					setRateHeaders(w.Header(), p, d, o.IETFHeaders)
 				}
 			}), r)
 		})
 	}, nil
 }
 
-// setRateHeaders writes the headers of a rate decision made at now: the
-// instant the Throttler read for it, so that the clock is read once per
-// decision. A degraded decision with no known count sets only the limit.
-func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, now time.Time, ietf bool) {
+// setRateHeaders writes the headers of a rate decision at the instant it
+// was made (d.At, the Throttler's reading of its clock for it), so that the
+// clock is read once per decision. A degraded decision with no known count
+// sets only the limit.
+func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool) {
 	if p.Composite() {
-		setCompositeHeaders(h, p, d, now, ietf)
+		setCompositeHeaders(h, p, d, ietf)
 		return
 	}
-	reset := resetOf(p, d, now)
+	reset := resetOf(p, d)
 	setHeaders(h, p.Name, d, reset)
 	if ietf && !reset.IsZero() {
-		setIETF(h, p, d, reset, now)
+		setIETF(h, p, d, reset)
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/httplimit"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -69,8 +71,7 @@ func TestRateRejects(t *testing.T) {
 		{name: "DeniedStatus 200", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 200}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 200"},
 		{name: "DeniedStatus 99", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 99}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 99"},
 		{name: "DeniedStatus 600", th: th, p: p, key: httplimit.KeyByRemoteIP, o: &httplimit.Options{DeniedStatus: 600}, want: "httplimit: Options.DeniedStatus must be a 4xx or 5xx status, got 600"},
-		{name: "nil Throttler", th: nilThrottler, p: p, key: httplimit.KeyByRemoteIP, want: "httplimit: Rate needs a Throttler built by throttler.New"},
-		{name: "zero Throttler", th: &throttler.Throttler{}, p: p, key: httplimit.KeyByRemoteIP, want: "httplimit: Rate needs a Throttler built by throttler.New"},
+		{name: "nil Throttler", th: nilThrottler, p: p, key: httplimit.KeyByRemoteIP, want: "httplimit: Rate needs a Throttler built by throttler.New, got nil"},
 	}
 	for _, tc := range tests {
 		mw, err := httplimit.Rate(tc.th, tc.p, tc.key, tc.o)
@@ -87,8 +88,21 @@ func TestRateRejects(t *testing.T) {
 	}
 }
 
+// TestRateOnAZeroThrottler: a zero Throttler (which throttler.New did not
+// build) cannot be told from a built one when Rate is built, but it never
+// admits: every call of it fails, and every request is answered by OnError.
+func TestRateOnAZeroThrottler(t *testing.T) {
+	reached := false
+	h := newRate(t, &throttler.Throttler{}, throttler.PerMinute(10), httplimit.KeyByHeader("X-Client"), nil)(
+		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached = true }))
+	w := serve(h)
+	assert.Equal(t, http.StatusInternalServerError, w.Code)
+	assert.False(t, reached, "the handler ran behind a Throttler that never decided")
+	assert.Empty(t, w.Header().Get("X-RateLimit-Limit"), "no decision, no headers")
+}
+
 func TestRateHeaders(t *testing.T) {
-	clock := &fakeClock{now: t0.Add(250 * time.Millisecond)}
+	clock := sleep.NewFake(t0.Add(250 * time.Millisecond))
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(3).Named("core")
 	h := newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
@@ -520,18 +534,18 @@ func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// replay spends on a fresh store and returns the last answer.
-			replay := func() (*fakeClock, http.Handler, *httptest.ResponseRecorder) {
-				clock := &fakeClock{now: t0}
+			replay := func() (*sleep.Fake, http.Handler, *httptest.ResponseRecorder) {
+				clock := sleep.NewFake(t0)
 				th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 				h := newRate(t, th, tc.p, httplimit.KeyByHeader("X-Client"), &httplimit.Options{IETFHeaders: true})(etagHandler)
 				var w *httptest.ResponseRecorder
 				for _, at := range tc.spend {
-					clock.now = t0.Add(at)
+					clock.Set(t0.Add(at))
 					w = serve(h)
 					require.Equal(t, http.StatusOK, w.Code, "spending at %v", at)
 				}
 				if tc.at != tc.spend[len(tc.spend)-1] {
-					clock.now = t0.Add(tc.at)
+					clock.Set(t0.Add(tc.at))
 					w = serve(h)
 					require.Equal(t, http.StatusTooManyRequests, w.Code)
 				}
@@ -559,7 +573,7 @@ func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
 			}
 			for header, at := range returns {
 				clock, h, _ := replay()
-				clock.now = at
+				clock.Set(at)
 				assert.Equal(t, http.StatusOK, serve(h).Code, "a client returning at %s (%v after the answer) is refused", header, at.Sub(now))
 			}
 		})
@@ -634,14 +648,14 @@ func TestResetAdmitsOnRandomTraces(t *testing.T) {
 		}
 		// replay takes steps[:n] on a fresh store and returns the last answer.
 		replay := func(n int) throttler.Backend {
-			m := newMemory(t)
+			m := traceMemory(t)
 			for _, s := range steps[:n] {
 				_, err := m.Take(ctx, "k", p, s.cost, s.at)
 				require.NoError(t, err)
 			}
 			return m
 		}
-		m := newMemory(t)
+		m := traceMemory(t)
 		for i, s := range steps {
 			d, err := m.Take(ctx, "k", p, s.cost, s.at)
 			require.NoError(t, err)
@@ -660,4 +674,17 @@ func TestResetAdmitsOnRandomTraces(t *testing.T) {
 		}
 	}
 	t.Logf("%d answers checked", checked)
+}
+
+// traceMemory is a memory backend whose state only the trace's own calls
+// sweep, at the trace's instants: a timer sweep estimates the clock from
+// real time, so a run stalled for a second (-race on a loaded machine)
+// could drop state that the trace's clock, which stands still between
+// steps, still counts on, and the store under test would then answer
+// differently from its replay.
+func traceMemory(t testing.TB) *memory.Backend {
+	t.Helper()
+	m, err := memory.New(&memory.Options{SweepEvery: time.Hour})
+	require.NoError(t, err)
+	return m
 }

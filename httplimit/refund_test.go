@@ -11,13 +11,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/httplimit"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // A 304 whose handler ran past the window's end is not refunded into the
 // next window by the middleware.
 func TestRateRefundsOnlyInTheTakesWindow(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(2)
 	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -222,7 +222,7 @@ func (r *leaseRampResult) String() string {
 		routed.Untracked += l.Untracked
 		routed.Held += l.Held
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
-			drops += s.Count(shadow.Dropped)
+			drops += s.ByKind[shadow.Dropped]
 			for kind, n := range s.ByKind {
 				kinds[kind.String()] += n
 			}
@@ -314,7 +314,7 @@ func TestLeaseRamp(t *testing.T) {
 		} {
 			var failed uint64
 			for _, s := range res.stats {
-				failed += st.mirrored(s).Count(shadow.CandidateError) + st.mirrored(s).Count(shadow.Dropped)
+				failed += st.mirrored(s).ByKind[shadow.CandidateError] + st.mirrored(s).ByKind[shadow.Dropped]
 			}
 			var left int64
 			for _, key := range keys {

@@ -324,10 +324,10 @@ func loadCheck(p throttler.Policy, res loadResult) loadReport {
 		rep.moving.OneStore += st.Moving.OneStore
 		rep.moving.Changes += st.Moving.Changes
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
-			rep.drops += s.Count(shadow.Dropped)
+			rep.drops += s.ByKind[shadow.Dropped]
 			rep.compared += s.Compared
 			rep.mismatched += s.Mismatched
-			rep.reordered += s.Count(shadow.Reordered)
+			rep.reordered += s.ByKind[shadow.Reordered]
 			for kind, n := range s.ByKind {
 				rep.kinds[kind.String()] += n
 			}

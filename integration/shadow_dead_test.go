@@ -86,13 +86,13 @@ func TestShadowDeadCandidate(t *testing.T) {
 			start := time.Now()
 			err = sh.Flush(ctx)
 			st := sh.Stats()
-			t.Logf("Flush after %v: %v; %d calls: %d candidate errors, %d dropped", time.Since(start), err, st.Results, st.Count(shadow.CandidateError), st.Count(shadow.Dropped))
+			t.Logf("Flush after %v: %v; %d calls: %d candidate errors, %d dropped", time.Since(start), err, st.Results, st.ByKind[shadow.CandidateError], st.ByKind[shadow.Dropped])
 			if err != nil {
 				t.Fatalf("Flush within %v: %v", bound, err)
 			}
-			if st.Results != calls || st.Count(shadow.CandidateError)+st.Count(shadow.Dropped) != calls {
+			if st.Results != calls || st.ByKind[shadow.CandidateError]+st.ByKind[shadow.Dropped] != calls {
 				t.Fatalf("%d results, %d candidate errors, %d dropped; want %d, all errors or drops",
-					st.Results, st.Count(shadow.CandidateError), st.Count(shadow.Dropped), calls)
+					st.Results, st.ByKind[shadow.CandidateError], st.ByKind[shadow.Dropped], calls)
 			}
 			if dc.heal == nil {
 				return

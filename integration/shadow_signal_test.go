@@ -228,8 +228,8 @@ func (r signalReport) String() string {
 	}
 	return fmt.Sprintf("%d calls, %d compared, control errors %d, candidate errors %d, mismatched %d (%s), reordered %d (%s), dropped %d; kinds {%s}; "+
 		"|Δused| up to %d; ResetAt differs %d (%d within %d ms of the earlier reset)",
-		r.calls, r.stats.Compared, r.stats.Count(shadow.ControlError), r.stats.Count(shadow.CandidateError), r.stats.Mismatched, rate(r.stats.Mismatched), r.stats.Count(shadow.Reordered), rate(r.stats.Count(shadow.Reordered)),
-		r.stats.Count(shadow.Dropped), strings.Join(kinds, ", "), maxUsed, windowDiffs, boundary, r.spreadMs)
+		r.calls, r.stats.Compared, r.stats.ByKind[shadow.ControlError], r.stats.ByKind[shadow.CandidateError], r.stats.Mismatched, rate(r.stats.Mismatched), r.stats.ByKind[shadow.Reordered], rate(r.stats.ByKind[shadow.Reordered]),
+		r.stats.ByKind[shadow.Dropped], strings.Join(kinds, ", "), maxUsed, windowDiffs, boundary, r.spreadMs)
 }
 
 // signalReorder reads the reorder bounds of a measurement from the
@@ -366,8 +366,8 @@ func TestShadowSignal(t *testing.T) {
 					// few calls with ErrContention when dozens of
 					// goroutines share 8 keys (its documented limit); more
 					// than 1% would not be a healthy store.
-					if rep.stats.Compared < 200 || rep.stats.Count(shadow.Dropped) != 0 || rep.stats.Count(shadow.Reordered) == 0 ||
-						(rep.stats.Count(shadow.CandidateError)+rep.stats.Count(shadow.ControlError))*100 > rep.stats.Compared {
+					if rep.stats.Compared < 200 || rep.stats.ByKind[shadow.Dropped] != 0 || rep.stats.ByKind[shadow.Reordered] == 0 ||
+						(rep.stats.ByKind[shadow.CandidateError]+rep.stats.ByKind[shadow.ControlError])*100 > rep.stats.Compared {
 						t.Errorf("the run did not exercise the signal: %v", rep)
 					}
 				})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/leasetest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -85,7 +86,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 			if mirror {
 				wantNew = 1
 			}
-			if o, n := backendtest.Holds(t, old, "k", one, t0), backendtest.Holds(t, new, "k", one, t0); o != 1 || n != wantNew {
+			if o, n := leasetest.Holds(t, old, "k", one, t0), leasetest.Holds(t, new, "k", one, t0); o != 1 || n != wantNew {
 				t.Fatalf("old holds %d, new %d; want 1, %d", o, n, wantNew)
 			}
 			_ = r.Set(100)
@@ -94,7 +95,7 @@ func TestLeaseReleasedWhereGranted(t *testing.T) {
 				t.Fatalf("Release = %v, %v; want held", held, err)
 			}
 			flushed(t, m)
-			if o, n := backendtest.Holds(t, old, "k", one, t0.Add(time.Second)), backendtest.Holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
+			if o, n := leasetest.Holds(t, old, "k", one, t0.Add(time.Second)), leasetest.Holds(t, new, "k", one, t0.Add(time.Second)); o != 0 || n != 0 {
 				t.Fatalf("old holds %d, new %d after the Release; want none", o, n)
 			}
 			st := m.Stats()
@@ -141,7 +142,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || d.Allowed {
 		t.Fatalf("Acquire of the moving key = %+v, %v; want denied: old holds the limit", d, err)
 	}
-	if n := backendtest.Holds(t, new, key, one, t0); n != 0 {
+	if n := leasetest.Holds(t, new, key, one, t0); n != 0 {
 		t.Fatalf("new holds %d leases; want the one it granted alone released", n)
 	}
 	if st := m.Stats().Moving; st.Calls != 1 || st.Compensated != 1 {
@@ -155,7 +156,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("Acquire = %+v, %v; want granted on both", d, err)
 	}
-	if o, n := backendtest.Holds(t, old, key, one, t0.Add(time.Second)), backendtest.Holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
+	if o, n := leasetest.Holds(t, old, key, one, t0.Add(time.Second)), leasetest.Holds(t, new, key, one, t0.Add(time.Second)); o != 1 || n != 1 {
 		t.Fatalf("old holds %d, new %d; want the lease on both", o, n)
 	}
 	// Moving until TTL + Settle after the change. The lease granted on both
@@ -172,7 +173,7 @@ func TestMovingKeysLeases(t *testing.T) {
 	if err != nil || !held {
 		t.Fatalf("Release = %v, %v", held, err)
 	}
-	if o, n := backendtest.Holds(t, old, key, one, t0.Add(2*time.Second)), backendtest.Holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
+	if o, n := leasetest.Holds(t, old, key, one, t0.Add(2*time.Second)), leasetest.Holds(t, new, key, one, t0.Add(2*time.Second)); o != 0 || n != 0 {
 		t.Fatalf("old holds %d, new %d; want the lease released on both", o, n)
 	}
 }

@@ -35,8 +35,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -114,10 +114,10 @@ func New(oldB, newB throttler.Backend, r flags.Rollout, opts *Options) (*Migrati
 // newWith is New with mono as the moving keys' monotonic clock; nil is the
 // process's. Tests move theirs by hand.
 func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono func() time.Duration) (*Migration, error) {
-	if err := backend.Required("migration: old backend", oldB); err != nil {
+	if err := nilness.Check("migration: old backend", oldB); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("migration: new backend", newB); err != nil {
+	if err := nilness.Check("migration: new backend", newB); err != nil {
 		return nil, err
 	}
 	var o Options

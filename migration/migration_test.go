@@ -167,8 +167,8 @@ func TestStagesKeepCountsWarm(t *testing.T) {
 				return
 			}
 			for name, s := range map[string]shadow.Stats{"forward": st.Forward, "reverse": st.Reverse} {
-				if s.Mismatched != 0 || s.Count(shadow.Dropped) != 0 {
-					t.Errorf("%s: compared %d, mismatched %d, dropped %d", name, s.Compared, s.Mismatched, s.Count(shadow.Dropped))
+				if s.Mismatched != 0 || s.ByKind[shadow.Dropped] != 0 {
+					t.Errorf("%s: compared %d, mismatched %d, dropped %d", name, s.Compared, s.Mismatched, s.ByKind[shadow.Dropped])
 				}
 			}
 			// Every call was compared or, a moving key's, made on both stores.

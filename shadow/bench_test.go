@@ -44,15 +44,12 @@ func (s stuck) Refund(ctx context.Context, _ string, _ throttler.Policy, _ int64
 	return throttler.Decision{}, s.wait(ctx)
 }
 
-// BenchmarkTake measures the caller's path, which is all a request waits
-// for: the control alone ("off"), a shadow over a healthy in-process
-// candidate without and with Publish, and a shadow whose candidate is stuck,
-// so that every call is dropped, without Publish, with the cheapest Publish
-// (an atomic add), and with one that takes about a microsecond (a log
-// line's worth of work). One caller, so
-// that the shadow's own goroutines have the other core. caller-cpu-ns/op is
-// the CPU time of the caller's thread: on a shared machine it is steadier
-// than ns/op.
+// BenchmarkTake measures the caller's path, which is all a request waits for: the control alone
+// ("off"), a shadow over a healthy in-process candidate without and with Publish, and a shadow
+// whose candidate is stuck, so that every call is dropped, without Publish, with the cheapest
+// Publish (an atomic add), and with one that takes about a microsecond (a log line's worth of
+// work). One caller, so that the shadow's own goroutines have the other core. caller-cpu-ns/op is
+// the CPU time of the caller's thread: on a shared machine it is steadier than ns/op.
 func BenchmarkTake(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
@@ -74,20 +71,20 @@ func BenchmarkTake(b *testing.B) {
 			}
 			report()
 			if s, ok := be.(*Backend); ok {
-				// Drops make a healthy mode look cheaper: they must stay
-				// near 0 there.
+				// Drops make a healthy mode look cheaper: they must stay near 0
+				// there.
 				b.StopTimer()
 				if !strings.HasPrefix(mode, "dropping") {
 					_ = s.Flush(ctx)
 				}
-				b.ReportMetric(float64(s.Stats().Count(Dropped)-before.Count(Dropped))/float64(b.N), "dropped/op")
+				b.ReportMetric(float64(s.Stats().ByKind[Dropped]-before.ByKind[Dropped])/float64(b.N), "dropped/op")
 			}
 		})
 	}
 }
 
-// BenchmarkTakeParallel is BenchmarkTake with every core calling: what the
-// callers contend on when the candidate is stuck and every call drops.
+// BenchmarkTakeParallel is BenchmarkTake with every core calling: what the callers contend on when
+// the candidate is stuck and every call drops.
 func BenchmarkTakeParallel(b *testing.B) {
 	ctx := context.Background()
 	p := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
@@ -128,8 +125,7 @@ func BenchmarkFlush(b *testing.B) {
 	}
 }
 
-// benchShadow builds the backend a mode names and returns it with the
-// function that stops it.
+// benchShadow builds the backend a mode names and returns it with the function that stops it.
 func benchShadow(b *testing.B, mode string, published *atomic.Uint64) (throttler.Backend, func()) {
 	b.Helper()
 	if mode == "off" {
@@ -168,8 +164,8 @@ func benchShadow(b *testing.B, mode string, published *atomic.Uint64) (throttler
 	}
 }
 
-// work does n steps of arithmetic (3000 take about a microsecond) and
-// returns their result, for the caller to keep.
+// work does n steps of arithmetic (3000 take about a microsecond) and returns their result, for the
+// caller to keep.
 func work(n int) uint64 {
 	h := uint64(n)
 	for i := range n {

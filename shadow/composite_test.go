@@ -30,7 +30,7 @@ func TestShadowComposites(t *testing.T) {
 	require.True(t, d.Allowed)
 	r := <-results
 	assert.False(t, r.Mismatch(), "%+v", r)
-	assert.True(t, r.Compared())
+	assert.True(t, r.compared())
 	h, err := candidate.Peek(context.Background(), "k", throttler.PerHour(5).Named("h"), now)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), h.Used, "the candidate counted the mirrored composite")

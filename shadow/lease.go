@@ -8,17 +8,15 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Leases through a shadow: the control serves Acquire and Release, and each
-// is mirrored to the candidate as a Take is (the same queue, so the calls
-// of one key reach it in order), with the same LeaseID, so that the
-// candidate holds the leases the control holds: every Acquire the control
-// answered and every Release are mirrored, and a lease the candidate
-// granted where the control did not (it denied, or failed) is released on
-// the candidate at once, since no Release will come for it.
+// Leases through a shadow: the control serves Acquire and Release, and each is mirrored to the
+// candidate as a Take is (the same queue, so the calls of one key reach it in order), with the same
+// LeaseID, so that the candidate holds the leases the control holds: every Acquire the control
+// answered and every Release are mirrored, and a lease the candidate granted where the control did
+// not (it denied, or failed) is released on the candidate at once, since no Release will come for
+// it.
 //
-// A shadow holds leases when its control does; the calls are mirrored when
-// the candidate holds leases too (throttler.Traits), and otherwise served by
-// the control alone.
+// A shadow holds leases when its control does; the calls are mirrored when the candidate holds
+// leases too (throttler.Traits), and otherwise served by the control alone.
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
 
@@ -29,9 +27,8 @@ type leaseCall struct {
 	held bool // the control's answer to a Release
 }
 
-// Acquire returns the control's answer and mirrors the call, unless the
-// control rejected it as bad input. The shadow does not validate: the
-// control does.
+// Acquire returns the control's answer and mirrors the call, unless the control rejected it as bad
+// input. The shadow does not validate: the control does.
 func (b *Backend) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
 	if b.controlLeases == nil {
 		return throttler.Decision{}, b.noLeases()
@@ -44,8 +41,8 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	return d, err
 }
 
-// Release returns the control's answer and mirrors the call, unless the
-// control rejected it as bad input.
+// Release returns the control's answer and mirrors the call, unless the control rejected it as bad
+// input.
 func (b *Backend) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
 	if b.controlLeases == nil {
 		return false, throttler.Decision{}, b.noLeases()
@@ -62,10 +59,9 @@ func (b *Backend) noLeases() error {
 	return fmt.Errorf("%w: the shadow's control (%T)", throttler.ErrLeasesUnsupported, b.control)
 }
 
-// undoAcquire releases on the candidate the lease of c, which the candidate
-// granted and the control did not: nobody will release it, and held until
-// its TTL it would make the candidate stricter than the control. A failure
-// is left alone: the lease then expires at its TTL.
+// undoAcquire releases on the candidate the lease of c, which the candidate granted and the control
+// did not: nobody will release it, and held until its TTL it would make the candidate stricter than
+// the control. A failure is left alone: the lease then expires at its TTL.
 func (b *Backend) undoAcquire(w *worker, c *call) {
 	if w.jobs == nil {
 		_, _, _ = b.invoke(w.callContext(b.ctx, b.opts.Timeout), c, true)

@@ -9,13 +9,14 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/leasetest"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 var two = throttler.Concurrent(2, time.Minute).Named("exports")
 
-// leaseHooked is hooked with leases: before runs ahead of every call, lease
-// calls included, and may block or fail them.
+// leaseHooked is hooked with leases: before runs ahead of every call, lease calls included, and may
+// block or fail them.
 type leaseHooked struct {
 	*hooked
 	leases throttler.LeaseBackend
@@ -69,8 +70,8 @@ func TestShadowLeaseConformance(t *testing.T) {
 	})
 }
 
-// Every lease call is mirrored with its LeaseID, so the candidate holds
-// what the control holds, and the pairs compare.
+// Every lease call is mirrored with its LeaseID, so the candidate holds what the control holds, and
+// the pairs compare.
 func TestLeasesMirrored(t *testing.T) {
 	ctx := context.Background()
 	control, candidate := mem(t), mem(t)
@@ -123,13 +124,13 @@ func TestLeasesMirrored(t *testing.T) {
 		t.Errorf("Stats: %+v", st)
 	}
 	now := t0.Add(time.Minute / 2)
-	if c, d := backendtest.Holds(t, control, "k", two, now), backendtest.Holds(t, candidate, "k", two, now); c != 1 || d != 1 {
+	if c, d := leasetest.Holds(t, control, "k", two, now), leasetest.Holds(t, candidate, "k", two, now); c != 1 || d != 1 {
 		t.Errorf("control holds %d leases, candidate %d; want lease 2 on both", c, d)
 	}
 }
 
-// A lease the candidate grants where the control did not (it denied, or
-// failed) is released on the candidate at once: nobody will release it.
+// A lease the candidate grants where the control did not (it denied, or failed) is released on the
+// candidate at once: nobody will release it.
 func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 	ctx := context.Background()
 	down := errors.New("connection refused")
@@ -164,15 +165,15 @@ func TestLeaseTheControlDidNotGrantIsUndone(t *testing.T) {
 			if len(rs) != 1 || rs[0].Kinds != tc.wantKind || !rs[0].Candidate.Allowed {
 				t.Fatalf("results %+v; want one, %v, the candidate granting", rs, tc.wantKind)
 			}
-			if n := backendtest.Holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
+			if n := leasetest.Holds(t, candidate, "k", two, t0.Add(time.Second)); n != 0 {
 				t.Errorf("the candidate holds %d leases; want the one the control did not grant released", n)
 			}
 		})
 	}
 }
 
-// A Release that one store held and the other did not is a difference of
-// the leases held before the call, though the decisions after it agree.
+// A Release that one store held and the other did not is a difference of the leases held before the
+// call, though the decisions after it agree.
 func TestReleaseHeldDiffers(t *testing.T) {
 	ctx := context.Background()
 	control := mem(t)
@@ -208,8 +209,7 @@ func TestLeaseBadInputIsNotMirrored(t *testing.T) {
 	}
 }
 
-// A shadow holds leases when its control does, and mirrors them when the
-// candidate does too.
+// A shadow holds leases when its control does, and mirrors them when the candidate does too.
 func TestShadowHoldsLeasesWhenItsControlDoes(t *testing.T) {
 	ctx := context.Background()
 	noLeases := &hooked{Backend: mem(t)} // a Backend without the lease methods

@@ -8,20 +8,18 @@ import (
 	"time"
 )
 
-// publisher is the goroutine that passes drops to Options.Publish, so that
-// a caller never runs the hook. A caller that drops a call appends it to
-// its worker's outbox (worker.outbox), under the lock it already holds:
-// no lock, allocation or hook of its own on the caller's path, once the
-// outbox has grown. The publisher takes each outbox whole, in rounds, and
-// calls the hook outside every lock.
+// publisher is the goroutine that passes drops to Options.Publish, so that a caller never runs the
+// hook. A caller that drops a call appends it to its worker's outbox (worker.outbox), under the
+// lock it already holds: no lock, allocation or hook of its own on the caller's path, once the
+// outbox has grown. The publisher takes each outbox whole, in rounds, and calls the hook outside
+// every lock.
 //
-// The workers publish their comparisons themselves: they are the shadow's
-// own goroutines already, and queueing every Result again would copy each
-// one twice and hold up to Workers*QueueSize more of them (measured: a
-// caller in a tight loop ran at a third of the speed).
+// The workers publish their comparisons themselves: they are the shadow's own goroutines already,
+// and queueing every Result again would copy each one twice and hold up to Workers*QueueSize more
+// of them (measured: a caller in a tight loop ran at a third of the speed).
 type publisher struct {
-	// Read by every caller that drops a call: kept apart from what the
-	// publisher writes on every round.
+	// Read by every caller that drops a call: kept apart from what the publisher writes on
+	// every round.
 	_        [64]byte
 	wake     chan struct{} // capacity 1
 	sleeping atomic.Bool   // parked until woken; a producer must signal wake
@@ -29,8 +27,8 @@ type publisher struct {
 
 	closing atomic.Bool // the outboxes are closed: one more round, then exit
 	discard atomic.Bool // Close gave up draining: count, do not publish
-	// discarded counts the drops taken from the outboxes but not published
-	// because Close gave up draining.
+	// discarded counts the drops taken from the outboxes but not published because Close gave
+	// up draining.
 	discarded atomic.Uint64
 	done      chan struct{} // closed when the goroutine returns
 
@@ -41,9 +39,8 @@ type publisher struct {
 	roundDone chan struct{}
 	exited    bool
 
-	// spares, owned by the goroutine, hold each worker's list last
-	// published, to leave in that worker's outbox next time: each
-	// worker's two lists keep their capacity.
+	// spares, owned by the goroutine, hold each worker's list last published, to leave in that
+	// worker's outbox next time: each worker's two lists keep their capacity.
 	spares [][]call
 }
 
@@ -51,10 +48,9 @@ func newPublisher(workers int) *publisher {
 	return &publisher{wake: make(chan struct{}, 1), done: make(chan struct{}), spares: make([][]call, workers)}
 }
 
-// wakeFor says whether, and how, to wake the publisher after an outbox
-// went from before to after entries. As a worker's queue wakes its worker,
-// the first entry wakes a sleeping publisher, and reaching wakeLen wakes a
-// napping one, so that a nap does not let the outbox fill.
+// wakeFor says whether, and how, to wake the publisher after an outbox went from before to after
+// entries. As a worker's queue wakes its worker, the first entry wakes a sleeping publisher, and
+// reaching wakeLen wakes a napping one, so that a nap does not let the outbox fill.
 func (p *publisher) wakeFor(before, after, wakeLen int) (wake, force bool) {
 	if before < wakeLen && after >= wakeLen {
 		return true, true
@@ -62,9 +58,8 @@ func (p *publisher) wakeFor(before, after, wakeLen int) (wake, force bool) {
 	return before == 0 && after > 0, false
 }
 
-// signal wakes the publisher if it sleeps, or always if force: a producer
-// pays a channel send only when the publisher has gone to sleep or an
-// outbox is filling.
+// signal wakes the publisher if it sleeps, or always if force: a producer pays a channel send only
+// when the publisher has gone to sleep or an outbox is filling.
 func (p *publisher) signal(force bool) {
 	if force {
 		p.sleeping.Store(false)
@@ -77,9 +72,8 @@ func (p *publisher) signal(force bool) {
 	}
 }
 
-// publishLoop is the publisher's goroutine. Like a worker, it naps between
-// rounds unless it is busy, and sleeps until signalled after a few rounds
-// that found nothing.
+// publishLoop is the publisher's goroutine. Like a worker, it naps between rounds unless it is
+// busy, and sleeps until signalled after a few rounds that found nothing.
 func (b *Backend) publishLoop() {
 	p := b.pub
 	defer func() {
@@ -96,8 +90,8 @@ func (b *Backend) publishLoop() {
 	timer.Stop()
 	naps := 0
 	for {
-		// Read before the round: once closing is set the outboxes take
-		// nothing more, so this round then empties them for good.
+		// Read before the round: once closing is set the outboxes take nothing more, so
+		// this round then empties them for good.
 		last := p.closing.Load()
 		p.mu.Lock()
 		p.started++
@@ -120,10 +114,9 @@ func (b *Backend) publishLoop() {
 			naps = 0
 			continue
 		case n > 0:
-			// A few drops: nap before the next round rather than take
-			// every worker's lock again for the next few, which would
-			// move those locks' cache lines away from the callers on
-			// every drop. A filling outbox cuts the nap short.
+			// A few drops: nap before the next round rather than take every worker's
+			// lock again for the next few, which would move those locks' cache lines
+			// away from the callers on every drop. A filling outbox cuts the nap short.
 			naps = 0
 		default:
 			naps++
@@ -137,9 +130,8 @@ func (b *Backend) publishLoop() {
 			}
 			continue
 		}
-		// Set sleeping, then look once more: a producer that appended
-		// before it could see the flag is found here; one that appends
-		// after sees the flag and signals.
+		// Set sleeping, then look once more: a producer that appended before it could see
+		// the flag is found here; one that appends after sees the flag and signals.
 		p.sleeping.Store(true)
 		if b.outboxesEmpty() && !p.closing.Load() {
 			<-p.wake
@@ -148,8 +140,8 @@ func (b *Backend) publishLoop() {
 	}
 }
 
-// deliver publishes the drops waiting in w's outbox, leaving spare there in
-// their place, and returns how many it took.
+// deliver publishes the drops waiting in w's outbox, leaving spare there in their place, and
+// returns how many it took.
 func (b *Backend) deliver(w *worker, spare *[]call) int {
 	p := b.pub
 	w.mu.Lock()
@@ -170,8 +162,8 @@ func (b *Backend) deliver(w *worker, spare *[]call) int {
 		r.Kinds = Dropped
 		b.publish(&r)
 	}
-	// The entries are not cleared: the list is reused, and holds at most
-	// QueueSize keys alive meanwhile.
+	// The entries are not cleared: the list is reused, and holds at most QueueSize keys alive
+	// meanwhile.
 	*spare = list
 	return len(list)
 }
@@ -188,8 +180,8 @@ func (b *Backend) outboxesEmpty() bool {
 	return true
 }
 
-// publish hands r to Options.Publish, recovering and counting a panic: a
-// broken hook must not take down a worker or the publisher.
+// publish hands r to Options.Publish, recovering and counting a panic: a broken hook must not take
+// down a worker or the publisher.
 func (b *Backend) publish(r *Result) {
 	defer func() {
 		if recover() != nil {
@@ -199,15 +191,15 @@ func (b *Backend) publish(r *Result) {
 	b.opts.Publish(*r)
 }
 
-// flush waits until a round that began after it was called has ended: that
-// round took every drop queued before.
+// flush waits until a round that began after it was called has ended: that round took every drop
+// queued before.
 func (p *publisher) flush(ctx context.Context) error {
 	p.mu.Lock()
 	target := p.started + 1
 	for p.finished < target {
 		if p.exited {
 			p.mu.Unlock()
-			return ErrClosed
+			return errClosed
 		}
 		ch := p.roundDone
 		if ch == nil {
@@ -227,9 +219,8 @@ func (p *publisher) flush(ctx context.Context) error {
 	return nil
 }
 
-// stopPublishing closes the outboxes, so that a drop from now on is counted
-// in PublishDropped at once, and tells the publisher to empty them and
-// return.
+// stopPublishing closes the outboxes, so that a drop from now on is counted in PublishDropped at
+// once, and tells the publisher to empty them and return.
 func (b *Backend) stopPublishing() {
 	p := b.pub
 	if p == nil {

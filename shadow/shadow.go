@@ -1,25 +1,20 @@
-// Package shadow serves every call from a control backend and mirrors it, in
-// the background, to a candidate backend, comparing the two decisions: the
-// "shadow" stage of a migration between stores, after github/scientist.
+// Package shadow serves every call from a control backend and mirrors it, in the background, to a
+// candidate backend, comparing the two decisions: the "shadow" stage of a migration between stores,
+// after github/scientist.
 //
-// The caller always gets the control's decision and error. The mirrored call
-// (same key, policy, cost and now) waits in a bounded queue for a worker; a
-// slow, failing or dead candidate fills the queue and further calls are
-// dropped and counted, so it never slows or fails the control path. Every
-// comparison becomes a Result, summed in Stats and passed to
-// Options.Publish on the shadow's own goroutines, never on a caller's;
-// Flush waits until everything mirrored so far has been compared and
-// published.
+// The caller always gets the control's decision and error. The mirrored call (same key, policy,
+// cost and now) waits in a bounded queue for a worker; a slow, failing or dead candidate fills the
+// queue and further calls are dropped and counted, so it never slows or fails the control path.
+// Every comparison becomes a Result, summed in Stats and passed to Options.Publish on the shadow's
+// own goroutines, never on a caller's; Flush waits until everything mirrored so far has been
+// compared and published.
 //
-// Calls for one key reach the candidate in the order the control answered
-// them, as far as that order is known: each call is queued after its
-// control call returns, so two concurrent calls for one key may be queued
-// in either order (their totals agree), and calls of other processes reach
-// the candidate in yet another order than the control: differences that
-// such reordering explains are their own kind, Reordered, not mismatches
-// (see Options.ReorderSpan). Candidate
-// calls run under the Backend's own context, not the caller's, which ends
-// with the request.
+// Calls for one key reach the candidate in the order the control answered them, as far as that
+// order is known: each call is queued after its control call returns, so two concurrent calls for
+// one key may be queued in either order (their totals agree), and calls of other processes reach
+// the candidate in yet another order than the control: differences that such reordering explains
+// are their own kind, Reordered, not mismatches (see Options.ReorderSpan). Candidate calls run
+// under the Backend's own context, not the caller's, which ends with the request.
 package shadow
 
 import (
@@ -32,132 +27,114 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/leaseop"
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Errors a Result's CandidateErr or a method may match with errors.Is.
+// The shadow's own errors, unexported: a timeout matches context.DeadlineExceeded (see
+// Result.CandidateErr), a panicking candidate is a bug read in the message, and Flush after
+// Close is the caller's doing.
 var (
-	// ErrCandidateTimeout: the candidate did not answer within
-	// Options.Timeout.
-	ErrCandidateTimeout = errors.New("shadow: candidate timed out")
-	// ErrCandidatePanic: the candidate panicked; the panic was recovered.
-	ErrCandidatePanic = errors.New("shadow: candidate panicked")
-	// errNotSent is a Dropped call's CandidateErr when an earlier call of
-	// its batch timed out (see Options.Timeout). One value for every
-	// such call: a dead candidate makes them many.
-	errNotSent = fmt.Errorf("%w: not sent: an earlier call queued with it timed out", ErrCandidateTimeout)
-	// ErrClosed: Flush was called after Close.
-	ErrClosed = errors.New("shadow: closed")
+	errCandidatePanic = errors.New("shadow: candidate panicked")
+	// errNotSent is a Dropped call's CandidateErr when an earlier call of its batch timed out
+	// (see Options.Timeout). One value for every such call: a dead candidate makes them many.
+	errNotSent = fmt.Errorf("shadow: candidate call not sent: an earlier call queued with it "+
+		"timed out: %w", context.DeadlineExceeded)
+	// errClosed is Flush's error after Close: Close has compared, dropped or given up on every
+	// call, so there is nothing left to wait for.
+	errClosed = errors.New("shadow: flush after Close")
 )
 
-// Options configure a Backend. The zero value (or nil) means defaults; a
-// negative number is an error.
+// Options configure a Backend. The zero value (or nil) means defaults; a negative number is an
+// error.
 type Options struct {
-	// Workers is how many goroutines call the candidate. Calls for one key
-	// always go to the same worker, in order. A network candidate needs
-	// several: each worker makes one call at a time. default: 8
+	// Workers is how many goroutines call the candidate. Calls for one key always go to the
+	// same worker, in order. A network candidate needs several: each worker makes one call at a
+	// time. default: 8
 	Workers int
-	// QueueSize is how many mirrored calls may wait for each worker; when
-	// its queue is full a call is dropped (a Result of kind Dropped). A
-	// worker also holds the batch it is working through, so at most
-	// 2*Workers*QueueSize calls are held in all, and with Publish as many
+	// QueueSize is how many mirrored calls may wait for each worker; when its queue is full a
+	// call is dropped (a Result of kind Dropped). A worker also holds the batch it is working
+	// through, so at most 2*Workers*QueueSize calls are held in all, and with Publish as many
 	// drops again may wait for it (see Publish). default: 1024
 	QueueSize int
-	// Timeout bounds each candidate call, through its context's deadline
-	// (the calls to an in-process candidate share a context while at least
-	// about 7/8 of Timeout is left of it). A call that fails once the
-	// deadline has passed is a CandidateError matching ErrCandidateTimeout.
-	// The worker waits for a candidate that may block (one that is not
-	// throttler.InProcess) no longer than the deadline: a call still running
-	// then is abandoned, counted as a timeout, and left to return on its
-	// own; the worker sends the candidate nothing more until it has
-	// returned, and waits for that at most Timeout per batch. After a
-	// timeout, the rest of the calls the worker took with it, all queued
-	// before it timed out, are not sent: they are Dropped, their
-	// CandidateErr matching ErrCandidateTimeout. So a dead candidate costs
-	// each worker about one Timeout per batch of calls it takes, not one
-	// per call: every call is accounted within about twice Timeout of
-	// being queued, however the keys fall on the workers, and Flush
-	// returns. A Timeout below 1ms is an error (Timeout: 100 is 100ns, a
-	// unit slip). default: 100ms
+	// Timeout bounds each candidate call, through its context's deadline (the calls to an
+	// in-process candidate share a context while at least about 7/8 of Timeout is left of it).
+	// A call that fails once the deadline has passed is a CandidateError matching
+	// context.DeadlineExceeded. The worker waits for a candidate that may block (one that is
+	// not throttler.InProcess) no longer than the deadline: a call still running then is
+	// abandoned, counted as a timeout, and left to return on its own; the worker sends the
+	// candidate nothing more until it has returned, and waits for that at most Timeout per
+	// batch. After a timeout, the rest of the calls the worker took with it, all queued before
+	// it timed out, are not sent: they are Dropped, their CandidateErr matching
+	// context.DeadlineExceeded. So a dead candidate costs each worker about one Timeout per
+	// batch of calls it takes, not one per call: every call is accounted within about twice
+	// Timeout of being queued, however the keys fall on the workers, and Flush returns. A
+	// Timeout below 1ms is an error (Timeout: 100 is 100ns, a unit slip). default: 100ms
 	Timeout time.Duration
-	// DrainTimeout is how long Close lets the workers finish the queued
-	// calls before it cancels the calls in flight and drops the rest.
-	// default: 1s
+	// DrainTimeout is how long Close lets the workers finish the queued calls before it cancels
+	// the calls in flight and drops the rest. default: 1s
 	DrainTimeout time.Duration
-	// UsedTolerance is how far Used and Remaining may differ before a
-	// pair counts as UsedDiffers. default: 0, exact
+	// UsedTolerance is how far Used and Remaining may differ before a pair counts as
+	// UsedDiffers. default: 0, exact
 	UsedTolerance int64
-	// ResetAtTolerance is how far ResetAt, or RetryAfter, may differ
-	// before a pair counts as ResetAtDiffers, or RetryAfterDiffers. Stores
-	// keep milliseconds, so a finer tolerance would flag their rounding.
-	// default: 1ms
+	// ResetAtTolerance is how far ResetAt, or RetryAfter, may differ before a pair counts as
+	// ResetAtDiffers, or RetryAfterDiffers. Stores keep milliseconds, so a finer tolerance
+	// would flag their rounding. default: 1ms
 	ResetAtTolerance time.Duration
-	// ReorderSpan and ReorderUnits bound the differences counted as
-	// Reordered rather than as mismatches. A pair of a Take, Peek or
-	// Refund whose decisions differ is Reordered when ReorderSpan is set
-	// and
+	// ReorderSpan and ReorderUnits bound the differences counted as Reordered rather than as
+	// mismatches. A pair of a Take, Peek or Refund whose decisions differ is Reordered when
+	// ReorderSpan is set and
 	//   - both stores answered the same Limit, and
-	//   - either the call's now is within ReorderSpan of the earlier of
-	//     the two ResetAts (one store may have counted it, or calls before
-	//     it, in the window that the other had already ended and
-	//     replaced): then ResetAt and RetryAfter differ by at most
-	//     Window + ReorderSpan, and Used by anything;
-	//   - or Used (counted up to the Limit: units beyond it were never
-	//     admitted) and Remaining differ by at most ReorderUnits, and
-	//     ResetAt and RetryAfter by at most ReorderSpan (a fixed window's
-	//     was opened by another of the calls within the span), plus, for
-	//     the other algorithms, the time ReorderUnits units take to refill
-	//     or age out (Window·ReorderUnits/Limit, at most Window).
-	// The shadow adds each call's own lag (Result.Lag) to the span. Set
-	// ReorderSpan to the spread of the processes' clocks plus how much
-	// longer another process's mirror may lag than this one's (a window
-	// one store opened while a mirror lagged stays offset while the key
-	// stays busy), and
-	// ReorderUnits to the most units of one key that all processes can
-	// have counted in one store and not yet in the other: the requests one
-	// key can have in flight at once across the processes, times their
-	// cost, plus what the key is admitted within the mirror's lag.
-	// docs/migration.md explains the choice. A difference outside these
-	// bounds (a different Limit, a window lost mid-way, counts further
-	// apart) stays a mismatch. default: 0, nothing is Reordered
+	//   - either the call's now is within ReorderSpan of the earlier of the two ResetAts (one
+	//     store may have counted it, or calls before it, in the window that the other had
+	//     already ended and replaced): then ResetAt and RetryAfter differ by at most Window +
+	//     ReorderSpan, and Used by anything;
+	//   - or Used (counted up to the Limit: units beyond it were never admitted) and Remaining
+	//     differ by at most ReorderUnits, and ResetAt and RetryAfter by at most ReorderSpan (a
+	//     fixed window's was opened by another of the calls within the span), plus, for the
+	//     other algorithms, the time ReorderUnits units take to refill or age out
+	//     (Window·ReorderUnits/Limit, at most Window).
+	// The shadow adds each call's own lag (Result.Lag) to the span. Set ReorderSpan to the
+	// spread of the processes' clocks plus how much longer another process's mirror may lag
+	// than this one's (a window one store opened while a mirror lagged stays offset while the
+	// key stays busy), and ReorderUnits to the most units of one key that all processes can
+	// have counted in one store and not yet in the other: the requests one key can have in
+	// flight at once across the processes, times their cost, plus what the key is admitted
+	// within the mirror's lag. docs/migration.md explains the choice. A difference outside
+	// these bounds (a different Limit, a window lost mid-way, counts further apart) stays a
+	// mismatch. default: 0, nothing is Reordered
 	ReorderSpan time.Duration
 	// ReorderUnits: see ReorderSpan. default: 0
 	ReorderUnits int64
-	// Ignore, if set, is asked about every pair whose decisions differ;
-	// returning true marks a known, accepted difference: the Result is
-	// published with Ignored set and not counted as a mismatch. It runs on
-	// a worker goroutine. A panic in it is recovered, counted in
-	// Stats.IgnorePanics, and the difference is not ignored.
-	// default: nil, nothing ignored
+	// Ignore, if set, is asked about every pair whose decisions differ; returning true marks a
+	// known, accepted difference: the Result is published with Ignored set and not counted as a
+	// mismatch. It runs on a worker goroutine. A panic in it is recovered, counted in
+	// Stats.IgnorePanics, and the difference is not ignored. default: nil, nothing ignored
 	Ignore func(Result) bool
-	// Publish, if set, receives every Result: matches, differences,
-	// candidate errors and drops. It runs on the shadow's own goroutines,
-	// never on a caller's, so it must be safe for concurrent use: the
-	// workers pass it their comparisons, and one publishing goroutine the
-	// drops, which wait for it in a queue of QueueSize per worker; a drop
-	// that finds that queue full is counted in Stats.PublishDropped
-	// instead. A slow Publish slows the workers, whose queues then fill
-	// and drop calls (Dropped), so it should still be quick. A panic in
-	// it is recovered and counted in Stats.PublishPanics. default: nil
+	// Publish, if set, receives every Result: matches, differences, candidate errors and drops.
+	// It runs on the shadow's own goroutines, never on a caller's, so it must be safe for
+	// concurrent use: the workers pass it their comparisons, and one publishing goroutine the
+	// drops, which wait for it in a queue of QueueSize per worker; a drop that finds that queue
+	// full is counted in Stats.PublishDropped instead. A slow Publish slows the workers, whose
+	// queues then fill and drop calls (Dropped), so it should still be quick. A panic in it is
+	// recovered and counted in Stats.PublishPanics. default: nil
 	Publish func(Result)
-	// Enabled, if set, is asked on every call whether to mirror it; false
-	// serves from the control alone and records nothing. It runs on the
-	// control path, so it must be cheap (an atomic load). default: nil,
-	// always mirror
+	// Enabled, if set, is asked on every call whether to mirror it; false serves from the
+	// control alone and records nothing. It runs on the control path, so it must be cheap (an
+	// atomic load). default: nil, always mirror
 	Enabled func() bool
-	// KeepMismatches is how many of the latest mismatches Stats returns.
-	// default: 100
+	// KeepMismatches is how many of the latest mismatches Stats returns. default: 100
 	KeepMismatches int
 }
 
-// minTimeout is the shortest Options.Timeout New accepts: a shorter one is
-// most likely a unit slip (Timeout: 100 is 100ns).
+// minTimeout is the shortest Options.Timeout New accepts: a shorter one is most likely a unit slip
+// (Timeout: 100 is 100ns).
 const minTimeout = time.Millisecond
 
-// withDefaults returns o with its zero fields set to their defaults, or an
-// error naming the first negative field, as "Field is …" (New adds
-// "shadow: Options.", package migration "migration: Options.Forward.").
+// withDefaults returns o with its zero fields set to their defaults, or an error naming the first
+// negative field, as "Field is …" (New adds "shadow: Options.", package migration "migration:
+// Options.Forward.").
 func (o *Options) withDefaults() (Options, error) {
 	var out Options
 	if o != nil {
@@ -174,8 +151,8 @@ func (o *Options) withDefaults() (Options, error) {
 	case out.Timeout < 0:
 		return neg("Timeout", out.Timeout, "100ms")
 	case out.Timeout > 0 && out.Timeout < minTimeout:
-		// Timeout: 100 is 100ns, not 100ms: every candidate call would
-		// time out, and the shadow would compare nothing.
+		// Timeout: 100 is 100ns, not 100ms: every candidate call would time out, and the
+		// shadow would compare nothing.
 		return out, fmt.Errorf("%s is %v; want 0 (default 100ms) or at least %v: no store answers sooner", "Timeout", out.Timeout, minTimeout)
 	case out.DrainTimeout < 0:
 		return neg("DrainTimeout", out.DrainTimeout, "1s")
@@ -211,26 +188,23 @@ func (o *Options) withDefaults() (Options, error) {
 	return out, nil
 }
 
-// A worker that finds its queue empty naps this long, up to maxNaps times,
-// before it sleeps until a caller wakes it. Under load it therefore collects
-// calls in batches without any caller paying to wake it; a caller wakes it
-// early when its queue reaches 1/wakeAt of QueueSize, so that a nap does not
-// let the queue fill.
+// A worker that finds its queue empty naps this long, up to maxNaps times, before it sleeps until a
+// caller wakes it. Under load it therefore collects calls in batches without any caller paying to
+// wake it; a caller wakes it early when its queue reaches 1/wakeAt of QueueSize, so that a nap does
+// not let the queue fill.
 const (
 	nap     = 500 * time.Microsecond
 	maxNaps = 4
 	wakeAt  = 4 // a quarter
 )
 
-// opFunc is backend.OpFunc under a name that is not exported, so that
-// embedding it gives Backend its Take, Peek and Refund without a field
-// anyone outside could reassign.
+// opFunc is backend.OpFunc under a name that is not exported, so that embedding it gives Backend
+// its Take, Peek and Refund without a field anyone outside could reassign.
 type opFunc = backend.OpFunc
 
-// Backend is a throttler.Backend that answers from the control and mirrors
-// to the candidate: its Take, Peek and Refund return the control's answer
-// and queue the same call for the candidate. It is safe for concurrent use.
-// Create it with New and stop its workers with Close.
+// Backend is a throttler.Backend that answers from the control and mirrors to the candidate: its
+// Take, Peek and Refund return the control's answer and queue the same call for the candidate. It
+// is safe for concurrent use. Create it with New and stop its workers with Close.
 type Backend struct {
 	opFunc             // b.do(): Take, Peek and Refund
 	control, candidate throttler.Backend
@@ -270,8 +244,8 @@ type call struct {
 	now        time.Time
 	control    throttler.Decision
 	controlErr error
-	// lease is a lease operation's; a rate operation leaves it as the
-	// slot's last user did, and nothing reads it.
+	// lease is a lease operation's; a rate operation leaves it as the slot's last user did, and
+	// nothing reads it.
 	lease leaseCall
 }
 
@@ -282,14 +256,12 @@ type worker struct {
 	closed   bool
 	dropped  uint64        // calls refused by a full or closed queue
 	wake     chan struct{} // capacity 1
-	// Flush waits for done to reach taken plus what is queued: counters,
-	// not items in the queue, so that a Flush that gives up leaves
-	// nothing behind and every Flush waiting on the worker shares one
-	// channel, closed when a batch ends.
+	// Flush waits for done to reach taken plus what is queued: counters, not items in the
+	// queue, so that a Flush that gives up leaves nothing behind and every Flush waiting on the
+	// worker shares one channel, closed when a batch ends.
 	taken, done uint64 // calls taken from the queue, and finished with
 	flushed     chan struct{}
-	// Drops waiting for the publisher (see publish.go); nil without
-	// Options.Publish.
+	// Drops waiting for the publisher (see publish.go); nil without Options.Publish.
 	outbox       []call
 	outboxClosed bool     // Close is done publishing: count, do not queue
 	pubDropped   uint64   // drops refused by a full or closed outbox
@@ -299,17 +271,16 @@ type worker struct {
 	spare  []call
 	ctx    context.Context // shared by calls while enough of it is left
 	cancel context.CancelFunc
-	// stale is set by aging, Timeout/8 after ctx was made, and when a call
-	// ends in ctx's expiry: the next call needs a new context. A flag set
-	// by a timer spares the worker a clock read per call. It is allocated
-	// on its own so that the timer, until the runtime drops it, holds only
-	// the flag and not the worker's queues.
+	// stale is set by aging, Timeout/8 after ctx was made, and when a call ends in ctx's
+	// expiry: the next call needs a new context. A flag set by a timer spares the worker a
+	// clock read per call. It is allocated on its own so that the timer, until the runtime
+	// drops it, holds only the flag and not the worker's queues.
 	stale *atomic.Bool
 	aging *time.Timer
 
-	// A candidate that may block runs on the runner goroutine (see
-	// runner), so that the worker can stop waiting for it; jobs is nil
-	// for one that is throttler.InProcess, which the worker calls itself.
+	// A candidate that may block runs on the runner goroutine (see runner), so that the worker
+	// can stop waiting for it; jobs is nil for one that is throttler.InProcess, which the
+	// worker calls itself.
 	jobs    chan *job // to the runner
 	answers chan *job // from the runner, capacity 1
 	job     *job      // the runner's; reused once its answer is read
@@ -320,8 +291,8 @@ type worker struct {
 	counts counters // what Stats reads
 }
 
-// job is one call handed to the runner: a copy, since an abandoned call
-// outlives the queue slot it came from.
+// job is one call handed to the runner: a copy, since an abandoned call outlives the queue slot it
+// came from.
 type job struct {
 	ctx  context.Context
 	c    call
@@ -331,15 +302,14 @@ type job struct {
 	err  error
 }
 
-// New returns a Backend that serves from control and mirrors to candidate,
-// and starts its workers. Both backends are required. Nil options mean
-// defaults; a negative number in them is an error. Call Close to stop the
-// workers.
+// New returns a Backend that serves from control and mirrors to candidate, and starts its workers.
+// Both backends are required. Nil options mean defaults; a negative number in them is an error.
+// Call Close to stop the workers.
 func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) {
-	if err := backend.Required("shadow: control backend", control); err != nil {
+	if err := nilness.Check("shadow: control backend", control); err != nil {
 		return nil, err
 	}
-	if err := backend.Required("shadow: candidate backend", candidate); err != nil {
+	if err := nilness.Check("shadow: candidate backend", candidate); err != nil {
 		return nil, err
 	}
 	o, err := opts.withDefaults()
@@ -392,12 +362,11 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	return b, nil
 }
 
-// do returns the function behind Take, Peek and Refund: it serves the call
-// from the control and mirrors it, unless the control rejected it as bad
-// input, which the candidate would reject too, leaving nothing to compare.
-// The shadow does not validate: the control does. It is a closure over b
-// rather than a method value, and it switches on op itself rather than
-// calling backend.Do: either would cost the caller's path one more frame.
+// do returns the function behind Take, Peek and Refund: it serves the call from the control and
+// mirrors it, unless the control rejected it as bad input, which the candidate would reject too,
+// leaving nothing to compare. The shadow does not validate: the control does. It is a closure over
+// b rather than a method value, and it switches on op itself rather than calling backend.Do: either
+// would cost the caller's path one more frame.
 func (b *Backend) do() backend.OpFunc {
 	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 		var d throttler.Decision
@@ -420,12 +389,11 @@ func (b *Backend) do() backend.OpFunc {
 	}
 }
 
-// mirror queues the call for the key's worker, or drops it. It is the whole
-// cost that shadowing adds to the control path: one hash, one uncontended
-// lock, one copy. lc is a lease operation's part, nil for a rate one's. A
-// Refund mirrors the same receipt, the control's Take's ResetAt: the
-// candidate refunds only if its state fits it (see throttler.Backend),
-// which it does when it counted the Take alike.
+// mirror queues the call for the key's worker, or drops it. It is the whole cost that shadowing
+// adds to the control path: one hash, one uncontended lock, one copy. lc is a lease operation's
+// part, nil for a rate one's. A Refund mirrors the same receipt, the control's Take's ResetAt: the
+// candidate refunds only if its state fits it (see throttler.Backend), which it does when it
+// counted the Take alike.
 func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, d *throttler.Decision, err error, lc *leaseCall) {
 	if b.opts.Enabled != nil && !b.opts.Enabled() {
 		return
@@ -437,10 +405,9 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 	w.mu.Lock()
 	n := len(w.queue)
 	if w.closed || n >= b.opts.QueueSize {
-		// Counted under the lock already held: a dead candidate makes
-		// every call drop, and a shared atomic would then be contended.
-		// For the same reason the drop waits for the publisher in this
-		// worker's outbox, under this lock.
+		// Counted under the lock already held: a dead candidate makes every call drop, and
+		// a shared atomic would then be contended. For the same reason the drop waits for
+		// the publisher in this worker's outbox, under this lock.
 		w.dropped++
 		wake, force := false, false
 		if b.pub != nil {
@@ -477,9 +444,8 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 	}
 }
 
-// grow extends *s by one call and returns it, for the caller to fill in
-// place: the call is large, and copying it twice would be a visible share
-// of the control path's cost.
+// grow extends *s by one call and returns it, for the caller to fill in place: the call is large,
+// and copying it twice would be a visible share of the control path's cost.
 func grow(s *[]call) *call {
 	n := len(*s)
 	if n < cap(*s) {
@@ -490,8 +456,8 @@ func grow(s *[]call) *call {
 	return &(*s)[n]
 }
 
-// run is a worker: it takes its whole queue at once and calls the candidate
-// for each call, in order.
+// run is a worker: it takes its whole queue at once and calls the candidate for each call, in
+// order.
 func (b *Backend) run(w *worker) {
 	defer b.wg.Done()
 	defer func() {
@@ -507,9 +473,9 @@ func (b *Backend) run(w *worker) {
 	timer.Stop()
 	naps := 0
 	var batch []call // the batch just worked through
-	// looked is when the worker last found its queue (empty, or taken):
-	// every call it takes next was queued after it, so time since it
-	// bounds how long a call waited (see Result.Lag).
+	// looked is when the worker last found its queue (empty, or taken): every call it takes
+	// next was queued after it, so time since it bounds how long a call waited (see
+	// Result.Lag).
 	looked := time.Now()
 	for {
 		w.mu.Lock()
@@ -546,9 +512,9 @@ func (b *Backend) run(w *worker) {
 		w.taken += uint64(len(next))
 		w.mu.Unlock()
 		naps = 0
-		// The slots are not zeroed after use: the next caller overwrites
-		// every field, and a worker writing them would make each caller's
-		// write a cache miss. They keep at most QueueSize keys alive.
+		// The slots are not zeroed after use: the next caller overwrites every field, and a
+		// worker writing them would make each caller's write a cache miss. They keep at
+		// most QueueSize keys alive.
 		floor := looked
 		looked = time.Now()
 		w.skip = false
@@ -560,8 +526,8 @@ func (b *Backend) run(w *worker) {
 	}
 }
 
-// finishBatch, under w.mu, tells the Flushes waiting that the batch is
-// done, and keeps its slots for the next queue.
+// finishBatch, under w.mu, tells the Flushes waiting that the batch is done, and keeps its slots
+// for the next queue.
 func (b *Backend) finishBatch(w *worker, batch []call) {
 	w.done += uint64(len(batch))
 	if w.flushed != nil {
@@ -571,8 +537,8 @@ func (b *Backend) finishBatch(w *worker, batch []call) {
 	w.spare = batch
 }
 
-// process calls the candidate for c and records the comparison. c was
-// queued after queued (see run).
+// process calls the candidate for c and records the comparison. c was queued after queued (see
+// run).
 func (b *Backend) process(w *worker, c *call, queued time.Time) {
 	r := c.result()
 	if b.discard.Load() {
@@ -601,8 +567,8 @@ func (b *Backend) process(w *worker, c *call, queued time.Time) {
 			r.Kinds |= UsedDiffers
 		}
 		if r.Kinds != 0 {
-			// Read only for differences: a clock read per call would
-			// be a visible share of an in-process candidate's cost.
+			// Read only for differences: a clock read per call would be a visible share
+			// of an in-process candidate's cost.
 			r.Lag = time.Since(queued)
 		}
 		switch {
@@ -630,9 +596,8 @@ func (c *call) result() Result {
 	return r
 }
 
-// callCandidate makes the call with a deadline, turning a timeout or a
-// panic into an error; held is a Release's answer. A timeout makes the
-// worker skip the rest of its batch.
+// callCandidate makes the call with a deadline, turning a timeout or a panic into an error; held is
+// a Release's answer. A timeout makes the worker skip the rest of its batch.
 func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held bool, err error) {
 	var ctx context.Context
 	abandoned := false
@@ -640,9 +605,9 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 		ctx = w.callContext(b.ctx, b.opts.Timeout)
 		d, held, err = b.invoke(ctx, c, false)
 	} else {
-		// Its own context: a shared one, made stale by a timer, can be
-		// handed on expired when that timer is late, and then the worker
-		// would abandon a call that never had its Timeout.
+		// Its own context: a shared one, made stale by a timer, can be handed on expired
+		// when that timer is late, and then the worker would abandon a call that never had
+		// its Timeout.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(b.ctx, b.opts.Timeout)
 		defer cancel()
@@ -660,7 +625,13 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 	case errors.Is(cerr, context.DeadlineExceeded):
 		w.stale.Store(true)
 		w.skip = true
-		return throttler.Decision{}, false, fmt.Errorf("%w after %v%s: %s %q: %w", ErrCandidateTimeout, b.opts.Timeout, how, c.op, c.key, err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			// The store's own error, returned once the deadline had passed: the timeout
+			// is what a reader of the Result matches.
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
+		return throttler.Decision{}, false, fmt.Errorf("shadow: candidate timed out after %v%s: %s %q: %w",
+			b.opts.Timeout, how, c.op, c.key, err)
 	case cerr != nil:
 		w.stale.Store(true)
 		return throttler.Decision{}, false, fmt.Errorf("candidate %s %q cancelled by Close%s: %w", c.op, c.key, how, err)
@@ -668,28 +639,27 @@ func (b *Backend) callCandidate(w *worker, c *call) (d throttler.Decision, held 
 	return throttler.Decision{}, false, fmt.Errorf("candidate %s %q: %w", c.op, c.key, err)
 }
 
-// invoke calls the candidate for c (or, with undo, releases c's lease on
-// it), turning a panic into an error.
+// invoke calls the candidate for c (or, with undo, releases c's lease on it), turning a panic into
+// an error.
 func (b *Backend) invoke(ctx context.Context, c *call, undo bool) (d throttler.Decision, held bool, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", ErrCandidatePanic, c.op, c.key, v)
+			d, held, err = throttler.Decision{}, false, fmt.Errorf("%w: %s %q: %v", errCandidatePanic, c.op, c.key, v)
 		}
 	}()
 	switch {
 	case undo:
 		held, d, err = b.candidateLeases.Release(ctx, c.key, c.lease.p, c.lease.id, c.now)
 	case c.op == throttler.OpAcquire || c.op == throttler.OpRelease:
-		held, d, err = backend.DoLease(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
+		held, d, err = leaseop.Do(ctx, b.candidateLeases, c.op, c.key, c.lease.p, c.lease.id, c.now)
 	default:
 		d, err = backend.Do(ctx, b.candidate, c.op, c.key, c.p, c.cost, c.receipt, c.now)
 	}
 	return d, held, err
 }
 
-// runner makes w's candidate calls for a candidate that may block, one at
-// a time, until the worker stops. A call that ignores its context holds
-// the runner, never the worker (see hand).
+// runner makes w's candidate calls for a candidate that may block, one at a time, until the worker
+// stops. A call that ignores its context holds the runner, never the worker (see hand).
 func (b *Backend) runner(w *worker) {
 	defer b.wg.Done()
 	for j := range w.jobs {
@@ -698,10 +668,9 @@ func (b *Backend) runner(w *worker) {
 	}
 }
 
-// hand has the runner make the call and waits for its answer until ctx
-// ends; then it abandons the call, marks the runner stuck and reports
-// ctx's error. The runner is idle: the worker hands it nothing while it
-// is stuck (see awaitRunner).
+// hand has the runner make the call and waits for its answer until ctx ends; then it abandons the
+// call, marks the runner stuck and reports ctx's error. The runner is idle: the worker hands it
+// nothing while it is stuck (see awaitRunner).
 func (w *worker) hand(ctx context.Context, c *call, undo bool) (d throttler.Decision, held bool, err error, abandoned bool) {
 	j := w.job
 	j.ctx, j.c, j.undo = ctx, *c, undo
@@ -721,10 +690,9 @@ func (w *worker) hand(ctx context.Context, c *call, undo bool) (d throttler.Deci
 	return d, held, err, false
 }
 
-// awaitRunner waits up to Timeout for the runner's abandoned call to
-// return, and reports whether it did: a candidate that honours its context
-// returns just after its deadline, one that ignores it may never. Its
-// answer is discarded: the call was counted as a timeout.
+// awaitRunner waits up to Timeout for the runner's abandoned call to return, and reports whether it
+// did: a candidate that honours its context returns just after its deadline, one that ignores it
+// may never. Its answer is discarded: the call was counted as a timeout.
 func (b *Backend) awaitRunner(w *worker) bool {
 	timer := time.NewTimer(b.opts.Timeout)
 	defer timer.Stop()
@@ -739,10 +707,9 @@ func (b *Backend) awaitRunner(w *worker) bool {
 	return false
 }
 
-// callContext returns a context whose deadline is Timeout after it was
-// made, and reuses it until it is stale: making a context and its timer for
-// every call would cost the worker more than an in-process candidate's
-// call. So every call starts with at least about 7/8 of Timeout left (less
+// callContext returns a context whose deadline is Timeout after it was made, and reuses it until it
+// is stale: making a context and its timer for every call would cost the worker more than an
+// in-process candidate's call. So every call starts with at least about 7/8 of Timeout left (less
 // only by how late the aging timer fires on a busy machine).
 func (w *worker) callContext(parent context.Context, timeout time.Duration) context.Context {
 	if !w.stale.Load() {
@@ -757,8 +724,7 @@ func (w *worker) callContext(parent context.Context, timeout time.Duration) cont
 	return w.ctx
 }
 
-// ignore asks Options.Ignore, counting a panic and taking it as "not
-// ignored".
+// ignore asks Options.Ignore, counting a panic and taking it as "not ignored".
 func (b *Backend) ignore(r Result) (ok bool) {
 	defer func() {
 		if recover() != nil {
@@ -779,13 +745,14 @@ func (b *Backend) record(w *worker, r *Result) {
 	}
 }
 
-// Flush waits until every call mirrored before it was called has been
-// compared (or dropped) and its Result published, or until ctx is done.
-// Operators use it before reading Stats at a stage boundary, and tests to
-// compare deterministically. A Flush that gives up leaves nothing behind.
+// Flush waits until every call mirrored before it was called has been compared (or dropped) and its
+// Result published, or until ctx is done, and keeps the shadow running; Close stops it. Operators
+// use Flush before reading Stats at a stage boundary, and tests to compare deterministically. A
+// Flush that gives up leaves nothing behind. After Close (or during it), Flush returns an error at
+// once: Close has compared, dropped or given up on every call.
 func (b *Backend) Flush(ctx context.Context) error {
 	if b.closed.Load() {
-		return ErrClosed
+		return errClosed
 	}
 	for _, w := range b.workers {
 		if err := w.flush(ctx); err != nil {
@@ -798,8 +765,7 @@ func (b *Backend) Flush(ctx context.Context) error {
 	return nil
 }
 
-// flush waits until the worker has finished every call queued or in hand
-// when it was called.
+// flush waits until the worker has finished every call queued or in hand when it was called.
 func (w *worker) flush(ctx context.Context) error {
 	w.mu.Lock()
 	target := w.taken + uint64(len(w.queue))
@@ -826,17 +792,14 @@ func (w *worker) flush(ctx context.Context) error {
 	return nil
 }
 
-// Close stops mirroring and stops the workers and the publisher. It lets
-// them finish the queued calls and drops for up to Options.DrainTimeout,
-// then cancels the candidate calls in flight and drops what is left,
-// counted (as Dropped calls and PublishDropped drops), returning an error
-// that says how many calls it dropped. A worker or publisher still busy
-// another DrainTimeout later (a candidate that ignores the cancellation,
-// a Publish that does not return) is left to finish on its own, and Close
-// returns an error saying so: shutdown is bounded even then. Calls made
-// after Close are still served by the control, and counted as dropped.
-// Close never closes the control or the candidate; it is safe to call
-// more than once.
+// Close stops mirroring and stops the workers and the publisher. It lets them finish the queued
+// calls and drops for up to Options.DrainTimeout, then cancels the candidate calls in flight and
+// drops what is left, counted (as Dropped calls and PublishDropped drops), returning an error that
+// says how many calls it dropped. A worker or publisher still busy another DrainTimeout later (a
+// candidate that ignores the cancellation, a Publish that does not return) is left to finish on its
+// own, and Close returns an error saying so: shutdown is bounded even then. Calls made after Close
+// are still served by the control, and counted as dropped. Close never closes the control or the
+// candidate; it is safe to call more than once.
 func (b *Backend) Close() error {
 	var err error
 	b.closing.Do(func() {

@@ -26,8 +26,8 @@ var (
 	pol = throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
 )
 
-// hooked wraps a Backend; before runs ahead of every call and may block,
-// fail or panic. It records every call it receives, in order.
+// hooked wraps a Backend; before runs ahead of every call and may block, fail or panic. It records
+// every call it receives, in order.
 type hooked struct {
 	throttler.Backend
 	before func(ctx context.Context, op throttler.Op, key string) error
@@ -35,6 +35,12 @@ type hooked struct {
 	mu    sync.Mutex
 	calls []Result // throttler.Op, Key, Policy, Cost, Now of each call received
 }
+
+// inProcess is a hooked backend that declares itself in process, so that a worker calls it itself
+// and waits for its answer.
+type inProcess struct{ *hooked }
+
+func (inProcess) Traits() throttler.Traits { return throttler.Traits{InProcess: true} }
 
 func (h *hooked) enter(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, now time.Time) error {
 	h.mu.Lock()
@@ -83,8 +89,7 @@ func mem(t testing.TB) *memory.Backend {
 	return b
 }
 
-// newShadow is New for arguments the test knows are valid, closed when the
-// test ends.
+// newShadow is New for arguments the test knows are valid, closed when the test ends.
 func newShadow(t *testing.T, control, candidate throttler.Backend, o *Options) *Backend {
 	t.Helper()
 	s, err := New(control, candidate, o)
@@ -146,15 +151,14 @@ func flush(t *testing.T, s *Backend) {
 	}
 }
 
-// A shadow must answer exactly as its control would alone, whatever the
-// candidate does.
+// A shadow must answer exactly as its control would alone, whatever the candidate does.
 func TestReturnsControlAnswer(t *testing.T) {
 	errStore := errors.New("store down")
 	cases := []struct {
 		name   string
 		before func(ctx context.Context, op throttler.Op, key string) error
-		// timesOut: after a timeout, the calls queued with the one that
-		// timed out are dropped, not sent.
+		// timesOut: after a timeout, the calls queued with the one that timed out are
+		// dropped, not sent.
 		timesOut bool
 	}{
 		{"candidate agrees", nil, false},
@@ -193,8 +197,8 @@ func TestReturnsControlAnswer(t *testing.T) {
 			}
 			flush(t, s)
 			n, st := len(candidate.received()), s.Stats()
-			if tc.timesOut && (n == 0 || uint64(n) != st.Count(CandidateError) || st.Results != 6) {
-				t.Errorf("candidate received %d calls, %d timed out, %d results; want at least one, all timed out, and 6", n, st.Count(CandidateError), st.Results)
+			if tc.timesOut && (n == 0 || uint64(n) != st.ByKind[CandidateError] || st.Results != 6) {
+				t.Errorf("candidate received %d calls, %d timed out, %d results; want at least one, all timed out, and 6", n, st.ByKind[CandidateError], st.Results)
 			}
 			if !tc.timesOut && n != 6 {
 				t.Errorf("candidate received %d calls, want 6", n)
@@ -221,8 +225,8 @@ func TestMirrorsTheSameCall(t *testing.T) {
 	}
 }
 
-// Bad input is the control's to reject (the shadow does not validate), and
-// is never mirrored: there is nothing to compare.
+// Bad input is the control's to reject (the shadow does not validate), and is never mirrored: there
+// is nothing to compare.
 func TestBadInputIsNotMirrored(t *testing.T) {
 	ctx := context.Background()
 	control := &hooked{Backend: mem(t)}
@@ -279,8 +283,8 @@ func TestCompare(t *testing.T) {
 		{"reset later than tolerance", dec(true, 3, r), dec(true, 3, r.Add(2*time.Millisecond)), 0, time.Millisecond, ResetAtDiffers},
 		{"reset earlier than tolerance", dec(true, 3, r), dec(true, 3, r.Add(-time.Second)), 0, 500 * time.Millisecond, ResetAtDiffers},
 		{"fresh window on the candidate", dec(false, 10, r), dec(true, 1, r.Add(30*time.Second)), 0, time.Millisecond, AllowedDiffers | UsedDiffers | ResetAtDiffers},
-		// A token bucket: both deny with the same count and reset, but one
-		// would send the client back later.
+		// A token bucket: both deny with the same count and reset, but one would send the
+		// client back later.
 		{"both deny, retry-after differs", retry(dec(false, 10, r), time.Second), retry(dec(false, 10, r), 3*time.Second), 0, time.Millisecond, RetryAfterDiffers},
 		{"both deny, retry-after within tolerance", retry(dec(false, 10, r), time.Second), retry(dec(false, 10, r), time.Second+time.Millisecond), 0, time.Millisecond, 0},
 		{"allowed differs: its retry-after says nothing more", dec(true, 9, r), retry(dec(false, 9, r), time.Second), 0, time.Millisecond, AllowedDiffers},
@@ -320,8 +324,8 @@ func TestKindString(t *testing.T) {
 	}
 }
 
-// skewed is a candidate that disagrees in a chosen way: it opens its windows
-// late (an evicted window reopened) or counts extra units.
+// skewed is a candidate that disagrees in a chosen way: it opens its windows late (an evicted
+// window reopened) or counts extra units.
 type skewed struct {
 	throttler.Backend
 	extra int64
@@ -342,9 +346,11 @@ func TestResults(t *testing.T) {
 		opts      Options
 		wantKinds Kind
 		wantErr   error
-		compared  bool
-		mismatch  bool
-		ignored   bool
+		// timeout: CandidateErr matches context.DeadlineExceeded, and no other error does.
+		timeout  bool
+		compared bool
+		mismatch bool
+		ignored  bool
 		// ignorePanics is the Stats.IgnorePanics expected.
 		ignorePanics uint64
 	}{
@@ -364,11 +370,18 @@ func TestResults(t *testing.T) {
 			wantKinds: CandidateError, wantErr: errStore},
 		{name: "candidate panic", control: mem(t),
 			candidate: &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error { panic("boom") }},
-			wantKinds: CandidateError, wantErr: ErrCandidatePanic},
+			wantKinds: CandidateError, wantErr: errCandidatePanic},
 		{name: "candidate timeout", control: mem(t),
 			candidate: &hooked{Backend: mem(t), before: func(ctx context.Context, _ throttler.Op, _ string) error { <-ctx.Done(); return ctx.Err() }},
 			opts:      Options{Timeout: 10 * time.Millisecond},
-			wantKinds: CandidateError, wantErr: ErrCandidateTimeout},
+			wantKinds: CandidateError, timeout: true},
+		// A store that answers its deadline with its own error (a client's "i/o timeout")
+		// still reads as a timeout, and keeps its error. In process, so that the worker
+		// waits for the answer rather than abandon the call.
+		{name: "candidate fails at its deadline", control: mem(t),
+			candidate: inProcess{&hooked{Backend: mem(t), before: func(ctx context.Context, _ throttler.Op, _ string) error { <-ctx.Done(); return errStore }}},
+			opts:      Options{Timeout: 10 * time.Millisecond},
+			wantKinds: CandidateError, wantErr: errStore, timeout: true},
 		{name: "control error", candidate: mem(t),
 			control:   &hooked{Backend: mem(t), before: func(context.Context, throttler.Op, string) error { return errStore }},
 			wantKinds: ControlError},
@@ -393,11 +406,15 @@ func TestResults(t *testing.T) {
 			if r.Kinds != tc.wantKinds || r.Ignored != tc.ignored || r.Mismatch() != tc.mismatch {
 				t.Errorf("Kinds %v Ignored %v Mismatch %v; want %v %v %v", r.Kinds, r.Ignored, r.Mismatch(), tc.wantKinds, tc.ignored, tc.mismatch)
 			}
-			if r.Compared() != (tc.wantKinds&(CandidateError|ControlError) == 0) {
-				t.Errorf("Compared() = %v", r.Compared())
+			if r.compared() != (tc.wantKinds&(CandidateError|ControlError) == 0) {
+				t.Errorf("compared() = %v", r.compared())
 			}
 			if tc.wantErr != nil && !errors.Is(r.CandidateErr, tc.wantErr) {
 				t.Errorf("CandidateErr = %v, want %v", r.CandidateErr, tc.wantErr)
+			}
+			if errors.Is(r.CandidateErr, context.DeadlineExceeded) != tc.timeout {
+				t.Errorf("CandidateErr = %v: matches context.DeadlineExceeded %v, want %v",
+					r.CandidateErr, !tc.timeout, tc.timeout)
 			}
 			if r.Key != "k" || r.Op != throttler.OpTake || r.Cost != 1 || !r.Now.Equal(t0) || r.Policy != pol {
 				t.Errorf("result describes the wrong call: %+v", r)
@@ -416,11 +433,11 @@ func TestResults(t *testing.T) {
 			}
 			for _, k := range kinds {
 				want := uint64(0)
-				if tc.wantKinds&k != 0 && !(tc.ignored && k&Differs != 0) {
+				if tc.wantKinds&k != 0 && !(tc.ignored && k&differs != 0) {
 					want = 1
 				}
-				if st.Count(k) != want {
-					t.Errorf("Count(%v) = %d, want %d", k, st.Count(k), want)
+				if st.ByKind[k] != want {
+					t.Errorf("ByKind[%v] = %d, want %d", k, st.ByKind[k], want)
 				}
 			}
 		})
@@ -440,9 +457,6 @@ func TestStatsKeepsTheLatestMismatches(t *testing.T) {
 	st := s.Stats()
 	if st.Compared != 6 || st.Mismatched != 5 {
 		t.Fatalf("Compared %d Mismatched %d, want 6 and 5", st.Compared, st.Mismatched)
-	}
-	if got, want := st.MismatchRate(), 5.0/6; got != want {
-		t.Errorf("MismatchRate = %v, want %v", got, want)
 	}
 	if len(st.LastMismatches) != 3 {
 		t.Fatalf("LastMismatches has %d, want 3", len(st.LastMismatches))
@@ -474,8 +488,8 @@ func TestStatsRingOrder(t *testing.T) {
 	}
 }
 
-// Calls for one key reach the candidate in the order the control served
-// them, whichever worker the key hashes to.
+// Calls for one key reach the candidate in the order the control served them, whichever worker the
+// key hashes to.
 func TestPerKeyOrder(t *testing.T) {
 	ctx := context.Background()
 	candidate := &hooked{Backend: mem(t)}
@@ -524,9 +538,8 @@ func (g *gate) before(ctx context.Context, _ throttler.Op, key string) error {
 	}
 }
 
-// With the worker stuck, exactly QueueSize calls wait and the rest drop, on
-// the caller's goroutine, without waiting; the drops are published all the
-// same (as many as QueueSize wait for Publish; see
+// With the worker stuck, exactly QueueSize calls wait and the rest drop, on the caller's goroutine,
+// without waiting; the drops are published all the same (as many as QueueSize wait for Publish; see
 // TestBlockedPublishNeverHoldsCallers for more).
 func TestFullQueueDrops(t *testing.T) {
 	ctx := context.Background()
@@ -548,8 +561,8 @@ func TestFullQueueDrops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if st := s.Stats(); st.Count(Dropped) != 4 || st.Queued != 4 {
-		t.Fatalf("dropped %d, queued %d; want 4 and 4", st.Count(Dropped), st.Queued)
+	if st := s.Stats(); st.ByKind[Dropped] != 4 || st.Queued != 4 {
+		t.Fatalf("dropped %d, queued %d; want 4 and 4", st.ByKind[Dropped], st.Queued)
 	}
 	// The publisher does not wait for the stuck worker.
 	waitFor(t, "the drops' Publish", func() bool { return dropped.Load() == 4 })
@@ -572,8 +585,8 @@ func TestEnabled(t *testing.T) {
 	on.Store(false)
 	_, _ = s.Take(ctx, "k", pol, 1, t0)
 	flush(t, s)
-	// Only the middle call was mirrored: the candidate counted one unit
-	// where the control counted two, and that one comparison differs.
+	// Only the middle call was mirrored: the candidate counted one unit where the control
+	// counted two, and that one comparison differs.
 	if n := len(candidate.received()); n != 1 {
 		t.Fatalf("candidate received %d calls, want 1", n)
 	}
@@ -582,8 +595,8 @@ func TestEnabled(t *testing.T) {
 	}
 }
 
-// A panicking Publish is recovered and counted, for a comparison and a drop
-// alike, and the publisher carries on.
+// A panicking Publish is recovered and counted, for a comparison and a drop alike, and the
+// publisher carries on.
 func TestPublishPanicIsCounted(t *testing.T) {
 	ctx := context.Background()
 	g := newGate()
@@ -598,13 +611,13 @@ func TestPublishPanicIsCounted(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("Take with a panicking Publish = %+v, %v", d, err)
 	}
-	// The drop's Publish comes first, so that the outbox, two Results
-	// here, has room for both comparisons whenever the publisher runs.
+	// The drop's Publish comes first, so that the outbox, two Results here, has room for both
+	// comparisons whenever the publisher runs.
 	waitFor(t, "the drop's Publish", func() bool { return s.Stats().PublishPanics == 1 })
 	close(g.release)
 	flush(t, s)
-	if st := s.Stats(); st.Compared != 2 || st.Count(Dropped) != 1 || st.PublishPanics != 3 {
-		t.Errorf("Compared %d, dropped %d, PublishPanics %d; want 2, 1, 3", st.Compared, st.Count(Dropped), st.PublishPanics)
+	if st := s.Stats(); st.Compared != 2 || st.ByKind[Dropped] != 1 || st.PublishPanics != 3 {
+		t.Errorf("Compared %d, dropped %d, PublishPanics %d; want 2, 1, 3", st.Compared, st.ByKind[Dropped], st.PublishPanics)
 	}
 }
 
@@ -621,9 +634,8 @@ func TestFlushHonoursContext(t *testing.T) {
 	close(g.release)
 }
 
-// Close drains within its bound: a candidate that never answers is
-// cancelled, what is left is dropped and counted, and the workers are gone
-// (goleak checks the latter in TestMain).
+// Close drains within its bound: a candidate that never answers is cancelled, what is left is
+// dropped and counted, and the workers are gone (goleak checks the latter in TestMain).
 func TestCloseBoundsTheDrain(t *testing.T) {
 	ctx := context.Background()
 	g := newGate() // never released
@@ -640,19 +652,19 @@ func TestCloseBoundsTheDrain(t *testing.T) {
 	}
 	st := s.Stats()
 	// k0 was cancelled in flight (a candidate error); k1..k4 were dropped.
-	if st.Count(Dropped) != 4 || st.Count(CandidateError) != 1 {
-		t.Errorf("dropped %d, candidate errors %d; want 4 and 1", st.Count(Dropped), st.Count(CandidateError))
+	if st.ByKind[Dropped] != 4 || st.ByKind[CandidateError] != 1 {
+		t.Errorf("dropped %d, candidate errors %d; want 4 and 1", st.ByKind[Dropped], st.ByKind[CandidateError])
 	}
 	// After Close the control still serves; mirroring is off and counted.
 	d, err := s.Take(ctx, "late", pol, 1, t0)
 	if err != nil || !d.Allowed {
 		t.Errorf("Take after Close = %+v, %v", d, err)
 	}
-	if got := s.Stats().Count(Dropped); got != 5 {
+	if got := s.Stats().ByKind[Dropped]; got != 5 {
 		t.Errorf("dropped after Close = %d, want 5", got)
 	}
-	if err := s.Flush(ctx); !errors.Is(err, ErrClosed) {
-		t.Errorf("Flush after Close = %v, want ErrClosed", err)
+	if err := s.Flush(ctx); !errors.Is(err, errClosed) {
+		t.Errorf("Flush after Close = %v, want errClosed", err)
 	}
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close = %v", err)
@@ -677,8 +689,8 @@ func TestCloseDrainsQueuedCalls(t *testing.T) {
 	}
 }
 
-// Under concurrent load on many keys, both backends agree on every call
-// once the mirror has drained. Run with -race.
+// Under concurrent load on many keys, both backends agree on every call once the mirror has
+// drained. Run with -race.
 func TestConcurrentAgreement(t *testing.T) {
 	ctx := context.Background()
 	candidate := mem(t)
@@ -689,8 +701,8 @@ func TestConcurrentAgreement(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// One goroutine per key, so the control's order is the order
-			// the calls were made in.
+			// One goroutine per key, so the control's order is the order the calls were
+			// made in.
 			for i := range 20 {
 				now := t0.Add(time.Duration(i) * 100 * time.Millisecond)
 				_, _ = s.Take(ctx, fmt.Sprint("client", g), p, 1, now)
@@ -700,7 +712,7 @@ func TestConcurrentAgreement(t *testing.T) {
 	wg.Wait()
 	flush(t, s)
 	st := s.Stats()
-	if st.Compared != 32*20 || st.Mismatched != 0 || st.Count(Dropped) != 0 {
+	if st.Compared != 32*20 || st.Mismatched != 0 || st.ByKind[Dropped] != 0 {
 		t.Fatalf("Stats = %+v", st)
 	}
 	// The candidate's counts are warm: it denies exactly where the control does.
@@ -712,8 +724,8 @@ func TestConcurrentAgreement(t *testing.T) {
 	}
 }
 
-// Queue slots are reused without being cleared, and Flush follows the
-// worker's counts across batches of every size.
+// Queue slots are reused without being cleared, and Flush follows the worker's counts across
+// batches of every size.
 func TestSlotsReusedAfterFlush(t *testing.T) {
 	ctx := context.Background()
 	s := newShadow(t, mem(t), mem(t), &Options{Workers: 1})
@@ -731,8 +743,8 @@ func TestSlotsReusedAfterFlush(t *testing.T) {
 	}
 }
 
-// Every call starts with nearly its whole Timeout; a call after a timeout
-// gets a new context, not the expired one.
+// Every call starts with nearly its whole Timeout; a call after a timeout gets a new context, not
+// the expired one.
 func TestCandidateDeadline(t *testing.T) {
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -758,8 +770,8 @@ func TestCandidateDeadline(t *testing.T) {
 		flush(t, s)
 	}
 	st := s.Stats()
-	if st.Count(CandidateError) != 1 || st.Compared != 2 {
-		t.Fatalf("candidate errors %d, compared %d; want 1 and 2", st.Count(CandidateError), st.Compared)
+	if st.ByKind[CandidateError] != 1 || st.Compared != 2 {
+		t.Fatalf("candidate errors %d, compared %d; want 1 and 2", st.ByKind[CandidateError], st.Compared)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -771,8 +783,8 @@ func TestCandidateDeadline(t *testing.T) {
 	}
 }
 
-// A candidate that ignores cancellation cannot hold Close: it returns after
-// twice DrainTimeout, saying so, and the control keeps serving meanwhile.
+// A candidate that ignores cancellation cannot hold Close: it returns after twice DrainTimeout,
+// saying so, and the control keeps serving meanwhile.
 func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 	ctx := context.Background()
 	release := make(chan struct{})
@@ -807,10 +819,9 @@ func TestCloseIsBoundedByAStuckCandidate(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("Close took %v", el)
 	}
-	// The queue held 2 behind the stuck call, and 2 more found it full;
-	// the worker abandoned the stuck call when Close cancelled it, and
-	// dropped the 2 queued.
-	if got := s.Stats().Count(Dropped); got != 4 {
+	// The queue held 2 behind the stuck call, and 2 more found it full; the worker abandoned
+	// the stuck call when Close cancelled it, and dropped the 2 queued.
+	if got := s.Stats().ByKind[Dropped]; got != 4 {
 		t.Errorf("dropped %d, want 4", got)
 	}
 }
@@ -840,8 +851,8 @@ func TestUnknownOp(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline: for what another goroutine does without telling the test.
+// waitFor polls cond until it holds, failing the test after a generous deadline: for what another
+// goroutine does without telling the test.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -853,9 +864,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// returns runs f on its own goroutine and fails the test if it has not
-// returned after a generous deadline: the proof that f does not wait on
-// something the test holds.
+// returns runs f on its own goroutine and fails the test if it has not returned after a generous
+// deadline: the proof that f does not wait on something the test holds.
 func returns(t *testing.T, what string, f func()) {
 	t.Helper()
 	done := make(chan struct{})
@@ -867,9 +877,9 @@ func returns(t *testing.T, what string, f func()) {
 	}
 }
 
-// A Flush that gives up on a stuck candidate leaves nothing behind: a
-// hundred thousand of them leave the queues empty, Stats unchanged and the
-// heap as it was, and the Flush after the candidate recovers still works.
+// A Flush that gives up on a stuck candidate leaves nothing behind: a hundred thousand of them
+// leave the queues empty, Stats unchanged and the heap as it was, and the Flush after the candidate
+// recovers still works.
 func TestFlushesThatGiveUpLeaveNothing(t *testing.T) {
 	ctx := context.Background()
 	g := newGate()
@@ -889,16 +899,16 @@ func TestFlushesThatGiveUpLeaveNothing(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	// Today's queue entries were about 300 bytes each: 100,000 left behind
-	// would be 30 MB. Nothing left behind is a few channels.
+	// Today's queue entries were about 300 bytes each: 100,000 left behind would be 30 MB.
+	// Nothing left behind is a few channels.
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 1<<20 {
 		t.Errorf("the heap grew %d bytes over %d Flushes that gave up", grew, flushes)
 	}
 	if st := s.Stats(); st.Queued != 0 || st.Results != 0 {
 		t.Errorf("Queued %d Results %d after %d Flushes; want 0 and 0", st.Queued, st.Results, flushes)
 	}
-	// Concurrent Flushes share what they wait on; those that give up do
-	// not disturb those that wait on.
+	// Concurrent Flushes share what they wait on; those that give up do not disturb those that
+	// wait on.
 	var gaveUp, waited sync.WaitGroup
 	errs := make(chan error, 64)
 	for i := range 64 {
@@ -932,8 +942,8 @@ func TestFlushesThatGiveUpLeaveNothing(t *testing.T) {
 	}
 }
 
-// blockingPublish is a Publish that blocks until release is closed, and
-// counts the Results it took in.
+// blockingPublish is a Publish that blocks until release is closed, and counts the Results it took
+// in.
 type blockingPublish struct {
 	entered   chan struct{} // one value, at the first call
 	release   chan struct{}
@@ -951,9 +961,9 @@ func (p *blockingPublish) publish(Result) {
 	p.published.Add(1)
 }
 
-// A Publish that never returns holds up no caller, whether the candidate
-// is stuck or healthy; the drops it cannot take are counted, and once it
-// returns every Result is published or counted, none lost.
+// A Publish that never returns holds up no caller, whether the candidate is stuck or healthy; the
+// drops it cannot take are counted, and once it returns every Result is published or counted, none
+// lost.
 func TestBlockedPublishNeverHoldsCallers(t *testing.T) {
 	ctx := context.Background()
 	big := throttler.Policy{Name: "big", Limit: 1 << 20, Window: time.Hour}
@@ -979,11 +989,10 @@ func TestBlockedPublishNeverHoldsCallers(t *testing.T) {
 				}
 			}
 		})
-		// 495 drops: one in Publish, QueueSize waiting for it, the rest
-		// counted.
+		// 495 drops: one in Publish, QueueSize waiting for it, the rest counted.
 		st := s.Stats()
-		if st.Count(Dropped) != calls-5 || st.Queued != 4 || st.PublishDropped != calls-5-1-4 {
-			t.Errorf("Dropped %d Queued %d PublishDropped %d; want %d, 4, %d", st.Count(Dropped), st.Queued, st.PublishDropped, calls-5, calls-5-1-4)
+		if st.ByKind[Dropped] != calls-5 || st.Queued != 4 || st.PublishDropped != calls-5-1-4 {
+			t.Errorf("Dropped %d Queued %d PublishDropped %d; want %d, 4, %d", st.ByKind[Dropped], st.Queued, st.PublishDropped, calls-5, calls-5-1-4)
 		}
 		close(pub.release)
 		close(g.release)
@@ -995,8 +1004,8 @@ func TestBlockedPublishNeverHoldsCallers(t *testing.T) {
 		}
 	})
 	t.Run("healthy candidate", func(t *testing.T) {
-		// The worker is held by Publish as by a stuck candidate: its queue
-		// fills, and the callers drop and go on.
+		// The worker is held by Publish as by a stuck candidate: its queue fills, and the
+		// callers drop and go on.
 		pub := newBlockingPublish()
 		s := newShadow(t, mem(t), mem(t), &Options{Workers: 1, QueueSize: 4, Publish: pub.publish})
 		returns(t, "callers with Publish blocked", func() {
@@ -1020,8 +1029,8 @@ func TestBlockedPublishNeverHoldsCallers(t *testing.T) {
 	})
 }
 
-// Under concurrent load with drops, every Result is published or counted
-// in PublishDropped, and Flush waits for the publishing. Run with -race.
+// Under concurrent load with drops, every Result is published or counted in PublishDropped, and
+// Flush waits for the publishing. Run with -race.
 func TestEveryResultPublishedOrCounted(t *testing.T) {
 	ctx := context.Background()
 	var published atomic.Uint64
@@ -1043,15 +1052,14 @@ func TestEveryResultPublishedOrCounted(t *testing.T) {
 	wg.Wait()
 	flush(t, s)
 	st := s.Stats()
-	if st.Results != 8*500 || st.Compared+st.Count(Dropped) != st.Results || published.Load()+st.PublishDropped != st.Results {
+	if st.Results != 8*500 || st.Compared+st.ByKind[Dropped] != st.Results || published.Load()+st.PublishDropped != st.Results {
 		t.Errorf("Results %d = Compared %d + Dropped %d = published %d + PublishDropped %d; want all %d",
-			st.Results, st.Compared, st.Count(Dropped), published.Load(), st.PublishDropped, 8*500)
+			st.Results, st.Compared, st.ByKind[Dropped], published.Load(), st.PublishDropped, 8*500)
 	}
 }
 
-// A Publish that never returns cannot hold Close, on a worker or on the
-// publisher: Close returns after twice DrainTimeout, saying so, and what it
-// could not publish is counted.
+// A Publish that never returns cannot hold Close, on a worker or on the publisher: Close returns
+// after twice DrainTimeout, saying so, and what it could not publish is counted.
 func TestCloseIsBoundedByAStuckPublish(t *testing.T) {
 	ctx := context.Background()
 	big := throttler.Policy{Name: "big", Limit: 1 << 20, Window: time.Hour}
@@ -1094,9 +1102,9 @@ func TestCloseIsBoundedByAStuckPublish(t *testing.T) {
 		close(pub.release)
 		s.wg.Wait()
 		<-s.pub.done
-		// Published: drop 4, and from the worker call 1 (cancelled) and
-		// calls 2 and 3 (dropped by Close). Counted: 7, then 5 and 6,
-		// which the publisher found once Close had given up.
+		// Published: drop 4, and from the worker call 1 (cancelled) and calls 2 and 3
+		// (dropped by Close). Counted: 7, then 5 and 6, which the publisher found once
+		// Close had given up.
 		st := s.Stats()
 		if st.Results != 7 || pub.published.Load() != 4 || st.PublishDropped != 3 {
 			t.Errorf("Results %d, published %d, PublishDropped %d; want 7, 4, 3", st.Results, pub.published.Load(), st.PublishDropped)

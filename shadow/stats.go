@@ -5,58 +5,44 @@ import (
 	"sync/atomic"
 )
 
-// Stats is a snapshot of a Backend's comparisons. It is a value: later
-// comparisons do not change it.
+// Stats is a snapshot of a Backend's comparisons. It is a value: later comparisons do not change
+// it.
 type Stats struct {
 	// Results counts every Result published: compared, failed or dropped.
 	Results uint64
 	// Compared counts the pairs where both sides answered without error.
 	Compared uint64
-	// Mismatched counts the compared pairs whose decisions really differ:
-	// neither Reordered (counted in ByKind[Reordered]) nor ignored.
+	// Mismatched counts the compared pairs whose decisions really differ (Result.Mismatch):
+	// neither Reordered (counted in ByKind[Reordered]) nor ignored. Mismatched/Compared is the
+	// mismatch rate. Healthy: 0.
 	Mismatched uint64
 	// Ignored counts the differences that Options.Ignore accepted.
 	Ignored uint64
-	// ByKind counts the Results that carried each single kind. The kinds
-	// of Differs count mismatches only: a Reordered pair counts under
-	// Reordered alone, and an ignored difference not at all. Kinds never
-	// seen are absent.
+	// ByKind counts the Results that carried each single kind: ByKind[Dropped] is how many
+	// calls were dropped. The difference kinds count mismatches only: a Reordered pair counts
+	// under Reordered alone, and an ignored difference not at all. Kinds never seen are absent,
+	// and read as 0.
 	ByKind map[Kind]uint64
-	// LastMismatches holds the latest mismatches, oldest first, at most
-	// Options.KeepMismatches.
+	// LastMismatches holds the latest mismatches, oldest first, at most Options.KeepMismatches.
 	LastMismatches []Result
-	// Queued is how many calls were waiting for a worker when the snapshot
-	// was taken (the batches being worked through are not included). It
-	// never exceeds Workers*QueueSize.
+	// Queued is how many calls were waiting for a worker when the snapshot was taken (the
+	// batches being worked through are not included). It never exceeds Workers*QueueSize.
 	Queued int
-	// PublishPanics counts the panics recovered from Options.Publish: each
-	// is a Result that the hook did not take in. Healthy: 0.
+	// PublishPanics counts the panics recovered from Options.Publish: each is a Result that the
+	// hook did not take in. Healthy: 0.
 	PublishPanics uint64
-	// PublishDropped counts the drops never passed to Options.Publish:
-	// the queue where drops wait for it was full (Publish is slower than
-	// calls drop), or Close had stopped publishing. Every Result counted
-	// in Results is passed to Publish or counted here. Healthy: 0.
+	// PublishDropped counts the drops never passed to Options.Publish: the queue where drops
+	// wait for it was full (Publish is slower than calls drop), or Close had stopped
+	// publishing. Every Result counted in Results is passed to Publish or counted here.
+	// Healthy: 0.
 	PublishDropped uint64
-	// IgnorePanics counts the panics recovered from Options.Ignore; each
-	// such difference was counted as a mismatch. Healthy: 0.
+	// IgnorePanics counts the panics recovered from Options.Ignore; each such difference was
+	// counted as a mismatch. Healthy: 0.
 	IgnorePanics uint64
 }
 
-// MismatchRate is Mismatched / Compared: the share of answered pairs that
-// really disagreed (Reordered pairs are not mismatches). Zero before
-// anything was compared.
-func (s Stats) MismatchRate() float64 {
-	if s.Compared == 0 {
-		return 0
-	}
-	return float64(s.Mismatched) / float64(s.Compared)
-}
-
-// Count returns how many Results carried kind k (a single kind).
-func (s Stats) Count(k Kind) uint64 { return s.ByKind[k] }
-
-// tally counts Results on one goroutine, without atomics; a worker adds
-// its tally to its counters once per batch.
+// tally counts Results on one goroutine, without atomics; a worker adds its tally to its counters
+// once per batch.
 type tally struct {
 	results, compared, mismatched, ignored uint64
 	byKind                                 [len(kinds)]uint64
@@ -65,16 +51,16 @@ type tally struct {
 // add counts r and reports whether it is a mismatch.
 func (t *tally) add(r *Result) bool {
 	t.results++
-	if r.Compared() {
+	if r.compared() {
 		t.compared++
 	}
 	k := r.Kinds
 	if r.Ignored {
 		t.ignored++
-		k &^= Differs
+		k &^= differs
 	}
 	if k&Reordered != 0 {
-		k &^= Differs
+		k &^= differs
 	}
 	for i, x := range kinds {
 		if k&x != 0 {
@@ -88,8 +74,8 @@ func (t *tally) add(r *Result) bool {
 	return false
 }
 
-// counters are the totals that Stats reads. Each worker has its own, so
-// that workers never contend on a cache line.
+// counters are the totals that Stats reads. Each worker has its own, so that workers never contend
+// on a cache line.
 type counters struct {
 	results, compared, mismatched, ignored atomic.Uint64
 	byKind                                 [len(kinds)]atomic.Uint64
@@ -129,8 +115,7 @@ func (c *counters) addTo(s *Stats) {
 	}
 }
 
-// ring keeps the latest mismatches. Only mismatches, which should be rare,
-// take its lock.
+// ring keeps the latest mismatches. Only mismatches, which should be rare, take its lock.
 type ring struct {
 	mu   sync.Mutex
 	buf  []Result // circular

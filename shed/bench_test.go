@@ -24,8 +24,8 @@ func benchWorker(b *testing.B, shedding bool) *shed.Worker {
 		for s := 1; s <= 88; s++ { // amount 60/120: reads dropped with chance 1/2
 			w.Update(at(s))
 		}
-		if w.DropChance(shed.Read) != 0.5 {
-			b.Fatalf("read drop chance %v, want 0.5", w.DropChance(shed.Read))
+		if w.Stats().DropChance[shed.Read] != 0.5 {
+			b.Fatalf("read drop chance %v, want 0.5", w.Stats().DropChance[shed.Read])
 		}
 	}
 	return w
@@ -61,18 +61,6 @@ func BenchmarkWorkerAdmit(b *testing.B) {
 			})
 		})
 	}
-}
-
-func BenchmarkDefaultClassifier(b *testing.B) {
-	r := newRequest("GET", "/v1/charges")
-	b.ReportAllocs()
-	report := cputime.Measure(b)
-	for b.Loop() {
-		if shed.DefaultClassifier(r) != shed.Read {
-			b.Fatal("not a read")
-		}
-	}
-	report()
 }
 
 // discard is a ResponseWriter that keeps nothing but its header map, which

@@ -1,6 +1,7 @@
 package shed
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -32,62 +33,42 @@ var shedOrder = [...]Class{TestMode, Read, Write}
 
 var classNames = [numClasses]string{Critical: "critical", Write: "write", Read: "read", TestMode: "test-mode"}
 
-// Valid reports whether c is one of the four classes.
-func (c Class) Valid() bool { return c < numClasses }
-
 // String returns "critical", "write", "read" or "test-mode", and "Class(n)"
-// for anything else.
+// for a value that is none of the four (which the shedders treat as Write).
 func (c Class) String() string {
-	if c.Valid() {
+	if c < numClasses {
 		return classNames[c]
 	}
 	return fmt.Sprintf("Class(%d)", uint8(c))
 }
 
-// Classifier sorts a request into its Class. It must be fast and safe for
-// concurrent use: it runs on every request before anything else.
-type Classifier func(*http.Request) Class
+// defaultTestModeHeader is Options.TestModeHeader's default.
+const defaultTestModeHeader = "X-Test-Mode"
 
-// DefaultTestModeHeader is the header whose presence (any non-empty value)
-// marks a request as test-mode traffic for the default classifier.
-const DefaultTestModeHeader = "X-Test-Mode"
-
-// ClassifierOptions configure NewClassifier. Nil options mean defaults.
-type ClassifierOptions struct {
-	// Critical reports whether a request is critical, which wins over
-	// everything else. default: no request is critical
-	Critical func(*http.Request) bool
-	// TestModeHeader names the header that marks test-mode traffic when
-	// it has any non-empty value; a client can only lower its own
-	// priority with it. default: DefaultTestModeHeader
-	TestModeHeader string
+// classifier is Options' classification: Classify, or else Stripe's rules
+// with Critical and TestModeHeader.
+func classifier(o *Options) (func(*http.Request) Class, error) {
+	if o.Classify != nil {
+		if o.Critical != nil || o.TestModeHeader != "" {
+			return nil, errors.New("shed: Options.Classify replaces Critical and TestModeHeader: set either")
+		}
+		return o.Classify, nil
+	}
+	header := o.TestModeHeader
+	if header == "" {
+		header = defaultTestModeHeader
+	}
+	if !validHeaderName(header) {
+		return nil, fmt.Errorf("shed: Options.TestModeHeader %q is not a header name", header)
+	}
+	return newClassifier(o.Critical, header), nil
 }
 
-// NewClassifier returns a Classifier by Stripe's rules: critical requests
-// (as Critical says), then test-mode ones (TestModeHeader set), then by
-// method: GET, HEAD, OPTIONS and TRACE are Read, every other method Write.
-func NewClassifier(o *ClassifierOptions) (Classifier, error) {
-	var opts ClassifierOptions
-	if o != nil {
-		opts = *o
-	}
-	if opts.TestModeHeader == "" {
-		opts.TestModeHeader = DefaultTestModeHeader
-	}
-	if !validHeaderName(opts.TestModeHeader) {
-		return nil, fmt.Errorf("shed: ClassifierOptions.TestModeHeader %q is not a header name", opts.TestModeHeader)
-	}
-	return newClassifier(opts.Critical, opts.TestModeHeader), nil
-}
-
-// DefaultClassifier classifies as NewClassifier(nil) does: nothing
-// critical, test mode marked by DefaultTestModeHeader, reads and writes by
-// method.
-func DefaultClassifier(r *http.Request) Class { return defaultClassifier(r) }
-
-var defaultClassifier = newClassifier(nil, DefaultTestModeHeader)
-
-func newClassifier(critical func(*http.Request) bool, testHeader string) Classifier {
+// newClassifier classifies by Stripe's rules: critical requests (as
+// critical says), then test-mode ones (testHeader set to anything), then
+// by method: GET, HEAD, OPTIONS and TRACE are Read, every other method
+// Write.
+func newClassifier(critical func(*http.Request) bool, testHeader string) func(*http.Request) Class {
 	header := http.CanonicalHeaderKey(testHeader)
 	return func(r *http.Request) Class {
 		switch {

@@ -13,7 +13,7 @@
 //     Concurrency and Rate), in that order, each optional, each refusal
 //     with its own status and headers.
 //
-// Requests are sorted into priority Classes by a Classifier; shedders drop
+// Requests are sorted into priority Classes (Options); shedders drop
 // the least important first (test-mode traffic, then reads, then writes) and
 // never drop Critical traffic.
 package shed

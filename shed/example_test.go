@@ -84,9 +84,9 @@ func ExampleWorker() {
 		worker.Update(t0.Add(time.Duration(s) * time.Second))
 		switch s {
 		case 28, 48, 88, 128, 148:
+			drop := worker.Stats().DropChance
 			fmt.Printf("%3d s: test mode %3.0f%%, reads %3.0f%%, writes %3.0f%%, critical %.0f%%\n", s,
-				100*worker.DropChance(shed.TestMode), 100*worker.DropChance(shed.Read),
-				100*worker.DropChance(shed.Write), 100*worker.DropChance(shed.Critical))
+				100*drop[shed.TestMode], 100*drop[shed.Read], 100*drop[shed.Write], 100*drop[shed.Critical])
 		}
 	}
 	// Output:

@@ -99,25 +99,19 @@ func NewFleet(t *throttler.Throttler, o *FleetOptions) (*Fleet, error) {
 	return &Fleet{t: t, key: opts.Key, critical: critical, nonCritical: nonCritical}, nil
 }
 
-// FleetAdmission is the Fleet's answer for one request.
-type FleetAdmission struct {
-	// Allowed reports whether the request may go ahead.
-	Allowed bool
-	// Lease is the request's lease: release it when the request ends (a
-	// zero Lease releases nothing).
-	Lease throttler.Lease
-	// Decision is the store's answer; its Limit is the limit the request's
-	// class was measured against.
-	Decision throttler.Decision
-}
-
-// Admit acquires a lease for a request of class c. The error is the
+// Admit acquires a lease for a request of class c and answers as
+// Throttler.Acquire does: release the Lease when the request ends (a zero
+// Lease releases nothing), and the Decision's Allowed says whether the
+// request may go ahead. The Decision is the store's, its Limit the one the
+// class is measured against (Share × Capacity for non-critical traffic,
+// Capacity for critical), except that a critical request is always Allowed
+// with a nil error: when Capacity is full or the store fails it goes ahead
+// without a lease (zero Lease, no RetryAfter). The error is the
 // Throttler's, for a non-critical request that could not be decided (the
-// store fails and the Throttler fails closed): answer 503. A critical
-// request is always Allowed, with a nil error.
-func (f *Fleet) Admit(ctx context.Context, c Class) (FleetAdmission, error) {
+// store fails and the Throttler fails closed): answer 503.
+func (f *Fleet) Admit(ctx context.Context, c Class) (throttler.Lease, throttler.Decision, error) {
 	if f == nil || f.t == nil {
-		return FleetAdmission{}, errNilShedder
+		return throttler.Lease{}, throttler.Decision{}, errNilShedder
 	}
 	p := f.nonCritical
 	if c == Critical {
@@ -127,30 +121,8 @@ func (f *Fleet) Admit(ctx context.Context, c Class) (FleetAdmission, error) {
 	if c == Critical {
 		// Never shed: a full fleet or a failing store only means this
 		// request runs without a lease (Observe sees the failure).
-		return FleetAdmission{Allowed: true, Lease: l, Decision: d}, nil
+		d.Allowed, d.RetryAfter = true, 0
+		return l, d, nil
 	}
-	if err != nil {
-		return FleetAdmission{}, err
-	}
-	return FleetAdmission{Allowed: d.Allowed, Lease: l, Decision: d}, nil
-}
-
-// Limit returns the limit a request of class c is measured against: Share ×
-// Capacity for non-critical traffic, Capacity for critical.
-func (f *Fleet) Limit(c Class) int64 {
-	if f == nil {
-		return 0
-	}
-	if c == Critical {
-		return f.critical.Limit
-	}
-	return f.nonCritical.Limit
-}
-
-// Name returns the name of the fleet's limit.
-func (f *Fleet) Name() string {
-	if f == nil {
-		return ""
-	}
-	return f.critical.Name
+	return l, d, err
 }

@@ -25,9 +25,6 @@ func TestFleetShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Limit(shed.Read) != 8 || f.Limit(shed.Critical) != 10 || f.Name() != "fleet" {
-		t.Fatalf("limits %d/%d, name %q", f.Limit(shed.Read), f.Limit(shed.Critical), f.Name())
-	}
 	var leases []throttler.Lease
 	steps := []struct {
 		c                 shed.Class
@@ -50,15 +47,18 @@ func TestFleetShare(t *testing.T) {
 		{shed.Read, false, false, 8, 10},
 	}
 	for i, s := range steps {
-		a, err := f.Admit(ctx, s.c)
+		l, d, err := f.Admit(ctx, s.c)
 		if err != nil {
 			t.Fatalf("step %d (%v): %v", i, s.c, err)
 		}
-		if a.Allowed != s.allowed || (a.Lease.ID() != 0) != s.hasLease || a.Decision.Limit != s.limit || a.Decision.Used != s.used {
+		if d.Allowed != s.allowed || (l.ID() != 0) != s.hasLease || d.Limit != s.limit || d.Used != s.used {
 			t.Fatalf("step %d (%v): allowed %v lease %v limit %d used %d; want %v %v %d %d",
-				i, s.c, a.Allowed, a.Lease.ID() != 0, a.Decision.Limit, a.Decision.Used, s.allowed, s.hasLease, s.limit, s.used)
+				i, s.c, d.Allowed, l.ID() != 0, d.Limit, d.Used, s.allowed, s.hasLease, s.limit, s.used)
 		}
-		leases = append(leases, a.Lease)
+		if d.Allowed && d.RetryAfter != 0 {
+			t.Fatalf("step %d (%v): allowed with RetryAfter %v", i, s.c, d.RetryAfter)
+		}
+		leases = append(leases, l)
 	}
 	if got := store.held("fleet", "fleet"); got != 10 {
 		t.Fatalf("store holds %d leases, want 10", got)
@@ -71,9 +71,9 @@ func TestFleetShare(t *testing.T) {
 		}
 	}
 	for i, want := range []bool{true, false} {
-		a, err := f.Admit(ctx, shed.Read)
-		if err != nil || a.Allowed != want {
-			t.Fatalf("read %d after releases: %v %v, want allowed %v", i, a.Allowed, err, want)
+		_, d, err := f.Admit(ctx, shed.Read)
+		if err != nil || d.Allowed != want {
+			t.Fatalf("read %d after releases: %v %v, want allowed %v", i, d.Allowed, err, want)
 		}
 	}
 }
@@ -88,11 +88,11 @@ func TestFleetStoreFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.setFail(errors.New("store down"))
-	if a, err := f.Admit(ctx, shed.Critical); err != nil || !a.Allowed || a.Lease.ID() != 0 {
-		t.Fatalf("critical while the store fails: %+v %v, want allowed without a lease", a, err)
+	if l, d, err := f.Admit(ctx, shed.Critical); err != nil || !d.Allowed || l.ID() != 0 {
+		t.Fatalf("critical while the store fails: %+v %v, want allowed without a lease", d, err)
 	}
-	if a, err := f.Admit(ctx, shed.Read); err == nil || a.Allowed {
-		t.Fatalf("read while the store fails (fail closed): %+v %v, want an error", a, err)
+	if _, d, err := f.Admit(ctx, shed.Read); err == nil || d.Allowed {
+		t.Fatalf("read while the store fails (fail closed): %+v %v, want an error", d, err)
 	}
 }
 
@@ -101,8 +101,8 @@ func TestFleetShareRounding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := f.Limit(shed.Write); got != 29 {
-		t.Fatalf("0.29 of 100: %d, want 29", got)
+	if _, d, err := f.Admit(context.Background(), shed.Write); err != nil || d.Limit != 29 {
+		t.Fatalf("0.29 of 100: %d (%v), want 29", d.Limit, err)
 	}
 }
 
@@ -144,10 +144,7 @@ func TestNewFleetErrors(t *testing.T) {
 
 func TestNilFleet(t *testing.T) {
 	var f *shed.Fleet
-	if _, err := f.Admit(context.Background(), shed.Read); err == nil {
+	if _, d, err := f.Admit(context.Background(), shed.Read); err == nil || d.Allowed {
 		t.Fatal("Admit on a nil Fleet: no error")
-	}
-	if f.Limit(shed.Read) != 0 || f.Name() != "" {
-		t.Fatal("a nil Fleet has limits")
 	}
 }

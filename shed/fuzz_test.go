@@ -30,13 +30,13 @@ func FuzzWorker(f *testing.F) {
 			u = step.u
 			now = now.Add(time.Duration(step.d) * time.Millisecond)
 			w.Update(now)
-			s := w.ShedAmount()
-			if !(s >= -28.0/120-1e-12 && s <= 1) {
+			st := w.Stats()
+			if s := st.ShedAmount; !(s >= -28.0/120-1e-12 && s <= 1) {
 				t.Fatalf("amount %v out of [-28/120, 1]", s)
 			}
-			test, read, write := w.DropChance(shed.TestMode), w.DropChance(shed.Read), w.DropChance(shed.Write)
-			if !(0 <= write && write <= read && read <= test && test <= 1) || w.DropChance(shed.Critical) != 0 {
-				t.Fatalf("drop chances test %v read %v write %v critical %v", test, read, write, w.DropChance(shed.Critical))
+			test, read, write := st.DropChance[shed.TestMode], st.DropChance[shed.Read], st.DropChance[shed.Write]
+			if !(0 <= write && write <= read && read <= test && test <= 1) || st.DropChance[shed.Critical] != 0 {
+				t.Fatalf("drop chances test %v read %v write %v critical %v", test, read, write, st.DropChance[shed.Critical])
 			}
 		}
 	})

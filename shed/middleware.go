@@ -25,11 +25,24 @@ const (
 )
 
 // Options configure Middleware: each limiter is optional (nil: off), but at
-// least one must be on.
+// least one must be on. Requests are sorted into priority classes for the
+// shedders by Stripe's rules (Critical says which are critical, then
+// TestModeHeader marks test-mode traffic, then GET, HEAD, OPTIONS and
+// TRACE are Read and every other method Write), or by Classify instead.
 type Options struct {
-	// Classify sorts requests into priority classes for the shedders.
-	// default: DefaultClassifier
-	Classify Classifier
+	// Critical reports whether a request is critical, which wins over
+	// everything else. default: no request is critical
+	Critical func(*http.Request) bool
+	// TestModeHeader names the header that marks test-mode traffic when
+	// it has any non-empty value; a client can only lower its own
+	// priority with it. default: "X-Test-Mode"
+	TestModeHeader string
+	// Classify, if set, sorts requests into classes instead of Stripe's
+	// rules (then Critical and TestModeHeader stay unset): an API-key
+	// prefix for test mode, a route table for critical endpoints. It runs
+	// on every request before anything else: it must be fast and safe for
+	// concurrent use. default: Stripe's rules
+	Classify func(*http.Request) Class
 	// Worker, if set, sheds when this process is saturated (503). Start
 	// its ticks with Worker.Run. default: off
 	Worker *Worker
@@ -72,16 +85,18 @@ type Options struct {
 // admitted request counts in the worker shedder, and holds its leases,
 // until the handler returns, also when it panics. Middleware returns an
 // error, naming what is wrong, for a configuration that cannot work: no
-// limiter, or a shedder its constructor did not build.
+// limiter, a shedder its constructor did not build, or a classification
+// that cannot work.
 func Middleware(o *Options) (func(http.Handler) http.Handler, error) {
 	if o == nil || (o.Worker == nil && o.Fleet == nil && o.Concurrency == nil && o.Rate == nil) {
 		return nil, errors.New("shed: Middleware needs at least one of Options.Worker, Fleet, Concurrency or Rate")
 	}
-	m := &chain{classify: o.Classify, worker: o.Worker, fleet: o.Fleet, conc: o.Concurrency, rate: o.Rate,
-		onError: o.OnError, onReleaseError: o.OnReleaseError}
-	if m.classify == nil {
-		m.classify = DefaultClassifier
+	classify, err := classifier(o)
+	if err != nil {
+		return nil, err
 	}
+	m := &chain{classify: classify, worker: o.Worker, fleet: o.Fleet, conc: o.Concurrency, rate: o.Rate,
+		onError: o.OnError, onReleaseError: o.OnReleaseError}
 	if m.onError == nil {
 		m.onError = httplimit.Error
 	}
@@ -96,7 +111,7 @@ func Middleware(o *Options) (func(http.Handler) http.Handler, error) {
 
 // chain is a built Middleware.
 type chain struct {
-	classify       Classifier
+	classify       func(*http.Request) Class
 	worker         *Worker
 	fleet          *Fleet
 	conc, rate     func(http.Handler) http.Handler
@@ -123,16 +138,16 @@ func (m *chain) wrap(next http.Handler) http.Handler {
 			defer m.worker.Done()
 		}
 		if m.fleet != nil {
-			a, err := m.fleet.Admit(r.Context(), c)
+			l, d, err := m.fleet.Admit(r.Context(), c)
 			if err != nil {
 				w.Header().Set(HeaderLimiter, limiterFleet)
 				m.onError(w, r, err)
 				return
 			}
-			defer m.release(r, a.Lease)
-			if !a.Allowed {
+			defer m.release(r, l)
+			if !d.Allowed {
 				w.Header().Set(HeaderLimiter, limiterFleet)
-				w.Header().Set("X-RateLimit-Resource", m.fleet.Name())
+				w.Header().Set("X-RateLimit-Resource", m.fleet.critical.Name)
 				http.Error(w, "service overloaded: request shed, retry later", http.StatusServiceUnavailable)
 				return
 			}

@@ -141,17 +141,17 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// Admitted: 200, the rate limit's headers, no HeaderLimiter; while
 	// the handler runs it counts in the worker and holds both leases.
 	g.inHandler = func(http.ResponseWriter, *http.Request) {
-		if g.worker.InFlight() != 1 || g.store.held("fleet", "fleet") != 1 || g.store.held("alice", "inflight") != 1 {
+		if g.worker.Stats().InFlight != 1 || g.store.held("fleet", "fleet") != 1 || g.store.held("alice", "inflight") != 1 {
 			t.Errorf("in the handler: in flight %d, fleet leases %d, alice's leases %d; want 1 each",
-				g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+				g.worker.Stats().InFlight, g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
 		}
 	}
 	w := g.serve(h, "GET", "alice")
 	checkHeaders(t, "admitted", w, 200, map[string]string{shed.HeaderLimiter: "", "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Resource": "core"})
 	g.inHandler = nil
-	if g.reached != 1 || g.worker.InFlight() != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
+	if g.reached != 1 || g.worker.Stats().InFlight != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
 		t.Fatalf("after the request: reached %d, in flight %d, fleet leases %d, alice's leases %d; want 1, 0, 0, 0",
-			g.reached, g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+			g.reached, g.worker.Stats().InFlight, g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
 	}
 
 	// Rate: alice's second request of the minute passes, her third is
@@ -182,25 +182,20 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// Fleet: one non-critical request in flight fills the share; the next
 	// is shed before the concurrency limit takes a lease. Critical traffic
 	// still passes.
-	held, err := g.fleet.Admit(ctx, shed.Read)
-	if err != nil || !held.Allowed {
-		t.Fatal(held, err)
+	held, d, err := g.fleet.Admit(ctx, shed.Read)
+	if err != nil || !d.Allowed {
+		t.Fatal(d, err)
 	}
 	w = g.serve(h, "POST", "carol")
 	checkHeaders(t, "fleet", w, 503, map[string]string{shed.HeaderLimiter: "fleet-shedder", "X-RateLimit-Resource": "fleet", "Retry-After": ""})
 	if g.store.held("carol", "inflight") != 0 || g.rateUsed(t, "carol") != 0 {
 		t.Error("a request the fleet shed reached the limiters after it")
 	}
-	g.opts.Classify = func(r *http.Request) shed.Class {
-		if r.Header.Get("Critical") != "" {
-			return shed.Critical
-		}
-		return shed.DefaultClassifier(r)
-	}
+	g.opts.Critical = func(r *http.Request) bool { return r.Header.Get("Critical") != "" }
 	hc := g.handler(t)
 	w = g.serve(hc, "POST", "carol", "Critical", "1")
 	checkHeaders(t, "critical at the fleet's share", w, 200, map[string]string{shed.HeaderLimiter: ""})
-	if _, err := held.Lease.Release(ctx); err != nil {
+	if _, err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -209,7 +204,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	g.shedAll()
 	w = g.serve(hc, "GET", "dave")
 	checkHeaders(t, "worker", w, 503, map[string]string{shed.HeaderLimiter: "worker-shedder", "Retry-After": ""})
-	if g.rateUsed(t, "dave") != 0 || g.worker.InFlight() != 0 {
+	if g.rateUsed(t, "dave") != 0 || g.worker.Stats().InFlight != 0 {
 		t.Error("a request the worker shed reached the limiters after it")
 	}
 	w = g.serve(hc, "GET", "dave", "Critical", "1")
@@ -218,8 +213,8 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	if g.reached != 4 {
 		t.Errorf("the handler ran %d times, want 4 (alice twice, carol and dave critical)", g.reached)
 	}
-	if g.store.held("fleet", "fleet") != 0 || g.worker.InFlight() != 0 {
-		t.Errorf("left held: %d fleet leases, %d in flight", g.store.held("fleet", "fleet"), g.worker.InFlight())
+	if g.store.held("fleet", "fleet") != 0 || g.worker.Stats().InFlight != 0 {
+		t.Errorf("left held: %d fleet leases, %d in flight", g.store.held("fleet", "fleet"), g.worker.Stats().InFlight)
 	}
 }
 
@@ -238,9 +233,9 @@ func TestMiddlewareReleasesOnPanic(t *testing.T) {
 		}()
 		g.serve(h, "POST", "alice")
 	}()
-	if g.reached != 1 || g.worker.InFlight() != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
+	if g.reached != 1 || g.worker.Stats().InFlight != 0 || g.store.held("fleet", "fleet") != 0 || g.store.held("alice", "inflight") != 0 {
 		t.Fatalf("after a panic: reached %d, in flight %d, fleet leases %d, alice's leases %d; want 1, 0, 0, 0",
-			g.reached, g.worker.InFlight(), g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
+			g.reached, g.worker.Stats().InFlight, g.store.held("fleet", "fleet"), g.store.held("alice", "inflight"))
 	}
 }
 
@@ -330,13 +325,17 @@ func TestMiddlewareReleaseError(t *testing.T) {
 }
 
 func TestMiddlewareBuildErrors(t *testing.T) {
+	pass := func(next http.Handler) http.Handler { return next }
 	for _, tc := range []struct {
 		name string
 		o    *shed.Options
 		want string
 	}{
 		{"nil", nil, "needs at least one"},
-		{"none", &shed.Options{Classify: shed.DefaultClassifier}, "needs at least one"},
+		{"none", &shed.Options{TestModeHeader: "X-Test"}, "needs at least one"},
+		{"Classify beside Critical", &shed.Options{Rate: pass, Classify: func(*http.Request) shed.Class { return shed.Read },
+			Critical: func(*http.Request) bool { return true }}, "Options.Classify replaces Critical and TestModeHeader"},
+		{"bad TestModeHeader", &shed.Options{Rate: pass, TestModeHeader: "X Test"}, `Options.TestModeHeader "X Test" is not a header name`},
 		{"zero worker", &shed.Options{Worker: &shed.Worker{}}, "Options.Worker was not built by NewWorker"},
 		{"zero fleet", &shed.Options{Fleet: &shed.Fleet{}}, "Options.Fleet was not built by NewFleet"},
 	} {

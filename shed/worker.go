@@ -145,7 +145,7 @@ type Worker struct {
 
 	opts    WorkerOptions
 	running atomic.Bool
-	amount  atomic.Uint64 // float64 bits of s, for ShedAmount
+	amount  atomic.Uint64 // float64 bits of s, for Stats
 
 	mu      sync.Mutex // held by Update alone, never by a request
 	bad     float64    // s × Ramp in seconds, so that whole seconds of utilization 1 add up exactly
@@ -199,14 +199,6 @@ func (w *Worker) Done() {
 	}
 }
 
-// InFlight returns how many admitted requests have not called Done.
-func (w *Worker) InFlight() int64 {
-	if w == nil {
-		return 0
-	}
-	return w.inflight.Load()
-}
-
 // Update is one tick of the controller at now: it samples the utilization,
 // moves the shedding amount by the time since the previous tick, and
 // publishes the new drop probabilities to Admit. The first Update only
@@ -254,26 +246,38 @@ func (w *Worker) publish() {
 	}
 }
 
-// ShedAmount returns the controller's shedding amount s: negative at rest
-// (-Delay/Ramp, shedding nothing), up to 1 (shedding every shed-able
-// request).
-func (w *Worker) ShedAmount() float64 {
-	if w == nil {
-		return 0
-	}
-	return math.Float64frombits(w.amount.Load())
+// WorkerStats is a Worker's state as Stats reads it: for a status page,
+// metrics, or a Utilization of your own built on InFlight.
+type WorkerStats struct {
+	// InFlight is how many requests Admit let through have not called
+	// Done.
+	InFlight int64
+	// ShedAmount is the controller's shedding amount s: negative at rest
+	// (-Delay/Ramp, shedding nothing), up to 1 (shedding every shed-able
+	// request).
+	ShedAmount float64
+	// DropChance is, by Class, the probability with which Admit now drops
+	// a request (DropChance[Read]); DropChance[Critical] is always 0.
+	DropChance [4]float64
 }
 
-// DropChance returns the probability with which Admit now drops a request
-// of class c.
-func (w *Worker) DropChance(c Class) float64 {
+// Every class has its place in WorkerStats.DropChance.
+var _ [4]float64 = [numClasses]float64{}
+
+// Stats returns the Worker's state, each field read atomically: a tick
+// that runs meanwhile may show in some fields and not yet in others. A nil
+// Worker's is the zero WorkerStats.
+func (w *Worker) Stats() WorkerStats {
+	var s WorkerStats
 	if w == nil {
-		return 0
+		return s
 	}
-	if c >= numClasses {
-		c = Write
+	s.InFlight = w.inflight.Load()
+	s.ShedAmount = math.Float64frombits(w.amount.Load())
+	for c := range numClasses {
+		s.DropChance[c] = float64(w.drop[c].Load()) / one
 	}
-	return float64(w.drop[c].Load()) / one
+	return s
 }
 
 // Run calls Update every Interval, at the instants Clock gives, until ctx

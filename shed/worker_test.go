@@ -73,7 +73,7 @@ func TestWorkerOverTime(t *testing.T) {
 		541: -8.5, 560: -18,
 	}
 	w.Update(at(0)) // starts the clock
-	if got := w.ShedAmount() * 120; math.Abs(got-want[0]) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-want[0]) > 1e-9 {
 		t.Fatalf("at rest: amount %v/120, want %v/120", got, want[0])
 	}
 	sec := 0
@@ -85,11 +85,11 @@ func TestWorkerOverTime(t *testing.T) {
 			if !ok {
 				continue
 			}
-			if got := w.ShedAmount() * 120; math.Abs(got-s) > 1e-9 {
+			if got := w.Stats().ShedAmount * 120; math.Abs(got-s) > 1e-9 {
 				t.Errorf("t=%ds (u=%v): amount %v/120, want %v/120", sec+1, seg.u, got, s)
 			}
 			for c, p := range chances(s / 120) {
-				if got := w.DropChance(c); math.Abs(got-p) > 1e-9 {
+				if got := w.Stats().DropChance[c]; math.Abs(got-p) > 1e-9 {
 					t.Errorf("t=%ds (u=%v): %v drop chance %v, want %v", sec+1, seg.u, c, got, p)
 				}
 			}
@@ -124,7 +124,7 @@ func TestWorkerShedsLeastImportantFirst(t *testing.T) {
 			w.Update(at(sec + 1))
 		}
 		for c, p := range map[shed.Class]float64{shed.TestMode: tc.test, shed.Read: tc.read, shed.Write: tc.write, shed.Critical: tc.cr} {
-			if got := w.DropChance(c); math.Abs(got-p) > 1e-9 {
+			if got := w.Stats().DropChance[c]; math.Abs(got-p) > 1e-9 {
 				t.Errorf("t=%ds: %v drop chance %v, want %v", tc.sec, c, got, p)
 			}
 		}
@@ -138,34 +138,34 @@ func TestWorkerTickAccounting(t *testing.T) {
 	w, u := newWorker(t, shed.WorkerOptions{})
 	u.set(1)
 	w.Update(at(1000)) // however late the first tick comes
-	if got := w.ShedAmount() * 120; math.Abs(got+28) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got+28) > 1e-9 {
 		t.Fatalf("after the first tick: %v/120, want -28/120", got)
 	}
 	w.Update(at(1100)) // 100 s gap: counts 28
-	if got := w.ShedAmount() * 120; math.Abs(got) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got) > 1e-9 {
 		t.Fatalf("after a 100 s gap: %v/120, want 0", got)
 	}
 	w.Update(at(900)) // back in time: nothing
-	if got := w.ShedAmount() * 120; math.Abs(got) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got) > 1e-9 {
 		t.Fatalf("after the clock stepped back: %v/120, want 0", got)
 	}
 	w.Update(at(910)) // from the new instant on
-	if got := w.ShedAmount() * 120; math.Abs(got-10) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-10) > 1e-9 {
 		t.Fatalf("10 s after the step back: %v/120, want 10/120", got)
 	}
 	u.set(math.NaN()) // no sample: hold
 	w.Update(at(920))
-	if got := w.ShedAmount() * 120; math.Abs(got-10) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-10) > 1e-9 {
 		t.Fatalf("after a NaN sample: %v/120, want 10/120", got)
 	}
 	u.set(7) // beyond 1 counts as 1
 	w.Update(at(921))
-	if got := w.ShedAmount() * 120; math.Abs(got-11) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-11) > 1e-9 {
 		t.Fatalf("after a sample of 7: %v/120, want 11/120", got)
 	}
 	u.set(-3) // below 0 counts as 0
 	w.Update(at(922))
-	if got := w.ShedAmount() * 120; math.Abs(got-10) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-10) > 1e-9 {
 		t.Fatalf("after a sample of -3: %v/120, want 10/120", got)
 	}
 }
@@ -204,8 +204,8 @@ func TestWorkerDropRates(t *testing.T) {
 				}
 			}
 		}
-		if w.InFlight() != 0 {
-			t.Errorf("in flight after every Done: %d", w.InFlight())
+		if w.Stats().InFlight != 0 {
+			t.Errorf("in flight after every Done: %d", w.Stats().InFlight)
 		}
 	}
 }
@@ -223,18 +223,18 @@ func TestWorkerDefaultUtilization(t *testing.T) {
 	for s := 1; s <= 29; s++ {
 		w.Update(at(s))
 	}
-	if got := w.ShedAmount() * 120; math.Abs(got-1) > 1e-9 {
+	if got := w.Stats().ShedAmount * 120; math.Abs(got-1) > 1e-9 {
 		t.Fatalf("after 29 s of 4 in flight of 4: %v/120, want 1/120", got)
 	}
 	for range 2 {
 		w.Done()
 	}
 	w.Update(at(30)) // 2 of 4: 0.5/0.7 - 1 = -2/7
-	if got, want := w.ShedAmount()*120, 1-2.0/7; math.Abs(got-want) > 1e-9 {
+	if got, want := w.Stats().ShedAmount*120, 1-2.0/7; math.Abs(got-want) > 1e-9 {
 		t.Fatalf("after 1 s of 2 in flight of 4: %v/120, want %v/120", got, want)
 	}
-	if w.InFlight() != 2 {
-		t.Fatalf("in flight: %d, want 2", w.InFlight())
+	if w.Stats().InFlight != 2 {
+		t.Fatalf("in flight: %d, want 2", w.Stats().InFlight)
 	}
 }
 
@@ -245,7 +245,7 @@ func TestWorkerInvalidClassShedAsWrite(t *testing.T) {
 	for s := 1; s <= 148; s++ {
 		w.Update(at(s))
 	}
-	if w.DropChance(shed.Class(9)) != 1 || w.Admit(shed.Class(9)) {
+	if w.Stats().DropChance[shed.Write] != 1 || w.Admit(shed.Class(9)) {
 		t.Fatal("an invalid class was not shed as Write")
 	}
 }
@@ -285,7 +285,7 @@ func TestNilWorker(t *testing.T) {
 	var w *shed.Worker
 	w.Update(t0)
 	w.Done()
-	if !w.Admit(shed.TestMode) || w.InFlight() != 0 || w.ShedAmount() != 0 || w.DropChance(shed.Read) != 0 {
+	if !w.Admit(shed.TestMode) || w.Stats().InFlight != 0 || w.Stats().ShedAmount != 0 || w.Stats().DropChance[shed.Read] != 0 {
 		t.Fatal("a nil Worker did something")
 	}
 	if err := w.Run(context.Background()); err == nil {
@@ -304,12 +304,12 @@ func TestWorkerRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	deadline := time.After(time.Minute)
-	for w.ShedAmount() < 0 { // 29 ticks of the fake clock, 1 s each
+	for w.Stats().ShedAmount < 0 { // 29 ticks of the fake clock, 1 s each
 		select {
 		case err := <-done:
 			t.Fatalf("Run returned early: %v", err)
 		case <-deadline:
-			t.Fatalf("after a minute of 1 ms ticks: amount %v, %d clock reads", w.ShedAmount(), ticks.Load())
+			t.Fatalf("after a minute of 1 ms ticks: amount %v, %d clock reads", w.Stats().ShedAmount, ticks.Load())
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -363,7 +363,7 @@ func TestWorkerConcurrent(t *testing.T) {
 	}
 	close(done)
 	wg.Wait()
-	if w.InFlight() != 0 || w.ShedAmount() != 1 {
-		t.Fatalf("in flight %d, amount %v; want 0 and 1", w.InFlight(), w.ShedAmount())
+	if w.Stats().InFlight != 0 || w.Stats().ShedAmount != 1 {
+		t.Fatalf("in flight %d, amount %v; want 0 and 1", w.Stats().InFlight, w.Stats().ShedAmount)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/internal/cputime"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -295,7 +296,7 @@ func TestOnlyTheThrottlersOwnTimeoutCounts(t *testing.T) {
 // stepped back 10 minutes no call reached the healthy primary for 10
 // minutes. It runs on the monotonic clock now, whatever Clock does.
 func TestCooldownRunsOnTheMonotonicClock(t *testing.T) {
-	window := &fakeClock{now: t0}
+	window := sleep.NewFake(t0)
 	mono := &monoClock{}
 	b := newStoresBackend(t)
 	th := newThrottler(t, b, &throttler.Options{Clock: window.Now, BreakerThreshold: 1, BreakerCooldown: time.Second})

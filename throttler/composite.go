@@ -210,7 +210,9 @@ func Combine(members []Decision) Decision {
 func (d Decision) Members() iter.Seq2[int, Decision] {
 	return func(yield func(int, Decision) bool) {
 		for i := range int(d.nMembers) {
-			if !yield(i, d.members[i].decision()) {
+			m := d.members[i].decision()
+			m.At = d.At
+			if !yield(i, m) {
 				return
 			}
 		}
@@ -223,7 +225,9 @@ func (d Decision) member(i int) Decision {
 	if i >= int(d.nMembers) {
 		return Decision{}
 	}
-	return d.members[i].decision()
+	m := d.members[i].decision()
+	m.At = d.At
+	return m
 }
 
 // memberCount is how many members' Decisions d holds.
@@ -287,13 +291,13 @@ func (t *Throttler) SupportsComposites() bool { return t != nil && t.composites 
 // member after another. Refunds only give back, so they need not be atomic
 // together. The error matches ErrNotRefunded only when no member refunded;
 // any other member's error is returned, joined.
-// The instant returned is the binding member's call's.
-func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
+// Its At is the binding member's call's.
+func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
 	if !t.composites {
-		return Decision{}, time.Time{}, errNoComposites
+		return Decision{}, errNoComposites
 	}
 	if err := p.Validate(); err != nil {
-		return Decision{}, time.Time{}, err
+		return Decision{}, err
 	}
 	ms := p.all.members
 	// Allowed and Degraded are checked on the composite (a member of a
@@ -308,39 +312,36 @@ func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n
 		why = fmt.Sprintf("the Decision names %d members, the composite has %d", taken.memberCount(), len(ms))
 	}
 	if why != "" {
-		return Decision{}, time.Time{}, fmt.Errorf("%w: %s", ErrNotRefunded, why)
+		return Decision{}, fmt.Errorf("%w: %s", ErrNotRefunded, why)
 	}
 	var out [MaxMembers]Decision
 	var at [MaxMembers]time.Time
 	var errs []error
 	refunded := false
 	for i, m := range ms {
-		d, now, err := t.refund(ctx, key, m, n, taken.member(i))
+		d, err := t.Refund(ctx, key, m, n, taken.member(i))
 		switch {
 		case err == nil:
 			refunded = true
 		case errors.Is(err, ErrNotRefunded):
 			// What counted this member's units has ended: its state as it
 			// stands, for the composite's Decision.
-			var r request // filled in place, as in do
-			r.op, r.key, r.p, r.n = OpPeek, key, m, 1
-			t.start(&r)
-			d, err = t.doAt(ctx, &r)
-			now = r.now
+			d, err = t.Peek(ctx, key, m)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("member %d: %w", i, err))
 		}
-		out[i], at[i] = d, now
+		out[i], at[i] = d, d.At
 	}
 	if len(errs) > 0 {
-		return Decision{}, time.Time{}, errors.Join(errs...)
+		return Decision{}, errors.Join(errs...)
 	}
 	if !refunded {
-		return Decision{}, time.Time{}, fmt.Errorf("%w: no member's state still holds the units", ErrNotRefunded)
+		return Decision{}, fmt.Errorf("%w: no member's state still holds the units", ErrNotRefunded)
 	}
 	d := Combine(out[:len(ms)])
-	return d, at[d.Binding()], nil
+	d.At = at[d.Binding()]
+	return d, nil
 }
 
 // refuseComposite answers r, a composite's call on a Throttler that takes

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -135,7 +136,7 @@ func TestCompositeOnABackendWithoutThem(t *testing.T) {
 // receipt, and a denied composite's Decision refunds nothing.
 func TestCompositeThroughAThrottler(t *testing.T) {
 	ctx := context.Background()
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	s, h := throttler.PerSecond(2).Named("s"), throttler.PerHour(3).Named("h")
 	c := throttler.All(s, h)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})

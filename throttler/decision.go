@@ -32,11 +32,17 @@ type Decision struct {
 	// the fallback did, or the Throttler's failure mode did (then ResetAt is
 	// zero and Used and Remaining are not known).
 	Degraded bool
-
-	// nMembers and members are a composite's members' own Decisions (see
-	// Members); nMembers sits in what would be padding.
+	// nMembers counts a composite's members' own Decisions (see Members),
+	// in what would otherwise be padding.
 	nMembers uint8
-	members  *memberDecisions
+	// At is the instant the Throttler read its clock (Options.Clock) for
+	// the call that returned this Decision: the now that ResetAt and
+	// RetryAfter were computed from, a fallback's and a failure mode's
+	// answer included, so that a caller needs no clock reading of its own.
+	// It may be zero in a Decision returned with an error.
+	At time.Time
+	// members are a composite's members' own Decisions.
+	members *memberDecisions
 }
 
 // Known reports whether d carries a real count (false only for a degraded

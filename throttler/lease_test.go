@@ -186,7 +186,7 @@ func TestAcquireAndRelease(t *testing.T) {
 
 	l1, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
-	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute)}, d)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute), At: t0}, d)
 	assert.NotZero(t, l1.ID())
 	assert.Equal(t, throttler.Observation{Op: throttler.OpAcquire, Key: "k", Concurrency: conc, Decision: d, Source: throttler.SourcePrimary}, withoutLatency(obs.last()))
 
@@ -203,7 +203,7 @@ func TestAcquireAndRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
-		Decision: throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute)},
+		Decision: throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute), At: t0},
 		Source:   throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	// A second Release of the same value is sent again and changes nothing.

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -38,7 +39,7 @@ func TestRefundBoundToWhatCountedTheUnits(t *testing.T) {
 			// The window-aligned start keeps the sliding window's epoch
 			// windows where the table says: [t, t+1s).
 			start := time.Unix(1_900_000_000, 0)
-			clock := &fakeClock{now: start}
+			clock := sleep.NewFake(start)
 			th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 			ctx := context.Background()
 			var taken throttler.Decision
@@ -87,7 +88,7 @@ func TestRefundFromAClockBehind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Unix(1_900_000_000, 0) // aligned to the counter's windows
-			behind, ahead := &fakeClock{now: start}, &fakeClock{now: start.Add(skew)}
+			behind, ahead := sleep.NewFake(start), sleep.NewFake(start.Add(skew))
 			store := newMemory(t)
 			thBehind := newThrottler(t, store, &throttler.Options{Clock: behind.Now})
 			thAhead := newThrottler(t, store, &throttler.Options{Clock: ahead.Now})
@@ -117,7 +118,7 @@ func TestRefundFromAClockBehind(t *testing.T) {
 // The case: 304s that finish after their window ended credited the
 // next window, which then admitted 20 against a limit of 10.
 func TestRefundNeverCreditsTheNextWindow(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p, ctx := throttler.PerMinute(10), context.Background()
 	var first []throttler.Decision
@@ -145,7 +146,7 @@ func TestRefundNeverCreditsTheNextWindow(t *testing.T) {
 }
 
 func TestRefundOfAnUncountedTake(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	stub := &stubBackend{next: newMemory(t)}
 	th := newThrottler(t, stub, &throttler.Options{Clock: clock.Now, BreakerThreshold: 100})
 	p, ctx := throttler.PerMinute(1), context.Background()

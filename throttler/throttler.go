@@ -284,12 +284,6 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
 	}
-	d, _, err := t.refund(ctx, key, p, n, taken)
-	return d, err
-}
-
-// refund is Refund, which also returns the instant it was decided at.
-func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, time.Time, error) {
 	if p.all != nil {
 		return t.refundComposite(ctx, key, p, n, taken)
 	}
@@ -309,10 +303,9 @@ func (t *Throttler) refund(ctx context.Context, key string, p Policy, n int64, t
 			}
 			t.observe(&r, store, Decision{}, SourceNone, err)
 		}
-		return Decision{}, r.now, err
+		return Decision{}, err
 	}
-	d, err := t.doAt(ctx, &r)
-	return d, r.now, err
+	return t.doAt(ctx, &r)
 }
 
 func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64) (Decision, error) {
@@ -325,17 +318,6 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
 	return t.doAt(ctx, &r)
-}
-
-// takeOne is Allow for the HTTP edge (see edge.go), which also needs the
-// instant the decision was made at for its headers: the one reading of the
-// clock.
-func (t *Throttler) takeOne(ctx context.Context, key string, p Policy) (Decision, time.Time, error) {
-	var r request // filled in place, as in do
-	r.op, r.key, r.p, r.n = OpTake, key, p, 1
-	t.start(&r)
-	d, err := t.doAt(ctx, &r)
-	return d, r.now, err
 }
 
 // unrefundable says why the units of taken cannot be refunded at now, or "".
@@ -374,6 +356,7 @@ func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 		store = t.store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
+	d.At = r.now
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err
@@ -423,6 +406,7 @@ func (r *request) validate() error {
 func (t *Throttler) run(ctx context.Context, r *request, store string, from Source) (Decision, Source, error) {
 	t.start(r)
 	d, src, primaryErr, err := t.decide(ctx, r, store, from)
+	d.At = r.now
 	if t.opts.Observe != nil {
 		if primaryErr == nil {
 			primaryErr = err

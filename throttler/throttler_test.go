@@ -14,23 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/sleep"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
-
-// fakeClock is moved by tests; nothing sleeps.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 // stubBackend answers every call with err (or delegates to next when err is
 // nil) and records what it was given.
@@ -159,7 +147,7 @@ func TestTakeAboveCapacityIsAnInputError(t *testing.T) {
 }
 
 func TestAllowUsesTheClock(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	p := throttler.PerMinute(2).Named("api")
 	ctx := context.Background()
@@ -594,7 +582,7 @@ func TestZeroThrottlerErrsNeverPanics(t *testing.T) {
 // Two unnamed policies on one key never share a window: issue 10 measured
 // PerHour(3) admitting 120 in 2 hours next to PerMinute(2).
 func TestUnnamedPoliciesOnOneKeyStayApart(t *testing.T) {
-	clock := &fakeClock{now: t0}
+	clock := sleep.NewFake(t0)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})
 	hourly, perMinute := throttler.PerHour(3), throttler.PerMinute(2)
 	ctx := context.Background()

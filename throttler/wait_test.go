@@ -148,7 +148,7 @@ func TestWaitAdmitsAtOnceWhenThereIsRoom(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, d.ResetAt.Equal(waitT0.Add(time.Minute)), "ResetAt %v", d.ResetAt)
 	d.ResetAt = time.Time{}
-	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1}, d)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, At: waitT0}, d)
 	assert.Empty(t, w.Sleeps())
 	assert.Equal(t, int64(1), store.takes.Load())
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -213,77 +214,35 @@ func testDifferentialTraces(t *testing.T, b throttler.Backend, key func(string) 
 	keys := []string{key("a"), key("b"), key("c")}
 	for seed := uint64(1); seed <= 2; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 99))
-		m := NewModel()
-		rs := receipts{}
+		m := model.NewModel()
+		rs := model.Receipts{}
 		now := T0.UnixMilli() + int64(seed)*1_000_000 // traces apart in time
 		latest := now
 		for i := 0; i < steps; i++ {
 			k, p := keys[rng.IntN(len(keys))], policies[rng.IntN(len(policies))]
 			var op throttler.Op
 			var cost int64
-			now, op, cost = randomCall(rng, now, p)
+			now, op, cost = model.RandomCall(rng, now, p)
 			latest = max(latest, now)
 			at := time.UnixMilli(now)
-			r := rs.pick(rng, k, p, now)
+			r := rs.Pick(rng, k, p, now)
 			got, err := backend.Do(context.Background(), b, op, k, p, cost, time.UnixMilli(r), at)
 			require.NoError(t, err)
 			got.ResetAt = time.UnixMilli(got.ResetAt.UnixMilli())
 			msg := fmt.Sprintf("seed %d step %d: %v %d of %q under %v at %d (receipt %d)", seed, i, op, cost, k, p, now, r)
-			want, commit := m.try(op, k, p, cost, r, now, false)
+			want, commit := m.Try(op, k, p, cost, r, now, false)
 			if got != want {
 				if end, ok := m.End(k, p); ok && end <= latest {
-					want, commit = m.try(op, k, p, cost, r, now, true)
+					want, commit = m.Try(op, k, p, cost, r, now, true)
 				}
 			}
 			require.Equal(t, want, got, msg)
 			commit()
 			if op == throttler.OpTake && got.Allowed {
-				rs.add(k, p, got.ResetAt.UnixMilli())
+				rs.Add(k, p, got.ResetAt.UnixMilli())
 			}
 		}
 	}
-}
-
-// randomCall moves a trace's clock (mostly a little forward, sometimes
-// back as a caller whose clock is behind, sometimes far ahead) and picks an
-// operation, Takes three times in five, and a cost up to p's capacity.
-func randomCall(rng *rand.Rand, now int64, p throttler.Policy) (int64, throttler.Op, int64) {
-	switch r := rng.IntN(20); {
-	case r < 12:
-		now += int64(rng.IntN(12))
-	case r < 16:
-		now -= int64(rng.IntN(40))
-	default:
-		now += int64(rng.IntN(250))
-	}
-	op := []throttler.Op{throttler.OpTake, throttler.OpTake, throttler.OpTake, throttler.OpPeek, throttler.OpRefund}[rng.IntN(5)]
-	return now, op, 1 + int64(rng.IntN(int(p.Capacity())))
-}
-
-// receipts keeps the receipts (ResetAt, Unix ms) of the latest admitted
-// Takes of each (key, policy) of a trace, for its Refunds to name.
-type receipts map[modelKey][]int64
-
-func (rs receipts) add(key string, p throttler.Policy, r int64) {
-	k := modelKey{backend.Identity(p), key}
-	l := append(rs[k], r)
-	if len(l) > 4 {
-		l = l[1:]
-	}
-	rs[k] = l
-}
-
-// pick returns the receipt of one of the latest admitted Takes, the latest
-// most often, or of a Take the store never saw when there was none.
-func (rs receipts) pick(rng *rand.Rand, key string, p throttler.Policy, now int64) int64 {
-	l := rs[modelKey{backend.Identity(p), key}]
-	if len(l) == 0 || rng.IntN(8) == 0 {
-		return now + 1 + rng.Int64N(p.Window.Milliseconds())
-	}
-	if rng.IntN(2) == 0 {
-		return l[len(l)-1]
-	}
-	return l[rng.IntN(len(l))]
 }
 
 // receiptRow is one call at T0+at, a Refund naming the Take whose ResetAt

@@ -3,8 +3,11 @@
 // tests, and Redis, Memcached, the router and the shadow against real
 // servers in the integration module.
 //
-// Every case runs at fixed instants far from today, so nothing sleeps, and
-// uses keys unique to the run, so one server can serve many runs.
+// Run checks rate limits: each algorithm in hand-computed tables, and random
+// traces compared call by call with a reference model written from
+// docs/algorithms.md; RunLeases checks concurrency limits likewise. Every
+// case runs at fixed instants from T0, far from today, so nothing sleeps,
+// and uses keys unique to the run, so one server can serve many runs.
 package backendtest
 
 import (

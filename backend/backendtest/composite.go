@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -369,22 +370,22 @@ func testCompositeTraces(t *testing.T, b throttler.Backend, key func(string) str
 	keys := []string{key("a"), key("b")}
 	for seed := uint64(1); seed <= 2; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		m := NewModel()
-		rs := receipts{}
+		m := model.NewModel()
+		rs := model.Receipts{}
 		now := T0.UnixMilli() + int64(seed)*1_000_000
 		latest := now
 		for i := range steps {
 			k, p := keys[rng.IntN(len(keys))], policies[rng.IntN(len(policies))]
 			var op throttler.Op
 			var cost int64
-			now, op, cost = randomCall(rng, now, p)
+			now, op, cost = model.RandomCall(rng, now, p)
 			if p.Composite() && op == throttler.OpRefund {
 				op = throttler.OpPeek // refunds go to members alone
 			}
 			latest = max(latest, now)
 			var r int64
 			if !p.Composite() {
-				r = rs.pick(rng, k, p, now)
+				r = rs.Pick(rng, k, p, now)
 			}
 			got, err := backend.Do(context.Background(), b, op, k, p, cost, time.UnixMilli(r), time.UnixMilli(now))
 			require.NoError(t, err)
@@ -394,10 +395,10 @@ func testCompositeTraces(t *testing.T, b throttler.Backend, key func(string) str
 			if p.Composite() {
 				want, commit = compositeAnswer(m, op, k, p, cost, now, latest, got)
 			} else {
-				want, commit = m.try(op, k, p, cost, r, now, false)
+				want, commit = m.Try(op, k, p, cost, r, now, false)
 				if !sameDecision(got, want) {
 					if end, ok := m.End(k, p); ok && end <= latest {
-						want, commit = m.try(op, k, p, cost, r, now, true)
+						want, commit = m.Try(op, k, p, cost, r, now, true)
 					}
 				}
 			}
@@ -405,10 +406,10 @@ func testCompositeTraces(t *testing.T, b throttler.Backend, key func(string) str
 			commit()
 			if op == throttler.OpTake && got.Allowed {
 				if !p.Composite() {
-					rs.add(k, p, got.ResetAt.UnixMilli())
+					rs.Add(k, p, got.ResetAt.UnixMilli())
 				}
 				for j, d := range got.Members() {
-					rs.add(k, memberAt(p, j), d.ResetAt.UnixMilli())
+					rs.Add(k, memberAt(p, j), d.ResetAt.UnixMilli())
 				}
 			}
 		}
@@ -418,7 +419,7 @@ func testCompositeTraces(t *testing.T, b throttler.Backend, key func(string) str
 // compositeAnswer is the model's answer to a composite's call, from the
 // members' stored states, or from no state for some of the members whose
 // state ended by latest when that is the backend's answer got.
-func compositeAnswer(m *Model, op throttler.Op, key string, p throttler.Policy, cost, now, latest int64, got throttler.Decision) (throttler.Decision, func()) {
+func compositeAnswer(m *model.Model, op throttler.Op, key string, p throttler.Policy, cost, now, latest int64, got throttler.Decision) (throttler.Decision, func()) {
 	var ended []int
 	drops := make([]bool, 0, throttler.MaxMembers)
 	for i, mp := range p.Members() {
@@ -427,12 +428,12 @@ func compositeAnswer(m *Model, op throttler.Op, key string, p throttler.Policy, 
 		}
 		drops = append(drops, false)
 	}
-	want, commit := m.tryMembers(op, key, p, cost, now, drops)
+	want, commit := m.TryMembers(op, key, p, cost, now, drops)
 	for set := 1; set < 1<<len(ended) && !sameDecision(want, got); set++ {
 		for j, i := range ended {
 			drops[i] = set&(1<<j) != 0
 		}
-		want, commit = m.tryMembers(op, key, p, cost, now, drops)
+		want, commit = m.TryMembers(op, key, p, cost, now, drops)
 	}
 	return want, commit
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -26,8 +27,8 @@ type LeaseStore interface {
 
 // RunLeases runs the lease suite: the lease contract of throttler.LeaseBackend
 // in hand-computed tables at fixed instants, the storage identity, bad
-// input, random traces against LeaseModel, and exactness under
-// concurrency.
+// input, random traces against a reference model of the contract, and
+// exactness under concurrency.
 //
 // newBackend may be called several times in one case, and every backend it
 // returns in one case must reach one store: the concurrency case acquires
@@ -434,7 +435,7 @@ func testLeaseTraces(t *testing.T, newBackend func(t *testing.T) LeaseStore, key
 	ctx := context.Background()
 	for seed := uint64(1); seed <= 2; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 13))
-		m := NewLeaseModel()
+		m := model.NewLeaseModel()
 		now := T0.UnixMilli() + int64(seed)*1_000_000 // traces apart in time
 		latest := now
 		for i := 0; i < steps; i++ {
@@ -463,10 +464,10 @@ func testLeaseTraces(t *testing.T, newBackend func(t *testing.T) LeaseStore, key
 			require.NoError(t, err)
 			got.ResetAt = time.UnixMilli(got.ResetAt.UnixMilli())
 			msg := fmt.Sprintf("seed %d step %d: acquire %v of %d on %q under %v at %d", seed, i, acquire, id, k, p, now)
-			held, want, commit := m.try(acquire, k, p, id, now, false)
+			held, want, commit := m.Try(acquire, k, p, id, now, false)
 			if got != want || gotHeld != held {
 				if end, ok := m.End(k, p); ok && end <= latest {
-					held, want, commit = m.try(acquire, k, p, id, now, true)
+					held, want, commit = m.Try(acquire, k, p, id, now, true)
 				}
 			}
 			require.Equal(t, want, got, msg)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -21,7 +21,7 @@ import (
 // never meet), holding the encoded state (state.go). A call is
 //
 //  1. gets the item (missing: no state);
-//  2. compute with backend.TokenBucket, Counter or Log at now;
+//  2. compute with algo.TokenBucket, Counter or Log at now;
 //  3. if they say write: cas the new state over the version read, or add it
 //     when there was none. Losing (another process wrote first) starts
 //     again at 1, at most MaxAttempts times, then ErrContention: never an
@@ -128,7 +128,7 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int,
 }
 
 // compute decodes the stored state (it nil: none), applies op at t with
-// the arithmetic of package backend, and returns the decision, the encoded
+// the arithmetic of internal/algo, and returns the decision, the encoded
 // next state and its end when it must be written. An item that does not
 // decode is errDecode. r is a Refund's receipt in Unix ms.
 func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, r, t int64) (d throttler.Decision, value []byte, end int64, write bool, err error) {
@@ -138,36 +138,36 @@ func compute(p throttler.Policy, it *memcache.Item, op throttler.Op, cost, r, t 
 	}
 	switch p.Algorithm {
 	case throttler.TokenBucket:
-		var st backend.TokenBucketState
+		var st algo.TokenBucketState
 		if it != nil {
 			if st, err = decodeBucket(stored); err != nil {
 				return d, nil, 0, false, err
 			}
 		}
-		var next backend.TokenBucketState
-		if d, next, write = backend.TokenBucket(p, st, it != nil, op, cost, r, t); write {
-			value, end = appendBucket(make([]byte, 0, 24), next), backend.TokenBucketEnd(p, next)
+		var next algo.TokenBucketState
+		if d, next, write = algo.TokenBucket(p, st, it != nil, op, cost, r, t); write {
+			value, end = appendBucket(make([]byte, 0, 24), next), algo.TokenBucketEnd(p, next)
 		}
 	case throttler.SlidingWindow:
-		var st backend.CounterState
+		var st algo.CounterState
 		if it != nil {
 			if st, err = decodeCounter(stored); err != nil {
 				return d, nil, 0, false, err
 			}
 		}
-		var next backend.CounterState
-		if d, next, write = backend.Counter(p, st, it != nil, op, cost, r, t); write {
-			value, end = appendCounter(make([]byte, 0, 32), next), backend.CounterEnd(p, next)
+		var next algo.CounterState
+		if d, next, write = algo.Counter(p, st, it != nil, op, cost, r, t); write {
+			value, end = appendCounter(make([]byte, 0, 32), next), algo.CounterEnd(p, next)
 		}
 	case throttler.SlidingLog:
-		var log []backend.LogEntry
+		var log []algo.LogEntry
 		if it != nil {
 			if log, err = decodeLog(stored); err != nil {
 				return d, nil, 0, false, err
 			}
 		}
-		if d, log, write = backend.Log(p, log, op, cost, r, t); write {
-			value, end = appendLog(make([]byte, 0, 2+len(stored)+12), log), backend.LogEnd(p, log)
+		if d, log, write = algo.Log(p, log, op, cost, r, t); write {
+			value, end = appendLog(make([]byte, 0, 2+len(stored)+12), log), algo.LogEnd(p, log)
 		}
 	default:
 		// Policy.Validate rejects other algorithms before we get here.

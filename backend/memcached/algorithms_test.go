@@ -19,8 +19,8 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -331,14 +331,14 @@ func TestAlgorithmContention(t *testing.T) {
 	f.setBefore(func(op, key string) error {
 		if op == "add" {
 			f.setBefore(nil)
-			f.set(key, string(appendCounter(nil, backend.CounterState{K: t0.UnixMilli() / 1000, Curr: 2, Window: 1000})))
+			f.set(key, string(appendCounter(nil, algo.CounterState{K: t0.UnixMilli() / 1000, Curr: 2, Window: 1000})))
 		}
 		return nil
 	})
 	if d, err := b.Take(ctx, "k", p, 1, t0); err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Errorf("after a lost add: %+v, %v; want admitted on the other's count", d, err)
 	}
-	if v, _ := f.value(k); !bytes.Equal([]byte(v), appendCounter(nil, backend.CounterState{K: t0.UnixMilli() / 1000, Curr: 3, Window: 1000})) {
+	if v, _ := f.value(k); !bytes.Equal([]byte(v), appendCounter(nil, algo.CounterState{K: t0.UnixMilli() / 1000, Curr: 3, Window: 1000})) {
 		t.Errorf("stored %x", v)
 	}
 }
@@ -347,9 +347,9 @@ func TestAlgorithmContention(t *testing.T) {
 // ErrBadItem for every operation, and is left alone.
 func TestAlgorithmBadItems(t *testing.T) {
 	ctx := context.Background()
-	bucket := appendBucket(nil, backend.TokenBucketState{Tokens: 1000, At: t0.UnixMilli(), Window: 1000})
-	counter := appendCounter(nil, backend.CounterState{K: 5, Curr: 1, Prev: 2, Window: 1000})
-	log := appendLog(nil, []backend.LogEntry{{At: 10, Units: 1}, {At: 12, Units: 2}})
+	bucket := appendBucket(nil, algo.TokenBucketState{Tokens: 1000, At: t0.UnixMilli(), Window: 1000})
+	counter := appendCounter(nil, algo.CounterState{K: 5, Curr: 1, Prev: 2, Window: 1000})
+	log := appendLog(nil, []algo.LogEntry{{At: 10, Units: 1}, {At: 12, Units: 2}})
 	bad := map[throttler.Algorithm][]struct {
 		name  string
 		value []byte
@@ -361,8 +361,8 @@ func TestAlgorithmBadItems(t *testing.T) {
 			{"a later version", append([]byte{0xB2}, bucket[1:]...)},
 			{"truncated", bucket[:len(bucket)-1]},
 			{"trailing byte", append(bytes.Clone(bucket), 0)},
-			{"zero window", appendBucket(nil, backend.TokenBucketState{Tokens: 1, Window: 0})},
-			{"tokens above 2^53", appendBucket(nil, backend.TokenBucketState{Tokens: 1<<53 + 1, Window: 1})},
+			{"zero window", appendBucket(nil, algo.TokenBucketState{Tokens: 1, Window: 0})},
+			{"tokens above 2^53", appendBucket(nil, algo.TokenBucketState{Tokens: 1<<53 + 1, Window: 1})},
 			{"overlong varint", append([]byte{0xB1}, bytes.Repeat([]byte{0xff}, 11)...)},
 		},
 		throttler.SlidingWindow: {
@@ -370,8 +370,8 @@ func TestAlgorithmBadItems(t *testing.T) {
 			{"a bucket", bucket},
 			{"truncated", counter[:len(counter)-1]},
 			{"trailing byte", append(bytes.Clone(counter), 1)},
-			{"curr above MaxLimit", appendCounter(nil, backend.CounterState{Curr: throttler.MaxLimit + 1, Window: 1})},
-			{"negative window", append([]byte{0xC1}, appendBucket(nil, backend.TokenBucketState{Window: -1})[1:]...)},
+			{"curr above MaxLimit", appendCounter(nil, algo.CounterState{Curr: throttler.MaxLimit + 1, Window: 1})},
+			{"negative window", append([]byte{0xC1}, appendBucket(nil, algo.TokenBucketState{Window: -1})[1:]...)},
 		},
 		throttler.SlidingLog: {
 			{"empty", nil},
@@ -380,10 +380,10 @@ func TestAlgorithmBadItems(t *testing.T) {
 			{"trailing byte", append(bytes.Clone(log), 1)},
 			{"more entries than bytes", []byte{0xD1, 0x90, 0x4e}},
 			{"above MaxLogLimit entries", binaryLog(throttler.MaxLogLimit+1, 1)},
-			{"at not increasing", append(appendLog(nil, []backend.LogEntry{{At: 10, Units: 1}})[:1], 2, 20, 1, 0, 1)},
-			{"zero units", appendLog(nil, []backend.LogEntry{{At: 10, Units: 0}})},
-			{"units above MaxLogLimit", appendLog(nil, []backend.LogEntry{{At: 10, Units: throttler.MaxLogLimit + 1}})},
-			{"at overflows", appendLog(nil, []backend.LogEntry{{At: 1<<63 - 2, Units: 1}, {At: -(1 << 63) + 5, Units: 1}})},
+			{"at not increasing", append(appendLog(nil, []algo.LogEntry{{At: 10, Units: 1}})[:1], 2, 20, 1, 0, 1)},
+			{"zero units", appendLog(nil, []algo.LogEntry{{At: 10, Units: 0}})},
+			{"units above MaxLogLimit", appendLog(nil, []algo.LogEntry{{At: 10, Units: throttler.MaxLogLimit + 1}})},
+			{"at overflows", appendLog(nil, []algo.LogEntry{{At: 1<<63 - 2, Units: 1}, {At: -(1 << 63) + 5, Units: 1}})},
 		},
 	}
 	for _, p := range algPolicies {
@@ -412,9 +412,9 @@ func TestAlgorithmBadItems(t *testing.T) {
 
 // binaryLog is a log of n entries 1 ms apart, each of units.
 func binaryLog(n int, units int64) []byte {
-	log := make([]backend.LogEntry, n)
+	log := make([]algo.LogEntry, n)
 	for i := range log {
-		log[i] = backend.LogEntry{At: t0.UnixMilli() + int64(i), Units: units}
+		log[i] = algo.LogEntry{At: t0.UnixMilli() + int64(i), Units: units}
 	}
 	return appendLog(nil, log)
 }
@@ -487,9 +487,9 @@ func TestFullLogReal(t *testing.T) {
 	b := mustNew(t, c, nil)
 	ctx := context.Background()
 	p := throttler.Policy{Name: "full", Limit: throttler.MaxLogLimit, Window: 24 * time.Hour, Algorithm: throttler.SlidingLog}
-	log := make([]backend.LogEntry, throttler.MaxLogLimit-1)
+	log := make([]algo.LogEntry, throttler.MaxLogLimit-1)
 	for i := range log { // one take every 8.6 s: the largest distance that fits in a day
-		log[i] = backend.LogEntry{At: t0.UnixMilli() + int64(i)*8_639, Units: 1}
+		log[i] = algo.LogEntry{At: t0.UnixMilli() + int64(i)*8_639, Units: 1}
 	}
 	value := appendLog(nil, log)
 	t.Logf("a log of %d entries over a day: %d bytes", len(log), len(value))
@@ -520,7 +520,7 @@ func TestFullLogReal(t *testing.T) {
 // TestStateEncoding: states round trip, and a full log stays far below
 // Memcached's item limit.
 func TestStateEncoding(t *testing.T) {
-	for _, st := range []backend.TokenBucketState{
+	for _, st := range []algo.TokenBucketState{
 		{}, {Tokens: 1 << 53, At: -1 << 63, Window: 1}, {Tokens: 7, At: 1<<63 - 1, Window: maxWindowMs},
 	} {
 		st.Window = max(st.Window, 1)
@@ -528,14 +528,14 @@ func TestStateEncoding(t *testing.T) {
 			t.Errorf("bucket %+v: %+v, %v", st, got, err)
 		}
 	}
-	for _, st := range []backend.CounterState{
+	for _, st := range []algo.CounterState{
 		{Window: 1}, {K: -1 << 63, Curr: throttler.MaxLimit, Prev: throttler.MaxLimit, Window: maxWindowMs},
 	} {
 		if got, err := decodeCounter(appendCounter(nil, st)); err != nil || got != st {
 			t.Errorf("counter %+v: %+v, %v", st, got, err)
 		}
 	}
-	for _, log := range [][]backend.LogEntry{
+	for _, log := range [][]algo.LogEntry{
 		nil,
 		{{At: -5, Units: 3}},
 		{{At: -5, Units: throttler.MaxLogLimit}, {At: 1 << 62, Units: 1}, {At: 1<<63 - 1, Units: 2}},
@@ -553,7 +553,7 @@ func TestStateEncoding(t *testing.T) {
 
 const maxWindowMs = int64(maxWindow)
 
-func slicesEqual(a, b []backend.LogEntry) bool {
+func slicesEqual(a, b []algo.LogEntry) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -568,9 +568,9 @@ func slicesEqual(a, b []backend.LogEntry) bool {
 // FuzzDecodeState: no value makes a decoder panic, and what decodes
 // encodes to a value that decodes to the same state.
 func FuzzDecodeState(f *testing.F) {
-	f.Add(appendBucket(nil, backend.TokenBucketState{Tokens: 5, At: 1925089445000, Window: 1000}))
-	f.Add(appendCounter(nil, backend.CounterState{K: 1925089445, Curr: 3, Prev: 9, Window: 1000}))
-	f.Add(appendLog(nil, []backend.LogEntry{{At: 1925089445000, Units: 2}, {At: 1925089445007, Units: 1}}))
+	f.Add(appendBucket(nil, algo.TokenBucketState{Tokens: 5, At: 1925089445000, Window: 1000}))
+	f.Add(appendCounter(nil, algo.CounterState{K: 1925089445, Curr: 3, Prev: 9, Window: 1000}))
+	f.Add(appendLog(nil, []algo.LogEntry{{At: 1925089445000, Units: 2}, {At: 1925089445007, Units: 1}}))
 	f.Add([]byte("1925089445000"))
 	f.Add([]byte{0xD1, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, v []byte) {

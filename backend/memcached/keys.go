@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -18,7 +18,7 @@ import (
 //
 // where <id> names the (policy, key) pair: "<len(identity)>:<identity>:<key>"
 // when that is printable ASCII and short enough, otherwise "#" and the
-// URL-safe base64 of its SHA-256. The identity is backend.Identity(policy):
+// URL-safe base64 of its SHA-256. The identity is identity.Rate(policy):
 // a named policy's Name, as in every earlier version, so its live windows
 // stay where they are; an unnamed policy's definition, " fw <limit>/<window
 // ms>", whose spaces always send it to the hashed form. The length prefix
@@ -68,7 +68,7 @@ type itemKeys struct {
 // newItemKeys encodes (p's identity, key) under prefix. prefix must have
 // passed validPrefix; the name and key may be anything.
 func newItemKeys(prefix string, p throttler.Policy, key string) itemKeys {
-	return identityKeys(prefix, backend.Identity(p), key)
+	return identityKeys(prefix, identity.Rate(p), key)
 }
 
 // identityKeys encodes (name, key) under prefix, name being a storage

@@ -6,19 +6,20 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Leases (throttler.LeaseBackend: concurrency limits).
 //
 // Each (concurrency policy, key) pair is one item, <prefix> "l:" <id>,
-// where <id> encodes backend.LeaseIdentity(p) and the key as for every
+// where <id> encodes identity.Lease(p) and the key as for every
 // other item (keys.go); the kind "l:" keeps it apart from the items of a
 // rate policy of the same name. It holds the leases held (lease_state.go).
 // Acquire and Release are one read-modify-write of it, the loop of the
 // state items (update): gets, the lease contract's arithmetic at now
-// (backend.LeaseSet), then cas over the version read, or add when there
+// (leaseset.Set), then cas over the version read, or add when there
 // was none. Losing to another process starts again, at most MaxAttempts
 // rounds for an Acquire and releaseAttemptsFactor times as many for a
 // Release (below), then ErrContention, having changed nothing: the
@@ -57,14 +58,14 @@ func (k itemKeys) leases() string { return k.prefix + "l:" + k.id }
 
 // leaseKeys names the items of the lease pair (p, key).
 func (b *Backend) leaseKeys(key string, p throttler.ConcurrencyPolicy) itemKeys {
-	return identityKeys(b.opts.Prefix, backend.LeaseIdentity(p), key)
+	return identityKeys(b.opts.Prefix, identity.Lease(p), key)
 }
 
 // Acquire takes the lease id on key under p if fewer than p.Limit leases
 // are held, or refreshes it if it is held already.
 func (b *Backend) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
 	var d throttler.Decision
-	err := b.leaseCall(ctx, key, p, id, b.opts.MaxAttempts, now, func(set *backend.LeaseSet, t int64) bool {
+	err := b.leaseCall(ctx, key, p, id, b.opts.MaxAttempts, now, func(set *leaseset.Set, t int64) bool {
 		var changed bool
 		d, changed = set.Acquire(p, id, t)
 		return changed
@@ -81,7 +82,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 func (b *Backend) Release(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (bool, throttler.Decision, error) {
 	var held bool
 	var d throttler.Decision
-	err := b.leaseCall(ctx, key, p, id, b.releaseAttempts(), now, func(set *backend.LeaseSet, t int64) bool {
+	err := b.leaseCall(ctx, key, p, id, b.releaseAttempts(), now, func(set *leaseset.Set, t int64) bool {
 		var changed bool
 		held, d, changed = set.Release(p, id, t)
 		return changed
@@ -98,14 +99,14 @@ func (b *Backend) releaseAttempts() int { return releaseAttemptsFactor * b.opts.
 // leaseCall validates a lease operation and runs op, which applies it to
 // the decoded leases at t (Unix ms) and reports whether they changed, as
 // one read-modify-write of the pair's item, in at most attempts rounds.
-func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, attempts int, now time.Time, op func(set *backend.LeaseSet, t int64) bool) error {
+func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, attempts int, now time.Time, op func(set *leaseset.Set, t int64) bool) error {
 	if err := throttler.ValidateLease(key, p, id); err != nil {
 		return err
 	}
 	k := b.leaseKeys(key, p)
 	t := now.UnixMilli()
 	err := b.update(ctx, k.leases(), k.id, "leases", attempts, now, func(it *memcache.Item) ([]byte, int64, bool, error) {
-		var set backend.LeaseSet
+		var set leaseset.Set
 		if it != nil {
 			entries, err := decodeLeases(it.Value)
 			if err != nil {

@@ -6,7 +6,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -34,13 +34,13 @@ import (
 const formatLeases = 0xE1
 
 // appendLeases appends the encoding of leases, which it sorts by ID.
-func appendLeases(dst []byte, leases []backend.LeaseEntry) []byte {
+func appendLeases(dst []byte, leases []leaseset.Entry) []byte {
 	dst = append(dst, formatLeases)
 	dst = binary.AppendUvarint(dst, uint64(len(leases)))
 	if len(leases) == 0 {
 		return dst
 	}
-	slices.SortFunc(leases, func(a, b backend.LeaseEntry) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(leases, func(a, b leaseset.Entry) int { return cmp.Compare(a.ID, b.ID) })
 	base := leases[0].Expiry
 	for _, l := range leases[1:] {
 		base = min(base, l.Expiry)
@@ -55,7 +55,7 @@ func appendLeases(dst []byte, leases []backend.LeaseEntry) []byte {
 
 // decodeLeases returns the leases of an item, in increasing ID order, with
 // room for one more, so that an admitted Acquire does not grow them.
-func decodeLeases(b []byte) ([]backend.LeaseEntry, error) {
+func decodeLeases(b []byte) ([]leaseset.Entry, error) {
 	d := decoder{b: b}
 	d.format(formatLeases)
 	n := d.u(throttler.MaxConcurrencyLimit)
@@ -63,7 +63,7 @@ func decodeLeases(b []byte) ([]backend.LeaseEntry, error) {
 	if d.bad || n > int64(len(d.b)/9) {
 		return nil, errDecode
 	}
-	leases := make([]backend.LeaseEntry, n, n+1)
+	leases := make([]leaseset.Entry, n, n+1)
 	if n == 0 {
 		if !d.done() {
 			return nil, errDecode
@@ -87,7 +87,7 @@ func decodeLeases(b []byte) ([]backend.LeaseEntry, error) {
 		}
 		d.b = d.b[m:]
 		earliest = earliest || delta == 0
-		leases[i] = backend.LeaseEntry{ID: id, Expiry: int64(uint64(base) + delta)}
+		leases[i] = leaseset.Entry{ID: id, Expiry: int64(uint64(base) + delta)}
 	}
 	if !d.done() || !earliest {
 		return nil, errDecode

@@ -18,8 +18,10 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/algo"
+	"github.com/throttlekit/throttlekit/internal/identity"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -27,7 +29,7 @@ var leasePolicy = throttler.ConcurrencyPolicy{Name: "jobs", Limit: 2, TTL: time.
 
 // leaseItem is the item key of (leasePolicy, key) under the default prefix.
 func leaseItem(key string) string {
-	return identityKeys("throttlekit:", backend.LeaseIdentity(leasePolicy), key).leases()
+	return identityKeys("throttlekit:", identity.Lease(leasePolicy), key).leases()
 }
 
 // TestLeaseRoundTrips pins the server calls of each path: a call that
@@ -154,8 +156,8 @@ func TestLeaseContention(t *testing.T) {
 	f := newFakeClient()
 	b := mustNew(t, f, &Options{MaxAttempts: 2})
 	p1 := throttler.ConcurrencyPolicy{Name: "one", Limit: 1, TTL: time.Minute}
-	other := appendLeases(nil, []backend.LeaseEntry{{ID: 7, Expiry: t0.Add(time.Minute).UnixMilli()}})
-	ik := identityKeys(b.opts.Prefix, backend.LeaseIdentity(p1), "k").leases()
+	other := appendLeases(nil, []leaseset.Entry{{ID: 7, Expiry: t0.Add(time.Minute).UnixMilli()}})
+	ik := identityKeys(b.opts.Prefix, identity.Lease(p1), "k").leases()
 	f.setBefore(func(op, key string) error {
 		if op == "add" {
 			f.setBefore(nil)
@@ -248,7 +250,7 @@ func TestBackoffLimit(t *testing.T) {
 func TestLeaseBadItems(t *testing.T) {
 	ctx := context.Background()
 	exp := t0.Add(time.Minute).UnixMilli()
-	good := appendLeases(nil, []backend.LeaseEntry{{ID: 1, Expiry: exp}, {ID: 9, Expiry: exp + 5}})
+	good := appendLeases(nil, []leaseset.Entry{{ID: 1, Expiry: exp}, {ID: 9, Expiry: exp + 5}})
 	entry := func(id uint64, delta uint64) []byte {
 		return binary.AppendUvarint(binary.BigEndian.AppendUint64(nil, id), delta)
 	}
@@ -262,7 +264,7 @@ func TestLeaseBadItems(t *testing.T) {
 	}{
 		{"empty", nil},
 		{"a fixed-window count", []byte("12")},
-		{"a token bucket", appendBucket(nil, backend.TokenBucketState{Tokens: 1, At: 5, Window: 1})},
+		{"a token bucket", appendBucket(nil, algo.TokenBucketState{Tokens: 1, At: 5, Window: 1})},
 		{"a later version", append([]byte{0xE2}, good[1:]...)},
 		{"truncated", good[:len(good)-1]},
 		{"truncated in an ID", good[:len(good)-4]},
@@ -304,7 +306,7 @@ func TestLeaseExptime(t *testing.T) {
 	f := newFakeClient()
 	b := mustNew(t, f, nil)
 	p := throttler.ConcurrencyPolicy{Name: "x", Limit: 3, TTL: 1500 * time.Millisecond}
-	ik := identityKeys(b.opts.Prefix, backend.LeaseIdentity(p), "k").leases()
+	ik := identityKeys(b.opts.Prefix, identity.Lease(p), "k").leases()
 	steps := []struct {
 		name    string
 		release bool
@@ -462,14 +464,14 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 // TestLeaseEncoding: lease sets round trip (in ID order), and a full item
 // stays far below Memcached's item limit.
 func TestLeaseEncoding(t *testing.T) {
-	for _, set := range [][]backend.LeaseEntry{
+	for _, set := range [][]leaseset.Entry{
 		nil,
 		{{ID: 5, Expiry: -3}},
 		{{ID: math.MaxUint64, Expiry: math.MaxInt64}, {ID: 1, Expiry: math.MinInt64}, {ID: 2, Expiry: 0}},
 		{{ID: 9, Expiry: 100}, {ID: 3, Expiry: 100}},
 	} {
 		want := slices.Clone(set)
-		slices.SortFunc(want, func(a, b backend.LeaseEntry) int { return cmp.Compare(a.ID, b.ID) })
+		slices.SortFunc(want, func(a, b leaseset.Entry) int { return cmp.Compare(a.ID, b.ID) })
 		got, err := decodeLeases(appendLeases(nil, set))
 		if err != nil || !slices.Equal(got, want) {
 			t.Errorf("%v: %v, %v; want %v", set, got, err, want)
@@ -485,10 +487,10 @@ func TestLeaseEncoding(t *testing.T) {
 
 // fullLeases is MaxConcurrencyLimit leases with random IDs, expiring
 // spread over ttl from t.
-func fullLeases(t int64, ttl time.Duration) []backend.LeaseEntry {
-	set := make([]backend.LeaseEntry, throttler.MaxConcurrencyLimit)
+func fullLeases(t int64, ttl time.Duration) []leaseset.Entry {
+	set := make([]leaseset.Entry, throttler.MaxConcurrencyLimit)
 	for i := range set {
-		set[i] = backend.LeaseEntry{ID: throttler.NewLeaseID(), Expiry: t + 1 + int64(i)*ttl.Milliseconds()/int64(len(set))}
+		set[i] = leaseset.Entry{ID: throttler.NewLeaseID(), Expiry: t + 1 + int64(i)*ttl.Milliseconds()/int64(len(set))}
 	}
 	return set
 }
@@ -496,7 +498,7 @@ func fullLeases(t int64, ttl time.Duration) []backend.LeaseEntry {
 // FuzzDecodeLeases: no value makes the decoder panic, and what decodes is
 // a valid set that encodes to a value that decodes to the same set.
 func FuzzDecodeLeases(f *testing.F) {
-	f.Add(appendLeases(nil, []backend.LeaseEntry{{ID: 3, Expiry: 1925089445000}, {ID: 1 << 60, Expiry: 1925089446000}}))
+	f.Add(appendLeases(nil, []leaseset.Entry{{ID: 3, Expiry: 1925089445000}, {ID: 1 << 60, Expiry: 1925089446000}}))
 	f.Add(appendLeases(nil, nil))
 	f.Add([]byte{formatLeases, 0xff, 0xff, 0x0f})
 	f.Add([]byte("1925089445000"))

@@ -151,7 +151,7 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -491,7 +491,7 @@ func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now 
 		}
 		resetAt = resetTime(w.resetAt, now)
 	}
-	return backend.PeekState(p, n, resetAt, now), nil
+	return algo.PeekState(p, n, resetAt, now), nil
 }
 
 // Refund gives cost units back to what the Take of receipt counted them in
@@ -518,7 +518,7 @@ func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, co
 		return throttler.Decision{}, err
 	}
 	if !w.open {
-		return backend.PeekState(p, 0, time.Time{}, now), nil
+		return algo.PeekState(p, 0, time.Time{}, now), nil
 	}
 	var n int64
 	if w.resetAt != receipt.UnixMilli() {
@@ -527,7 +527,7 @@ func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, co
 		if n, err = b.readCount(ctx, k, w); err != nil {
 			return throttler.Decision{}, err
 		}
-		return backend.PeekState(p, n, resetTime(w.resetAt, now), now), nil
+		return algo.PeekState(p, n, resetTime(w.resetAt, now), now), nil
 	}
 	if err := ctx.Err(); err != nil {
 		return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
@@ -543,7 +543,7 @@ func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, co
 			return throttler.Decision{}, err
 		}
 	}
-	return backend.PeekState(p, n, resetTime(w.resetAt, now), now), nil
+	return algo.PeekState(p, n, resetTime(w.resetAt, now), now), nil
 }
 
 // Take counts cost units against key's window if they fit, opening a window
@@ -640,7 +640,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		if fresh {
 			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
 			if err == nil {
-				return backend.WindowState(p, cost, resetAt, now, true), nil
+				return algo.WindowState(p, cost, resetAt, now, true), nil
 			}
 			if !errors.Is(err, memcache.ErrNotStored) {
 				return throttler.Decision{}, fmt.Errorf("memcached: add count of %q: %w", k.id, err)
@@ -666,7 +666,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 			return throttler.Decision{}, fmt.Errorf("memcached: count of %q wrapped around: %w", k.id, ErrBadItem)
 		}
 		if v <= uint64(p.Limit) {
-			return backend.WindowState(p, int64(v), resetAt, now, true), nil
+			return algo.WindowState(p, int64(v), resetAt, now, true), nil
 		}
 		// Overshoot: undo it, even if ctx is done.
 		dv, err := b.c.Decrement(key, uint64(cost))
@@ -688,7 +688,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	if !denied {
 		return throttler.Decision{}, fmt.Errorf("%w: counter of %q kept vanishing after %d attempts", ErrContention, k.id, b.opts.MaxAttempts)
 	}
-	return backend.WindowState(p, d, resetAt, now, false), nil
+	return algo.WindowState(p, d, resetAt, now, false), nil
 }
 
 // store names the server that holds key's items under p, as the client's

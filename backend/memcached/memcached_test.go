@@ -13,8 +13,8 @@ import (
 
 	"github.com/bradfitz/gomemcache/memcache"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -107,7 +107,7 @@ func TestSequence(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d (%s): %v", i, s.op, err)
 				}
-				want := backend.WindowState(p, s.wantUsed, t0.Add(s.wantReset), now, s.wantAllowed)
+				want := algo.WindowState(p, s.wantUsed, t0.Add(s.wantReset), now, s.wantAllowed)
 				if d != want {
 					t.Errorf("step %d (%s at +%v cost %d):\n got %+v\nwant %+v", i, s.op, s.at, s.cost, d, want)
 				}

@@ -6,7 +6,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -37,14 +37,14 @@ const (
 // into ErrBadItem with the pair's id.
 var errDecode = errors.New("malformed state")
 
-func appendBucket(dst []byte, st backend.TokenBucketState) []byte {
+func appendBucket(dst []byte, st algo.TokenBucketState) []byte {
 	dst = append(dst, formatBucket)
 	dst = binary.AppendUvarint(dst, uint64(st.Window))
 	dst = binary.AppendVarint(dst, st.At)
 	return binary.AppendUvarint(dst, uint64(st.Tokens))
 }
 
-func appendCounter(dst []byte, st backend.CounterState) []byte {
+func appendCounter(dst []byte, st algo.CounterState) []byte {
 	dst = append(dst, formatCounter)
 	dst = binary.AppendUvarint(dst, uint64(st.Window))
 	dst = binary.AppendVarint(dst, st.K)
@@ -52,7 +52,7 @@ func appendCounter(dst []byte, st backend.CounterState) []byte {
 	return binary.AppendUvarint(dst, uint64(st.Prev))
 }
 
-func appendLog(dst []byte, log []backend.LogEntry) []byte {
+func appendLog(dst []byte, log []algo.LogEntry) []byte {
 	dst = append(dst, formatLog)
 	dst = binary.AppendUvarint(dst, uint64(len(log)))
 	for i, e := range log {
@@ -119,34 +119,34 @@ const maxWindow = uint64(math.MaxInt64 / time.Millisecond)
 // Policy.Validate: Burst·w <= 2^53.
 const maxTokens = 1 << 53
 
-func decodeBucket(b []byte) (backend.TokenBucketState, error) {
+func decodeBucket(b []byte) (algo.TokenBucketState, error) {
 	d := decoder{b: b}
 	d.format(formatBucket)
-	st := backend.TokenBucketState{Window: d.u(maxWindow)}
+	st := algo.TokenBucketState{Window: d.u(maxWindow)}
 	st.At = d.v()
 	st.Tokens = d.u(maxTokens)
 	if !d.done() || st.Window < 1 {
-		return backend.TokenBucketState{}, errDecode
+		return algo.TokenBucketState{}, errDecode
 	}
 	return st, nil
 }
 
-func decodeCounter(b []byte) (backend.CounterState, error) {
+func decodeCounter(b []byte) (algo.CounterState, error) {
 	d := decoder{b: b}
 	d.format(formatCounter)
-	st := backend.CounterState{Window: d.u(maxWindow)}
+	st := algo.CounterState{Window: d.u(maxWindow)}
 	st.K = d.v()
 	st.Curr = d.u(throttler.MaxLimit)
 	st.Prev = d.u(throttler.MaxLimit)
 	if !d.done() || st.Window < 1 {
-		return backend.CounterState{}, errDecode
+		return algo.CounterState{}, errDecode
 	}
 	return st, nil
 }
 
 // decodeLog returns the log with room for one more entry, so that an
-// admitted Take (backend.Log works in place) does not grow it.
-func decodeLog(b []byte) ([]backend.LogEntry, error) {
+// admitted Take (algo.Log works in place) does not grow it.
+func decodeLog(b []byte) ([]algo.LogEntry, error) {
 	d := decoder{b: b}
 	d.format(formatLog)
 	n := d.u(throttler.MaxLogLimit)
@@ -154,7 +154,7 @@ func decodeLog(b []byte) ([]backend.LogEntry, error) {
 	if d.bad || n > int64(len(d.b)/2) {
 		return nil, errDecode
 	}
-	log := make([]backend.LogEntry, n, n+1)
+	log := make([]algo.LogEntry, n, n+1)
 	for i := range log {
 		if i == 0 {
 			log[i].At = d.v()

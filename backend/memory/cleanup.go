@@ -7,9 +7,13 @@ import (
 
 // Cleanup (see the package doc): what a sweep may drop, and who sweeps.
 
+// shard is one lock's share of the table. What every call reads and
+// writes comes first, so that a call touches two cache lines of it: the
+// lock and the policy memo in the first, the clock sample, the sweep count
+// and the table's array in the second.
 type shard struct {
-	mu    sync.Mutex
-	table table
+	mu   sync.Mutex
+	last lastPolicy // the policy of the shard's last call (idents.go)
 	// low is the lowest now (Unix ms) of the shard's calls since its last
 	// flush into the clock guard, math.MaxInt64 for none, and lowMono the
 	// monotonic ms when a call brought it: every call's now reaches the
@@ -18,11 +22,12 @@ type shard struct {
 	// moves on, only the first call after a flush is a new low, so the
 	// monotonic clock is read about once per sweep, not per call.
 	low, lowMono int64
+	sinceScan    int // calls since the last sweep
+	table        table
 	// ref is the last sweep's reference instant, kept when a sweep knows
 	// no clock at all.
-	ref       int64
-	sinceScan int // calls since the last sweep
-	peak      int // the most states held since the last sweep
+	ref  int64
+	peak int // the most states held since the last sweep
 	// Eviction (evict.go): the second tier, the CLOCK hand, evictions
 	// since the last sweep, and the counts for Stats.
 	tier            tier
@@ -30,9 +35,8 @@ type shard struct {
 	sinceSweepEvict int
 	evictions       uint64
 	tierHits        uint64
-	last            lastPolicy // the policy of the shard's last call (idents.go)
 	lastLease       lastPolicy // the concurrency policy of its last lease call (lease.go)
-	_               [96]byte   // 384 bytes: shards side by side share no cache line
+	_               [16]byte   // 320 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {

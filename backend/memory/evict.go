@@ -4,7 +4,7 @@ import (
 	"math"
 	"math/bits"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -143,7 +143,7 @@ func (b *Backend) remember(s *shard, w *slot) {
 // (key, p), whose identity number is id, at t (Unix ms), as a slot that is
 // not in the table (and a log's buffer), or false. With take set the state
 // goes back to the table: a cell the (key, p) owns is emptied.
-func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t int64, take bool) (slot, *backend.LogBuffer, bool) {
+func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t int64, take bool) (slot, *algo.LogBuffer, bool) {
 	if s.tier.cells == nil {
 		return slot{}, nil, false
 	}
@@ -154,7 +154,7 @@ func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t i
 		return slot{}, nil, false
 	}
 	w := slot{hash: uint32(h), id: id, meta: kindOf(p.Algorithm) << 5}
-	var lg *backend.LogBuffer
+	var lg *algo.LogBuffer
 	wms := p.Window.Milliseconds()
 	switch p.Algorithm {
 	case throttler.FixedWindow:
@@ -174,7 +174,7 @@ func (b *Backend) recall(s *shard, h uint64, id uint32, p *throttler.Policy, t i
 		}
 		w.resetAt, w.used, w.prev, w.end = k-2, uncount(x.a, p.Limit), uncount(x.b, p.Limit), wms // end: the window
 	case throttler.SlidingLog:
-		lg = new(backend.LogBuffer)
+		lg = new(algo.LogBuffer)
 		if n := uncount(x.a, p.Limit); n > 0 {
 			lg.Apply(*p, throttler.OpTake, n, 0, x.until-wms)
 		}

@@ -4,7 +4,7 @@ import "math/bits"
 
 // The common Take of each algorithm, an admitted one on stored state,
 // computed in place on a slot: the arithmetic of the general path
-// (backend.WindowState, TokenBucket, Counter; a log's is LogBuffer.Take) for
+// (algo.WindowState, TokenBucket, Counter; a log's is LogBuffer.Take) for
 // that case alone, so a hot key skips the general functions' other
 // branches and the copies of their states and Decision. Each returns the
 // Decision's Used and ResetAt (Unix ms), or reports false, changing

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -38,7 +38,7 @@ func TestTakeFixedBoundaries(t *testing.T) {
 			assert.Equal(t, before, w, "%s: nothing changed", tc.name)
 			continue
 		}
-		want := backend.WindowState(p, tc.used+tc.cost, time.UnixMilli(tc.resetAt), time.UnixMilli(tc.at), true)
+		want := algo.WindowState(p, tc.used+tc.cost, time.UnixMilli(tc.resetAt), time.UnixMilli(tc.at), true)
 		assert.Equal(t, want.Used, used, tc.name)
 		assert.Equal(t, want.ResetAt.UnixMilli(), resetAt, tc.name)
 		assert.Equal(t, tc.used+tc.cost, w.used, tc.name)
@@ -77,13 +77,13 @@ func TestTakeBucketBoundaries(t *testing.T) {
 			assert.Equal(t, before, w, "%s: nothing changed", tc.name)
 			continue
 		}
-		st := backend.TokenBucketState{Tokens: tc.tokens, At: tc.at, Window: tc.wnd}
-		d, next, write := backend.TokenBucket(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
+		st := algo.TokenBucketState{Tokens: tc.tokens, At: tc.at, Window: tc.wnd}
+		d, next, write := algo.TokenBucket(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
-		assert.Equal(t, next, backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}, tc.name)
-		assert.Equal(t, backend.TokenBucketEnd(p, next), w.end, tc.name)
+		assert.Equal(t, next, algo.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}, tc.name)
+		assert.Equal(t, algo.TokenBucketEnd(p, next), w.end, tc.name)
 	}
 }
 
@@ -115,13 +115,13 @@ func TestTakeCounterBoundaries(t *testing.T) {
 			assert.Equal(t, before, w, "%s: nothing changed", tc.name)
 			continue
 		}
-		st := backend.CounterState{K: tc.k, Curr: tc.curr, Prev: tc.prev, Window: tc.wnd}
-		d, next, write := backend.Counter(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
+		st := algo.CounterState{K: tc.k, Curr: tc.curr, Prev: tc.prev, Window: tc.wnd}
+		d, next, write := algo.Counter(p, st, true, throttler.OpTake, tc.cost, 0, tc.t)
 		require.True(t, write && d.Allowed, tc.name)
 		assert.Equal(t, d.Used, used, tc.name)
 		assert.Equal(t, d.ResetAt.UnixMilli(), resetAt, tc.name)
-		assert.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}, tc.name)
-		assert.Equal(t, backend.CounterEnd(p, next), w.ends(), tc.name)
+		assert.Equal(t, next, algo.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}, tc.name)
+		assert.Equal(t, algo.CounterEnd(p, next), w.ends(), tc.name)
 	}
 }
 
@@ -139,19 +139,19 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 
 		pb := throttler.Policy{Limit: limit, Window: time.Duration(wnd) * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: rng.Int64N(25)}
 		full := pb.Capacity() * wnd
-		bs := backend.TokenBucketState{Tokens: near(rng.Int64N(full + 1)), At: t0, Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
+		bs := algo.TokenBucketState{Tokens: near(rng.Int64N(full + 1)), At: t0, Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
 		if cost <= pb.Capacity() {
 			at := near(t0 + rng.Int64N(3*wnd))
 			w := slot{meta: kindBucket << 5, used: bs.Tokens, resetAt: bs.At, prev: bs.Window}
 			before := w
 			used, resetAt, ok := w.takeBucket(limit, pb.Capacity(), wnd, cost, at)
-			d, next, write := backend.TokenBucket(pb, bs, true, throttler.OpTake, cost, 0, at)
+			d, next, write := algo.TokenBucket(pb, bs, true, throttler.OpTake, cost, 0, at)
 			if covered := bs.Window == wnd && at >= bs.At; covered && write {
 				require.True(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, d.Used, used)
 				require.Equal(t, d.ResetAt.UnixMilli(), resetAt)
-				require.Equal(t, next, backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()})
-				require.Equal(t, backend.TokenBucketEnd(pb, next), w.end)
+				require.Equal(t, next, algo.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()})
+				require.Equal(t, algo.TokenBucketEnd(pb, next), w.end)
 			} else {
 				require.False(t, ok, "bucket %v %+v take %d at %d", pb, bs, cost, at)
 				require.Equal(t, before, w)
@@ -160,18 +160,18 @@ func TestFastPathsAgreeWithTheGeneralPath(t *testing.T) {
 
 		pc := throttler.Policy{Limit: limit, Window: time.Duration(wnd) * time.Millisecond, Algorithm: throttler.SlidingWindow}
 		k := t0 / wnd
-		cs := backend.CounterState{K: k, Curr: near(rng.Int64N(limit + 1)), Prev: near(rng.Int64N(limit + 1)), Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
+		cs := algo.CounterState{K: k, Curr: near(rng.Int64N(limit + 1)), Prev: near(rng.Int64N(limit + 1)), Window: []int64{wnd, wnd, wnd + 1}[rng.IntN(3)]}
 		at := near(k*wnd + rng.Int64N(wnd+2))
 		w := slot{meta: kindCounter << 5, resetAt: cs.K, used: cs.Curr, prev: cs.Prev, end: cs.Window}
 		before := w
 		used, resetAt, ok := w.takeCounter(limit, wnd, cost, at)
-		d, next, write := backend.Counter(pc, cs, true, throttler.OpTake, cost, 0, at)
+		d, next, write := algo.Counter(pc, cs, true, throttler.OpTake, cost, 0, at)
 		if covered := cs.Window == wnd && at >= k*wnd && at < (k+1)*wnd; covered && write {
 			require.True(t, ok, "counter %v %+v take %d at %d", pc, cs, cost, at)
 			require.Equal(t, d.Used, used)
 			require.Equal(t, d.ResetAt.UnixMilli(), resetAt)
-			require.Equal(t, next, backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()})
-			require.Equal(t, backend.CounterEnd(pc, next), w.ends())
+			require.Equal(t, next, algo.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()})
+			require.Equal(t, algo.CounterEnd(pc, next), w.ends())
 		} else {
 			require.False(t, ok, "counter %v %+v take %d at %d", pc, cs, cost, at)
 			require.Equal(t, before, w)

@@ -8,7 +8,7 @@ import (
 )
 
 // policyID is a policy's storage identity: its name and algorithm, or for
-// an unnamed policy its whole definition (see backend.Identity).
+// an unnamed policy its whole definition (see identity.Rate).
 type policyID struct {
 	name                 string
 	limit, window, burst int64 // 0 for a named policy
@@ -62,31 +62,48 @@ func (n *idents) number(id policyID) uint32 {
 }
 
 // lastPolicy is a shard's memo of the policy its last call named, which
-// was valid, and its identity's number: callers pass the same Policy value
-// call after call, so comparing it (the name's bytes are the same string,
-// compared by pointer first) is cheaper than validating it and looking its
-// identity up.
+// was valid, its identity's number, and what the calls' fast paths read of
+// it: callers pass the same Policy value call after call, so comparing it
+// (the name's bytes are the same string, compared by pointer first) is
+// cheaper than validating it and looking its identity up.
 type lastPolicy struct {
 	name                 string
 	limit, window, burst int64
 	alg                  throttler.Algorithm
 	id                   uint32
+	capacity             int64 // Policy.Capacity
 }
 
-// idOf validates p and returns its identity number, both from the locked
-// shard s's memo when p is the policy its last call named.
-func (b *Backend) idOf(s *shard, p *throttler.Policy) (uint32, error) {
+// policy validates p and returns the locked shard s's memo of it, from the
+// memo itself when p is the policy its last call named.
+func (b *Backend) policy(s *shard, p *throttler.Policy) (*lastPolicy, error) {
 	m := &s.last
 	if m.id != 0 && p.Name == m.name && p.Algorithm == m.alg && p.Limit == m.limit &&
 		int64(p.Window) == m.window && p.Burst == m.burst {
-		return m.id, nil
+		return m, nil
 	}
 	if err := p.Validate(); err != nil {
-		return 0, err
+		return nil, err
 	}
-	id := b.ids.number(ident(p))
-	*m = lastPolicy{name: p.Name, limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm, id: id}
-	return id, nil
+	*m = lastPolicy{
+		name: p.Name, limit: p.Limit, window: int64(p.Window), burst: p.Burst, alg: p.Algorithm,
+		id: b.ids.number(ident(p)), capacity: p.Capacity(),
+	}
+	return m, nil
+}
+
+// fits reports whether a cost is valid for op under the memo's policy, as
+// Policy.ValidateCost does, without its call: 1 to the Capacity for a Take,
+// 1 to MaxLimit for a Refund, anything for a Peek.
+func (m *lastPolicy) fits(op throttler.Op, cost int64) bool {
+	hi := m.capacity
+	switch op {
+	case throttler.OpPeek:
+		return true
+	case throttler.OpRefund:
+		hi = throttler.MaxLimit
+	}
+	return uint64(cost-1) < uint64(hi) // cost <= 0 wraps above any hi
 }
 
 // kindOf is the kind of state an algorithm keeps.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Leases (throttler.LeaseBackend): a concurrency limit's leases live in a
-// slot of the key's shard like any window, as a backend.LeaseSet whose
+// slot of the key's shard like any window, as a leaseset.Set whose
 // array the slot keeps, so that a steady Acquire and Release on a live key
 // allocate nothing. The slot's end is the latest expiry it ever held (an
 // upper bound of the set's End, which drops only lower it): cleanup drops
@@ -25,7 +25,7 @@ const leaseAlg = throttler.Algorithm(255)
 
 // leaseIdent is the storage identity number of p: (Name, key) for a named
 // policy, the whole definition for an unnamed one (see
-// backend.LeaseIdentity); from the locked shard s's memo when p is the
+// identity.Lease); from the locked shard s's memo when p is the
 // concurrency policy its last lease call named.
 func (b *Backend) leaseIdent(s *shard, p throttler.ConcurrencyPolicy) uint32 {
 	m := &s.lastLease
@@ -59,14 +59,14 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 			s.mu.Unlock()
 			return throttler.Decision{}, err
 		}
-		s.table.extraOf(w).leases, w.end = new(backend.LeaseSet), ms
+		s.table.extraOf(w).leases, w.end = new(leaseset.Set), ms
 	}
 	used, earliest, allowed, _ := s.table.extraOf(w).leases.Hold(p, id, ms)
 	if allowed {
 		w.end = max(w.end, ms+p.TTL.Milliseconds())
 	}
 	s.mu.Unlock()
-	return backend.LeaseDecision(p, used, earliest, ms, allowed), nil
+	return leaseset.Decision(p, used, earliest, ms, allowed), nil
 }
 
 // Release gives back the lease of id on key under p, by the lease
@@ -80,12 +80,12 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	if b.observe(s, ms) {
 		b.sweep(s, ms, true)
 	}
-	var none backend.LeaseSet
+	var none leaseset.Set
 	set := &none
 	if w := s.table.find(h, key, b.leaseIdent(s, p)); w != nil {
 		set = s.table.extraOf(w).leases
 	}
 	held, used, earliest, _ := set.Drop(id, ms)
 	s.mu.Unlock()
-	return held, backend.LeaseDecision(p, used, earliest, ms, used < p.Limit), nil
+	return held, leaseset.Decision(p, used, earliest, ms, used < p.Limit), nil
 }

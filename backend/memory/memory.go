@@ -66,7 +66,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -276,24 +276,30 @@ func (b *Backend) Len() int {
 }
 
 // begin validates a call as throttler.ValidateCall does, in its order (the
-// key, the policy, the cost), and returns the key's shard, locked, the
-// key's hash and the policy's identity number. A shard remembers the last
-// policy it validated, so a caller that passes the same Policy call after
-// call has it validated once per shard.
-func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost int64) (*shard, uint64, uint32, error) {
-	if err := throttler.ValidateKey(key); err != nil {
-		return nil, 0, 0, err
+// key, the policy, the cost), records its now (ms) for cleanup, sweeping
+// the shard when one is due, and returns the key's shard, locked, the
+// key's hash, the shard's memo of the policy (valid while the shard is
+// locked) and the key's slot under it, nil for none. A caller that passes
+// the same Policy call after call has it validated once per shard; then
+// only the key's length and the cost are checked, against numbers, and the
+// validators run only to say what is wrong.
+func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost, ms int64) (*shard, uint64, *lastPolicy, *slot, error) {
+	if uint(len(key)-1) >= throttler.MaxKeyLen { // empty or too long
+		return nil, 0, nil, nil, throttler.ValidateKey(key)
 	}
 	s, h := b.lock(key)
-	id, err := b.idOf(s, p)
-	if err == nil {
+	m, err := b.policy(s, p)
+	if err == nil && !m.fits(op, cost) {
 		err = p.ValidateCost(op, cost)
 	}
 	if err != nil {
 		s.mu.Unlock()
-		return nil, 0, 0, err
+		return nil, 0, nil, nil, err
 	}
-	return s, h, id, nil
+	if b.observe(s, ms) {
+		b.sweep(s, ms, true)
+	}
+	return s, h, m, s.table.find(h, key, m.id), nil
 }
 
 // lock returns the key's shard, locked, and the key's hash.
@@ -309,15 +315,11 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 	if p.Composite() {
 		return b.composite(throttler.OpTake, key, &p, cost, now)
 	}
-	s, h, id, err := b.begin(throttler.OpTake, key, &p, cost)
+	ms := now.UnixMilli()
+	s, h, m, w, err := b.begin(throttler.OpTake, key, &p, cost, ms)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
-	}
-	w := s.table.find(h, key, id)
 	if w != nil {
 		w.used1()
 		// The common case, stored state that admits the Take: each
@@ -325,11 +327,12 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		// Decision that the general path would build for it.
 		var used, resetAt int64
 		ok := false
+		c := m.capacity
 		switch p.Algorithm {
 		case throttler.FixedWindow:
 			used, resetAt, ok = w.takeFixed(p.Limit, cost, ms)
 		case throttler.TokenBucket:
-			used, resetAt, ok = w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+			used, resetAt, ok = w.takeBucket(p.Limit, c, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingWindow:
 			used, resetAt, ok = w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
 		case throttler.SlidingLog:
@@ -339,11 +342,10 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 		}
 		if ok {
 			s.mu.Unlock()
-			c := p.Capacity()
 			return throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}, nil
 		}
 	}
-	return b.answer(s, h, w, id, throttler.OpTake, key, &p, cost, 0, ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpTake, key, &p, cost, 0, ms, now)
 }
 
 // Peek reports the key's state without counting.
@@ -351,15 +353,12 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 	if p.Composite() {
 		return b.composite(throttler.OpPeek, key, &p, 1, now)
 	}
-	s, h, id, err := b.begin(throttler.OpPeek, key, &p, 1)
+	ms := now.UnixMilli()
+	s, h, m, w, err := b.begin(throttler.OpPeek, key, &p, 1, ms)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
-	}
-	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpPeek, key, &p, 1, 0, ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpPeek, key, &p, 1, 0, ms, now)
 }
 
 // Refund gives cost back to the key's state that the Take of receipt
@@ -368,19 +367,15 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 	if p.Composite() {
 		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost) // never nil
 	}
-	s, h, id, err := b.begin(throttler.OpRefund, key, &p, cost)
+	if receipt.IsZero() {
+		return throttler.Decision{}, throttler.ValidateRefund(key, p, cost, receipt) // the call's error, else the receipt's
+	}
+	ms := now.UnixMilli()
+	s, h, m, w, err := b.begin(throttler.OpRefund, key, &p, cost, ms)
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	if receipt.IsZero() {
-		s.mu.Unlock()
-		return throttler.Decision{}, throttler.ValidateRefund(key, p, cost, receipt) // the receipt's error
-	}
-	ms := now.UnixMilli()
-	if b.observe(s, ms) {
-		b.sweep(s, ms, true)
-	}
-	return b.answer(s, h, s.table.find(h, key, id), id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
+	return b.answer(s, h, w, m.id, throttler.OpRefund, key, &p, cost, receipt.UnixMilli(), ms, now)
 }
 
 // answer runs op on the slot w of (key, p), whose identity number is id,
@@ -396,7 +391,7 @@ func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op
 // answerLocked is answer, leaving s locked: a composite's members are
 // answered under one lock (composite.go).
 func (b *Backend) answerLocked(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
-	var lg *backend.LogBuffer
+	var lg *algo.LogBuffer
 	if w != nil {
 		w.used1()
 		if w.kind() == kindLog {
@@ -427,29 +422,29 @@ func (b *Backend) answerLocked(s *shard, h uint64, w *slot, id uint32, op thrott
 // locked shard s. It makes a slot only when the call writes: a Peek and a
 // denied Take store nothing. Each algorithm keeps its state in the slot's
 // fields as the slot's doc says.
-func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
+func (b *Backend) apply(s *shard, h uint64, w *slot, lg *algo.LogBuffer, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (d throttler.Decision, err error) {
 	write := false
 	switch p.Algorithm {
 	case throttler.FixedWindow:
 		return b.fixed(s, h, w, id, op, key, p, cost, r, ms, now)
 	case throttler.TokenBucket:
-		var st, next backend.TokenBucketState
+		var st, next algo.TokenBucketState
 		if w != nil {
-			st = backend.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
+			st = algo.TokenBucketState{Tokens: w.used, At: w.resetAt, Window: w.window()}
 		}
-		if d, next, write = backend.TokenBucket(*p, st, w != nil, op, cost, r, ms); write {
+		if d, next, write = algo.TokenBucket(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				// The bucket is full again at its ResetAt: that is
-				// backend.TokenBucketEnd, without computing it twice.
+				// algo.TokenBucketEnd, without computing it twice.
 				w.used, w.resetAt, w.prev, w.end = next.Tokens, next.At, next.Window, d.ResetAt.UnixMilli()
 			}
 		}
 	case throttler.SlidingWindow:
-		var st, next backend.CounterState
+		var st, next algo.CounterState
 		if w != nil {
-			st = backend.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
+			st = algo.CounterState{K: w.resetAt, Curr: w.used, Prev: w.prev, Window: w.window()}
 		}
-		if d, next, write = backend.Counter(*p, st, w != nil, op, cost, r, ms); write {
+		if d, next, write = algo.Counter(*p, st, w != nil, op, cost, r, ms); write {
 			if w, err = b.make(s, h, w, key, p, id, ms); err == nil {
 				w.resetAt, w.used, w.prev, w.end = next.K, next.Curr, next.Prev, next.Window // end: the window (slot)
 			}
@@ -462,11 +457,11 @@ func (b *Backend) apply(s *shard, h uint64, w *slot, lg *backend.LogBuffer, id u
 			break
 		}
 		// No log: answer from an empty one, kept only if the call wrote.
-		var l backend.LogBuffer
+		var l algo.LogBuffer
 		if d, write = l.Apply(*p, op, cost, r, ms); write {
 			if w, err = b.make(s, h, nil, key, p, id, ms); err == nil {
 				x := s.table.extraOf(w)
-				x.log = new(backend.LogBuffer)
+				x.log = new(algo.LogBuffer)
 				*x.log = l
 				w.end = l.End(*p)
 			}
@@ -491,10 +486,10 @@ func (b *Backend) fixed(s *shard, h uint64, w *slot, id uint32, op throttler.Op,
 			w.used, w.resetAt = 0, ms+p.Window.Milliseconds()
 			w.end = w.resetAt
 		} else if w.used+cost > p.Limit {
-			return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
+			return algo.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, false), nil
 		}
 		w.used += cost
-		return backend.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
+		return algo.WindowState(*p, w.used, time.UnixMilli(w.resetAt), now, true), nil
 	case throttler.OpRefund:
 		if open && w.resetAt == r { // the Take's window, not a later one
 			w.used = max(0, w.used-cost)
@@ -536,5 +531,5 @@ func state(p throttler.Policy, used, resetAt int64, now time.Time) throttler.Dec
 	if resetAt != 0 {
 		at = time.UnixMilli(resetAt)
 	}
-	return backend.PeekState(p, used, at, now)
+	return algo.PeekState(p, used, at, now)
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -400,4 +402,40 @@ func TestValidationIsNotMemoisedAcrossPolicies(t *testing.T) {
 	require.ErrorIs(t, err, throttler.ErrInvalidReceipt)
 	_, err = b.Take(ctx, "", good, 1, t0)
 	require.ErrorIs(t, err, throttler.ErrInvalidKey)
+}
+
+// On a remembered policy a call checks its key's length and its cost
+// against numbers, not with the validators: every call gets exactly the
+// error ValidateCall (ValidateRefund for a Refund) gives, at each bound.
+func TestRememberedPolicyChecksAsValidateCall(t *testing.T) {
+	ctx := context.Background()
+	b := newBackend(t, &memory.Options{Shards: 1})
+	// A bucket whose Capacity (its Burst) is not its Limit.
+	p := throttler.Policy{Name: "p", Limit: 10, Window: time.Second, Algorithm: throttler.TokenBucket, Burst: 20}
+	keys := []string{"", "k", strings.Repeat("k", throttler.MaxKeyLen), strings.Repeat("k", throttler.MaxKeyLen+1)}
+	costs := []int64{math.MinInt64, -1, 0, 1, 10, 20, 21, throttler.MaxLimit, throttler.MaxLimit + 1, math.MaxInt64}
+	receipt := t0.Add(time.Second)
+	same := func(want, got error, what string) {
+		t.Helper()
+		if want == nil {
+			require.NoError(t, got, what)
+			return
+		}
+		require.EqualError(t, got, want.Error(), what)
+	}
+	for _, key := range keys {
+		for _, cost := range costs {
+			what := fmt.Sprintf("key of %d bytes, cost %d", len(key), cost)
+			_, err := b.Peek(ctx, "k", p, t0) // the shard remembers p
+			require.NoError(t, err)
+			_, err = b.Take(ctx, key, p, cost, t0)
+			same(throttler.ValidateCall(throttler.OpTake, key, p, cost), err, "Take, "+what)
+			_, err = b.Peek(ctx, key, p, t0)
+			same(throttler.ValidateCall(throttler.OpPeek, key, p, cost), err, "Peek, "+what)
+			_, err = b.Refund(ctx, key, p, cost, receipt, t0)
+			same(throttler.ValidateRefund(key, p, cost, receipt), err, "Refund, "+what)
+			_, err = b.Refund(ctx, key, p, cost, time.Time{}, t0)
+			same(throttler.ValidateRefund(key, p, cost, time.Time{}), err, "Refund without receipt, "+what)
+		}
+	}
 }

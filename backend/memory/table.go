@@ -5,7 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 )
 
 // table is an open-addressing hash table of states with linear probing,
@@ -73,8 +74,8 @@ const (
 
 type extra struct {
 	key    string
-	log    *backend.LogBuffer
-	leases *backend.LeaseSet
+	log    *algo.LogBuffer
+	leases *leaseset.Set
 }
 
 func (w *slot) empty() bool { return w.id == 0 }

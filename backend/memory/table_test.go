@@ -140,9 +140,20 @@ func TestSizeFor(t *testing.T) {
 }
 
 // Shards sit side by side in one array: each must fill whole cache lines,
-// or a busy shard's lock would slow its neighbours.
+// or a busy shard's lock would slow its neighbours. What every call reads
+// and writes sits in the first two.
 func TestShardSize(t *testing.T) {
-	assert.Equal(t, uintptr(384), unsafe.Sizeof(shard{}))
+	var s shard
+	assert.Equal(t, uintptr(320), unsafe.Sizeof(s))
+	assert.Equal(t, uintptr(0), unsafe.Offsetof(s.last)/64, "the policy memo beside the lock")
+	for name, off := range map[string]uintptr{
+		"low":         unsafe.Offsetof(s.low),
+		"sinceScan":   unsafe.Offsetof(s.sinceScan),
+		"table.slots": unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.slots),
+		"table.live":  unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.live),
+	} {
+		assert.Equal(t, uintptr(1), off/64, "%s in the second line", name)
+	}
 }
 
 // A slot is one cache line: finding a state reads one line, and a full

@@ -10,7 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -26,7 +26,7 @@ import (
 // Their scripts admit and write
 // in Lua, and return the state they read (packed as doubles in one
 // string, parsePacked); the Decision is then computed in
-// Go by backend.TokenBucket or backend.Counter from that state, so it is the
+// Go by algo.TokenBucket or algo.Counter from that state, so it is the
 // memory backend's to the millisecond. A Peek runs the same script, which
 // writes nothing then, on a replica when the shard has one, and the same
 // function on the state it returns with the caller's now: a replica that
@@ -62,7 +62,7 @@ var (
 const maxStored = 1 << 53
 
 // algorithmKey is the storage key of (p, key): the layout of keys.go, named
-// by backend.Identity, which holds the algorithm, and marked (see keys.go).
+// by identity.Rate, which holds the algorithm, and marked (see keys.go).
 func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) {
 	return b.markedKey(p, key, algorithmMarker)
 }
@@ -86,12 +86,12 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 		if err != nil {
 			return err
 		}
-		st := backend.TokenBucketState{Tokens: res[2], At: res[3], Window: res[4]}
+		st := algo.TokenBucketState{Tokens: res[2], At: res[3], Window: res[4]}
 		var (
-			next  backend.TokenBucketState
+			next  algo.TokenBucketState
 			write bool
 		)
-		d, next, write = backend.TokenBucket(p, st, stored, op, cost, r, t)
+		d, next, write = algo.TokenBucket(p, st, stored, op, cost, r, t)
 		if write != wrote || next.Tokens != res[5] || next.At != res[6] {
 			return disagree(res[:], write, next)
 		}
@@ -122,12 +122,12 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 		if err != nil {
 			return err
 		}
-		st := backend.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
+		st := algo.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
 		var (
-			next  backend.CounterState
+			next  algo.CounterState
 			write bool
 		)
-		d, next, write = backend.Counter(p, st, stored, op, cost, r, t)
+		d, next, write = algo.Counter(p, st, stored, op, cost, r, t)
 		if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
 			return disagree(res[:], write, next)
 		}

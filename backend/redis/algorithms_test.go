@@ -21,6 +21,8 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/algo"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -102,7 +104,7 @@ func TestConformanceLocalRedis(t *testing.T) {
 }
 
 // TestAlgorithmsMatchGoAtTheBounds replays random traces on a real Redis and
-// on package backend's functions (state kept here, never dropped), at the
+// on internal/algo's functions (state kept here, never dropped), at the
 // bounds of the doubles: capacity·window and limit·window at 2^53, costs up
 // to 2^48, windows that do not divide the refill, instants before 1970,
 // clocks going back, and named policies whose Limit, Burst or Window
@@ -131,9 +133,9 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 		{Limit: 1, Window: ms, Algorithm: throttler.SlidingLog},
 	}
 	type state struct {
-		bucket  backend.TokenBucketState
-		counter backend.CounterState
-		log     []backend.LogEntry
+		bucket  algo.TokenBucketState
+		counter algo.CounterState
+		log     []algo.LogEntry
 		stored  bool
 	}
 	ctx := context.Background()
@@ -159,7 +161,7 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 			if op == throttler.OpRefund && rng.IntN(4) == 0 {
 				cost = max48
 			}
-			id := backend.Identity(p) + "\x00" + key
+			id := identity.Rate(p) + "\x00" + key
 			// A Refund names one of the latest Takes, or one never made.
 			r := now + 1 + rng.Int64N(p.Window.Milliseconds())
 			if l := receipts[id]; len(l) > 0 && rng.IntN(8) != 0 {
@@ -180,17 +182,17 @@ func TestAlgorithmsMatchGoAtTheBounds(t *testing.T) {
 			var want throttler.Decision
 			switch p.Algorithm {
 			case throttler.TokenBucket:
-				d, next, write := backend.TokenBucket(p, st.bucket, st.stored, op, cost, r, now)
+				d, next, write := algo.TokenBucket(p, st.bucket, st.stored, op, cost, r, now)
 				if want = d; write {
 					st.bucket, st.stored = next, true
 				}
 			case throttler.SlidingWindow:
-				d, next, write := backend.Counter(p, st.counter, st.stored, op, cost, r, now)
+				d, next, write := algo.Counter(p, st.counter, st.stored, op, cost, r, now)
 				if want = d; write {
 					st.counter, st.stored = next, true
 				}
 			case throttler.SlidingLog:
-				d, next, write := backend.Log(p, slices.Clone(st.log), op, cost, r, now)
+				d, next, write := algo.Log(p, slices.Clone(st.log), op, cost, r, now)
 				if want = d; write {
 					st.log = next
 				}
@@ -390,13 +392,13 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		value string
 		state any // the state it reads as; nil: none
 	}{
-		{"bucket", tb, bucketValue(5000, ftms, 1000), backend.TokenBucketState{Tokens: 5000, At: tms, Window: 1000}},
-		{"empty bucket", tb, bucketValue(0, ftms, 1000), backend.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
-		{"negative tokens", tb, bucketValue(-7, ftms, 1000), backend.TokenBucketState{Tokens: -7, At: tms, Window: 1000}},
-		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), backend.TokenBucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
-		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), backend.TokenBucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
-		{"another window", tb, bucketValue(0, ftms, 999), backend.TokenBucketState{Tokens: 0, At: tms, Window: 999}},
-		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), backend.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"bucket", tb, bucketValue(5000, ftms, 1000), algo.TokenBucketState{Tokens: 5000, At: tms, Window: 1000}},
+		{"empty bucket", tb, bucketValue(0, ftms, 1000), algo.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
+		{"negative tokens", tb, bucketValue(-7, ftms, 1000), algo.TokenBucketState{Tokens: -7, At: tms, Window: 1000}},
+		{"2^53 tokens", tb, bucketValue(1<<53, ftms, 1000), algo.TokenBucketState{Tokens: 1 << 53, At: tms, Window: 1000}},
+		{"-2^53 tokens", tb, bucketValue(-1<<53, ftms, 1000), algo.TokenBucketState{Tokens: -1 << 53, At: tms, Window: 1000}},
+		{"another window", tb, bucketValue(0, ftms, 999), algo.TokenBucketState{Tokens: 0, At: tms, Window: 999}},
+		{"negative zero", tb, bucketValue(math.Copysign(0, -1), ftms, 1000), algo.TokenBucketState{Tokens: 0, At: tms, Window: 1000}},
 		{"above 2^53", tb, bucketValue(1<<53+2, ftms, 1000), nil},
 		{"below -2^53", tb, bucketValue(-1<<53-2, ftms, 1000), nil},
 		{"instant above 2^53", tb, bucketValue(0, 1<<53+2, 1000), nil},
@@ -408,7 +410,7 @@ func TestAlgorithmStoredValues(t *testing.T) {
 		{"25 bytes", tb, bucketValue(5000, ftms, 1000) + "\x00", nil},
 		{"the decimal layout, 24 bytes", tb, "50000:" + ms + ":1000", nil},
 		{"empty", tb, "", nil},
-		{"counter", sw, k + ":4:9:1000", backend.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
+		{"counter", sw, k + ":4:9:1000", algo.CounterState{K: at.UnixMilli() / 1000, Curr: 4, Prev: 9, Window: 1000}},
 		{"counter, a space", sw, k + ":4: 9:1000", nil},
 		{"counter, three fields", sw, k + ":4:1000", nil},
 	}
@@ -425,15 +427,15 @@ func TestAlgorithmStoredValues(t *testing.T) {
 				}
 				var want throttler.Decision
 				switch st := tt.state.(type) {
-				case backend.CounterState:
-					want, _, _ = backend.Counter(tt.p, st, true, op, 1, 0, at.UnixMilli())
-				case backend.TokenBucketState:
-					want, _, _ = backend.TokenBucket(tt.p, st, true, op, 1, 0, at.UnixMilli())
+				case algo.CounterState:
+					want, _, _ = algo.Counter(tt.p, st, true, op, 1, 0, at.UnixMilli())
+				case algo.TokenBucketState:
+					want, _, _ = algo.TokenBucket(tt.p, st, true, op, 1, 0, at.UnixMilli())
 				default:
 					if tt.p.Algorithm == throttler.TokenBucket {
-						want, _, _ = backend.TokenBucket(tt.p, backend.TokenBucketState{}, false, op, 1, 0, at.UnixMilli())
+						want, _, _ = algo.TokenBucket(tt.p, algo.TokenBucketState{}, false, op, 1, 0, at.UnixMilli())
 					} else {
-						want, _, _ = backend.Counter(tt.p, backend.CounterState{}, false, op, 1, 0, at.UnixMilli())
+						want, _, _ = algo.Counter(tt.p, algo.CounterState{}, false, op, 1, 0, at.UnixMilli())
 					}
 				}
 				if !sameDecision(got, want) {
@@ -522,7 +524,7 @@ func TestAlgorithmPeekOnReplica(t *testing.T) {
 }
 
 // TestLogLongLogsMatchGo replays traces on sliding logs of thousands of
-// units on a real Redis and on backend.Log: logs filled by clocks running
+// units on a real Redis and on algo.Log: logs filled by clocks running
 // ahead and back (units of one ms numbered after a later ms), Peeks and
 // Takes too large to fit while the units end one by one (RetryAfter found
 // by rank anywhere in the log), Takes of thousands of units, Refunds of
@@ -551,7 +553,7 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var log []backend.LogEntry
+			var log []algo.LogEntry
 			step := 0
 			receipt := now + w // the latest admitted Take's ResetAt
 			since := time.Now()
@@ -565,7 +567,7 @@ func TestLogLongLogsMatchGo(t *testing.T) {
 				if op == throttler.OpTake && got.Allowed {
 					receipt = got.ResetAt.UnixMilli()
 				}
-				want, next, write := backend.Log(p, slices.Clone(log), op, cost, receipt, now)
+				want, next, write := algo.Log(p, slices.Clone(log), op, cost, receipt, now)
 				if write {
 					log = next
 				}

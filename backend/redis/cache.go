@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -19,7 +19,7 @@ import (
 //   - fixed window: denied while cost > Limit - Used; the Decision is
 //     WindowState's, as Redis would give it from the same window;
 //   - token bucket and sliding-window counter: the state the script read
-//     is kept, and backend.TokenBucket or backend.Counter answers from it at the
+//     is kept, and algo.TokenBucket or algo.Counter answers from it at the
 //     call's now, exactly what the script would from that state; only a
 //     denial is answered here;
 //   - sliding log: only a denial that waits for one unit to end (Used +
@@ -58,8 +58,8 @@ type overLimit struct {
 	cost  int64
 	d     throttler.Decision
 	// a bucket's or a counter's state as the script read it
-	bucket  backend.TokenBucketState
-	counter backend.CounterState
+	bucket  algo.TokenBucketState
+	counter algo.CounterState
 	stored  bool
 }
 
@@ -99,12 +99,12 @@ func (e *overLimit) answer(cost int64, now time.Time, t int64) (throttler.Decisi
 		if cost <= e.p.Limit-e.d.Used {
 			return throttler.Decision{}, false
 		}
-		return backend.WindowState(e.p, e.d.Used, e.d.ResetAt, now, false), true
+		return algo.WindowState(e.p, e.d.Used, e.d.ResetAt, now, false), true
 	case throttler.TokenBucket:
-		d, _, write := backend.TokenBucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, 0, t)
+		d, _, write := algo.TokenBucket(e.p, e.bucket, e.stored, throttler.OpTake, cost, 0, t)
 		return d, !write
 	case throttler.SlidingWindow:
-		d, _, write := backend.Counter(e.p, e.counter, e.stored, throttler.OpTake, cost, 0, t)
+		d, _, write := algo.Counter(e.p, e.counter, e.stored, throttler.OpTake, cost, 0, t)
 		return d, !write
 	case throttler.SlidingLog:
 		if cost != e.cost || t < e.at {

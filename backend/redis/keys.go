@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -13,7 +13,7 @@ import (
 //
 //	<prefix>{<16 hex digits>}<len(identity)>:<identity>:<key>
 //
-// where identity is backend.Identity(policy): a named policy's Name, as in
+// where identity is identity.Rate(policy): a named policy's Name, as in
 // every earlier version (live windows stay where they are), or an unnamed
 // policy's definition, " fw <limit>/<window ms>".
 //
@@ -53,11 +53,11 @@ const algorithmMarker = "+"
 // shard and the Cluster slot, are storageKey's.
 func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen]byte
-	return b.identityKey(backend.AppendIdentity(idBuf[:0], p), key, marker)
+	return b.identityKey(identity.AppendRate(idBuf[:0], p), key, marker)
 }
 
 // identityKey is markedKey for the storage identity id (a concurrency
-// limit's is backend.LeaseIdentity).
+// limit's is identity.Lease).
 func (b *Backend) identityKey(id []byte, key, marker string) (string, uint64) {
 	var lenBuf [20]byte
 	idLen, h := b.identityHash(id, key, lenBuf[:0])
@@ -86,7 +86,7 @@ func (b *Backend) identityKey(id []byte, key, marker string) (string, uint64) {
 // the tag) without building the key, and the identity and its length as
 // appended to idBuf and lenBuf, for markedKey to build it from.
 func (b *Backend) keyHash(p throttler.Policy, key string, idBuf, lenBuf []byte) (id, idLen []byte, h uint64) {
-	id = backend.AppendIdentity(idBuf, p)
+	id = identity.AppendRate(idBuf, p)
 	idLen, h = b.identityHash(id, key, lenBuf)
 	return id, idLen, h
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -85,7 +85,7 @@ func TestStorageKeyLayout(t *testing.T) {
 		if err != nil {
 			t.Fatalf("storageKey(%v, %q) = %q: %v", tt.p, tt.key, sk, err)
 		}
-		if policy != backend.Identity(tt.p) || key != tt.key {
+		if policy != identity.Rate(tt.p) || key != tt.key {
 			t.Errorf("storageKey(%v, %q) decodes to (%q, %q)", tt.p, tt.key, policy, key)
 		}
 		if want := fmt.Sprintf("%016x", h); tag != want || hashTag(sk) != want {
@@ -132,7 +132,7 @@ func FuzzStorageKey(f *testing.F) {
 	f.Add("{x}", "\x00{}")
 	b := newBackend(f, &fakeClient{}, nil)
 	f.Fuzz(func(t *testing.T, name, key string) {
-		policy := backend.Identity(named(name))
+		policy := identity.Rate(named(name))
 		sk, h := b.storageKey(named(name), key)
 		tag, p, k, err := decodeStorageKey("throttlekit:", sk)
 		if err != nil {

@@ -9,14 +9,15 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Leases (throttler.LeaseBackend), Stripe's concurrent-requests limiter:
 // a (policy, key)'s leases are one sorted set, each lease a member named by
 // its ID and scored by its expiry, in the layout of keys.go under
-// backend.LeaseIdentity and marked as the algorithms' keys are (the
+// identity.Lease and marked as the algorithms' keys are (the
 // identity, "<name> cc" or " cc <limit>/<ttl ms>", never meets a rate
 // policy's). Acquire and Release are one script each (acquire.lua,
 // release.lua), one round trip on the key's shard's primary: both write
@@ -56,7 +57,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if err != nil {
 		return throttler.Decision{}, opError("acquire", key, p, err)
 	}
-	return backend.LeaseDecision(p, res[1], res[2], t, res[0] == 1), nil
+	return leaseset.Decision(p, res[1], res[2], t, res[0] == 1), nil
 }
 
 // Release gives back the lease of id on key under p, by the lease
@@ -76,7 +77,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	if err != nil {
 		return false, throttler.Decision{}, opError("release", key, p, err)
 	}
-	return res[0] == 1, backend.LeaseDecision(p, res[1], res[2], t, res[1] < p.Limit), nil
+	return res[0] == 1, leaseset.Decision(p, res[1], res[2], t, res[1] < p.Limit), nil
 }
 
 // leaseCall validates a lease call and returns its instant in Unix ms.
@@ -95,7 +96,7 @@ func leaseCall(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 // leaseKey is the storage key of p's leases on key, and its hash.
 func (b *Backend) leaseKey(p throttler.ConcurrencyPolicy, key string) (string, uint64) {
 	var idBuf [throttler.MaxPolicyNameLen + 3]byte
-	return b.identityKey(backend.AppendLeaseIdentity(idBuf[:0], p), key, algorithmMarker)
+	return b.identityKey(identity.AppendLease(idBuf[:0], p), key, algorithmMarker)
 }
 
 // leaseStore names the shard that holds p's leases on key, as store does
@@ -106,7 +107,7 @@ func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	}
 	var idBuf [throttler.MaxPolicyNameLen + 3]byte
 	var lenBuf [20]byte
-	_, h := b.identityHash(backend.AppendLeaseIdentity(idBuf[:0], p), key, lenBuf[:0])
+	_, h := b.identityHash(identity.AppendLease(idBuf[:0], p), key, lenBuf[:0])
 	return b.shardFor(h).name
 }
 

@@ -63,7 +63,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -485,7 +485,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 		if err != nil {
 			return throttler.Decision{}, err
 		}
-		return backend.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
+		return algo.WindowState(p, res[1], time.UnixMilli(res[2]), now, res[0] == 1), nil
 	case throttler.OpRefund:
 		var res [2]int64
 		err := b.exec(ctx, s, op, &request{fn: fnRefund, sk: sk, args: []any{nowMS, cost, r}}, func(reply any) error {
@@ -498,7 +498,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 		if err != nil {
 			return throttler.Decision{}, err
 		}
-		return backend.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
+		return algo.PeekState(p, res[0], time.UnixMilli(res[1]), now), nil
 	}
 	var (
 		used    int64
@@ -511,7 +511,7 @@ func (b *Backend) window(ctx context.Context, s *shard, sk string, op throttler.
 	if err != nil {
 		return throttler.Decision{}, err
 	}
-	return backend.PeekState(p, used, resetAt, now), nil
+	return algo.PeekState(p, used, resetAt, now), nil
 }
 
 // exec runs req for op and checks its reply with parse: a Peek on a

@@ -13,7 +13,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -47,10 +47,10 @@ func (r *pausedReplica) EvalSha(ctx context.Context, sha string, keys []string, 
 // key with no state: nothing written or stored, and the state Go computes.
 func noStateReply(p throttler.Policy, t int64) string {
 	if p.Algorithm == throttler.TokenBucket {
-		_, next, _ := backend.TokenBucket(p, backend.TokenBucketState{}, false, throttler.OpPeek, 1, 0, t)
+		_, next, _ := algo.TokenBucket(p, algo.TokenBucketState{}, false, throttler.OpPeek, 1, 0, t)
 		return pack(0, 0, 0, 0, 0, next.Tokens, next.At)
 	}
-	_, next, _ := backend.Counter(p, backend.CounterState{}, false, throttler.OpPeek, 1, 0, t)
+	_, next, _ := algo.Counter(p, algo.CounterState{}, false, throttler.OpPeek, 1, 0, t)
 	return pack(0, 0, 0, 0, 0, 0, next.K, next.Curr, next.Prev)
 }
 

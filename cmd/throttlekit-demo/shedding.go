@@ -50,7 +50,7 @@ type shedAPI struct {
 	load atomic.Uint64
 	// exporting counts the exports past every limiter, in their handler:
 	// what holds a fleet slot and a concurrency lease, where the worker
-	// shedder's InFlight also counts requests still on their way to them.
+	// shedder's in-flight count also counts requests still on their way to them.
 	exporting atomic.Int64
 }
 
@@ -67,7 +67,7 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	api.worker, err = shed.NewWorker(&shed.WorkerOptions{
 		Workers: sh.workers, Delay: sh.delay, Ramp: sh.ramp,
 		Utilization: func() float64 {
-			return max(float64(api.worker.InFlight())/workers, math.Float64frombits(api.load.Load()))
+			return max(float64(api.worker.Stats().InFlight)/workers, math.Float64frombits(api.load.Load()))
 		},
 	})
 	if err != nil {
@@ -76,12 +76,7 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	if api.fleet, err = shed.NewFleet(th, &shed.FleetOptions{Capacity: sh.fleet, Share: sh.share}); err != nil {
 		return nil, err
 	}
-	classify, err := shed.NewClassifier(&shed.ClassifierOptions{
-		Critical: func(r *http.Request) bool { return r.Method == http.MethodPost && r.URL.Path == "/charges" },
-	})
-	if err != nil {
-		return nil, err
-	}
+	critical := func(r *http.Request) bool { return r.Method == http.MethodPost && r.URL.Path == "/charges" }
 	ietf := &httplimit.Options{IETFHeaders: true}
 	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), clientKey, nil)
 	if err != nil {
@@ -92,7 +87,7 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 		return nil, fmt.Errorf("/exports: %w", err)
 	}
 	exports, err := shed.Middleware(&shed.Options{
-		Classify: classify, Worker: api.worker, Fleet: api.fleet, Concurrency: inflight, Rate: exportRate,
+		Critical: critical, Worker: api.worker, Fleet: api.fleet, Concurrency: inflight, Rate: exportRate,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("/exports: %w", err)
@@ -101,7 +96,7 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	if err != nil {
 		return nil, fmt.Errorf("/charges: %w", err)
 	}
-	charges, err := shed.Middleware(&shed.Options{Classify: classify, Worker: api.worker, Fleet: api.fleet, Rate: chargeRate})
+	charges, err := shed.Middleware(&shed.Options{Critical: critical, Worker: api.worker, Fleet: api.fleet, Rate: chargeRate})
 	if err != nil {
 		return nil, fmt.Errorf("/charges: %w", err)
 	}
@@ -130,13 +125,14 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("GET /admin/shedding", func(w http.ResponseWriter, r *http.Request) {
+		st := api.worker.Stats()
 		drop := map[string]float64{}
 		for _, c := range []shed.Class{shed.TestMode, shed.Read, shed.Write, shed.Critical} {
-			drop[c.String()] = api.worker.DropChance(c)
+			drop[c.String()] = st.DropChance[c]
 		}
 		writeJSON(w, map[string]any{
-			"in_flight": api.worker.InFlight(), "pretend_utilization": math.Float64frombits(api.load.Load()),
-			"shed_amount": api.worker.ShedAmount(), "drop_chance": drop,
+			"in_flight": st.InFlight, "pretend_utilization": math.Float64frombits(api.load.Load()),
+			"shed_amount": st.ShedAmount, "drop_chance": drop,
 		})
 	})
 	return api, nil

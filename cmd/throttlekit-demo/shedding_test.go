@@ -45,7 +45,7 @@ func waitFor(t *testing.T, what string, count func() int64, n int64) {
 }
 
 // waitExporting waits until n exports run in their handler: each holds its
-// fleet slot and its concurrency lease. The worker shedder's InFlight is
+// fleet slot and its concurrency lease. The worker shedder's in-flight count is
 // not enough: it counts a request as soon as that shedder admits it, before
 // the fleet and concurrency limiters have, so a check made then could find
 // a slot still free and start an hour-long export that nothing cancels.
@@ -57,7 +57,7 @@ func waitExporting(t *testing.T, api *shedAPI, n int64) {
 // waitInFlight waits until the worker shedder counts n exports in flight.
 func waitInFlight(t *testing.T, api *shedAPI, n int64) {
 	t.Helper()
-	waitFor(t, "in flight", api.worker.InFlight, n)
+	waitFor(t, "in flight", func() int64 { return api.worker.Stats().InFlight }, n)
 }
 
 // Exports that run until the test cancels them: bob's third at once is
@@ -105,9 +105,9 @@ func TestDemoConcurrencyAndFleet(t *testing.T) {
 	wg.Wait()
 	waitInFlight(t, api, 0)
 	for i := range 4 {
-		a, err := api.fleet.Admit(context.Background(), shed.Read)
+		_, d, err := api.fleet.Admit(context.Background(), shed.Read)
 		require.NoError(t, err)
-		assert.True(t, a.Allowed, "fleet slot %d: the exports' leases were released", i)
+		assert.True(t, d.Allowed, "fleet slot %d: the exports' leases were released", i)
 	}
 }
 

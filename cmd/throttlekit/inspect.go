@@ -121,10 +121,13 @@ func peekAll(ctx context.Context, list []store, key string, p throttler.Policy, 
 			out.rows[0].d, out.rows[0].err = r.Control, r.ControlErr
 		}
 		cerr := r.CandidateErr
-		if u := errors.Unwrap(cerr); u != nil {
+		if u := errors.Unwrap(cerr); u != nil && !errors.Is(cerr, context.DeadlineExceeded) {
 			cerr = u // the store's error without the shadow's "candidate peek <key>"; a timeout keeps its words
 		}
-		out.rows[i].d, out.rows[i].err, out.rows[i].kinds = r.Candidate, cerr, r.Kinds&shadow.Differs
+		out.rows[i].d, out.rows[i].err = r.Candidate, cerr
+		if r.ControlErr == nil && cerr == nil {
+			out.rows[i].kinds = r.Kinds // both answered: only the ways the decisions differ
+		}
 	}
 	return out
 }

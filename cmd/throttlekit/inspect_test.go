@@ -147,3 +147,21 @@ func TestInspectManualExample(t *testing.T) {
 		t.Errorf("the inspect manual's example is not testdata/inspect_differ.txt")
 	}
 }
+
+// A store that does not answer within --timeout is reported as timed out, in the shadow's
+// words, not as a bare "context deadline exceeded".
+func TestInspectTimeout(t *testing.T) {
+	te := newTestEnv(t)
+	te.backends[storeRedis] = backend.OpFunc(func(ctx context.Context, _ throttler.Op, _ string, _ throttler.Policy, _ int64, _, _ time.Time) (throttler.Decision, error) {
+		<-ctx.Done()
+		return throttler.Decision{}, ctx.Err()
+	})
+	code := te.run("inspect", "--policy", "name=core,limit=10,window=1m", "--key", "user:42",
+		"--memcached", "10.0.0.5:11211", "--redis", "10.0.1.5:6379", "--timeout", "20ms")
+	if code != exitFailed {
+		t.Errorf("exit status %d, want %d", code, exitFailed)
+	}
+	if want := "error: redis: shadow: candidate timed out after 20ms"; !strings.Contains(te.out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, te.out.String())
+	}
+}

@@ -475,11 +475,19 @@ func (r *shadowReport) exitCode() int {
 	switch {
 	case r.unreachable:
 		return exitUnreachable
-	case s.Mismatched > 0, s.Count(shadow.CandidateError) > 0, s.Count(shadow.ControlError) > 0,
-		s.Count(shadow.Dropped) > 0, r.flushErr != nil, s.Compared == 0:
+	case s.Mismatched > 0, s.ByKind[shadow.CandidateError] > 0, s.ByKind[shadow.ControlError] > 0,
+		s.ByKind[shadow.Dropped] > 0, r.flushErr != nil, s.Compared == 0:
 		return exitDiffer
 	}
 	return exitOK
+}
+
+// mismatchRate is the share of compared pairs that really differ; 0 before any was compared.
+func mismatchRate(s shadow.Stats) float64 {
+	if s.Compared == 0 {
+		return 0
+	}
+	return float64(s.Mismatched) / float64(s.Compared)
 }
 
 // reportKinds are the kinds a report lists, in its order.
@@ -537,22 +545,23 @@ func (r *shadowReport) writeText(w io.Writer, code int) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "compared\t%d\n", s.Compared)
-	fmt.Fprintf(tw, "mismatched\t%d\t%.3f%%\n", s.Mismatched, 100*s.MismatchRate())
+	fmt.Fprintf(tw, "mismatched\t%d\t%.3f%%\n", s.Mismatched, 100*mismatchRate(s))
 	if s.Ignored > 0 {
 		fmt.Fprintf(tw, "ignored\t%d\n", s.Ignored)
 	}
 	for _, k := range reportKinds {
-		fmt.Fprintf(tw, "  %s\t%d\n", k, s.Count(k))
+		fmt.Fprintf(tw, "  %s\t%d\n", k, s.ByKind[k])
 	}
 	tw.Flush()
 	if r.flushErr != nil {
 		fmt.Fprintf(w, "not every call was compared: %v\n", r.flushErr)
 	}
+	// A mismatch was compared and not Reordered: its Kinds are the ways the decisions differ.
 	if n := len(s.LastMismatches); n > 0 && r.show > 0 {
 		last := s.LastMismatches[max(0, n-r.show):]
 		fmt.Fprintf(w, "\nlatest mismatches (%d of %d):\n", len(last), s.Mismatched)
 		for _, m := range last {
-			fmt.Fprintf(w, "  %s %q under %s at %s: %s\n", m.Op, m.Key, formatPolicy(m.Policy), m.Now.UTC().Format(timeLayout), m.Kinds&shadow.Differs)
+			fmt.Fprintf(w, "  %s %q under %s at %s: %s\n", m.Op, m.Key, formatPolicy(m.Policy), m.Now.UTC().Format(timeLayout), m.Kinds)
 			fmt.Fprintf(w, "    control:   %s\n", formatDecision(m.Control))
 			fmt.Fprintf(w, "    candidate: %s\n", formatDecision(m.Candidate))
 		}
@@ -634,7 +643,7 @@ func (r *shadowReport) toJSON(code int) shadowJSON {
 		Candidate: storeJSON{r.candidate.name, r.candidate.addrs},
 		Mode:      "synthetic", KeyPrefix: r.keyPrefix, Keys: r.keys, DurationMS: r.duration.Milliseconds(),
 		Rate: r.rate, Concurrency: r.concurrency, Planned: r.planned, Made: r.made, Ops: map[string]int{}, Interrupted: r.interrupted,
-		Compared: s.Compared, Mismatched: s.Mismatched, MismatchRate: s.MismatchRate(), Ignored: s.Ignored,
+		Compared: s.Compared, Mismatched: s.Mismatched, MismatchRate: mismatchRate(s), Ignored: s.Ignored,
 		ByKind: map[string]uint64{}, Mismatches: []mismatchJSON{}, Errors: r.errs, Exit: code,
 	}
 	switch {
@@ -656,13 +665,13 @@ func (r *shadowReport) toJSON(code int) shadowJSON {
 		out.Ops[op.String()] = n
 	}
 	for _, k := range reportKinds {
-		out.ByKind[k.String()] = s.Count(k)
+		out.ByKind[k.String()] = s.ByKind[k]
 	}
 	if n := len(s.LastMismatches); n > 0 && r.show > 0 {
 		for _, m := range s.LastMismatches[max(0, n-r.show):] {
 			out.Mismatches = append(out.Mismatches, mismatchJSON{
 				Op: m.Op.String(), Key: m.Key, Policy: formatPolicy(m.Policy), At: m.Now.UTC().Format(timeLayout),
-				Kinds: kindList(m.Kinds & shadow.Differs), Control: toDecisionJSON(m.Control), Candidate: toDecisionJSON(m.Candidate),
+				Kinds: kindList(m.Kinds), Control: toDecisionJSON(m.Control), Candidate: toDecisionJSON(m.Candidate),
 			})
 		}
 	}

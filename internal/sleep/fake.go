@@ -25,6 +25,9 @@ func (f *Fake) Now() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.now 
 // Add moves the clock by d without a sleep.
 func (f *Fake) Add(d time.Duration) { f.mu.Lock(); f.now = f.now.Add(d); f.mu.Unlock() }
 
+// Set moves the clock to t, back too, without a sleep.
+func (f *Fake) Set(t time.Time) { f.mu.Lock(); f.now = t; f.mu.Unlock() }
+
 // Sleep records d and moves the clock by it, then returns ctx's error.
 func (f *Fake) Sleep(ctx context.Context, d time.Duration) error {
 	f.mu.Lock()

@@ -1,5 +1,5 @@
 -- acquire.lua takes a lease in KEYS[1], in one atomic step, by the lease
--- contract (throttler/lease.go) with the answers of backend.LeaseSet's
+-- contract (throttler/lease.go) with the answers of leaseset.Set's
 -- Acquire. Stripe's concurrent-requests limiter is the model: a sorted set
 -- of the leases held, scored by time.
 --

@@ -1,7 +1,7 @@
 -- bucket.lua takes, peeks or refunds units of the token bucket stored in
--- KEYS[1], in one atomic step, exactly as backend.Bucket
--- (backend/algorithms.go) does. It returns the state it read; the caller
--- derives the Decision from that state with backend.Bucket, so every
+-- KEYS[1], in one atomic step, exactly as algo.TokenBucket
+-- (internal/algo/algorithms.go) does. It returns the state it read; the caller
+-- derives the Decision from that state with algo.TokenBucket, so every
 -- answer is Go's. A peek writes nothing, so a replica can run it.
 --
 -- KEYS[1]  the bucket: a string of 24 bytes, three little-endian IEEE

@@ -1,7 +1,7 @@
 -- counter.lua takes, peeks or refunds units of the sliding-window counter
--- stored in KEYS[1], in one atomic step, exactly as backend.Counter
--- (backend/algorithms.go) does. It returns the state it read; the caller
--- derives the Decision from that state with backend.Counter, so every
+-- stored in KEYS[1], in one atomic step, exactly as algo.Counter
+-- (internal/algo/algorithms.go) does. It returns the state it read; the caller
+-- derives the Decision from that state with algo.Counter, so every
 -- answer is Go's. A peek writes nothing, so a replica can run it.
 --
 -- KEYS[1]  the counter: a string "<k>:<c>:<p>:<w>", k = index of the

@@ -1,6 +1,6 @@
 -- log.lua takes, peeks or refunds units of the sliding log stored in
--- KEYS[1], in one atomic step, with the answers of backend.Log
--- (backend/algorithms.go). A peek writes nothing, so a replica can run it;
+-- KEYS[1], in one atomic step, with the answers of algo.Log
+-- (internal/algo/algorithms.go). A peek writes nothing, so a replica can run it;
 -- it answers from the caller's now like a take, so a replica that lags
 -- answers as the primary did when it held the same units.
 --
@@ -39,7 +39,7 @@
 -- ZCOUNT (none when the take fits the log whole), ZADD and
 -- ZREMRANGEBYSCORE (none when nothing ended), with PEXPIRE once per grid
 -- cell. No command touches the key after one that may have deleted it (a
--- drop that emptied the set): see the take's drop below. backend.Log's
+-- drop that emptied the set): see the take's drop below. algo.Log's
 -- entries (at, units) are these members grouped by score.
 local op, t, w = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local limit, cost = tonumber(ARGV[4]), tonumber(ARGV[5])

@@ -1,6 +1,6 @@
 -- release.lua gives back a lease in KEYS[1], in one atomic step, by the
 -- lease contract (throttler/lease.go) with the answers of
--- backend.LeaseSet's Release. It only removes: the key's expiry, set by
+-- leaseset.Set's Release. It only removes: the key's expiry, set by
 -- acquire.lua to outlive every lease, stays.
 --
 -- KEYS[1]  the leases: a sorted set, member the lease ID (decimal), score

@@ -11,8 +11,9 @@
 // shows the layering, deps_test.go and the code the full lists.
 //
 // Drawn: every package of the module except the helpers in the top-level
-// internal/ (named in the footnote), programs outside cmd/, and internal
-// packages no drawn package imports (test support). Nested modules
+// internal/ that import nothing of the module but other helpers (named in
+// the footnote), programs outside cmd/, and internal packages no drawn
+// package imports (test support). Nested modules
 // (integration/, benchmarks/) are not part of the module.
 package main
 
@@ -141,28 +142,49 @@ func layout(pkgs map[string]*pkg) *graph {
 	g := &graph{floorOf: map[string]int{}}
 	topInternal := func(rel string) bool { return rel == "internal" || strings.HasPrefix(rel, "internal/") }
 	internal := func(rel string) bool { return slices.Contains(strings.Split(rel, "/"), "internal") }
+	// A helper is a package of the top-level internal/ that imports nothing
+	// of the module but other helpers: it sits below every floor, so it is
+	// named in the footnote instead of drawn.
+	helpers := map[string]bool{}
+	var helper func(string) bool
+	helper = func(rel string) bool {
+		if h, ok := helpers[rel]; ok {
+			return h
+		}
+		p := pkgs[rel]
+		h := p != nil && topInternal(rel) && !p.main
+		for i := 0; h && i < len(p.imports); i++ {
+			h = helper(p.imports[i])
+		}
+		helpers[rel] = h
+		return h
+	}
 	drawn := map[string]bool{}
 	for rel, p := range pkgs {
 		switch {
 		case rel == "":
-		case topInternal(rel):
-			if !p.main {
-				g.hidden = append(g.hidden, rel)
-			}
 		case p.main && !strings.HasPrefix(rel, "cmd/"):
+		case helper(rel):
+			g.hidden = append(g.hidden, rel)
 		case internal(rel):
 		default:
 			drawn[rel] = true
 		}
 	}
-	// An internal package outside the top-level internal/ is drawn when a
-	// drawn package imports it (metrics' shared definitions), not when only
-	// tests do.
-	for rel := range pkgs {
-		if internal(rel) && !topInternal(rel) && !pkgs[rel].main {
+	// Any other internal package (the stores' shared arithmetic, metrics'
+	// shared definitions) is drawn when a drawn package imports it, not when
+	// only tests do; until no more are found, as one may be imported only by
+	// another.
+	for more := true; more; {
+		more = false
+		for rel, p := range pkgs {
+			if !internal(rel) || drawn[rel] || p.main || helper(rel) {
+				continue
+			}
 			for d := range drawn {
 				if slices.Contains(pkgs[d].imports, rel) {
-					drawn[rel] = true
+					drawn[rel], more = true, true
+					break
 				}
 			}
 		}
@@ -312,12 +334,15 @@ const (
 	lineH   = 18.0
 )
 
-// fill colours a package by its part: the core, the stores, the metrics
-// adapters, the programs, and the rest (wrappers and features).
+// fill colours a package by its part: the core, the internal packages
+// the stores and wrappers share, the stores, the metrics adapters, the
+// programs, and the rest (wrappers and features).
 func fill(rel string) string {
 	switch {
 	case rel == "throttler" || rel == "backend":
 		return "#fde9c8"
+	case strings.HasPrefix(rel, "internal/"):
+		return "#ffffff"
 	case strings.HasPrefix(rel, "backend/"):
 		return "#dcebf7"
 	case strings.HasPrefix(rel, "metrics/"):
@@ -342,7 +367,8 @@ type box struct{ x, y, w float64 }
 // render writes the graph as an SVG picture.
 func render(w io.Writer, g *graph) error {
 	notes := []string{
-		"Orange: the core; blue: the stores; green: wrappers and features; purple: metrics; grey: programs.",
+		"Orange: the core; white: internal/, which only this module imports; blue: the stores;",
+		"green: wrappers and features; purple: metrics; grey: programs.",
 		"An import that a longer path of imports already implies has no arrow of its own.",
 		"Not drawn: " + strings.Join(g.hidden, ", ") + " (helpers importing nothing of the module).",
 		"Generated from the imports: go run ./internal/cmd/archsvg > docs/architecture.svg",

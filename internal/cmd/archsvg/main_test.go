@@ -96,3 +96,40 @@ func TestLayout(t *testing.T) {
 		t.Errorf("hidden = %q, want %q", g.hidden, want)
 	}
 }
+
+// TestLayoutInternal: a package of the top-level internal/ that imports the
+// module is drawn when a drawn package imports it, through another internal
+// package too; one that imports only helpers is a helper; one only tests
+// import is left out.
+func TestLayoutInternal(t *testing.T) {
+	pkgs := map[string]*pkg{
+		"core":            {rel: "core"},
+		"internal/util":   {rel: "internal/util"},
+		"internal/fmtx":   {rel: "internal/fmtx", imports: []string{"internal/util"}},
+		"internal/num":    {rel: "internal/num", imports: []string{"core"}},
+		"internal/arith":  {rel: "internal/arith", imports: []string{"internal/num", "internal/fmtx"}},
+		"internal/probe":  {rel: "internal/probe", imports: []string{"core"}},
+		"store":           {rel: "store", imports: []string{"core", "internal/arith"}},
+		"internal/cmd/go": {rel: "internal/cmd/go", main: true, imports: []string{"store"}},
+	}
+	g := layout(pkgs)
+	var floors [][]string
+	for _, row := range g.floors {
+		floors = append(floors, slices.Clone(row))
+	}
+	wantFloors := [][]string{{"core"}, {"internal/num"}, {"internal/arith"}, {"store"}}
+	if !slices.EqualFunc(floors, wantFloors, slices.Equal) {
+		t.Errorf("floors = %q, want %q", floors, wantFloors)
+	}
+	var arrows []string
+	for _, a := range g.arrows {
+		arrows = append(arrows, a[0]+">"+a[len(a)-1])
+	}
+	slices.Sort(arrows)
+	if want := []string{"internal/arith>internal/num", "internal/num>core", "store>internal/arith"}; !slices.Equal(arrows, want) {
+		t.Errorf("arrows = %q, want %q", arrows, want)
+	}
+	if want := []string{"internal/fmtx", "internal/util"}; !slices.Equal(g.hidden, want) {
+		t.Errorf("hidden = %q, want %q", g.hidden, want)
+	}
+}

@@ -333,16 +333,16 @@ func compared(yield func(Sample), name, direction string, st shadow.Stats) {
 		ShadowCompared:        st.Compared,
 		ShadowMismatches:      st.Mismatched,
 		ShadowIgnored:         st.Ignored,
-		ShadowCandidateErrors: st.Count(shadow.CandidateError),
-		ShadowControlErrors:   st.Count(shadow.ControlError),
-		ShadowDropped:         st.Count(shadow.Dropped),
+		ShadowCandidateErrors: st.ByKind[shadow.CandidateError],
+		ShadowControlErrors:   st.ByKind[shadow.ControlError],
+		ShadowDropped:         st.ByKind[shadow.Dropped],
 		ShadowPublishDropped:  st.PublishDropped,
 	} {
 		yield(Sample{Pull: p, Labels: l, Value: float64(v)})
 	}
 	yield(Sample{Pull: ShadowQueued, Labels: l, Value: float64(st.Queued)})
 	for _, k := range differenceKinds {
-		yield(Sample{Pull: ShadowDifferences, Labels: [3]string{name, direction, k.String()}, Value: float64(st.Count(k))})
+		yield(Sample{Pull: ShadowDifferences, Labels: [3]string{name, direction, k.String()}, Value: float64(st.ByKind[k])})
 	}
 }
 

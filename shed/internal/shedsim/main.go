@@ -75,7 +75,7 @@ func simulate() ([]sample, error) {
 	w.Update(t0)
 	first := sample{t: 0, u: u}
 	for i, sr := range series {
-		first.drop[i] = w.DropChance(sr.c)
+		first.drop[i] = w.Stats().DropChance[sr.c]
 	}
 	out = append(out, first)
 	for _, p := range script {
@@ -84,7 +84,7 @@ func simulate() ([]sample, error) {
 			w.Update(t0.Add(time.Duration(t+1) * time.Second))
 			s := sample{t: t + 1, u: u}
 			for i, sr := range series {
-				s.drop[i] = w.DropChance(sr.c)
+				s.drop[i] = w.Stats().DropChance[sr.c]
 			}
 			out = append(out, s)
 		}

@@ -1,21 +1,24 @@
-package backend_test
+package leaseset_test
 
 import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/identity"
+	"github.com/throttlekit/throttlekit/internal/leaseset"
+	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// leaseRow is one call on a LeaseSet at t (Unix ms) and all it must answer.
+// leaseRow is one call on a Set at t (Unix ms) and all it must answer.
 type leaseRow struct {
 	acquire bool // else Release
 	id      throttler.LeaseID
@@ -30,7 +33,7 @@ type leaseRow struct {
 	why     string
 }
 
-func TestLeaseSetTable(t *testing.T) {
+func TestSetTable(t *testing.T) {
 	p := throttler.ConcurrencyPolicy{Name: "cc", Limit: 2, TTL: time.Second}
 	lower := p
 	lower.Limit = 1
@@ -55,7 +58,7 @@ func TestLeaseSetTable(t *testing.T) {
 		{acquire: false, id: 4, t: 9000, p: p, held: false, allowed: true, used: 0, resetAt: 10000, changed: true, entries: 0, why: "all expired: empty, ResetAt t+TTL"},
 		{acquire: true, id: 7, t: 9000, p: p, allowed: true, used: 1, resetAt: 10000, changed: true, entries: 1, why: "the emptied set takes leases again"},
 	}
-	var s backend.LeaseSet
+	var s leaseset.Set
 	for i, r := range rows {
 		msg := fmt.Sprintf("row %d: %s", i, r.why)
 		var d throttler.Decision
@@ -78,9 +81,9 @@ func TestLeaseSetTable(t *testing.T) {
 
 // A set far before 1970 and with TTLs that do not fit a second still
 // answers by the contract: expiries are any int64 ms, no sentinel value.
-func TestLeaseSetNegativeInstants(t *testing.T) {
+func TestSetNegativeInstants(t *testing.T) {
 	p := throttler.Concurrent(1, 7*time.Millisecond)
-	var s backend.LeaseSet
+	var s leaseset.Set
 	d, _ := s.Acquire(p, 1, -10)
 	assert.Equal(t, int64(-3), d.ResetAt.UnixMilli())
 	d, _ = s.Acquire(p, 2, -4)
@@ -89,21 +92,21 @@ func TestLeaseSetNegativeInstants(t *testing.T) {
 	d, _ = s.Acquire(p, 2, -3)
 	assert.True(t, d.Allowed, "lease 1 ends at -3")
 	assert.Equal(t, int64(4), s.End())
-	assert.Equal(t, int64(math.MinInt64), backend.LeaseSet(nil).End())
+	assert.Equal(t, int64(math.MinInt64), leaseset.Set(nil).End())
 }
 
-func TestLeaseSetEnd(t *testing.T) {
+func TestSetEnd(t *testing.T) {
 	p := throttler.Concurrent(3, time.Second)
-	var s backend.LeaseSet
+	var s leaseset.Set
 	s.Acquire(p, 1, 5000)
 	s.Acquire(p, 2, 1000) // a clock behind
 	assert.Equal(t, int64(6000), s.End(), "the latest expiry, not the last written")
 }
 
 // A steady Acquire and Release on a set that has room allocate nothing.
-func TestLeaseSetAllocatesNothing(t *testing.T) {
+func TestSetAllocatesNothing(t *testing.T) {
 	p := throttler.Concurrent(8, time.Second)
-	s := make(backend.LeaseSet, 0, 8)
+	s := make(leaseset.Set, 0, 8)
 	for id := throttler.LeaseID(1); id < 5; id++ {
 		s.Acquire(p, id, 0)
 	}
@@ -116,34 +119,11 @@ func TestLeaseSetAllocatesNothing(t *testing.T) {
 	assert.Zero(t, allocs)
 }
 
-func TestLeaseIdentity(t *testing.T) {
-	for _, tc := range []struct {
-		p    throttler.ConcurrencyPolicy
-		want string
-	}{
-		{throttler.ConcurrencyPolicy{Name: "exports", Limit: 20, TTL: time.Minute}, "exports cc"},
-		{throttler.ConcurrencyPolicy{Name: "exports", Limit: 3, TTL: time.Hour}, "exports cc"},
-		{throttler.Concurrent(20, time.Minute), " cc 20/60000"},
-		{throttler.Concurrent(20, 1500*time.Millisecond), " cc 20/1500"},
-	} {
-		assert.Equal(t, tc.want, backend.LeaseIdentity(tc.p), "%v", tc.p)
-		assert.Equal(t, "x"+tc.want, string(backend.AppendLeaseIdentity([]byte("x"), tc.p)))
-	}
-	// Never a rate policy's identity, for any algorithm, named or not.
-	for _, name := range []string{"exports", ""} {
-		c := throttler.ConcurrencyPolicy{Name: name, Limit: 20, TTL: time.Minute}
-		for a := throttler.FixedWindow; a <= throttler.SlidingWindow; a++ {
-			r := throttler.Policy{Name: name, Limit: 20, Window: time.Minute, Algorithm: a}
-			assert.NotEqual(t, backend.Identity(r), backend.LeaseIdentity(c), "%v and %v", r, c)
-		}
-	}
-}
-
-// FuzzLeaseSetMatchesModel: any sequence of calls (each 4 bytes: which
+// FuzzSetMatchesModel: any sequence of calls (each 4 bytes: which
 // call, which ID, how far the clock moves, back or forward, and which of
-// two policies sharing a name) answers as backendtest.LeaseModel, and Hold
+// two policies sharing a name) answers as model.LeaseModel, and Hold
 // and Drop agree with Acquire and Release.
-func FuzzLeaseSetMatchesModel(f *testing.F) {
+func FuzzSetMatchesModel(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 0, 0, 2, 1, 0, 1, 1, 200, 1})
 	f.Add([]byte{0, 1, 0, 0, 0, 1, 0, 1, 0, 2, 130, 0, 1, 1, 255, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
@@ -151,8 +131,8 @@ func FuzzLeaseSetMatchesModel(f *testing.F) {
 			{Name: "f", Limit: 2, TTL: 50 * time.Millisecond},
 			{Name: "f", Limit: 3, TTL: 20 * time.Millisecond},
 		}
-		m := backendtest.NewLeaseModel()
-		var s, twin backend.LeaseSet
+		m := model.NewLeaseModel()
+		var s, twin leaseset.Set
 		now := backendtest.T0.UnixMilli()
 		for i := 0; i+4 <= len(ops); i += 4 {
 			op, id, step, pi := ops[i], throttler.LeaseID(1+ops[i+1]%6), int64(int8(ops[i+2])), ops[i+3]%2
@@ -165,7 +145,7 @@ func FuzzLeaseSetMatchesModel(f *testing.F) {
 				got, _ := s.Acquire(p, id, now)
 				require.Equal(t, want, got, "call %d", i/4)
 				used, earliest, allowed, _ := twin.Hold(p, id, now)
-				require.Equal(t, got, backend.LeaseDecision(p, used, earliest, now, allowed))
+				require.Equal(t, got, leaseset.Decision(p, used, earliest, now, allowed))
 			} else {
 				wantHeld, want, err := m.Release(context.Background(), "k", p, id, at)
 				require.NoError(t, err)
@@ -174,8 +154,63 @@ func FuzzLeaseSetMatchesModel(f *testing.F) {
 				require.Equal(t, wantHeld, held, "call %d", i/4)
 				held, used, earliest, _ := twin.Drop(id, now)
 				require.Equal(t, wantHeld, held)
-				require.Equal(t, got, backend.LeaseDecision(p, used, earliest, now, used < p.Limit))
+				require.Equal(t, got, leaseset.Decision(p, used, earliest, now, used < p.Limit))
 			}
 		}
 	})
+}
+
+// leaseset.Set, the arithmetic the Go backends share, answers as the
+// model on long random traces: many leases per key, refreshes, releases of
+// held, expired and unknown IDs, policies sharing a name with other
+// Limits and TTLs, the clock going back and jumping ahead.
+func TestSetMatchesModel(t *testing.T) {
+	ctx := context.Background()
+	policies := []throttler.ConcurrencyPolicy{
+		{Name: "n", Limit: 40, TTL: 200 * time.Millisecond},
+		{Name: "n", Limit: 25, TTL: 70 * time.Millisecond},
+		{Limit: 1, TTL: time.Millisecond},
+		{Limit: 3, TTL: 20 * time.Millisecond},
+	}
+	for seed := uint64(1); seed <= 4; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 5))
+		m := model.NewLeaseModel()
+		sets := map[string]*leaseset.Set{}
+		now := backendtest.T0.UnixMilli()
+		for i := 0; i < 20000; i++ {
+			p := policies[rng.IntN(len(policies))]
+			switch r := rng.IntN(100); {
+			case r < 80:
+				now += int64(rng.IntN(3))
+			case r < 92:
+				now -= int64(rng.IntN(30))
+			default:
+				now += int64(rng.IntN(300))
+			}
+			id := throttler.LeaseID(1 + rng.IntN(60))
+			s := sets[identity.Lease(p)]
+			if s == nil {
+				s = new(leaseset.Set)
+				sets[identity.Lease(p)] = s
+			}
+			msg := fmt.Sprintf("seed %d step %d: id %d under %v at %d", seed, i, id, p, now)
+			if rng.IntN(3) < 2 {
+				want, err := m.Acquire(ctx, "k", p, id, time.UnixMilli(now))
+				require.NoError(t, err)
+				got, _ := s.Acquire(p, id, now)
+				require.Equal(t, want, got, msg)
+			} else {
+				wantHeld, want, err := m.Release(ctx, "k", p, id, time.UnixMilli(now))
+				require.NoError(t, err)
+				held, got, _ := s.Release(p, id, now)
+				require.Equal(t, want, got, msg)
+				require.Equal(t, wantHeld, held, msg)
+			}
+			if end, ok := m.End("k", p); ok {
+				require.Equal(t, end, s.End(), msg)
+			} else {
+				require.Empty(t, *s, msg)
+			}
+		}
+	}
 }

@@ -1,4 +1,6 @@
-package backendtest
+// Package leasetest helps the tests of wrappers that pass leases on (a
+// router, a shadow, a migration) see which store holds what.
+package leasetest
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package backend_test
+package algo_test
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/backend/backendtest"
+	"github.com/throttlekit/throttlekit/internal/algo"
+	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -30,9 +32,9 @@ func TestLogBufferMatchesModel(t *testing.T) {
 	} {
 		for seed := uint64(1); seed <= 6; seed++ {
 			rng := rand.New(rand.NewPCG(seed, 11))
-			m := backendtest.NewModel()
-			var buf backend.LogBuffer
-			var log []backend.LogEntry
+			m := model.NewModel()
+			var buf algo.LogBuffer
+			var log []algo.LogEntry
 			now := backendtest.T0.UnixMilli()
 			var receipts []int64 // of the latest admitted Takes
 			for i := 0; i < 4000; i++ {
@@ -64,7 +66,7 @@ func TestLogBufferMatchesModel(t *testing.T) {
 				got.ResetAt = time.UnixMilli(got.ResetAt.UnixMilli())
 				want.ResetAt = time.UnixMilli(want.ResetAt.UnixMilli())
 				require.Equal(t, want, got, msg...)
-				d, next, write := backend.Log(p, slices.Clone(log), op, cost, r, now)
+				d, next, write := algo.Log(p, slices.Clone(log), op, cost, r, now)
 				d.ResetAt = time.UnixMilli(d.ResetAt.UnixMilli())
 				require.Equal(t, want, d, msg...)
 				if write {
@@ -81,7 +83,7 @@ func TestLogBufferMatchesModel(t *testing.T) {
 // Take is Apply's admitted Take; a Take that does not fit changes nothing.
 func TestLogBufferTake(t *testing.T) {
 	p := throttler.Policy{Limit: 3, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}
-	var l backend.LogBuffer
+	var l algo.LogBuffer
 	used, resetAt, ok := l.Take(p, 2, 1000)
 	require.True(t, ok)
 	assert.Equal(t, int64(2), used)

@@ -1,20 +1,14 @@
-package backend
-
-import (
-	"math/bits"
-	"time"
-
-	"github.com/throttlekit/throttlekit/throttler"
-)
-
-// The arithmetic of the token bucket, the sliding log and the sliding-window
-// counter, exactly as docs/algorithms.md states it, for the backends written
-// in Go (memory, Memcached); the Redis scripts compute the same in Lua. Each
-// function is pure: it takes the stored state (or none), the call and its
-// instant t in Unix milliseconds, and returns the Decision, the state after
-// the call, and whether that state must be written. A denied Take and a Peek
-// never write. Inputs must have passed throttler.ValidateCall (a Refund:
-// ValidateRefund).
+// Package algo is the arithmetic of the token bucket, the sliding log and
+// the sliding-window counter, exactly as docs/algorithms.md states it, and
+// the Decision of a fixed window (WindowState, PeekState), for the backends
+// written in Go (memory, Memcached); the Redis backend's scripts compute the
+// same in Lua, and its over-limit cache answers with these functions.
+//
+// Each function is pure: it takes the stored state (or none), the call and
+// its instant t in Unix milliseconds, and returns the Decision, the state
+// after the call, and whether that state must be written. A denied Take
+// and a Peek never write. Inputs must have passed throttler.ValidateCall (a
+// Refund: ValidateRefund).
 //
 // A Refund names the Take that counted its units by r, that Take's
 // Decision.ResetAt in Unix ms (its receipt), and gives units back only to
@@ -25,6 +19,14 @@ import (
 // Every product is bounded before it is formed (Policy.Validate bounds
 // Burst·Window and Limit·Window by 2^53), so nothing overflows, and every
 // division is an integer floor or ceiling.
+package algo
+
+import (
+	"math/bits"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
 
 // TokenBucketState is a token bucket's stored state.
 type TokenBucketState struct {

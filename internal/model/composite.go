@@ -1,4 +1,4 @@
-package backendtest
+package model
 
 import (
 	"sort"
@@ -9,21 +9,21 @@ import (
 // Traits says that the model takes composites (see throttler.All).
 func (m *Model) Traits() throttler.Traits { return throttler.Traits{Composites: true} }
 
-// tryComposite is try for a composite p (OpTake or OpPeek; a composite is
+// TryComposite is Try for a composite p (OpTake or OpPeek; a composite is
 // refunded member by member), from no state for every member when dropped
 // is set. It holds the model's lock from the first member's answer to the
 // last, and commits every member's state or none.
-func (m *Model) tryComposite(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
+func (m *Model) TryComposite(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	var drops []bool
 	for range p.Members() {
 		drops = append(drops, dropped)
 	}
-	return m.tryMembers(op, key, p, cost, t, drops)
+	return m.TryMembers(op, key, p, cost, t, drops)
 }
 
-// tryMembers is tryComposite reading member i from no state when drops[i]
+// TryMembers is TryComposite reading member i from no state when drops[i]
 // is set: a backend may have dropped any of the members' ended states.
-func (m *Model) tryMembers(op throttler.Op, key string, p throttler.Policy, cost, t int64, drops []bool) (throttler.Decision, func()) {
+func (m *Model) TryMembers(op throttler.Op, key string, p throttler.Policy, cost, t int64, drops []bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var ds []throttler.Decision

@@ -1,4 +1,13 @@
-package backendtest
+// Package model holds the reference models every backend is checked
+// against: Model, of the four rate algorithms, and LeaseModel, of the lease
+// contract. Each is a backend written for clarity, not speed, and
+// independently of the arithmetic the backends share (internal/algo,
+// internal/leaseset): where the contract says "the least wait", a model
+// searches millisecond by millisecond instead of using a formula. The
+// conformance suites (backend/backendtest) compare every backend with
+// them on random traces (RandomCall, Receipts), and the arithmetic's own
+// tests compare it with them.
+package model
 
 import (
 	"context"
@@ -7,20 +16,20 @@ import (
 	"sync"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // Model is the reference model of the four algorithms: a throttler.Backend
 // written for clarity, not speed, independently of the arithmetic in
-// package backend. Where the contract says "the least wait", it searches
+// internal/algo. Where the contract says "the least wait", it searches
 // millisecond by millisecond instead of using a formula; a token bucket's
 // products are big integers. Every backend is checked against it.
 //
 // It keeps every state it writes (it never reclaims), which is what a
 // backend answers too unless it dropped state that had ended by the latest
-// now it was given; Trace allows for exactly that. It is safe for
-// concurrent use.
+// now it was given; the differential traces allow for exactly that. It is
+// safe for concurrent use.
 type Model struct {
 	mu     sync.Mutex
 	states map[modelKey]*modelState
@@ -34,15 +43,15 @@ type modelState struct {
 	// token bucket: scaled tokens and the ms of the last refill
 	tokens, at int64
 	// sliding log: one entry per admitted Take, never merged
-	log []LogItem
+	log []logItem
 	// sliding window counter
 	k, curr, prev int64
 	// the window (ms) a bucket or counter was written under
 	window int64
 }
 
-// LogItem is one admitted Take in the model's sliding log.
-type LogItem struct{ At, Units int64 }
+// logItem is one admitted Take in the model's sliding log.
+type logItem struct{ At, Units int64 }
 
 // NewModel returns an empty model.
 func NewModel() *Model { return &Model{states: map[modelKey]*modelState{}} }
@@ -72,19 +81,19 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int6
 	if err := throttler.ValidateCall(op, key, p, cost); err != nil {
 		return throttler.Decision{}, err
 	}
-	try := m.try
+	try := m.Try
 	if p.Composite() {
-		try = m.tryComposite
+		try = m.TryComposite
 	}
 	d, commit := try(op, key, p, cost, r, now.UnixMilli(), false)
 	commit()
 	return d, nil
 }
 
-// try computes a call's Decision without storing anything (from no state
+// Try computes a call's Decision without storing anything (from no state
 // at all when dropped is set); commit stores what the call would, the drop
 // included.
-func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
+func (m *Model) Try(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	d, commit := m.tryLocked(op, key, p, cost, r, t, dropped)
@@ -95,13 +104,13 @@ func (m *Model) try(op throttler.Op, key string, p throttler.Policy, cost, r, t 
 	}
 }
 
-// tryLocked is try with m.mu held, whose commit needs m.mu held too.
+// tryLocked is Try with m.mu held, whose commit needs m.mu held too.
 func (m *Model) tryLocked(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
-	k := modelKey{backend.Identity(p), key}
+	k := modelKey{identity.Rate(p), key}
 	var cp *modelState
 	if st := m.states[k]; st != nil && !dropped {
 		c := *st
-		c.log = append([]LogItem(nil), st.log...)
+		c.log = append([]logItem(nil), st.log...)
 		cp = &c
 	}
 	w := p.Window.Milliseconds()
@@ -125,7 +134,7 @@ func (m *Model) tryLocked(op throttler.Op, key string, p throttler.Policy, cost,
 // Forget drops the state of (p, key), as a backend may once it has ended.
 func (m *Model) Forget(key string, p throttler.Policy) {
 	m.mu.Lock()
-	delete(m.states, modelKey{backend.Identity(p), key})
+	delete(m.states, modelKey{identity.Rate(p), key})
 	m.mu.Unlock()
 }
 
@@ -135,7 +144,7 @@ func (m *Model) Forget(key string, p throttler.Policy) {
 func (m *Model) End(key string, p throttler.Policy) (int64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	st := m.states[modelKey{backend.Identity(p), key}]
+	st := m.states[modelKey{identity.Rate(p), key}]
 	if st == nil {
 		return 0, false
 	}
@@ -269,11 +278,11 @@ func modelBucket(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t
 
 func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t int64) (throttler.Decision, *modelState) {
 	w := p.Window.Milliseconds()
-	var log []LogItem
+	var log []logItem
 	if st != nil {
 		log = st.log
 	}
-	usedAt := func(log []LogItem, u int64) int64 {
+	usedAt := func(log []logItem, u int64) int64 {
 		n := int64(0)
 		for _, e := range log {
 			if u < e.At+w {
@@ -289,13 +298,13 @@ func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t in
 	case throttler.OpTake:
 		want = cost
 		if used+cost <= p.Limit {
-			var kept []LogItem
+			var kept []logItem
 			for _, e := range log {
 				if t < e.At+w {
 					kept = append(kept, e)
 				}
 			}
-			log = append(kept, LogItem{At: t, Units: cost})
+			log = append(kept, logItem{At: t, Units: cost})
 			used += cost
 			next = &modelState{log: log}
 		}
@@ -318,7 +327,7 @@ func modelLog(p throttler.Policy, st *modelState, op throttler.Op, cost, r, t in
 					left -= n
 				}
 			}
-			var kept []LogItem
+			var kept []logItem
 			for _, e := range log {
 				if e.Units > 0 {
 					kept = append(kept, e)

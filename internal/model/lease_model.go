@@ -1,17 +1,17 @@
-package backendtest
+package model
 
 import (
 	"context"
 	"sync"
 	"time"
 
-	"github.com/throttlekit/throttlekit/backend"
+	"github.com/throttlekit/throttlekit/internal/identity"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
 // LeaseModel is the reference model of the lease contract
 // (throttler/lease.go): a throttler.LeaseBackend written for clarity, not
-// speed, independently of backend.LeaseSet. A key's state is a map from
+// speed, independently of leaseset.Set. A key's state is a map from
 // lease ID to expiry (Unix ms); every call first deletes the leases whose
 // expiry is <= now, as the contract says.
 //
@@ -55,10 +55,10 @@ func (m *LeaseModel) Release(_ context.Context, key string, p throttler.Concurre
 	return held, d, nil
 }
 
-// try computes an Acquire (or a Release) of id at t without storing
+// Try computes an Acquire (or a Release) of id at t without storing
 // anything, from no state at all when dropped is set; commit stores what
 // the call would, the drop included.
-func (m *LeaseModel) try(acquire bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64, dropped bool) (held bool, d throttler.Decision, commit func()) {
+func (m *LeaseModel) Try(acquire bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64, dropped bool) (held bool, d throttler.Decision, commit func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	held, d, k, live := m.compute(acquire, key, p, id, t, dropped)
@@ -69,10 +69,10 @@ func (m *LeaseModel) try(acquire bool, key string, p throttler.ConcurrencyPolicy
 	}
 }
 
-// compute is try's answer and the state the call leaves (live), with m.mu
+// compute is Try's answer and the state the call leaves (live), with m.mu
 // held.
 func (m *LeaseModel) compute(acquire bool, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, t int64, dropped bool) (held bool, d throttler.Decision, k modelKey, live map[throttler.LeaseID]int64) {
-	k = modelKey{backend.LeaseIdentity(p), key}
+	k = modelKey{identity.Lease(p), key}
 	// The leases held at t: a copy, so that nothing is stored before
 	// commit.
 	live = map[throttler.LeaseID]int64{}
@@ -126,7 +126,7 @@ func (m *LeaseModel) store(k modelKey, live map[throttler.LeaseID]int64) {
 func (m *LeaseModel) End(key string, p throttler.ConcurrencyPolicy) (int64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	set := m.sets[modelKey{backend.LeaseIdentity(p), key}]
+	set := m.sets[modelKey{identity.Lease(p), key}]
 	if len(set) == 0 {
 		return 0, false
 	}
