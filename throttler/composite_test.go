@@ -42,7 +42,8 @@ func TestCompositeValidate(t *testing.T) {
 	}
 	assert.Equal(t, s, throttler.All(s), "All of one policy is that policy")
 	c := throttler.All(s, h)
-	assert.True(t, c == c, "copies of one composite compare equal")
+	copied := c
+	assert.True(t, copied == c, "copies of one composite compare equal")
 	assert.False(t, c == throttler.All(s, h), "composites built apart do not")
 	assert.Equal(t, "all(login-s: 1 per 1s; login-h: 100 per 1h0m0s)", c.String())
 	assert.Equal(t, int64(1), c.Capacity(), "the least member's capacity")
