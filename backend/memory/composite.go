@@ -13,12 +13,16 @@ import (
 // all, whatever their identities. Nothing else is locked, so no lock order
 // can deadlock.
 //
-// A Take first asks every member whether it admits the cost, reading
-// without writing (a Take of cost is admitted exactly when a Peek at the
-// same now says Remaining >= cost, on every algorithm); only when all do
-// does it take from each, through the path a single Take takes. So a denied
-// composite writes nothing at all, and an admitted one leaves each member
-// as that member's own Take would have: nothing forks.
+// A Take whose members all have stored state on a single Take's fast path
+// (fast.go) runs each member's Take on a copy of its slot, and stores the
+// copies only when every one admitted (takeStored). Any other Take first
+// asks every member whether it admits the cost, reading without writing (a
+// Take of cost is admitted exactly when a Peek at the same now says
+// Remaining >= cost, on every algorithm); only when all do does it take from
+// each, through the path a single Take takes. So a denied composite writes
+// nothing, and an admitted one leaves each member as that member's own Take
+// would have: nothing forks. The one exception, in a full shard, is undone
+// by refunds (see undo).
 
 // allMemo is a shard's memo of the composite its last composite call
 // named, which was valid, and its members' identity numbers: Policy values
@@ -30,7 +34,6 @@ type allMemo struct {
 	ms  [throttler.MaxMembers]throttler.Policy
 	ids [throttler.MaxMembers]uint32
 	cap int64 // the least capacity: the largest cost a Take may have
-	_   [24]byte
 }
 
 // allMemos are the shards' memos, made at a Backend's first composite call.

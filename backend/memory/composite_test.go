@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -72,4 +73,39 @@ func TestCompositeMemoPerComposite(t *testing.T) {
 	h, err := m.Peek(ctx, "k", throttler.PerHour(9).Named("memo-h"), t0)
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), h.Used, "the shared member counted the four admitted composites")
+}
+
+// TestCompositeUndoesWhatEvictionDenied: in a full shard, making room for
+// one member's new state can move another member's into the second tier,
+// into a cell shared with a stricter state, after the Peeks admitted the
+// composite. The member then denies its Take, and what the earlier members
+// took is refunded: the composite is denied and counts nothing.
+func TestCompositeUndoesWhatEvictionDenied(t *testing.T) {
+	m := newBackend(t, &memory.Options{Shards: 1, MaxKeys: 1})
+	ctx := context.Background()
+	b, other := throttler.PerHour(2).Named("undo-b"), throttler.PerHour(10).Named("undo-x")
+	// x's state shares b's cell, and a's has one of its own, so a's count
+	// stays exact while it is evicted.
+	cell := memory.TierCell(m, "k", b)
+	x, a := "", throttler.Policy{}
+	for i := 0; x == ""; i++ {
+		if k := fmt.Sprint("x", i); memory.TierCell(m, k, other) == cell {
+			x = k
+		}
+	}
+	for i := 0; a.Limit == 0; i++ {
+		if p := throttler.PerHour(5).Named(fmt.Sprint("undo-a", i)); memory.TierCell(m, "k", p) != cell {
+			a = p
+		}
+	}
+	_, err := m.Take(ctx, x, other, 2, t0) // 2 counted, in the table
+	require.NoError(t, err)
+	_, err = m.Take(ctx, "k", b, 1, t0) // evicts x's state to the cell b's goes to
+	require.NoError(t, err)
+	d, err := m.Take(ctx, "k", throttler.All(a, b), 1, t0)
+	require.NoError(t, err)
+	assert.False(t, d.Allowed, "b's state came back from a cell that counts 2")
+	got, err := m.Peek(ctx, "k", a, t0)
+	require.NoError(t, err)
+	assert.Zero(t, got.Used, "a's unit was refunded")
 }
