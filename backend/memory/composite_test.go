@@ -3,6 +3,7 @@ package memory_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -45,6 +47,71 @@ func BenchmarkComposite(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkCompositeInterleaved times BenchmarkComposite's Takes as
+// BenchmarkAlgorithmsInterleaved times the algorithms: one policy and the
+// composite of two in turns of 1,000 calls, by the thread's CPU time, on a
+// hot key and on 100k keys; it reports the medians and the median ratio.
+func BenchmarkCompositeInterleaved(b *testing.B) {
+	if !cputime.Supported {
+		b.Skip("no thread CPU clock here")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ctx := context.Background()
+	one := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	two := throttler.All(one, throttler.Policy{Name: "bench-day", Limit: 1 << 40, Window: 24 * time.Hour})
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprint("client-", i)
+	}
+	type contender struct {
+		name string
+		m    *memory.Backend
+		p    throttler.Policy
+		keys []string
+	}
+	var cs []contender
+	for _, n := range []int{1, len(keys)} {
+		for _, c := range []struct {
+			name string
+			p    throttler.Policy
+		}{{"one", one}, {"two", two}} {
+			m := newBackend(b, nil)
+			for _, k := range keys[:n] {
+				_, _ = m.Take(ctx, k, c.p, 1, t0)
+			}
+			cs = append(cs, contender{fmt.Sprintf("%s-%dkeys", c.name, n), m, c.p, keys[:n]})
+		}
+	}
+	const turn = 1000
+	costs := make([][]float64, len(cs))
+	i := 0
+	for b.Loop() {
+		for c := range cs {
+			ct := &cs[c]
+			start := cputime.Thread()
+			for j := i; j < i+turn; j++ {
+				if d, err := ct.m.Take(ctx, ct.keys[j%len(ct.keys)], ct.p, 1, t0); err != nil || !d.Allowed {
+					b.Fatal(d, err)
+				}
+			}
+			costs[c] = append(costs[c], float64(cputime.Thread()-start)/turn)
+		}
+		i += turn
+	}
+	for c := range cs {
+		b.ReportMetric(median(costs[c]), cs[c].name+"-cpu-ns/op")
+		if c%2 == 1 {
+			ratios := make([]float64, len(costs[c]))
+			for r := range ratios {
+				ratios[r] = costs[c][r] / costs[c-1][r]
+			}
+			b.ReportMetric(median(ratios), cs[c].name+"/one")
+		}
+	}
+	b.ReportMetric(0, "ns/op")
 }
 
 // Several composites over one shard answer each by its own members: the
