@@ -150,7 +150,7 @@ const (
 	zeroTime = math.MinInt64
 )
 
-func compact(d Decision) memberDecision {
+func compact(d *Decision) memberDecision {
 	m := memberDecision{limit: d.Limit & (degradedBit - 1), used: d.Used, resetAt: zeroTime, retry: d.RetryAfter}
 	if d.Allowed {
 		m.limit |= allowedBit
@@ -186,15 +186,14 @@ func Combine(members []Decision) Decision {
 	}
 	d := members[b]
 	md := new(memberDecisions)
-	for i, m := range members {
+	for i := range members {
+		m := &members[i]
 		md[i] = compact(m)
-	}
-	d.members, d.nMembers = md, uint8(len(members))
-	for _, m := range members {
 		d.Allowed = d.Allowed && m.Allowed
 		d.Remaining = min(d.Remaining, m.Remaining)
 		d.Degraded = d.Degraded || m.Degraded
 	}
+	d.members, d.nMembers = md, uint8(len(members))
 	if d.Allowed {
 		d.RetryAfter = 0
 	}
@@ -250,10 +249,11 @@ func (d Decision) Binding() int {
 func binding(ms []Decision) int {
 	b := -1
 	denied := false
-	for _, m := range ms {
-		denied = denied || !m.Allowed
+	for i := range ms {
+		denied = denied || !ms[i].Allowed
 	}
-	for i, m := range ms {
+	for i := range ms {
+		m := &ms[i] // by pointer: a Decision is 14 words
 		if denied && m.Allowed {
 			continue
 		}
@@ -261,7 +261,7 @@ func binding(ms []Decision) int {
 			b = i
 			continue
 		}
-		o := ms[b]
+		o := &ms[b]
 		better := m.Remaining < o.Remaining
 		same := m.Remaining == o.Remaining
 		if denied {

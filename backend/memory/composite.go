@@ -138,37 +138,42 @@ func (b *Backend) undo(s *shard, h uint64, m *allMemo, i int, key string, cost i
 // takeStored is the common composite Take, done without the Peeks and the
 // general path: every member has stored state that a single Take would
 // take on its fast path (fast.go; not a log, whose buffer is not a slot's
-// value), and each admits. Each member's Take runs on a copy of its slot,
-// and only when all are admitted are the copies stored and ds filled in.
-// Otherwise it changes nothing and reports false.
+// value), and each admits. Each member's Take runs first on a copy of its
+// slot, and only when all are admitted on the slots themselves, filling ds
+// in. Otherwise it changes nothing and reports false.
 func (b *Backend) takeStored(s *shard, h uint64, m *allMemo, key string, cost, ms int64, ds *[throttler.MaxMembers]throttler.Decision) bool {
 	var slots [throttler.MaxMembers]*slot
-	var next [throttler.MaxMembers]slot
-	var used, resetAt [throttler.MaxMembers]int64
 	for i := range m.n {
 		w := s.table.find(h, key, m.ids[i])
 		if w == nil {
 			return false
 		}
-		c, p, ok := *w, &m.ms[i], false
-		switch p.Algorithm {
-		case throttler.FixedWindow:
-			used[i], resetAt[i], ok = c.takeFixed(p.Limit, cost, ms)
-		case throttler.TokenBucket:
-			used[i], resetAt[i], ok = c.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
-		case throttler.SlidingWindow:
-			used[i], resetAt[i], ok = c.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
-		}
-		if !ok {
+		c := *w // a dry run, on a copy
+		if _, _, ok := c.takeFast(&m.ms[i], cost, ms); !ok {
 			return false
 		}
-		slots[i], next[i] = w, c
+		slots[i] = w
 	}
 	for i := range m.n {
-		next[i].used1()
-		*slots[i] = next[i]
-		c := m.ms[i].Capacity()
-		ds[i] = throttler.Decision{Allowed: true, Limit: c, Used: used[i], Remaining: max(c-used[i], 0), ResetAt: time.UnixMilli(resetAt[i])}
+		// The same Take again, now on the slot: the same answer.
+		w, p := slots[i], &m.ms[i]
+		used, resetAt, _ := w.takeFast(p, cost, ms)
+		w.used1()
+		c := p.Capacity()
+		ds[i] = throttler.Decision{Allowed: true, Limit: c, Used: used, Remaining: max(c-used, 0), ResetAt: time.UnixMilli(resetAt)}
 	}
 	return true
+}
+
+// takeFast is a single Take's fast path (fast.go) for p on w, but a log's.
+func (w *slot) takeFast(p *throttler.Policy, cost, ms int64) (used, resetAt int64, ok bool) {
+	switch p.Algorithm {
+	case throttler.FixedWindow:
+		return w.takeFixed(p.Limit, cost, ms)
+	case throttler.TokenBucket:
+		return w.takeBucket(p.Limit, p.Capacity(), p.Window.Milliseconds(), cost, ms)
+	case throttler.SlidingWindow:
+		return w.takeCounter(p.Limit, p.Window.Milliseconds(), cost, ms)
+	}
+	return 0, 0, false
 }
