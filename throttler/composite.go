@@ -127,14 +127,9 @@ func (c *composite) String() string {
 	return "all(" + strings.Join(parts, "; ") + ")"
 }
 
-// memberDecisions are a composite Decision's members' own (the Decision
-// holds how many), behind a pointer so that a Decision stays comparable (two
-// composite Decisions are == only when one is a copy of the other), and
-// compact, 128 bytes without pointers: the garbage collector never scans
-// them.
-type memberDecisions [MaxMembers]memberDecision
-
-// memberDecision is a member's Decision in four words: its Limit with
+// memberDecision is a member's Decision in four words, without pointers
+// (the garbage collector never scans a composite of three or four's), its
+// Limit with
 // Allowed and Degraded in bits above any Limit, Used, ResetAt in Unix ns
 // (zeroTime for the zero time) and RetryAfter. Its Remaining is Limit -
 // Used, never below zero, as every Decision's is.
@@ -178,22 +173,25 @@ func (m *memberDecision) decision() Decision {
 // Decisions, in the composite's order (at most MaxMembers; more is the zero
 // Decision), by the rules of Backend's doc: a backend that takes composites
 // builds each member's Decision and calls it. No member is the zero
-// Decision.
+// Decision. A Decision keeps two members' in place, so only a composite of
+// three or four costs an allocation (of 64 bytes).
 func Combine(members []Decision) Decision {
 	b := binding(members)
 	if b < 0 || len(members) > MaxMembers {
 		return Decision{}
 	}
 	d := members[b]
-	md := new(memberDecisions)
+	if len(members) > len(d.members) {
+		d.more = new([MaxMembers - 2]memberDecision)
+	}
 	for i := range members {
 		m := &members[i]
-		md[i] = compact(m)
+		*d.memberAt(i) = compact(m)
 		d.Allowed = d.Allowed && m.Allowed
 		d.Remaining = min(d.Remaining, m.Remaining)
 		d.Degraded = d.Degraded || m.Degraded
 	}
-	d.members, d.nMembers = md, uint8(len(members))
+	d.nMembers = uint8(len(members))
 	if d.Allowed {
 		d.RetryAfter = 0
 	}
@@ -202,14 +200,14 @@ func Combine(members []Decision) Decision {
 
 // Members yields, for a composite policy's Decision (see All), each
 // member's own Decision with its index, in the composite's order (its
-// ResetAt in the local time zone); nothing for a single policy's. In a denied composite nothing was counted: a
-// member that would have admitted the cost says Allowed, with its state as
-// it stands (as a Peek's), and a denying one says what its own denied Take
-// says.
+// ResetAt in the local time zone, its At the composite's); nothing for a
+// single policy's. In a denied composite nothing was counted: a member that
+// would have admitted the cost says Allowed, with its state as it stands (as
+// a Peek's), and a denying one says what its own denied Take says.
 func (d Decision) Members() iter.Seq2[int, Decision] {
 	return func(yield func(int, Decision) bool) {
 		for i := range int(d.nMembers) {
-			m := d.members[i].decision()
+			m := d.memberAt(i).decision()
 			m.At = d.At
 			if !yield(i, m) {
 				return
@@ -224,9 +222,18 @@ func (d Decision) member(i int) Decision {
 	if i >= int(d.nMembers) {
 		return Decision{}
 	}
-	m := d.members[i].decision()
+	m := d.memberAt(i).decision()
 	m.At = d.At
 	return m
+}
+
+// memberAt is where member i's Decision is kept, i < nMembers (or, in
+// Combine, the room for it).
+func (d *Decision) memberAt(i int) *memberDecision {
+	if i < len(d.members) {
+		return &d.members[i]
+	}
+	return &d.more[i-len(d.members)]
 }
 
 // memberCount is how many members' Decisions d holds.
@@ -356,11 +363,13 @@ func (t *Throttler) refuseComposite(r *request) (Decision, error) {
 }
 
 // markDegraded marks a fallback's composite Decision's members Degraded too,
-// on a copy of them: the backend's Decision may share its members.
+// on a copy of those kept apart: the backend's Decision may share them.
 func markDegraded(d *Decision) {
-	m := *d.members
-	for i := range m[:d.nMembers] {
-		m[i].limit |= degradedBit
+	if d.more != nil {
+		more := *d.more
+		d.more = &more
 	}
-	d.members = &m
+	for i := range int(d.nMembers) {
+		d.memberAt(i).limit |= degradedBit
+	}
 }

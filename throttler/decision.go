@@ -41,8 +41,11 @@ type Decision struct {
 	// answer included, so that a caller needs no clock reading of its own.
 	// It may be zero in a Decision returned with an error.
 	At time.Time
-	// members are a composite's members' own Decisions.
-	members *memberDecisions
+	// members are a composite's members' own Decisions: the first two in
+	// place, so that a composite of two costs no allocation, the others in
+	// more.
+	members [2]memberDecision
+	more    *[MaxMembers - 2]memberDecision
 }
 
 // Known reports whether d carries a real count (false only for a degraded

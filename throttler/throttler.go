@@ -478,7 +478,7 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
-			if d.members != nil {
+			if d.nMembers != 0 {
 				markDegraded(&d)
 			}
 			return d, SourceFallback, primaryErr, nil
