@@ -8,8 +8,8 @@
 // suite, backend/backendtest (Run, RunLeases), from the backend's tests.
 // docs/algorithms.md states the exact arithmetic each algorithm computes, to
 // the millisecond. A backend's operation starts with throttler.ValidateCall
-// (a Refund: ValidateRefund; a lease: ValidateLease) and answers bad input
-// with its error before touching any store; a store's failure is marked
+// (a lease: ValidateLease) and answers bad input with its error before
+// touching any store; a store's failure is marked
 // with throttler.StoreFailure or KeyFailure. That is the only validation a
 // call gets: wrappers forward without validating, since the backend they
 // end in validates, and the Throttler validates only when its backend

@@ -47,7 +47,7 @@ func TestValidateCall(t *testing.T) {
 		{"key checked before policy", throttler.OpTake, "", throttler.Policy{}, 0, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, throttler.ValidateCall(tc.op, tc.key, tc.p, tc.cost), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateCall(tc.op, tc.key, tc.p, tc.cost, time.UnixMilli(1)), tc.want, tc.name)
 	}
 }
 
@@ -173,7 +173,7 @@ func ExampleOpFunc() {
 
 // A Refund also names its Take: a zero receipt is an input error of its
 // own, checked after the call's other input.
-func TestValidateRefund(t *testing.T) {
+func TestValidateCallOfARefund(t *testing.T) {
 	p := throttler.PerMinute(10)
 	tests := []struct {
 		name    string
@@ -189,7 +189,7 @@ func TestValidateRefund(t *testing.T) {
 		{"empty key first", "", 1, time.Time{}, throttler.ErrInvalidKey},
 	}
 	for _, tc := range tests {
-		assertInputError(t, throttler.ValidateRefund(tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
+		assertInputError(t, throttler.ValidateCall(throttler.OpRefund, tc.key, p, tc.cost, tc.receipt), tc.want, tc.name)
 	}
 }
 

@@ -22,7 +22,7 @@ func FuzzValidateCall(f *testing.F) {
 	f.Fuzz(func(t *testing.T, op uint8, key, name string, limit, window, cost int64) {
 		o := throttler.Op(op)
 		p := throttler.Policy{Name: name, Limit: limit, Window: time.Duration(window)}
-		err := throttler.ValidateCall(o, key, p, cost)
+		err := throttler.ValidateCall(o, key, p, cost, time.UnixMilli(1)) // a receipt of a Take
 		if err != nil {
 			if !throttler.IsInputError(err) {
 				t.Fatalf("%v is not an input error", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -85,7 +86,7 @@ func BenchmarkMemcachedLeaseContention(b *testing.B) {
 			var clock atomic.Int64
 			memcachedContention(b, addr, clients, goroutines, "pair", func(m *memcached.Backend, contended *atomic.Int64) error {
 				now := base.Add(time.Duration(clock.Add(1)) * time.Microsecond)
-				id := throttler.NewLeaseID()
+				id := throttler.LeaseID(rand.Uint64() | 1)
 				d, err := m.Acquire(ctx, key, memcachedLeasePolicy, id, now)
 				for errors.Is(err, memcached.ErrContention) {
 					contended.Add(1)

@@ -21,7 +21,8 @@ import (
 func memcachedServe(b *testing.B) string {
 	b.Helper()
 	return serve(b, "memcached", func(port string) []string {
-		// -t 1: one worker thread, as the machine has 2 cores for the server and the benchmark.
+		// -t 1: one worker thread, as the machine has 2 cores for the server and the
+		// benchmark.
 		return []string{"-l", "127.0.0.1", "-p", port, "-U", "0", "-m", "64", "-t", "1", "-c", "1024", "-u", "root"}
 	}, func(addr string) error {
 		c := memcache.New(addr)
@@ -56,7 +57,8 @@ func BenchmarkMemcachedTake(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				// Every call is admitted: the benchmark measures counting in an open window.
+				// Every call is admitted: the benchmark measures counting in an
+				// open window.
 				p := throttler.Policy{Name: "bench", Limit: memcached.MaxLimit, Window: time.Hour}
 				now := time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC)
 				ctx := context.Background()

@@ -221,11 +221,10 @@ func BenchmarkMemoryTake(b *testing.B) {
 // rounds that other work disturbed (and the turns that first read the
 // round's keys) drop out.
 //
-// On 1 goroutine a turn is 1,000 calls timed by the thread's own CPU time
-// (the goroutine is locked to its thread), which other processes' load
-// does not inflate; an iteration is 20 rounds. On 64 goroutines a turn is 20 ms of all of them taking
-// as fast as they can: ns per call is the turn's wall time over the calls
-// made, the inverse of throughput on the machine's cores; an iteration is
+// On 1 goroutine a turn is 1,000 calls timed by the thread's own CPU time (the goroutine is locked
+// to its thread), which other processes' load does not inflate; an iteration is 20 rounds. On 64
+// goroutines a turn is 20 ms of all of them taking as fast as they can: ns per call is the turn's
+// wall time over the calls made, the inverse of throughput on the machine's cores; an iteration is
 // one round.
 func BenchmarkMemoryTakeInterleaved(b *testing.B) {
 	if !cputime.Supported {

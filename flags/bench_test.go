@@ -1,11 +1,14 @@
 package flags
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -39,11 +42,37 @@ func BenchmarkRouterTake(b *testing.B) {
 
 func BenchmarkBucket(b *testing.B) {
 	keys := flagstest.BenchKeys()
-	bk := NewBucketer(DefaultGroupID)
+	bk := rollout.NewBucketer(DefaultGroupID)
 	b.ReportAllocs()
 	cpu := flagstest.StartThreadCPU(b)
 	for i := 0; b.Loop(); i++ {
 		bk.Bucket(keys[i&1023])
+	}
+	cpu.Report(b)
+}
+
+// localNop is flagstest.Nop in process, so that a Throttler calls it
+// without a timeout context, whose cost would hide the router's.
+type localNop struct{ flagstest.Nop }
+
+func (*localNop) Traits() throttler.Traits { return throttler.Traits{InProcess: true} }
+
+// BenchmarkThrottlerOverRouter: a Throttler's Allow through a Router at
+// 50%, the path on which the Throttler names each call's store (for its
+// breakers) and the Router sends it.
+func BenchmarkThrottlerOverRouter(b *testing.B) {
+	keys := flagstest.BenchKeys()
+	now := time.Unix(1e9, 0)
+	th, err := throttler.New(router(b, &localNop{}, &localNop{}, percent(b, 50), nil),
+		&throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, p := context.Background(), throttler.PerHour(5000).Named("api")
+	b.ReportAllocs()
+	cpu := flagstest.StartThreadCPU(b)
+	for i := 0; b.Loop(); i++ {
+		_, _ = th.Allow(ctx, keys[i&1023], p)
 	}
 	cpu.Report(b)
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/twmb/murmur3"
+
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
 // reference is Unleash's computation, spelled as its client does.
@@ -21,7 +23,7 @@ func TestBucketerMatchesMurmur3(t *testing.T) {
 	}
 	keys = append(keys, testKeys(2000)...)
 	for _, g := range groups {
-		b := NewBucketer(g)
+		b := rollout.NewBucketer(g)
 		for _, k := range keys {
 			if got, want := b.Bucket(k), reference(g, k); got != want {
 				t.Fatalf("Bucket(%q, %q) = %d, murmur3 gives %d", g, k, got, want)
@@ -33,7 +35,7 @@ func TestBucketerMatchesMurmur3(t *testing.T) {
 // The zero Bucketer is the group "": what Unleash does for a strategy
 // without a groupId.
 func TestZeroBucketer(t *testing.T) {
-	var zero Bucketer
+	var zero rollout.Bucketer
 	for _, k := range testKeys(1000) {
 		if got, want := zero.Bucket(k), reference("", k); got != want {
 			t.Fatalf("zero Bucketer: Bucket(%q) = %d, murmur3 gives %d", k, got, want)
@@ -49,7 +51,7 @@ func FuzzBucketer(f *testing.F) {
 	f.Add("", "")
 	f.Add("abc", "d")
 	f.Fuzz(func(t *testing.T, group, key string) {
-		b := NewBucketer(group)
+		b := rollout.NewBucketer(group)
 		got := b.Bucket(key)
 		if want := reference(group, key); got != want {
 			t.Fatalf("Bucket(%q, %q) = %d, murmur3 gives %d", group, key, got, want)

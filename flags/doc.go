@@ -21,6 +21,6 @@
 //	pct.Set(25) // a quarter of the keys move to redis on their next call
 //	pct.Set(0)  // rollback: every key is back on memcached
 //
-// A Router built with NewRouterWith asks a Strategy instead of the rollout,
-// which may also send a key to both backends: package migration routes so.
+// Package migration builds a Router whose rollout also sends the keys a
+// change of percentage is moving to both stores at once.
 package flags

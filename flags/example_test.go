@@ -69,12 +69,12 @@ func ExampleNewFile() {
 		return
 	}
 	defer src.Close()
-	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
+	fmt.Printf("percent=%d mirroring=%v\n", src.Percent(), src.Mirroring())
 
 	os.WriteFile(path, []byte(`{"percent": 0}`), 0o644) // rollback
 	src.Reload()                                        // the periodic check would find it within Interval
-	fmt.Printf("%+v mirroring=%v\n", src.Settings(), flags.Mirroring(src))
+	fmt.Printf("percent=%d mirroring=%v\n", src.Percent(), src.Mirroring())
 	// Output:
-	// {Percent:10 Mirror:true} mirroring=true
-	// {Percent:0 Mirror:false} mirroring=false
+	// percent=10 mirroring=true
+	// percent=0 mirroring=false
 }

@@ -2,15 +2,13 @@ package flags
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
 // Settings is the content of a rollout file, for example
@@ -18,126 +16,15 @@ import (
 //	{"percent": 25, "mirror": true}
 //
 // Percent (required) is the share of keys on the new backend, 0 to 100.
-// Mirror (default false) asks the shadow layer to mirror operations to the
-// backend that does not serve the key (see Mirrorer).
+// Mirror (default false) asks package migration to mirror operations to the
+// store that does not serve the key. The file is read strictly: an unknown
+// field, a field given twice or spelt in another case ("PERCENT"), and
+// anything but one JSON object of at most 64 KiB are errors. The
+// throttlekit command's "rollout get" and "rollout set" read it and
+// replace it atomically.
 type Settings struct {
 	Percent int  `json:"percent"`
 	Mirror  bool `json:"mirror"`
-}
-
-// MaxFileSize is the largest rollout file read; a larger one is an error.
-const MaxFileSize = 64 << 10
-
-// ErrSettings is returned for a rollout file that cannot be used.
-var ErrSettings = errors.New("flags: invalid rollout settings")
-
-// ParseSettings parses a rollout file's content: one JSON object with a
-// required "percent" (an integer from 0 to 100) and an optional "mirror"
-// (a boolean). It is stricter than encoding/json: an unknown field, a field
-// given twice and a field spelt in another case ("PERCENT") are errors, so
-// that a misspelt or contradictory setting is caught instead of ignored or
-// decided by whichever came last. Every error matches ErrSettings.
-func ParseSettings(data []byte) (Settings, error) {
-	s, err := parseSettings(data)
-	if err != nil {
-		return Settings{}, fmt.Errorf("%w: %w", ErrSettings, err)
-	}
-	return s, nil
-}
-
-// parseSettings is ParseSettings with errors that say what is wrong and
-// nothing else, for the caller to prefix. It walks the object's tokens
-// itself: encoding/json matches names case-insensitively and lets a
-// repeated name overwrite the first.
-func parseSettings(data []byte) (Settings, error) {
-	if len(data) > MaxFileSize {
-		return Settings{}, fmt.Errorf("%d bytes, at most %d", len(data), MaxFileSize)
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	tok, err := dec.Token()
-	switch {
-	case err == io.EOF:
-		return Settings{}, errors.New("no JSON object: the content is empty")
-	case err != nil:
-		return Settings{}, err
-	case tok != json.Delim('{'):
-		return Settings{}, fmt.Errorf("want one JSON object, found %s", describeToken(tok))
-	}
-	var percent *int
-	var mirror *bool
-	var seenPercent, seenMirror bool
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return Settings{}, unexpectedEOF(err)
-		}
-		name, _ := tok.(string) // a name is all Token returns here
-		var seen *bool
-		var value any
-		switch name {
-		case "percent":
-			seen, value = &seenPercent, &percent
-		case "mirror":
-			seen, value = &seenMirror, &mirror
-		default:
-			for _, known := range []string{"percent", "mirror"} {
-				if strings.EqualFold(name, known) {
-					return Settings{}, fmt.Errorf("field %q: names are case-sensitive; want %q", name, known)
-				}
-			}
-			return Settings{}, fmt.Errorf("unknown field %q", name)
-		}
-		if *seen {
-			return Settings{}, fmt.Errorf("field %q appears twice", name)
-		}
-		*seen = true
-		if err := dec.Decode(value); err != nil {
-			return Settings{}, unexpectedEOF(err)
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return Settings{}, unexpectedEOF(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Settings{}, errors.New("data after the JSON object")
-	}
-	if percent == nil { // absent or null
-		return Settings{}, errors.New(`"percent" is missing`)
-	}
-	if p := *percent; p < 0 || p > 100 {
-		return Settings{}, fmt.Errorf(`"percent" is %d; must be within [0, 100]`, p)
-	}
-	st := Settings{Percent: *percent}
-	if mirror != nil {
-		st.Mirror = *mirror
-	}
-	return st, nil
-}
-
-// unexpectedEOF turns the io.EOF that json.Decoder.Token returns for an
-// object cut short into the error it is.
-func unexpectedEOF(err error) error {
-	if err == io.EOF {
-		return io.ErrUnexpectedEOF
-	}
-	return err
-}
-
-// describeToken names what stands where the object should start.
-func describeToken(tok json.Token) string {
-	switch tok.(type) {
-	case json.Delim:
-		return "an array"
-	case string:
-		return "a string"
-	case float64, json.Number:
-		return "a number"
-	case bool:
-		return "a boolean"
-	case nil:
-		return "null"
-	}
-	return fmt.Sprintf("%v", tok)
 }
 
 // FileOptions configure a File source. The zero value (or nil) means
@@ -202,10 +89,7 @@ type readResult struct {
 	err  error
 }
 
-var (
-	_ Rollout  = (*File)(nil)
-	_ Mirrorer = (*File)(nil)
-)
+var _ Rollout = (*File)(nil)
 
 // errFileClosed is what a Reload after Close, or one that Close cut short,
 // returns.
@@ -216,7 +100,7 @@ var errFileClosed = errors.New("flags: rollout file: closed")
 // at start, so a broken deploy is caught at once, and for a negative
 // Interval or Timeout. nil opts mean defaults.
 func NewFile(path string, opts *FileOptions) (*File, error) {
-	return newFile(path, opts, readRegular)
+	return newFile(path, opts, rollout.ReadRegular)
 }
 
 // newFile is NewFile with the function that reads the file, which tests
@@ -255,49 +139,14 @@ func newFile(path string, opts *FileOptions, read func(string) ([]byte, error)) 
 	if err != nil {
 		return nil, err
 	}
-	st, err := parseFile(path, data)
+	st, err := rollout.ParseFile(path, data)
 	if err != nil {
 		return nil, err
 	}
-	f.apply(st)
+	f.apply(Settings(st))
 	f.data, f.haveData = data, true
 	go f.watch()
 	return f, nil
-}
-
-// readRegular reads the file at path if it is a regular file. The open does
-// not block on a FIFO (O_NONBLOCK where there is one), and the type is
-// checked on the open file, so nothing at the path can make it wait for a
-// writer.
-func readRegular(path string) ([]byte, error) {
-	fh, err := os.OpenFile(path, os.O_RDONLY|openNonblock, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer fh.Close()
-	info, err := fh.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !info.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is %s, not a regular file", path, describeMode(info.Mode()))
-	}
-	return io.ReadAll(io.LimitReader(fh, MaxFileSize+1))
-}
-
-func describeMode(m fs.FileMode) string {
-	switch t := m.Type(); {
-	case t&fs.ModeDir != 0:
-		return "a directory"
-	case t&fs.ModeNamedPipe != 0:
-		return "a named pipe (FIFO)"
-	case t&fs.ModeSocket != 0:
-		return "a socket"
-	case t&fs.ModeDevice != 0:
-		return "a device"
-	default:
-		return fmt.Sprintf("of type %v", t)
-	}
 }
 
 // readTimed reads the file, giving up after Timeout or when Close is
@@ -336,17 +185,8 @@ func (f *File) readTimed() ([]byte, error) {
 	}
 }
 
-// parseFile parses data read from path, for an error that names the file.
-func parseFile(path string, data []byte) (Settings, error) {
-	s, err := parseSettings(data)
-	if err != nil {
-		return Settings{}, fmt.Errorf("%w: %s: %w", ErrSettings, path, err)
-	}
-	return s, nil
-}
-
 func (f *File) apply(s Settings) {
-	f.pct.store(s.Percent, s.Mirror) // ParseSettings checked the range
+	f.pct.store(s.Percent, s.Mirror) // rollout.ParseFile checked the range
 }
 
 func (f *File) watch() {
@@ -396,10 +236,11 @@ func (f *File) load() (report error, changed *Settings, err error) {
 			return nil, nil, prev // unchanged: its outcome stands
 		}
 		f.data, f.haveData = data, true
-		var s Settings
-		if s, err = parseFile(f.path, data); err == nil {
+		var st rollout.Settings
+		if st, err = rollout.ParseFile(f.path, data); err == nil {
+			s := Settings(st)
 			f.setErr(nil)
-			if s != f.Settings() {
+			if s != f.settings() {
 				f.apply(s)
 				changed = &s
 			}
@@ -423,8 +264,8 @@ func (f *File) setErr(err error) {
 	f.errMu.Unlock()
 }
 
-// Settings returns the settings in force.
-func (f *File) Settings() Settings {
+// settings returns the settings in force.
+func (f *File) settings() Settings {
 	return Settings{Percent: f.pct.Percent(), Mirror: f.pct.Mirroring()}
 }
 
@@ -441,6 +282,12 @@ func (f *File) UseNew(key string) bool { return f.pct.UseNew(key) }
 
 // Mirroring reports the file's mirror setting.
 func (f *File) Mirroring() bool { return f.pct.Mirroring() }
+
+// Percent returns the file's percentage.
+func (f *File) Percent() int { return f.pct.Percent() }
+
+// GroupID returns the bucketing group, FileOptions.GroupID.
+func (f *File) GroupID() string { return f.pct.GroupID() }
 
 // Close stops checking the file; the settings in force stay. It never waits
 // for a read of the file: one still running is left to finish. It is safe

@@ -14,91 +14,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestParseSettings(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    Settings
-		wantErr string
-	}{
-		{`{"percent": 25}`, Settings{Percent: 25}, ""},
-		{`{"percent": 0, "mirror": true}`, Settings{Percent: 0, Mirror: true}, ""},
-		{" {\"mirror\": false, \"percent\": 100}\n", Settings{Percent: 100}, ""},
-		{`{}`, Settings{}, `"percent" is missing`},
-		{`{"mirror": true}`, Settings{}, `"percent" is missing`},
-		{`{"percent": 101}`, Settings{}, "within [0, 100]"},
-		{`{"percent": -1}`, Settings{}, "within [0, 100]"},
-		{`{"percent": 12.5}`, Settings{}, "cannot unmarshal"},
-		{`{"percent": "25"}`, Settings{}, "cannot unmarshal"},
-		{`{"percnt": 25}`, Settings{}, "unknown field"},
-		{`{"percent": 25}{"percent": 50}`, Settings{}, "data after"},
-		{`{"percent": 25} x`, Settings{}, "data after"},
-		{`[25]`, Settings{}, "want one JSON object, found an array"},
-		{`null`, Settings{}, "want one JSON object, found null"},
-		{`25`, Settings{}, "want one JSON object, found a number"},
-		{`"percent"`, Settings{}, "want one JSON object, found a string"},
-		{``, Settings{}, "the content is empty"},
-		{" \n", Settings{}, "the content is empty"},
-		{`{"percent": 25`, Settings{}, "unexpected EOF"},
-		{`{"percent": 25,`, Settings{}, "unexpected EOF"},
-		{`{"percent": `, Settings{}, "unexpected EOF"},
-		{`{"percent" 25}`, Settings{}, "colon"},
-		// Names are matched exactly, once each: encoding/json would take
-		// all of these, the last value winning.
-		{`{"PERCENT": 50}`, Settings{}, `field "PERCENT": names are case-sensitive; want "percent"`},
-		{`{"Percent": 50}`, Settings{}, `want "percent"`},
-		{`{"percent": 5, "Mirror": true}`, Settings{}, `field "Mirror": names are case-sensitive; want "mirror"`},
-		{`{"percent": 5, "percent": 50}`, Settings{}, `field "percent" appears twice`},
-		{`{"percent": 5, "percent": null}`, Settings{}, `field "percent" appears twice`},
-		{`{"percent": 5, "mirror": true, "mirror": false}`, Settings{}, `field "mirror" appears twice`},
-		{`{"perc\u0065nt": 5}`, Settings{Percent: 5}, ""}, // the name, unescaped, is exact
-		{`{"percent": null}`, Settings{}, `"percent" is missing`},
-		{`{"percent": 7, "mirror": null}`, Settings{Percent: 7}, ""},
-		{`{"percent": 25, "mirror": 1}`, Settings{}, "cannot unmarshal"},
-		{strings.Repeat(" ", MaxFileSize) + `{"percent": 1}`, Settings{}, "at most"},
-	}
-	for _, tt := range tests {
-		name := tt.in
-		if len(name) > 40 {
-			name = name[:40]
-		}
-		t.Run(name, func(t *testing.T) {
-			got, err := ParseSettings([]byte(tt.in))
-			if tt.wantErr == "" {
-				if err != nil || got != tt.want {
-					t.Fatalf("ParseSettings = %+v, %v; want %+v", got, err, tt.want)
-				}
-				return
-			}
-			if !errors.Is(err, ErrSettings) || !strings.Contains(err.Error(), tt.wantErr) || strings.Count(err.Error(), "flags:") != 1 {
-				t.Fatalf("ParseSettings error = %v, want ErrSettings mentioning %q", err, tt.wantErr)
-			}
-		})
-	}
-}
-
-func FuzzParseSettings(f *testing.F) {
-	for _, s := range []string{`{"percent": 25}`, `{"percent": 0, "mirror": true}`, `{}`, `{"percent": 1e2}`, `null`, `{"percent": 5}garbage`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := ParseSettings(data)
-		if err != nil {
-			if !errors.Is(err, ErrSettings) {
-				t.Fatalf("error %v does not match ErrSettings", err)
-			}
-			return
-		}
-		if s.Percent < 0 || s.Percent > 100 {
-			t.Fatalf("accepted percent %d", s.Percent)
-		}
-		// What was accepted is what the source routes by.
-		p := percent(t, s.Percent)
-		if p.Percent() != s.Percent {
-			t.Fatalf("percent %d became %d", s.Percent, p.Percent())
-		}
-	})
-}
-
 func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	// Atomic replacement, as the documentation tells operators.
@@ -168,7 +83,7 @@ func TestFileReload(t *testing.T) {
 		if !errors.Is(f.Err(), err) {
 			t.Errorf("%s: Err() = %v, want %v", s.name, f.Err(), err)
 		}
-		if got := f.Settings(); got != s.want {
+		if got := f.settings(); got != s.want {
 			t.Errorf("%s: Settings() = %+v, want %+v", s.name, got, s.want)
 		}
 		if f.Mirroring() != s.want.Mirror {
@@ -257,8 +172,8 @@ func TestFileWatches(t *testing.T) {
 	writeFile(t, path, `{"percent": 60, "mirror": true}`)
 	select {
 	case s := <-changed:
-		if s != (Settings{60, true}) || f.Settings() != s {
-			t.Errorf("OnChange(%+v), Settings() = %+v; want {60 true}", s, f.Settings())
+		if s != (Settings{60, true}) || f.settings() != s {
+			t.Errorf("OnChange(%+v), Settings() = %+v; want {60 true}", s, f.settings())
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the change was not picked up within 10s")
@@ -308,11 +223,11 @@ func TestFileSeesAnEditWithTheSameSizeAndTime(t *testing.T) {
 	// The periodic check, not Reload, which could always re-read.
 	select {
 	case s := <-changed:
-		if s.Percent != 20 || f.Settings().Percent != 20 {
-			t.Errorf("OnChange(%+v), Settings() = %+v; want percent 20", s, f.Settings())
+		if s.Percent != 20 || f.settings().Percent != 20 {
+			t.Errorf("OnChange(%+v), Settings() = %+v; want percent 20", s, f.settings())
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatalf("the edit was not seen within 10s; Settings() = %+v", f.Settings())
+		t.Fatalf("the edit was not seen within 10s; Settings() = %+v", f.settings())
 	}
 }
 
@@ -353,16 +268,16 @@ func TestFileReadTimesOut(t *testing.T) {
 		if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.HasPrefix(err.Error(), "flags: rollout file: reading "+path+" did not finish within 10ms") {
 			t.Fatalf("Reload %d = %v, want a timeout", i, err)
 		}
-		if f.Settings().Percent != 30 || !errors.Is(f.Err(), os.ErrDeadlineExceeded) {
-			t.Fatalf("Reload %d: Settings() = %+v, Err() = %v; want the last good 30 and the timeout", i, f.Settings(), f.Err())
+		if f.settings().Percent != 30 || !errors.Is(f.Err(), os.ErrDeadlineExceeded) {
+			t.Fatalf("Reload %d: Settings() = %+v, Err() = %v; want the last good 30 and the timeout", i, f.settings(), f.Err())
 		}
 	}
 	if n := hung.started.Load(); n != 2 || len(reported) != 1 {
 		t.Errorf("%d reads started, %d errors reported; want 2 (NewFile's and one hung) and 1", n, len(reported))
 	}
 	close(hung.release)
-	if err := f.Reload(); err != nil || f.Settings().Percent != 40 || f.Err() != nil {
-		t.Errorf("Reload once the read returned = %v; Settings() = %+v, Err() = %v; want nil, 40, nil", err, f.Settings(), f.Err())
+	if err := f.Reload(); err != nil || f.settings().Percent != 40 || f.Err() != nil {
+		t.Errorf("Reload once the read returned = %v; Settings() = %+v, Err() = %v; want nil, 40, nil", err, f.settings(), f.Err())
 	}
 }
 
@@ -391,8 +306,8 @@ func TestFileCloseDoesNotWaitForARead(t *testing.T) {
 			t.Fatal("Close or Reload waited for the hung read")
 		}
 	}
-	if err := f.Reload(); !errors.Is(err, errFileClosed) || f.Settings().Percent != 30 {
-		t.Errorf("Reload after Close = %v, Settings() = %+v; want %v and 30", err, f.Settings(), errFileClosed)
+	if err := f.Reload(); !errors.Is(err, errFileClosed) || f.settings().Percent != 30 {
+		t.Errorf("Reload after Close = %v, Settings() = %+v; want %v and 30", err, f.settings(), errFileClosed)
 	}
 	if n := hung.started.Load(); n != 2 {
 		t.Errorf("%d reads started, want 2", n)

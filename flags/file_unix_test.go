@@ -68,13 +68,13 @@ func TestFileRefusesAFIFOInItsPlace(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is a named pipe (FIFO), not a regular file") || f.Err() == nil || f.Err().Error() != err.Error() {
 		t.Errorf("Reload = %v, Err() = %v; want the FIFO refused", err, f.Err())
 	}
-	if got := f.Settings(); got != (Settings{25, true}) {
+	if got := f.settings(); got != (Settings{25, true}) {
 		t.Errorf("Settings() = %+v, want the last good {25 true}", got)
 	}
 	writeFile(t, path, `{"percent": 5}`)
 	returns(t, "Reload", func() { err = f.Reload() })
-	if err != nil || f.Settings() != (Settings{5, false}) {
-		t.Errorf("Reload = %v, Settings() = %+v; want the good file back", err, f.Settings())
+	if err != nil || f.settings() != (Settings{5, false}) {
+		t.Errorf("Reload = %v, Settings() = %+v; want the good file back", err, f.settings())
 	}
 	mkfifo(t, fifo)
 	if err := os.Rename(fifo, path); err != nil {

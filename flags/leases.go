@@ -269,33 +269,17 @@ func (r *Router) noLeases() error {
 	return fmt.Errorf("%w: the router's %s backend (%T)", throttler.ErrLeasesUnsupported, name, b)
 }
 
-// LeaseStats counts a Router's lease calls.
-type LeaseStats struct {
-	// Acquires and releases sent to each backend.
-	OldAcquires, NewAcquires, OldReleases, NewReleases uint64
-	// Unknown counts the Releases of leases the router did not remember,
-	// each sent to both backends (see Router.Release).
-	Unknown uint64
-	// Untracked counts the leases granted while the table was full
-	// (RouterOptions.MaxLeases): their Release goes to both backends.
-	// Healthy: 0.
-	Untracked uint64
-	// Held is how many leases the router remembers now.
-	Held int
-}
-
-func (r *Router) leaseStats() LeaseStats {
+// leaseStats fills in s.Leases.
+func (r *Router) leaseStats(s *Stats) {
 	l := &r.leases
-	s := LeaseStats{
-		OldAcquires: l.oldAcquires.Load(), NewAcquires: l.newAcquires.Load(),
-		OldReleases: l.oldReleases.Load(), NewReleases: l.newReleases.Load(),
-		Unknown: l.unknown.Load(), Untracked: l.untracked.Load(),
-	}
+	ls := &s.Leases
+	ls.OldAcquires, ls.NewAcquires = l.oldAcquires.Load(), l.newAcquires.Load()
+	ls.OldReleases, ls.NewReleases = l.oldReleases.Load(), l.newReleases.Load()
+	ls.Unknown, ls.Untracked = l.unknown.Load(), l.untracked.Load()
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
-		s.Held += len(sh.m)
+		ls.Held += len(sh.m)
 		sh.mu.Unlock()
 	}
-	return s
 }

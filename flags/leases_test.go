@@ -13,7 +13,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-var exports = throttler.Concurrent(1, time.Minute).Named("exports")
+var exports = throttler.ConcurrencyPolicy{Name: "exports", Limit: 1, TTL: time.Minute}
 
 func TestRouterLeaseConformance(t *testing.T) {
 	for _, p := range []int{0, 50, 100} {
@@ -110,12 +110,14 @@ func TestRouterReleasesWhereTheLeaseWasGranted(t *testing.T) {
 				t.Fatal("the granting backend still holds the lease")
 			}
 			s := r.Stats()
-			want := LeaseStats{OldAcquires: 2, OldReleases: 1}
+			var want Stats
 			if tc.from == 100 {
-				want = LeaseStats{NewAcquires: 2, NewReleases: 1}
+				want.Leases.NewAcquires, want.Leases.NewReleases = 2, 1
+			} else {
+				want.Leases.OldAcquires, want.Leases.OldReleases = 2, 1
 			}
-			if s.Leases != want {
-				t.Fatalf("Stats.Leases = %+v, want %+v", s.Leases, want)
+			if s.Leases != want.Leases {
+				t.Fatalf("Stats.Leases = %+v, want %+v", s.Leases, want.Leases)
 			}
 			if s.Old+s.New != 3 {
 				t.Fatalf("Stats = %+v: lease calls count as calls", s)
@@ -265,7 +267,7 @@ func TestRouterLeasesUnderARamp(t *testing.T) {
 					t.Errorf("Acquire = %+v, %v", d, err)
 					return
 				}
-				if ok, err := l.Release(context.Background()); err != nil || !ok {
+				if ok, _, err := l.Release(context.Background()); err != nil || !ok {
 					t.Errorf("Release = %v, %v; want held", ok, err)
 					return
 				}
@@ -308,12 +310,12 @@ func TestOldStoreDownKeepsTheNewOnesLeasesLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := throttler.Concurrent(2, time.Minute).Named("exports")
+	p := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
 	var onNew []string
 	for i := range 50 {
 		key := "user-" + strconv.Itoa(i)
-		if rt.UseNew(key) {
+		if rt.rollout.UseNew(key) {
 			onNew = append(onNew, key)
 			continue
 		}

@@ -1,20 +1,23 @@
 package flags
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/throttlekit/throttlekit/internal/rollout"
+)
 
 // Percent is a static percentage rollout that can be changed at run time:
-// a change applies to the next call. It is safe for concurrent use.
+// a change applies to the next call. It has the Mirroring, Percent and
+// GroupID methods package migration asks a rollout for (see Rollout). It
+// is safe for concurrent use.
 type Percent struct {
-	b Bucketer
+	b rollout.Bucketer
 	// state packs the percentage (low byte) and the mirror bit, so a
 	// reader never sees one without the other.
 	state atomic.Uint32
 }
 
-var (
-	_ Rollout  = (*Percent)(nil)
-	_ Mirrorer = (*Percent)(nil)
-)
+var _ Rollout = (*Percent)(nil)
 
 const mirrorBit = 1 << 8
 
@@ -39,7 +42,7 @@ func newPercent(groupID string, p int) *Percent {
 	if groupID == "" {
 		groupID = DefaultGroupID
 	}
-	s := &Percent{b: NewBucketer(groupID)}
+	s := &Percent{b: rollout.NewBucketer(groupID)}
 	s.state.Store(uint32(p))
 	return s
 }
@@ -58,7 +61,7 @@ func (s *Percent) Set(p int) error {
 	}
 }
 
-// SetMirror turns mirroring on or off (see Mirrorer).
+// SetMirror turns mirroring on or off (see Rollout).
 func (s *Percent) SetMirror(on bool) {
 	for {
 		old := s.state.Load()
@@ -85,11 +88,11 @@ func (s *Percent) store(p int, mirror bool) {
 func (s *Percent) Percent() int { return int(s.state.Load() & 0xff) }
 
 // GroupID returns the bucketing group.
-func (s *Percent) GroupID() string { return s.b.group }
+func (s *Percent) GroupID() string { return s.b.GroupID() }
 
 // UseNew reports whether key is within the current percentage.
 func (s *Percent) UseNew(key string) bool {
-	return s.b.inRollout(key, int(s.state.Load()&0xff))
+	return s.b.In(key, int(s.state.Load()&0xff))
 }
 
 // Mirroring reports whether mirroring is on.

@@ -3,28 +3,26 @@ package flags
 import (
 	"errors"
 	"fmt"
+
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
 // Rollout decides, per key, whether the new backend serves it. UseNew must
 // be cheap (it runs on every call), safe for concurrent use, and stable: for
 // a given setting the same key always gets the same answer.
+//
+// A rollout may also have either or both of
+//
+//	Mirroring() bool                  // the shadow setting
+//	Percent() int; GroupID() string   // routes by Bucket(GroupID(), key) <= Percent()
+//
+// as Percent, File and unleash's sources do. Package migration asks for
+// them: Mirroring says whether to mirror calls to the store that does not
+// serve the key (a rollout without it never mirrors); Percent and GroupID
+// let it tell which keys a change of percentage moves (GroupID never
+// changes; "" means the rollout is not one percentage of keys).
 type Rollout interface {
 	UseNew(key string) bool
-}
-
-// Mirrorer is implemented by sources that also carry the shadow setting:
-// whether operations should be mirrored to the backend that does not serve
-// the key. Callers check for it with a type assertion; a source without it
-// never mirrors.
-type Mirrorer interface {
-	Mirroring() bool
-}
-
-// Mirroring reports whether r asks for mirroring: false unless r implements
-// Mirrorer and says so.
-func Mirroring(r Rollout) bool {
-	m, ok := r.(Mirrorer)
-	return ok && m.Mirroring()
 }
 
 // DefaultGroupID is the bucketing group of the static and file sources when
@@ -48,6 +46,6 @@ func checkPercent(p int) error {
 // over groupID + ":" + key, modulo 100, plus one. A key is in a rollout of
 // p percent when Bucket(groupID, key) <= p, so raising p only adds keys.
 func Bucket(groupID, key string) int {
-	b := NewBucketer(groupID)
+	b := rollout.NewBucketer(groupID)
 	return b.Bucket(key)
 }

@@ -118,21 +118,18 @@ func TestRampOnlyAddsKeys(t *testing.T) {
 	}
 }
 
-func TestMirroringHelper(t *testing.T) {
+func TestPercentSetMirror(t *testing.T) {
 	p := percent(t, 10)
-	if Mirroring(p) {
+	if p.Mirroring() {
 		t.Error("mirroring on by default")
 	}
 	p.SetMirror(true)
-	if !Mirroring(p) || p.Percent() != 10 {
-		t.Errorf("after SetMirror(true): Mirroring = %v, Percent = %d", Mirroring(p), p.Percent())
+	if !p.Mirroring() || p.Percent() != 10 {
+		t.Errorf("after SetMirror(true): Mirroring = %v, Percent = %d", p.Mirroring(), p.Percent())
 	}
 	p.SetMirror(false)
-	if Mirroring(p) {
+	if p.Mirroring() {
 		t.Error("SetMirror(false) left mirroring on")
-	}
-	if Mirroring(rolloutFunc(func(string) bool { return true })) {
-		t.Error("a Rollout without Mirrorer mirrors")
 	}
 }
 

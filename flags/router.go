@@ -56,7 +56,7 @@ type opFunc = backend.OpFunc
 
 // Router is a throttler.Backend whose Take, Peek and Refund send each call
 // to the old or the new backend, as its Rollout says for the key at call
-// time (or its Strategy, see NewRouterWith). While the rollout's setting
+// time. While the rollout's setting
 // holds still, a key stays on one backend, so its budget never splits
 // across two stores. A Refund after the key has moved goes to the backend
 // that serves it now, as the next Take would, with the receipt of the Take
@@ -69,7 +69,7 @@ type Router struct {
 	opFunc           // r.do(): Take, Peek and Refund
 	old, new         throttler.Backend
 	rollout          Rollout
-	strategy         Strategy // nil: the rollout routes every call
+	strategy         strategy // nil: the rollout routes every call
 	oldName, newName string
 	// The counters sit on cache lines of their own, apart from the fields
 	// every call reads: every call bumps one.
@@ -82,6 +82,9 @@ type Router struct {
 	leases routerLeases // leases.go
 
 	oldTraits, newTraits throttler.Traits
+	// sides are where a rate call goes: old, new, then both backends with
+	// old serving and with new serving (the strategy's; nil b without one).
+	sides [4]side
 }
 
 var _ throttler.Backend = (*Router)(nil)
@@ -90,31 +93,6 @@ var _ throttler.Backend = (*Router)(nil)
 // and r are required: to keep every key on oldB, pass NewPercent(0). nil
 // opts mean defaults.
 func NewRouter(oldB, newB throttler.Backend, r Rollout, opts *RouterOptions) (*Router, error) {
-	return NewRouterWith(oldB, newB, r, nil, opts)
-}
-
-// Strategy routes each call of a Router in place of its Rollout, for a
-// router that serves some keys from both backends at once: package
-// migration's keys moving between stores. Route and RouteLease run on
-// every call: they must be cheap, safe for concurrent use, and agree with
-// the rollout, which still answers UseNew and Store.
-type Strategy interface {
-	// Route returns whether the call for key under p is the new backend's
-	// and, for a key to be served by both backends, the backend that makes
-	// the call on both (nil otherwise). The Router calls that one instead,
-	// counting the call as the serving backend's and naming that one in
-	// errors.
-	Route(key string, p throttler.Policy) (toNew bool, both throttler.Backend)
-	// RouteLease is Route for a lease call: an Acquire goes to both when
-	// moving is true, and the Release of a lease the Router does not
-	// remember goes to both whenever it is not nil, since the strategy
-	// knows where copies of such a lease may be held.
-	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
-}
-
-// NewRouterWith is NewRouter with s routing each call instead of r; nil s
-// is NewRouter.
-func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *RouterOptions) (*Router, error) {
 	if err := nilness.Check("flags: old backend", oldB); err != nil {
 		return nil, err
 	}
@@ -129,16 +107,45 @@ func NewRouterWith(oldB, newB throttler.Backend, r Rollout, s Strategy, opts *Ro
 		return nil, err
 	}
 	rt := &Router{old: oldB, new: newB, rollout: r, oldName: o.OldName, newName: o.NewName}
-	if s != nil {
-		if err := nilness.Check("flags: strategy", s); err != nil {
-			return nil, err
-		}
-		rt.strategy = s
-	}
+	// Package migration's rollout routes each call itself, sending a key
+	// that is moving between stores to both.
+	rt.strategy, _ = r.(strategy)
 	rt.opFunc = rt.do()
 	rt.oldTraits, rt.newTraits = throttler.TraitsOf(oldB), throttler.TraitsOf(newB)
+	rt.sides = [4]side{
+		{r: rt, b: oldB, traits: &rt.oldTraits, name: rt.oldName},
+		{r: rt, b: newB, traits: &rt.newTraits, name: rt.newName, isNew: true},
+		{r: rt, traits: &rt.oldTraits, name: rt.oldName},
+		{r: rt, traits: &rt.newTraits, name: rt.newName, isNew: true},
+	}
+	if rt.strategy != nil {
+		rt.sides[2].b, rt.sides[3].b = rt.strategy.Both(false), rt.strategy.Both(true)
+	}
 	rt.initLeases(o.MaxLeases)
 	return rt, nil
+}
+
+// strategy routes each call of a Router in place of its rollout, for a
+// router that serves some keys from both backends at once: package
+// migration's keys moving between stores. A rollout that is also a
+// strategy (a migration's is: the caller's rollout wrapped) makes NewRouter
+// route by it; package migration's tests fail if its rollout stops being
+// one. Route and RouteLease run on every call: they must be cheap, safe
+// for concurrent use, and agree with the rollout's UseNew.
+type strategy interface {
+	// Route returns whether the call for key under p is the new backend's
+	// and whether it goes to both backends: then the Router calls
+	// Both(toNew) instead, counting the call as the serving backend's and
+	// naming that one in errors and as its store.
+	Route(key string, p throttler.Policy) (toNew, both bool)
+	// Both returns the backend that makes a call on both backends, the new
+	// one serving when toNew. The Router asks once, when it is built.
+	Both(toNew bool) throttler.Backend
+	// RouteLease is Route for a lease call: an Acquire goes to both when
+	// moving is true, and the Release of a lease the Router does not
+	// remember goes to both whenever it is not nil, since the strategy
+	// knows where copies of such a lease may be held.
+	RouteLease(key string, p throttler.ConcurrencyPolicy) (toNew, moving bool, both throttler.LeaseBackend)
 }
 
 // requiredRollout is nilness.Check for a Rollout: a nil one, or a nil
@@ -157,7 +164,9 @@ func requiredRollout(what string, r Rollout) error {
 // the one the
 // backend the key is routed to names, or, for a backend that names none,
 // that backend (RouterOptions.OldName or NewName), so that a Throttler keeps
-// the two backends' breakers apart.
+// the two backends' breakers apart. Their Route names a rate call's store
+// and sends the call from one reading of the rollout, so that a Throttler
+// never charges one backend's breaker with a call the other made.
 func (r *Router) Traits() throttler.Traits {
 	return throttler.Traits{
 		InProcess:      r.oldTraits.InProcess && r.newTraits.InProcess,
@@ -166,7 +175,81 @@ func (r *Router) Traits() throttler.Traits {
 		Composites:     r.oldTraits.Composites && r.newTraits.Composites,
 		Store:          r.store,
 		LeaseStore:     r.leaseStore,
+		Route:          r.route,
 	}
+}
+
+// route names the store a rate call for key under p goes to and returns
+// the side that sends it there, from one reading of the rollout (see
+// throttler.Traits.Route); for a Throttler that holds another backend than
+// r (a wrapper of r), it only names the store.
+func (r *Router) route(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
+	if b != throttler.Backend(r) {
+		return r.store(op, key, p), nil
+	}
+	s := r.pick(key, p)
+	if name := s.traits.Store(op, key, p); name != "" {
+		return name, s
+	}
+	return s.name, s
+}
+
+// pick returns where a rate call for key under p goes now: the one reading
+// of the rollout (or the strategy) a call makes.
+func (r *Router) pick(key string, p throttler.Policy) *side {
+	var toNew, both bool
+	if r.strategy == nil {
+		toNew = r.rollout.UseNew(key)
+	} else {
+		toNew, both = r.strategy.Route(key, p)
+	}
+	return &r.sides[b2i(toNew)+2*b2i(both)]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// side is one way a Router sends rate calls: to one backend, or to both
+// (the strategy's), counted as the serving backend's calls and named so in
+// errors. A Throttler that asked the Router's Traits.Route calls it in the
+// Router's place.
+type side struct {
+	r      *Router
+	b      throttler.Backend
+	traits *throttler.Traits // the serving backend's, for the store's name
+	name   string            // the serving backend's
+	isNew  bool
+}
+
+func (s *side) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	s.r.count(s.isNew)
+	d, err := s.b.Take(ctx, key, p, cost, now)
+	if err != nil {
+		return d, s.r.wrap(err, s.isNew)
+	}
+	return d, nil
+}
+
+func (s *side) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	s.r.count(s.isNew)
+	d, err := s.b.Peek(ctx, key, p, now)
+	if err != nil {
+		return d, s.r.wrap(err, s.isNew)
+	}
+	return d, nil
+}
+
+func (s *side) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	s.r.count(s.isNew)
+	d, err := s.b.Refund(ctx, key, p, cost, receipt, now)
+	if err != nil {
+		return d, s.r.wrap(err, s.isNew)
+	}
+	return d, nil
 }
 
 // store names the store op for key under p reaches now (see Traits).
@@ -179,7 +262,10 @@ func (r *Router) store(op throttler.Op, key string, p throttler.Policy) string {
 }
 
 // leaseStore names the store a lease call for key under p reaches now, as
-// store does for rate calls.
+// store does for rate calls. Unlike a rate call's (Route), an Acquire's
+// store is named from a reading of the rollout of its own: the Acquire
+// reads it again (or finds the lease in its table), so a change in between
+// can charge the other backend's breaker with that one call.
 func (r *Router) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	t, name := r.routed(key)
 	if s := t.LeaseStore(key, p); s != "" {
@@ -202,45 +288,48 @@ type Stats struct {
 	// Old and New count every call, lease calls included.
 	Old, New uint64
 	// Leases counts the lease calls among them.
-	Leases LeaseStats
+	Leases struct {
+		// Acquires and releases sent to each backend.
+		OldAcquires, NewAcquires, OldReleases, NewReleases uint64
+		// Unknown counts the Releases of leases the router did not
+		// remember, each sent to both backends (see Router.Release).
+		Unknown uint64
+		// Untracked counts the leases granted while the table was full
+		// (RouterOptions.MaxLeases): their Release goes to both backends.
+		// Healthy: 0.
+		Untracked uint64
+		// Held is how many leases the router remembers now.
+		Held int
+	}
 }
 
 // Stats returns how many calls have gone to each backend so far, including
 // those the backend rejected as bad input.
 func (r *Router) Stats() Stats {
-	return Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load(), Leases: r.leaseStats()}
+	s := Stats{Old: r.oldCalls.Load(), New: r.newCalls.Load()}
+	r.leaseStats(&s)
+	return s
 }
-
-// UseNew reports whether key would be sent to the new backend now.
-func (r *Router) UseNew(key string) bool { return r.rollout.UseNew(key) }
 
 // do returns the function behind Take, Peek and Refund: it sends the call
 // to the backend key maps to now (or to the strategy's backend for both),
-// and counts it. The router does not validate: the backend it ends in
+// and counts it, as a side does, written out. The router does not validate: the backend it ends in
 // does. It is a closure over r rather than the method value r.do, and it
 // switches on op itself rather than calling backend.Do: either would cost
 // every call one more frame (about 10 ns, a quarter of what the router
 // adds).
 func (r *Router) do() backend.OpFunc {
 	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-		var isNew bool
-		var b throttler.Backend
+		// pick, written out: a call of it would cost a frame.
+		var toNew, both bool
 		if r.strategy == nil {
-			isNew = r.rollout.UseNew(key)
+			toNew = r.rollout.UseNew(key)
 		} else {
-			isNew, b = r.strategy.Route(key, p)
+			toNew, both = r.strategy.Route(key, p)
 		}
-		if isNew {
-			r.newCalls.Add(1)
-			if b == nil {
-				b = r.new
-			}
-		} else {
-			r.oldCalls.Add(1)
-			if b == nil {
-				b = r.old
-			}
-		}
+		s := &r.sides[b2i(toNew)+2*b2i(both)]
+		isNew, b := s.isNew, s.b
+		r.count(isNew)
 		var d throttler.Decision
 		var err error
 		switch op {
@@ -276,37 +365,3 @@ func (r *Router) wrap(err error, isNew bool) error {
 	}
 	return fmt.Errorf("%s backend: %w", name, err)
 }
-
-// Percenter is a Rollout that routes by a percentage of Bucket(GroupID(),
-// key), as Percent and File do: a key is new when its bucket is at most
-// Percent(). Knowing the percentage, a caller can tell where a key was
-// routed under an earlier setting; package migration uses it to find the
-// keys a change moves. GroupID must not change.
-type Percenter interface {
-	Rollout
-	// Percent returns the current percentage, 0 to 100.
-	Percent() int
-	// GroupID returns the bucketing group.
-	GroupID() string
-}
-
-var _ Percenter = (*Percent)(nil)
-
-// AsPercenter returns r as a Percenter: a *File's settings, or r itself when
-// it is one (an unleash.PercentSource is). ok is false for a rollout that
-// cannot tell its percentage (an unleash.Source, or a rollout of your own
-// without the two methods).
-func AsPercenter(r Rollout) (p Percenter, ok bool) {
-	if f, isFile := r.(*File); isFile && f != nil {
-		return filePercent{f.pct}, true
-	}
-	p, ok = r.(Percenter)
-	return p, ok
-}
-
-// filePercent is a File's Percent seen through Percenter, without its Set.
-type filePercent struct{ p *Percent }
-
-func (f filePercent) UseNew(key string) bool { return f.p.UseNew(key) }
-func (f filePercent) Percent() int           { return f.p.Percent() }
-func (f filePercent) GroupID() string        { return f.p.GroupID() }

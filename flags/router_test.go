@@ -152,7 +152,7 @@ func TestRouterRollback(t *testing.T) {
 		if err := pct.Set(s.percent); err != nil {
 			t.Fatal(err)
 		}
-		if got := r.UseNew(key); got != s.wantNew {
+		if got := r.rollout.UseNew(key); got != s.wantNew {
 			t.Fatalf("step %d: UseNew = %v, want %v", i, got, s.wantNew)
 		}
 		d, err := r.Take(ctx, key, pol, s.cost, t0.Add(time.Duration(i)*time.Second))
@@ -322,12 +322,18 @@ type hiddenPercent struct{ p *Percent }
 
 func (h hiddenPercent) UseNew(k string) bool { return h.p.UseNew(k) }
 
-// TestAsPercenter: a Percent is its own Percenter, a File lends its
-// settings (read-only: no Set), anything else has none.
-func TestAsPercenter(t *testing.T) {
+// TestPercentSources: Percent and File tell their percentage and group,
+// which package migration asks for (see Rollout), a File without a way to
+// change it; a rollout of one's own need not.
+func TestPercentSources(t *testing.T) {
+	type percenter interface {
+		Rollout
+		Percent() int
+		GroupID() string
+	}
 	p := percent(t, 30)
-	if got, ok := AsPercenter(p); !ok || got != Percenter(p) {
-		t.Errorf("AsPercenter(*Percent) = %v, %v", got, ok)
+	if pc := percenter(p); pc.Percent() != 30 || pc.GroupID() != DefaultGroupID {
+		t.Errorf("*Percent: Percent() = %d, GroupID() = %q", pc.Percent(), pc.GroupID())
 	}
 	path := filepath.Join(t.TempDir(), "rollout.json")
 	if err := os.WriteFile(path, []byte(`{"percent": 40}`), 0o644); err != nil {
@@ -338,22 +344,19 @@ func TestAsPercenter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fp, ok := AsPercenter(f)
-	if !ok || fp.Percent() != 40 || fp.GroupID() != "g" {
-		t.Fatalf("AsPercenter(*File) = %v, %v", fp, ok)
+	fp := percenter(f)
+	if fp.Percent() != 40 || fp.GroupID() != "g" {
+		t.Fatalf("*File: Percent() = %d, GroupID() = %q", fp.Percent(), fp.GroupID())
 	}
 	if _, settable := fp.(interface{ Set(int) error }); settable {
-		t.Error("a File's Percenter can change its percentage")
+		t.Error("a File can change its percentage")
 	}
 	for _, k := range flagstest.Keys(200) {
-		if fp.UseNew(k) != f.UseNew(k) || fp.UseNew(k) != (Bucket("g", k) <= 40) {
-			t.Fatalf("%q: the Percenter routes apart from the file", k)
+		if fp.UseNew(k) != (Bucket("g", k) <= 40) {
+			t.Fatalf("%q: the File routes apart from its percentage", k)
 		}
 	}
-	var nilFile *File
-	for _, r := range []Rollout{nilFile, hiddenPercent{p}} {
-		if got, ok := AsPercenter(r); ok {
-			t.Errorf("AsPercenter(%T) = %v, true", r, got)
-		}
+	if _, ok := Rollout(hiddenPercent{p}).(percenter); ok {
+		t.Error("hiddenPercent tells its percentage")
 	}
 }

@@ -3,6 +3,7 @@ package flags
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,7 +65,7 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	for i := range 200 {
 		key := fmt.Sprint("user-", i)
 		want := "redis shard 0"
-		if rt.UseNew(key) {
+		if rt.rollout.UseNew(key) {
 			want = "memory"
 		}
 		if got := rt.Traits().Store(throttler.OpTake, key, p); got != want {
@@ -113,7 +114,7 @@ func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	checked := 0
 	for i := range 50 {
 		key := fmt.Sprint("user-", i)
-		if !rt.UseNew(key) {
+		if !rt.rollout.UseNew(key) {
 			continue
 		}
 		checked++
@@ -133,5 +134,81 @@ func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	}
 	if checked == 0 {
 		t.Fatal("no key on the new store")
+	}
+}
+
+// flipping answers old and new in turn, as a rollout does when each of two
+// readings falls on another side of a change; it counts its readings.
+type flipping struct{ reads atomic.Int64 }
+
+func (f *flipping) UseNew(string) bool { return f.reads.Add(1)%2 == 0 }
+
+// A Throttler over a Router names each call's store (the breaker it
+// consults and charges) from the same reading of the rollout that sends
+// the call: the rollout is read once per call, and a change between two
+// readings can never name one store and send the call to the other.
+func TestThrottlerNamesTheStoreTheCallIsSentTo(t *testing.T) {
+	r := &flipping{}
+	rt := router(t, mem(t), mem(t), r, nil)
+	var last throttler.Observation
+	th, err := throttler.New(rt, &throttler.Options{Clock: func() time.Time { return t0 },
+		Observe: func(o throttler.Observation) { last = o }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, p := context.Background(), throttler.PerMinute(100)
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Allow", func() error { _, err := th.Allow(ctx, "k", p); return err }},
+		{"Peek", func() error { _, err := th.Peek(ctx, "k", p); return err }},
+	}
+	for i := range 6 {
+		c := calls[i%len(calls)]
+		before, reads := rt.Stats(), r.reads.Load()
+		if err := c.call(); err != nil {
+			t.Fatal(err)
+		}
+		served := "old"
+		if rt.Stats().New > before.New {
+			served = "new"
+		}
+		if last.Store != served {
+			t.Errorf("call %d (%s): named %q, sent to %q", i, c.name, last.Store, served)
+		}
+		if n := r.reads.Load() - reads; n != 1 {
+			t.Errorf("call %d (%s): the rollout was read %d times", i, c.name, n)
+		}
+	}
+}
+
+// stampedRouter embeds a Router, promoting its Traits, and counts its
+// Takes.
+type stampedRouter struct {
+	*Router
+	takes int
+}
+
+func (s *stampedRouter) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	s.takes++
+	return s.Router.Take(ctx, key, p, cost, now)
+}
+
+// A Throttler over a wrapper that embeds a Router calls the wrapper: the
+// promoted Route only names the store.
+func TestThrottlerCallsAWrapperOfARouter(t *testing.T) {
+	w := &stampedRouter{Router: router(t, mem(t), mem(t), percent(t, 50), nil)}
+	th, err := throttler.New(w, &throttler.Options{Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := th.Allow(context.Background(), fmt.Sprint("user-", i), throttler.PerMinute(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w.takes != 10 {
+		t.Errorf("the wrapper made %d of 10 Takes", w.takes)
 	}
 }

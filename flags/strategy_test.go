@@ -11,7 +11,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// fixedRoute is a Strategy that answers the same for every key, and counts
+// fixedRoute is a strategy that answers the same for every key, and counts
 // how often it was asked.
 type fixedRoute struct {
 	toNew  bool
@@ -20,12 +20,16 @@ type fixedRoute struct {
 	asked  atomic.Int64
 }
 
-func (s *fixedRoute) Route(string, throttler.Policy) (bool, throttler.Backend) {
+func (s *fixedRoute) Route(string, throttler.Policy) (bool, bool) {
 	s.asked.Add(1)
+	return s.toNew, s.both != nil
+}
+
+func (s *fixedRoute) Both(bool) throttler.Backend {
 	if s.both == nil {
-		return s.toNew, nil
+		return nil
 	}
-	return s.toNew, s.both
+	return s.both
 }
 
 func (s *fixedRoute) RouteLease(string, throttler.ConcurrencyPolicy) (bool, bool, throttler.LeaseBackend) {
@@ -86,16 +90,22 @@ func (c *countingRollout) UseNew(key string) bool {
 	return c.Rollout.UseNew(key)
 }
 
-func strategyRouter(t *testing.T, old, new throttler.Backend, r Rollout, s Strategy) *Router {
+// strategic is a rollout that is also a strategy, as a migration's is.
+type strategic struct {
+	Rollout
+	strategy
+}
+
+func strategyRouter(t *testing.T, old, new throttler.Backend, r Rollout, s strategy) *Router {
 	t.Helper()
-	rt, err := NewRouterWith(old, new, r, s, nil)
+	rt, err := NewRouter(old, new, strategic{r, s}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rt
 }
 
-// A Strategy routes every call in the rollout's place, once per call: a
+// A strategy routes every call in the rollout's place, once per call: a
 // call it sends to both goes to its backend, counted and named in errors
 // as the serving backend's, as any other call.
 func TestRouterStrategyRoutesRateCalls(t *testing.T) {
@@ -199,9 +209,10 @@ func TestRouterStrategyRoutesLeases(t *testing.T) {
 	st := r.Stats()
 	// Both of the moving key's calls count as new's, and among no lease
 	// counter: they went to both.
-	want := LeaseStats{NewAcquires: 2, NewReleases: 1}
-	if st.Leases != want || st.New != 5 || st.Old != 0 {
-		t.Errorf("Stats() = %+v; want leases %+v, every call on new", st, want)
+	var want Stats
+	want.Leases.NewAcquires, want.Leases.NewReleases = 2, 1
+	if st.Leases != want.Leases || st.New != 5 || st.Old != 0 {
+		t.Errorf("Stats() = %+v; want leases %+v, every call on new", st, want.Leases)
 	}
 	if rollout.calls.Load() != 0 {
 		t.Errorf("the rollout was asked %d times; want never", rollout.calls.Load())
@@ -218,10 +229,17 @@ func TestRouterStrategyRoutesLeases(t *testing.T) {
 	}
 }
 
-func TestNewRouterWithRejectsANilStrategy(t *testing.T) {
-	var s *fixedRoute
-	_, err := NewRouterWith(mem(t), mem(t), percent(t, 0), s, nil)
-	if err == nil || err.Error() != "flags: strategy is a nil *flags.fixedRoute" {
+// routedRollout is a rollout and its own strategy.
+type routedRollout struct{ fixedRoute }
+
+func (*routedRollout) UseNew(string) bool { return false }
+
+// A nil rollout that would route as a strategy is refused like any nil
+// rollout, at construction.
+func TestNewRouterRejectsANilStrategy(t *testing.T) {
+	var s *routedRollout
+	_, err := NewRouter(mem(t), mem(t), s, nil)
+	if err == nil || err.Error() != "flags: rollout is a nil *flags.routedRollout" {
 		t.Fatalf("err = %v", err)
 	}
 }

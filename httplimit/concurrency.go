@@ -65,7 +65,7 @@ func Concurrency(th *throttler.Throttler, p throttler.ConcurrencyPolicy, key Key
 // the cancellation of a client that has gone: a lease released late still
 // frees its slot long before its TTL. A failure goes to onErr, if set.
 func release(r *http.Request, l throttler.Lease, onErr func(*http.Request, error)) {
-	if _, err := l.Release(r.Context()); err != nil && onErr != nil {
+	if _, _, err := l.Release(r.Context()); err != nil && onErr != nil {
 		onErr(r, err)
 	}
 }

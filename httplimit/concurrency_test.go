@@ -26,7 +26,7 @@ func newConcurrency(t testing.TB, th *throttler.Throttler, p throttler.Concurren
 func TestConcurrencyRejects(t *testing.T) {
 	th := newThrottler(t, newMemory(t), nil)
 	noLeases := newThrottler(t, rateOnly{newMemory(t)}, nil)
-	p := throttler.Concurrent(2, time.Minute).Named("inflight")
+	p := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute}
 	key := httplimit.KeyByHeader("X-Client")
 	var nilThrottler *throttler.Throttler
 	const noThrottler = "httplimit: Concurrency needs a Throttler, built by throttler.New, whose backend holds leases (Throttler.SupportsLeases)"
@@ -68,7 +68,7 @@ func TestConcurrencyHoldsALeaseWhileTheHandlerRuns(t *testing.T) {
 	var h http.Handler
 	var nested []*httptest.ResponseRecorder
 	reached := 0
-	h = newConcurrency(t, th, throttler.Concurrent(1, 10*time.Second).Named("inflight"), nil)(http.HandlerFunc(
+	h = newConcurrency(t, th, throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1, TTL: 10 * time.Second}, nil)(http.HandlerFunc(
 		func(w http.ResponseWriter, r *http.Request) {
 			reached++
 			if r.Header.Get("X-Client") == "alice" && len(nested) == 0 {
@@ -145,7 +145,7 @@ func TestConcurrencyReleasesAfterTheClientLeft(t *testing.T) {
 // Throttler that fails open reports a failed Release only to its Observe).
 func TestConcurrencyReleaseError(t *testing.T) {
 	store := newNetLeases(t)
-	th := newThrottler(t, store, &throttler.Options{FailureMode: throttler.FailClosed})
+	th := newThrottler(t, store, &throttler.Options{FailClosed: true})
 	var released []error
 	h := newConcurrency(t, th, throttler.Concurrent(1, time.Minute), &httplimit.Options{
 		OnReleaseError: func(r *http.Request, err error) { released = append(released, err) },

@@ -17,6 +17,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 // TestErrorStatuses: both middlewares answer a request they could not
 // decide through the one mapping of Error: 400 for the client's mistake,
 // 499 for a client that has gone (whatever the failure mode), 503 with
@@ -32,20 +35,20 @@ func TestErrorStatuses(t *testing.T) {
 	tests := []struct {
 		name       string
 		ctx        context.Context
-		mode       throttler.FailureMode
+		mode       bool
 		down       bool // the store fails every call
 		key        httplimit.KeyFunc
 		status     int
 		retryAfter string
 	}{
-		{"no key", context.Background(), throttler.FailClosed, false, httplimit.KeyByHeader("X-Missing"), 400, ""},
-		{"key too long", context.Background(), throttler.FailClosed, false, long, 400, ""},
-		{"no key, client gone", cancelled, throttler.FailOpen, false, httplimit.KeyByHeader("X-Missing"), 400, ""},
-		{"client gone, fail open", cancelled, throttler.FailOpen, false, nil, 499, ""},
-		{"client gone, fail closed", cancelled, throttler.FailClosed, false, nil, 499, ""},
-		{"deadline passed, fail open", expired, throttler.FailOpen, false, nil, 503, "1"},
-		{"store down, fail closed", context.Background(), throttler.FailClosed, true, nil, 503, "1"},
-		{"store down, fail open", context.Background(), throttler.FailOpen, true, nil, 200, ""},
+		{"no key", context.Background(), failClosed, false, httplimit.KeyByHeader("X-Missing"), 400, ""},
+		{"key too long", context.Background(), failClosed, false, long, 400, ""},
+		{"no key, client gone", cancelled, failOpen, false, httplimit.KeyByHeader("X-Missing"), 400, ""},
+		{"client gone, fail open", cancelled, failOpen, false, nil, 499, ""},
+		{"client gone, fail closed", cancelled, failClosed, false, nil, 499, ""},
+		{"deadline passed, fail open", expired, failOpen, false, nil, 503, "1"},
+		{"store down, fail closed", context.Background(), failClosed, true, nil, 503, "1"},
+		{"store down, fail open", context.Background(), failOpen, true, nil, 200, ""},
 	}
 	for _, tc := range tests {
 		key := tc.key
@@ -60,7 +63,7 @@ func TestErrorStatuses(t *testing.T) {
 			rateStore.Backend.(*stubBackend).err = errDown
 			leases.setFail(errDown)
 		}
-		o := &throttler.Options{FailureMode: tc.mode, Timeout: time.Minute}
+		o := &throttler.Options{FailClosed: tc.mode, Timeout: time.Minute}
 		rate, err := httplimit.Rate(newThrottler(t, rateStore, o), throttler.PerMinute(5), key, nil)
 		require.NoError(t, err)
 		conc, err := httplimit.Concurrency(newThrottler(t, leases, o), throttler.Concurrent(5, time.Minute), key, nil)

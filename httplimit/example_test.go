@@ -31,7 +31,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	user := httplimit.KeyByHeader("X-User-ID")
-	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(1, time.Minute).Named("inflight"), user, nil)
+	inflight, err := httplimit.Concurrency(th, throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1, TTL: time.Minute}, user, nil)
 	if err != nil {
 		log.Fatal(err) // a bad policy, a nil KeyFunc, a store without leases: caught at start-up
 	}
@@ -174,9 +174,9 @@ func Example_embed() {
 		log.Fatal(err)
 	}
 	// A policy is a limit and the algorithm that counts it (docs/algorithms.md).
-	core := throttler.PerHour(5000).Named("core")                                   // fixed window, GitHub's
-	partner := throttler.PerSecond(100).With(throttler.SlidingLog).Named("partner") // at most 100 in any second
-	inflight := throttler.Concurrent(2, time.Minute).Named("inflight")              // 2 at once; a lease lasts 1m at most
+	core := throttler.PerHour(5000).Named("core")                                         // fixed window, GitHub's
+	partner := throttler.PerSecond(100).With(throttler.SlidingLog).Named("partner")       // at most 100 in any second
+	inflight := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute} // 2 at once; a lease lasts 1m at most
 
 	// HTTP middleware: at most 2 requests of a user in flight, then 5000 an hour, counted when a
 	// request starts and refunded for a 304. A refusal is a 429 with Retry-After.

@@ -93,7 +93,7 @@ func unixCeil(t time.Time) int64 {
 //     bucket is full again, the log's newest entry ends.
 func resetOf(p throttler.Policy, d throttler.Decision) time.Time {
 	switch {
-	case !d.Known():
+	case d.ResetAt.IsZero():
 		return time.Time{}
 	case !d.Allowed:
 		// The store counted from d.At's ms, truncated: the admission is an

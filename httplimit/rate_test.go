@@ -207,23 +207,23 @@ func TestErrorAnswersNeverHoldTheKeyNorTheError(t *testing.T) {
 	tests := []struct {
 		name     string
 		backend  throttler.Backend
-		mode     throttler.FailureMode
+		mode     bool
 		key      httplimit.KeyFunc
 		status   int
 		forbid   []string
 		inHeader bool
 	}{
-		{"fail closed", &stubBackend{err: leak}, throttler.FailClosed, httplimit.KeyByHeader("X-Client"), 503,
+		{"fail closed", &stubBackend{err: leak}, failClosed, httplimit.KeyByHeader("X-Client"), 503,
 			[]string{key, "redis", "deadline", "throttler", "httplimit"}, true},
-		{"key too long", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) {
+		{"key too long", newMemory(t), failOpen, func(*http.Request) (string, error) {
 			return "token-" + key + strings.Repeat("x", throttler.MaxKeyLen), nil
 		}, 400,
 			[]string{key, "token-", "4096", "throttler", "httplimit"}, true},
-		{"KeyFunc error", newMemory(t), throttler.FailOpen, func(*http.Request) (string, error) { return "", fmt.Errorf("token %q is not signed", key) }, 400,
+		{"KeyFunc error", newMemory(t), failOpen, func(*http.Request) (string, error) { return "", fmt.Errorf("token %q is not signed", key) }, 400,
 			[]string{key, "signed", "throttler", "httplimit"}, true},
 	}
 	for _, tc := range tests {
-		th := newThrottler(t, tc.backend, &throttler.Options{FailureMode: tc.mode})
+		th := newThrottler(t, tc.backend, &throttler.Options{FailClosed: tc.mode})
 		w := serve(newRate(t, th, p, tc.key, nil)(etagHandler), "X-Client", key)
 		assert.Equal(t, tc.status, w.Code, tc.name)
 		assert.Equal(t, http.StatusText(tc.status)+"\n", w.Body.String(), tc.name)
@@ -259,7 +259,7 @@ func TestRateDegraded(t *testing.T) {
 		}
 	})
 	t.Run("fail closed answers 503", func(t *testing.T) {
-		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{FailureMode: throttler.FailClosed})
+		th := newThrottler(t, &stubBackend{err: errDown}, &throttler.Options{FailClosed: true})
 		w := serve(newRate(t, th, p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler))
 		assert.Equal(t, http.StatusServiceUnavailable, w.Code)
 		assert.Equal(t, "1", w.Header().Get("Retry-After"))

@@ -264,9 +264,9 @@ func billingFleet(t *testing.T, addr string, n int, o outbound.Options, ledger *
 	for i := range clients {
 		store := billingStore{Backend: redisNew(t, redisClient(t, addr), nil), ledger: ledger}
 		th, err := throttler.New(store, &throttler.Options{
-			FailureMode: throttler.FailClosed,
-			Timeout:     3 * time.Second, // a shared 2-core machine under -race
-			Observe:     calls.observe,
+			FailClosed: true,
+			Timeout:    3 * time.Second, // a shared 2-core machine under -race
+			Observe:    calls.observe,
 		})
 		require.NoError(t, err)
 		base := &http.Transport{MaxIdleConnsPerHost: billingWorkers}
@@ -602,7 +602,7 @@ func billingTestDeadlines(t *testing.T, addr string) {
 	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine
 	leaks := faultLeaks()
 	rcl := redisClient(t, addr)
-	th, err := throttler.New(redisNew(t, rcl, nil), &throttler.Options{FailureMode: throttler.FailClosed, Timeout: 3 * time.Second})
+	th, err := throttler.New(redisNew(t, rcl, nil), &throttler.Options{FailClosed: true, Timeout: 3 * time.Second})
 	require.NoError(t, err)
 	p := throttler.PerMinute(1).Named("billing-deadline")
 	ctx := context.Background()

@@ -322,8 +322,8 @@ func TestCLI(t *testing.T) {
 		if err := src.Reload(); err != nil {
 			t.Fatal(err)
 		}
-		if got := src.Settings(); got != (flags.Settings{Percent: 25, Mirror: true}) {
-			t.Errorf("the application's File reads %+v after set 25", got)
+		if src.Percent() != 25 || !src.Mirroring() {
+			t.Errorf("the application's File reads percent %d, mirror %v after set 25", src.Percent(), src.Mirroring())
 		}
 		out, _, code := cliRun(t, bin, "rollout", "get", "--file", path, "--json")
 		if code != 0 || out != `{"percent":25,"mirror":true}`+"\n" {

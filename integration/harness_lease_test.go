@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,7 +41,7 @@ func leaseExactness(t *testing.T, backends []throttler.LeaseBackend, key string,
 			wg.Go(func() {
 				for i := range perGoroutine {
 					now := t0.Add(time.Duration(g*perGoroutine+i) * time.Millisecond)
-					id := throttler.NewLeaseID()
+					id := throttler.LeaseID(rand.Uint64() | 1)
 					calls.Add(1)
 					d, err := b.Acquire(ctx, key, p, id, now)
 					if err != nil && retried(err) {
@@ -87,7 +88,7 @@ func leaseExactness(t *testing.T, backends []throttler.LeaseBackend, key string,
 		calls.Load(), admitted.Load(), denied.Load(), contended.Load(), 100*float64(contended.Load())/float64(calls.Load()), peak.Load())
 	assert.Positive(t, denied.Load(), "the limit was reached")
 	assert.Greater(t, peak.Load(), p.Limit/2, "the test's count came near Limit, so the check at every acquire had teeth")
-	_, d, err := backends[0].Release(ctx, key, p, throttler.NewLeaseID(), t0.Add(time.Minute))
+	_, d, err := backends[0].Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), t0.Add(time.Minute))
 	require.NoError(t, err)
 	assert.Zero(t, d.Used, "every lease was released")
 }
@@ -105,7 +106,7 @@ func leaseCrashedClient(t *testing.T, crashed, other throttler.LeaseBackend, cra
 	require.EqualValues(t, 5, p.Limit, "the table below is for 5 leases")
 	ctx := context.Background()
 	for i := range p.Limit {
-		d, err := crashed.Acquire(ctx, key, p, throttler.NewLeaseID(), start.Add(time.Duration(i)*time.Millisecond))
+		d, err := crashed.Acquire(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), start.Add(time.Duration(i)*time.Millisecond))
 		require.NoError(t, err)
 		require.True(t, d.Allowed, "lease %d", i)
 	}
@@ -124,7 +125,7 @@ func leaseCrashedClient(t *testing.T, crashed, other throttler.LeaseBackend, cra
 		{firstEnd.Add(time.Millisecond), true, 5, 0},     // and the second's
 		{firstEnd.Add(4 * time.Millisecond), true, 3, 0}, // all five expired: the two new ones and this one
 	} {
-		d, err := other.Acquire(ctx, key, p, throttler.NewLeaseID(), tt.at)
+		d, err := other.Acquire(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), tt.at)
 		require.NoError(t, err)
 		at := tt.at.Sub(start)
 		assert.Equal(t, tt.wantAllowed, d.Allowed, "at +%v", at)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,7 +69,7 @@ func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
 	for _, key := range onPaused {
 		wg.Go(func() {
 			for range 5 {
-				_, err := b.Acquire(ctx, key, p, throttler.NewLeaseID(), now)
+				_, err := b.Acquire(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now)
 				pausedCalls.Add(1)
 				var named interface{ FailedStore() string }
 				if errors.Is(err, throttler.ErrUnavailable) && errors.As(err, &named) && named.FailedStore() == pausedStore {
@@ -84,7 +85,7 @@ func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
 		wg.Go(func() {
 			var ids []throttler.LeaseID
 			for range p.Limit + 4 {
-				id := throttler.NewLeaseID()
+				id := throttler.LeaseID(rand.Uint64() | 1)
 				d, err := b.Acquire(ctx, key, p, id, now)
 				if !assert.NoError(t, err, "%s on the healthy server", key) {
 					return
@@ -111,7 +112,7 @@ func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
 	// The healthy keys' items are on the healthy server, empty again.
 	only := memcachedNew(t, memcachedClient(t, time.Second, healthy.addr), nil)
 	for _, key := range onHealthy {
-		_, d, err := only.Release(ctx, key, p, throttler.NewLeaseID(), now)
+		_, d, err := only.Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now)
 		require.NoError(t, err)
 		assert.Zero(t, d.Used)
 	}

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,9 @@ import (
 	"github.com/throttlekit/throttlekit/backend/redis"
 	"github.com/throttlekit/throttlekit/throttler"
 )
+
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
 
 // leaseRedisSetups are the layouts the lease tests run on: one server, and
 // a Cluster of three masters. newClient returns a client of its own (its
@@ -99,7 +103,7 @@ const leaseFaultMargin = time.Second
 // test's own clock. Every call returns within the Throttler's Timeout
 // (plus scheduling); no call made while Redis is paused is answered by it:
 // each fails with the store's error or is answered by the failure mode
-// (Degraded; never allowed under FailClosed), as the FailureMode says. The
+// (Degraded; never allowed under FailClosed), as Options.FailClosed says. The
 // leases Redis granted are never more than Limit, before, during and after
 // the pause; those whose Release failed during it count until their TTL by
 // the callers' clock, and not a moment longer.
@@ -107,14 +111,14 @@ func TestLeaseRedisPaused(t *testing.T) {
 	rc := redisStart(t)
 	b := redisNew(t, redisClient(t, rc.Addr), nil)
 	p := throttler.ConcurrencyPolicy{Name: "paused", Limit: 8, TTL: time.Minute}
-	for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
-		name := map[throttler.FailureMode]string{throttler.FailOpen: "fail-open", throttler.FailClosed: "fail-closed"}[mode]
+	for _, mode := range []bool{failOpen, failClosed} {
+		name := map[bool]string{failOpen: "fail-open", failClosed: "fail-closed"}[mode]
 		t.Run(name, func(t *testing.T) {
 			key := fmt.Sprint("paused-", time.Now().UnixNano())
 			var clock atomic.Int64 // the test's clock, Unix ms: fixed while the load runs
 			clock.Store(backendtest.T0.UnixMilli())
 			th, err := throttler.New(b, &throttler.Options{
-				Timeout: redisFaultTimeout, FailureMode: mode,
+				Timeout: redisFaultTimeout, FailClosed: mode,
 				Clock: func() time.Time { return time.UnixMilli(clock.Load()) },
 			})
 			require.NoError(t, err)
@@ -158,7 +162,7 @@ func TestLeaseRedisPaused(t *testing.T) {
 							tl.failed.Add(1)
 						case d.Degraded:
 							tl.degraded.Add(1)
-							if mode == throttler.FailClosed && d.Allowed {
+							if mode == failClosed && d.Allowed {
 								t.Errorf("FailClosed allowed an Acquire Redis did not answer")
 							}
 						case d.Allowed:
@@ -171,13 +175,16 @@ func TestLeaseRedisPaused(t *testing.T) {
 						default:
 							tl.denied.Add(1)
 						}
-						_, _ = l.Release(ctx) // fails while paused: that lease counts until its TTL
+						// Fails while paused: that lease counts until its
+						// TTL.
+						_, _, _ = l.Release(ctx)
 						if !d.Allowed || d.Degraded {
-							// A client not admitted waits a little before it
-							// asks again. Without it, 16 callers answered at
-							// once (the breaker open) spun through ~2M calls,
-							// and on a loaded machine a call that did no I/O
-							// at all took 375 ms to return.
+							// A client not admitted waits a little
+							// before it asks again. Without it, 16
+							// callers answered at once (the breaker
+							// open) spun through ~2M calls, and on a
+							// loaded machine a call that did no I/O at
+							// all took 375 ms to return.
 							time.Sleep(time.Millisecond)
 						}
 					}
@@ -214,18 +221,18 @@ func TestLeaseRedisPaused(t *testing.T) {
 			// Leases whose Release failed count until their TTL by the
 			// callers' clock, and not a moment longer.
 			now := time.UnixMilli(clock.Load())
-			_, d, err := b.Release(ctx, key, p, throttler.NewLeaseID(), now.Add(p.TTL-time.Millisecond))
+			_, d, err := b.Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now.Add(p.TTL-time.Millisecond))
 			require.NoError(t, err)
 			t.Logf("%d leases left by Releases that failed during the pause", d.Used)
 			assert.LessOrEqual(t, d.Used, p.Limit)
-			_, d, err = b.Release(ctx, key, p, throttler.NewLeaseID(), now.Add(p.TTL))
+			_, d, err = b.Release(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now.Add(p.TTL))
 			require.NoError(t, err)
 			assert.Zero(t, d.Used, "every lease is released or has expired")
 			clock.Store(now.Add(p.TTL).UnixMilli())
 			l, d, err := th.Acquire(ctx, key, p)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed && !d.Degraded, "Redis grants leases again: %+v", d)
-			_, _ = l.Release(ctx)
+			_, _, _ = l.Release(ctx)
 		})
 	}
 }

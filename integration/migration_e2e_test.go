@@ -184,8 +184,8 @@ func TestMigrationEndToEnd(t *testing.T) {
 		if err := rollout.Reload(); err != nil {
 			t.Fatal(err)
 		}
-		if got := rollout.Settings(); got.Percent != st.percent || got.Mirror != st.mirror {
-			t.Fatalf("%s: rollout file reads %+v", st.name, got)
+		if got, mirror := rollout.Percent(), rollout.Mirroring(); got != st.percent || mirror != st.mirror {
+			t.Fatalf("%s: rollout file reads percent %d, mirror %v", st.name, got, mirror)
 		}
 		// The shared clock: every stage a few seconds later; the second
 		// window starts a whole Window after the first one opened.

@@ -183,9 +183,9 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 		}
 		m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: small, Reverse: small, Settle: loadSettle})
 		th, err := throttler.New(loadStamped{m}, &throttler.Options{
-			Clock:       func() time.Time { return clk.at(off) },
-			Timeout:     2 * time.Second,
-			FailureMode: throttler.FailClosed, // a failed call admits nothing
+			Clock:      func() time.Time { return clk.at(off) },
+			Timeout:    2 * time.Second,
+			FailClosed: true, // a failed call admits nothing
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -265,7 +265,8 @@ type loadReport struct {
 	fresh                           int   // windows opened less than a Window after the key's previous one
 	spread, maxFlight               int64 // ms: the processes' clock spread, the longest flight of an admitted call
 	medianFlight                    int64 // ms
-	moving                          migration.MovingStats
+	// The migrations' counts of moving keys' calls (Stats.Moving), summed.
+	moving                          struct{ Calls, Compensated, RefundFailed, OneStore, Changes uint64 }
 	drops                           uint64
 	compared, mismatched, reordered uint64 // shadow pairs, both directions
 	kinds                           map[string]uint64

@@ -151,7 +151,7 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 	for w := range workers {
 		var now time.Time
 		th, err := throttler.New(b, &throttler.Options{
-			Clock: func() time.Time { return now }, Timeout: time.Second, FailureMode: throttler.FailClosed,
+			Clock: func() time.Time { return now }, Timeout: time.Second, FailClosed: true,
 			Observe: func(o throttler.Observation) {
 				if o.Err == nil {
 					return

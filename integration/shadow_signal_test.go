@@ -303,14 +303,13 @@ func TestShadowSignalMeasure(t *testing.T) {
 	}
 }
 
-// signalSpan is the reorder span of the acceptance runs: the processes'
-// clocks are 100 ms apart at most, and another process's mirror may lag
-// up to 300 ms more than the call's own (which the shadow adds) on this
-// loaded machine under -race (measured: real mismatches at 150 and at 300
-// ms in some runs, where a call's own lag was under 130 ms). signalUnits is the whole limit: under this load every key is
-// exhausted within a span (a window's 40 units go in a few dozen ms once
-// it opens, and the mirror lags by hundreds of ms under -race), so
-// reordering can move a call's count by up to the limit.
+// signalSpan is the reorder span of the acceptance runs: the processes' clocks are 100 ms apart at
+// most, and another process's mirror may lag up to 300 ms more than the call's own (which the
+// shadow adds) on this loaded machine under -race (measured: real mismatches at 150 and at 300 ms
+// in some runs, where a call's own lag was under 130 ms). signalUnits is the whole limit: under
+// this load every key is exhausted within a span (a window's 40 units go in a few dozen ms once it
+// opens, and the mirror lags by hundreds of ms under -race), so reordering can move a call's count
+// by up to the limit.
 const signalSpan = 400 * time.Millisecond
 
 // signalOptions are the shadows' options of the acceptance runs: queues

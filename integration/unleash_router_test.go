@@ -66,9 +66,18 @@ func unleashCloseBounded(t *testing.T, c *unleashsdk.Client) {
 	}
 }
 
+// unleashRouted is a Router and the Unleash source that ramps it.
+type unleashRouted struct {
+	*flags.Router
+	src *unleash.Rollout
+}
+
+// UseNew reports where the router sends key now: where its source says.
+func (u unleashRouted) UseNew(key string) bool { return u.src.UseNew(key) }
+
 // unleashRouter is a Router between two memory backends, ramped by an
 // Unleash source over feature.
-func unleashRouter(t *testing.T, c *unleashsdk.Client, feature string, recheck time.Duration) *flags.Router {
+func unleashRouter(t *testing.T, c *unleashsdk.Client, feature string, recheck time.Duration) unleashRouted {
 	t.Helper()
 	src, err := unleash.New(c, feature, &unleash.Options{Recheck: recheck})
 	if err != nil {
@@ -86,7 +95,7 @@ func unleashRouter(t *testing.T, c *unleashsdk.Client, feature string, recheck t
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return unleashRouted{r, src}
 }
 
 // unleashPollEvery is how often the tests look again for what Unleash
@@ -102,7 +111,7 @@ func unleashKeys(n int) []string {
 }
 
 // unleashRoutes returns which keys the router sends to the new backend.
-func unleashRoutes(r *flags.Router, keys []string) (isNew []bool, n int) {
+func unleashRoutes(r flags.Rollout, keys []string) (isNew []bool, n int) {
 	isNew = make([]bool, len(keys))
 	for i, k := range keys {
 		if isNew[i] = r.UseNew(k); isNew[i] {

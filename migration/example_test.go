@@ -13,7 +13,7 @@ import (
 
 // A migration from one store to another, ramped and rolled back by a static
 // percentage. In production the stores are Memcached and Redis, and the
-// rollout is a flags.File or an unleash.Source (package flags/unleash) that
+// rollout is a flags.File or an unleash.Rollout (package flags/unleash) that
 // an operator changes.
 func Example() {
 	ctx := context.Background()

@@ -60,7 +60,7 @@ func (m *Migration) leaseStores(toNew bool) (s, o throttler.LeaseBackend) {
 // then the stricter of the two decisions. A store that grants when the
 // other denies is released at once; the serving store failing is the
 // call's error (the router names the store); the other failing leaves the
-// serving store's answer (counted in MovingStats.OneStore). Nothing is
+// serving store's answer (counted in Stats.Moving.OneStore). Nothing is
 // mirrored.
 func (m *Migration) acquireBoth(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time, toNew bool) (throttler.Decision, error) {
 	m.moving.calls.Add(1)
@@ -89,7 +89,7 @@ func (m *Migration) acquireBoth(ctx context.Context, key string, p throttler.Con
 // releaseBoth releases on both stores, directly (nothing is mirrored):
 // held and the decision are the serving store's, or for a moving key the
 // stricter decision. The serving store failing is the call's error; the
-// other failing is counted in MovingStats.OneStore for a moving key.
+// other failing is counted in Stats.Moving.OneStore for a moving key.
 func (m *Migration) releaseBoth(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time, toNew, moving bool) (bool, throttler.Decision, error) {
 	if moving {
 		m.moving.calls.Add(1)

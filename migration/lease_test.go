@@ -14,7 +14,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-var one = throttler.Concurrent(1, time.Minute).Named("exports")
+var one = throttler.ConcurrencyPolicy{Name: "exports", Limit: 1, TTL: time.Minute}
 
 func TestLeaseConformance(t *testing.T) {
 	for _, pct := range []int{0, 50, 100} {

@@ -9,7 +9,7 @@
 //	t, err := throttler.New(m, nil)
 //
 // The rollout (a flags source: flags.Percent, flags.File or an
-// unleash.Source from package flags/unleash) decides per key
+// unleash.Rollout from package flags/unleash) decides per key
 // which store serves it, and whether mirroring is on. A key served by the
 // old store is mirrored to the new one (the forward shadow), and a key
 // served by the new store is mirrored back to the old one (the reverse
@@ -53,8 +53,9 @@ type Options struct {
 	// Router configures the router. default: old is named "old", new "new"
 	Router *flags.RouterOptions
 	// Mirror, if set, says whether to mirror, instead of the rollout's own
-	// setting (see flags.Mirrorer). Called on every call: keep it cheap.
-	// default: the rollout's setting; off for a rollout without one
+	// setting, its Mirroring method (see flags.Rollout). Called on every
+	// call: keep it cheap. default: the rollout's setting; off for a
+	// rollout without one
 	Mirror func() bool
 	// Settle is how long, on top of its policy's horizon (two windows, a
 	// bucket's refill from empty), a key a change of percentage moves is
@@ -62,8 +63,9 @@ type Options struct {
 	// "Moving keys" in docs/migration.md). It must cover how much later
 	// than the first process the last one sees a change, how long a call
 	// mirrored before it can wait in a shadow's queue, and the spread of
-	// the processes' clocks. Only a rollout that tells its percentage
-	// (flags.AsPercenter) has moving keys. Negative is an error.
+	// the processes' clocks. Only a rollout that tells its percentage (its
+	// Percent and GroupID methods, see flags.Rollout) has moving keys.
+	// Negative is an error.
 	// default: 30s
 	Settle time.Duration
 }
@@ -77,13 +79,13 @@ const defaultSettle = 30 * time.Second
 // percentage is moving to both stores at once. Take, Peek and Refund go to
 // the store that serves the key now, through its shadow; a moving key's go
 // to both stores (see Options.Settle). When both stores hold leases, so
-// does a Migration (Traits; see Acquire). UseNew reports which store
-// serves a key, and Traits whether both stores' calls never block and the
-// store a call reaches: the serving store's own
-// name for it (a shard, a server), or "old" or "new" (Options.Router's
-// names) for a store that names none, so that a Throttler's breaker for
-// one store never stops calls to the other. It is safe for concurrent use.
-// Create it with New; Close stops the shadows' workers.
+// does a Migration (Traits; see Acquire). The rollout's UseNew says which
+// store serves a key. Traits say whether both stores' calls never block
+// and the store a call reaches: the serving store's own name for it (a
+// shard, a server), or "old" or "new" (Options.Router's names) for a store
+// that names none, so that a Throttler's breaker for one store never stops
+// calls to the other. It is safe for concurrent use. Create it with New;
+// Close stops the shadows' workers.
 type Migration struct {
 	router           *flags.Router // every call goes through it
 	forward, reverse *shadow.Backend
@@ -120,6 +122,12 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	if err := nilness.Check("migration: new backend", newB); err != nil {
 		return nil, err
 	}
+	if r == nil {
+		return nil, errors.New("migration: rollout is nil; pass flags.NewPercent(0) to keep every key on old")
+	}
+	if err := nilness.Check("migration: rollout", r); err != nil {
+		return nil, err
+	}
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -133,7 +141,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	mirror := o.Mirror
 	if mirror == nil {
 		mirror = func() bool { return false }
-		if m, ok := r.(flags.Mirrorer); ok {
+		if m, ok := r.(interface{ Mirroring() bool }); ok {
 			mirror = m.Mirroring
 		}
 	}
@@ -146,16 +154,8 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 		_ = fwd.Close()
 		return nil, optionsError("Reverse", err)
 	}
-	routes := new(strategy) // set up below, once r is known to be usable
-	rt, err := flags.NewRouterWith(fwd, rev, r, routes, o.Router)
-	if err != nil {
-		// Only r can be wrong here; the error names it ("flags: rollout
-		// is nil; …").
-		_ = errors.Join(fwd.Close(), rev.Close())
-		return nil, err
-	}
 	m := &Migration{
-		router: rt, forward: fwd, reverse: rev,
+		forward: fwd, reverse: rev,
 		stores: [2]store{
 			{b: oldB, local: throttler.TraitsOf(oldB).InProcess},
 			{b: newB, local: throttler.TraitsOf(newB).InProcess, isNew: true},
@@ -168,10 +168,22 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	if o.Router != nil && o.Router.NewName != "" {
 		m.newName = o.Router.NewName
 	}
+	// The router routes by the strategy, which is r made to send the keys
+	// a change is moving to both stores; it is complete before the router
+	// asks it for the pairs of stores.
+	routes := &strategy{rollout: r}
+	routes.init(m, o.Settle, mono)
+	rt, err := flags.NewRouter(fwd, rev, routes, o.Router)
+	if err != nil {
+		// Everything it checks was checked above, but for Options.Router.
+		// The mover has no ticker yet: it starts at the first change.
+		_ = errors.Join(fwd.Close(), rev.Close())
+		return nil, err
+	}
+	m.router = rt
 	if rt.Traits().Leases {
 		m.leases[0], m.leases[1] = oldB.(throttler.LeaseBackend), newB.(throttler.LeaseBackend)
 	}
-	routes.init(m, r, o.Settle, mono)
 	return m, nil
 }
 
@@ -198,14 +210,22 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 	return m.router.Refund(ctx, key, p, cost, receipt, now)
 }
 
-// UseNew reports whether the new store serves key now.
-func (m *Migration) UseNew(key string) bool { return m.router.UseNew(key) }
-
 // Traits are its router's: in process when both stores are, each call's
-// store named as Migration says; but no composites (see errComposite).
+// store named as Migration says, and a Throttler's call over m named and
+// sent from one reading of the rollout; but no composites (see
+// errComposite).
 func (m *Migration) Traits() throttler.Traits {
 	t := m.router.Traits()
 	t.Composites = false
+	route := t.Route
+	t.Route = func(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
+		if b != throttler.Backend(m) {
+			b = nil // a wrapper of m: the router only names the store
+		} else {
+			b = m.router
+		}
+		return route(b, op, key, p)
+	}
 	return t
 }
 
@@ -248,19 +268,42 @@ type Stats struct {
 	// made on both stores directly (a moving key's, the Release of a lease
 	// the router did not remember) count in Old and New only.
 	Routed flags.Stats
-	// Moving counts the calls for moving keys, made on both stores.
-	Moving MovingStats
+	// Moving counts the calls for moving keys (see Options.Settle), made on
+	// both stores.
+	Moving struct {
+		// Tracked reports whether the rollout tells its percentage (see
+		// Options.Settle): without it no key is ever moving, and a key the
+		// rollout moves is served by its new store alone at once.
+		Tracked bool
+		// Changes counts the changes of percentage this process has seen.
+		Changes uint64
+		// Calls counts the calls for moving keys, each made on both stores.
+		Calls uint64
+		// Compensated counts the Takes that one store admitted and the
+		// other denied (or failed): the admitting store was refunded the
+		// cost; and the Acquires one store granted and the other did not:
+		// the lease was released there.
+		Compensated uint64
+		// RefundFailed counts the compensating Refunds (and Releases) that
+		// failed: their store keeps units nobody was given (it is
+		// stricter, never laxer). Healthy: near 0.
+		RefundFailed uint64
+		// OneStore counts the moving keys' calls answered by the serving
+		// store alone because the other failed: each could admit what the
+		// failed store's count would have denied. Healthy: 0.
+		OneStore uint64
+		// Leveled counts the token buckets the serving store held fuller
+		// than the other, emptied down to it.
+		Leveled uint64
+	}
 }
 
 // Stats returns a snapshot of both shadows, the routing and the moving
 // keys.
 func (m *Migration) Stats() Stats {
-	return Stats{
-		Forward: m.forward.Stats(),
-		Reverse: m.reverse.Stats(),
-		Routed:  m.router.Stats(),
-		Moving:  m.movingStats(),
-	}
+	s := Stats{Forward: m.forward.Stats(), Reverse: m.reverse.Stats(), Routed: m.router.Stats()}
+	m.movingStats(&s)
+	return s
 }
 
 // Flush waits until every call mirrored so far, in both directions, has

@@ -65,8 +65,8 @@ func TestNewErrors(t *testing.T) {
 		{"nil new", mem(t), nil, percent(t, 0), nil, "migration: new backend is nil"},
 		{"typed nil old", nilMem, mem(t), percent(t, 0), nil, "migration: old backend is a nil *memory.Backend"},
 		{"typed nil new", mem(t), nilMem, percent(t, 0), nil, "migration: new backend is a nil *memory.Backend"},
-		{"nil rollout", mem(t), mem(t), nil, nil, "flags: rollout is nil; pass flags.NewPercent(0) to keep every key on old"},
-		{"typed nil rollout", mem(t), mem(t), nilPct, nil, "flags: rollout is a nil *flags.Percent"},
+		{"nil rollout", mem(t), mem(t), nil, nil, "migration: rollout is nil; pass flags.NewPercent(0) to keep every key on old"},
+		{"typed nil rollout", mem(t), mem(t), nilPct, nil, "migration: rollout is a nil *flags.Percent"},
 		{"bad forward options", mem(t), mem(t), percent(t, 0), &Options{Forward: &shadow.Options{Workers: -1}},
 			"migration: Options.Forward.Workers is -1; want 0 (default 8) or more"},
 		{"bad reverse options", mem(t), mem(t), percent(t, 0), &Options{Reverse: &shadow.Options{Timeout: -time.Second}},
@@ -238,13 +238,20 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-func TestInProcessAndUseNew(t *testing.T) {
+func TestInProcessAndRouting(t *testing.T) {
+	ctx, p := context.Background(), throttler.PerMinute(3)
 	m := newMigration(t, mem(t), mem(t), percent(t, 100), nil)
-	if !m.Traits().InProcess || !m.UseNew("k") {
-		t.Errorf("two memory stores at 100%%: InProcess %v, UseNew %v; want true, true", m.Traits().InProcess, m.UseNew("k"))
+	if _, err := m.Take(ctx, "k", p, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Stats().Routed; !m.Traits().InProcess || st.New != 1 || st.Old != 0 {
+		t.Errorf("two memory stores at 100%%: InProcess %v, routed %+v; want true, on new", m.Traits().InProcess, st)
 	}
 	m2 := newMigration(t, mem(t), struct{ throttler.Backend }{mem(t)}, percent(t, 0), nil)
-	if m2.Traits().InProcess || m2.UseNew("k") {
-		t.Errorf("a store that may block at 0%%: InProcess %v, UseNew %v; want false, false", m2.Traits().InProcess, m2.UseNew("k"))
+	if _, err := m2.Take(ctx, "k", p, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	if st := m2.Stats().Routed; m2.Traits().InProcess || st.Old != 1 || st.New != 0 {
+		t.Errorf("a store that may block at 0%%: InProcess %v, routed %+v; want false, on old", m2.Traits().InProcess, st)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -60,8 +61,8 @@ type history struct {
 // keeps a copy every tick, which lags the clock by a tick at most: a key
 // is then moving up to a tick longer, never shorter.
 type mover struct {
-	pct     flags.Percenter
-	bucket  flags.Bucketer
+	pct     percenter
+	bucket  rollout.Bucketer
 	settle  time.Duration
 	mono    func() time.Duration
 	hist    atomic.Pointer[history]
@@ -126,10 +127,20 @@ func (mv *mover) close() {
 	}
 }
 
+// percenter is a rollout that tells its percentage: it routes a key to
+// the new store when Bucket(GroupID(), key) <= Percent() (see
+// flags.Rollout). flags.Percent, flags.File and a source made by
+// unleash.NewPercent are; a GroupID of "" says the rollout is not one
+// percentage after all (a source made by unleash.New).
+type percenter interface {
+	Percent() int
+	GroupID() string
+}
+
 // init sets up mv for pc, with mono as its monotonic clock (nil: the
 // process's, kept by a ticker).
-func (mv *mover) init(pc flags.Percenter, settle time.Duration, mono func() time.Duration) {
-	mv.pct, mv.bucket, mv.settle, mv.mono, mv.stop = pc, flags.NewBucketer(pc.GroupID()), settle, mono, make(chan struct{})
+func (mv *mover) init(pc percenter, settle time.Duration, mono func() time.Duration) {
+	mv.pct, mv.bucket, mv.settle, mv.mono, mv.stop = pc, rollout.NewBucketer(pc.GroupID()), settle, mono, make(chan struct{})
 	if mono == nil {
 		epoch := time.Now()
 		mv.mono = func() time.Duration { return time.Since(epoch) }
@@ -244,10 +255,13 @@ type store struct {
 	isNew bool
 }
 
-// strategy is a Migration's flags.Strategy: it reads the percentage once
-// per call, and sends a moving key's call to both stores (a pair). Without
-// a percentage (a rollout that cannot tell it) it routes by the rollout,
-// and no key is ever moving. The mover is inline: every call reads it.
+// strategy is a Migration's rollout as its router sees it: the caller's
+// rollout, which also routes each call (the Route and RouteLease methods a
+// flags.Router looks for in its rollout), reading the percentage once per
+// call and sending a moving key's call to both
+// stores (a pair). Without a percentage (a rollout that cannot tell it) it
+// routes by the rollout, and no key is ever moving. The mover is inline:
+// every call reads it.
 type strategy struct {
 	mover
 	tracked bool // the mover is set up
@@ -256,12 +270,14 @@ type strategy struct {
 	pairs [2][2]*pair
 }
 
-var _ flags.Strategy = (*strategy)(nil)
+var _ flags.Rollout = (*strategy)(nil)
+
+// UseNew is the rollout's: the store that serves key now.
+func (s *strategy) UseNew(key string) bool { return s.rollout.UseNew(key) }
 
 // init completes s for m, with mono as the mover's clock (see mover.init).
-func (s *strategy) init(m *Migration, r flags.Rollout, settle time.Duration, mono func() time.Duration) {
-	s.rollout = r
-	if pc, ok := flags.AsPercenter(r); ok {
+func (s *strategy) init(m *Migration, settle time.Duration, mono func() time.Duration) {
+	if pc, ok := s.rollout.(percenter); ok && pc.GroupID() != "" {
 		s.mover.init(pc, settle, mono)
 		s.tracked = true
 		m.moves = &s.mover
@@ -280,23 +296,22 @@ func b2i(b bool) int {
 	return 0
 }
 
-// Route returns where a call for key under p goes, and for a moving key
-// the pair of stores.
-func (s *strategy) Route(key string, p throttler.Policy) (bool, throttler.Backend) {
+// Route returns where a call for key under p goes, and whether the key is
+// moving: its call then goes to the pair of stores, Both(toNew).
+func (s *strategy) Route(key string, p throttler.Policy) (toNew, moving bool) {
 	if !s.tracked {
-		return s.rollout.UseNew(key), nil
+		return s.rollout.UseNew(key), false
 	}
 	pct := min(max(s.pct.Percent(), 0), 100)
 	h := s.hist.Load()
 	if pct == h.cur && len(h.marks) == 0 {
-		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, nil
+		return pct == 100 || pct > 0 && s.bucket.Bucket(key) <= pct, false
 	}
-	toNew, moving := s.route(h, pct, key, p)
-	if moving {
-		return toNew, s.pairs[1][b2i(toNew)]
-	}
-	return toNew, nil
+	return s.route(h, pct, key, p)
 }
+
+// Both returns the pair of stores for a moving key's rate calls.
+func (s *strategy) Both(toNew bool) throttler.Backend { return s.pairs[1][b2i(toNew)] }
 
 // RouteLease is Route for a lease call: key is moving for the lease's TTL
 // plus Settle. The pair is returned whether or not the key is moving: the
@@ -355,47 +370,16 @@ type movingCounters struct {
 	calls, compensated, refundFailed, oneStore, leveled atomic.Uint64
 }
 
-// MovingStats counts the calls for moving keys (see Options.Settle).
-type MovingStats struct {
-	// Tracked reports whether the rollout tells its percentage
-	// (flags.AsPercenter): without it no key is ever moving, and a key the
-	// rollout moves is served by its new store alone at once.
-	Tracked bool
-	// Changes counts the changes of percentage this process has seen.
-	Changes uint64
-	// Calls counts the calls for moving keys, each made on both stores.
-	Calls uint64
-	// Compensated counts the Takes that one store admitted and the other
-	// denied (or failed): the admitting store was refunded the cost; and
-	// the Acquires one store granted and the other did not: the lease was
-	// released there.
-	Compensated uint64
-	// RefundFailed counts the compensating Refunds (and Releases) that
-	// failed: their store keeps units nobody was given (it is stricter,
-	// never laxer). Healthy: near 0.
-	RefundFailed uint64
-	// OneStore counts the moving keys' calls answered by the serving store
-	// alone because the other failed: each could admit what the failed
-	// store's count would have denied. Healthy: 0.
-	OneStore uint64
-	// Leveled counts the token buckets the serving store held fuller than
-	// the other, emptied down to it.
-	Leveled uint64
-}
-
-func (m *Migration) movingStats() MovingStats {
-	s := MovingStats{
-		Calls:        m.moving.calls.Load(),
-		Compensated:  m.moving.compensated.Load(),
-		RefundFailed: m.moving.refundFailed.Load(),
-		OneStore:     m.moving.oneStore.Load(),
-		Leveled:      m.moving.leveled.Load(),
-	}
+// movingStats fills in s.Moving.
+func (m *Migration) movingStats(s *Stats) {
+	ms := &s.Moving
+	ms.Calls, ms.Compensated = m.moving.calls.Load(), m.moving.compensated.Load()
+	ms.RefundFailed, ms.OneStore = m.moving.refundFailed.Load(), m.moving.oneStore.Load()
+	ms.Leveled = m.moving.leveled.Load()
 	if m.moves != nil {
-		s.Tracked = true
-		s.Changes = m.moves.changes.Load()
+		ms.Tracked = true
+		ms.Changes = m.moves.changes.Load()
 	}
-	return s
 }
 
 // both serves a moving key from both stores, toNew saying which one serves

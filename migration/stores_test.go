@@ -29,7 +29,8 @@ func (s failingStore) Take(context.Context, string, throttler.Policy, int64, tim
 // limited exactly.
 func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 	old := failingStore{Backend: mem(t), name: "memcached 10.0.0.2:11211"}
-	m := newMigration(t, old, mem(t), percent(t, 50), nil)
+	pct := percent(t, 50)
+	m := newMigration(t, old, mem(t), pct, nil)
 	p := throttler.PerMinute(3).Named("api")
 
 	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC) }, BreakerThreshold: 1})
@@ -41,7 +42,7 @@ func TestStoreFollowsTheRoutedShadowsControl(t *testing.T) {
 	for i := range 100 {
 		key := fmt.Sprint("user-", i)
 		want := "memcached 10.0.0.2:11211"
-		if m.UseNew(key) {
+		if pct.UseNew(key) {
 			want = "new"
 		}
 		if got := m.Traits().Store(throttler.OpTake, key, p); got != want {

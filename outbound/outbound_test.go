@@ -27,6 +27,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 // t0 is far from today, so that a context deadline set on the fake clock
 // never passes in real time.
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
@@ -591,15 +594,15 @@ func (down) Refund(context.Context, string, throttler.Policy, int64, time.Time, 
 // TestStoreDown: the Throttler's failure mode decides: failing closed is
 // an error before sending, failing open sends.
 func TestStoreDown(t *testing.T) {
-	for _, mode := range []throttler.FailureMode{throttler.FailClosed, throttler.FailOpen} {
-		th, err := throttler.New(down{}, &throttler.Options{FailureMode: mode})
+	for _, mode := range []bool{failClosed, failOpen} {
+		th, err := throttler.New(down{}, &throttler.Options{FailClosed: mode})
 		require.NoError(t, err)
 		r := &remote{w: newWorld()}
 		tr, err := outbound.New(th, &outbound.Options{Policy: perMinute, Base: r})
 		require.NoError(t, err)
 		req, body := post(t, context.Background())
 		resp, err := tr.RoundTrip(req)
-		if mode == throttler.FailClosed {
+		if mode == failClosed {
 			require.ErrorIs(t, err, throttler.ErrUnavailable)
 			assert.True(t, strings.HasPrefix(err.Error(), "outbound: waiting for capacity: backend unavailable"), err.Error())
 			assert.True(t, body.closed)
@@ -617,7 +620,7 @@ func TestStoreDown(t *testing.T) {
 func TestAPauseTheStoreCannotRecord(t *testing.T) {
 	var pauses []outbound.Pause
 	f := newFleet(t, 1, outbound.Options{Policy: perMinute, OnPause: func(p outbound.Pause) { pauses = append(pauses, p) }},
-		&throttler.Options{FailureMode: throttler.FailClosed})
+		&throttler.Options{FailClosed: true})
 	f.store.fail = func(p throttler.Policy) bool { return p.Name == "outbound-pause" }
 	f.remote.answer = func(n int, _ *http.Request) *http.Response {
 		if n == 0 {

@@ -13,7 +13,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-var two = throttler.Concurrent(2, time.Minute).Named("exports")
+var two = throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 
 // leaseHooked is hooked with leases: before runs ahead of every call, lease calls included, and may
 // block or fail them.

@@ -107,10 +107,10 @@ type Result struct {
 	// Candidate is the candidate's answer to the same call; zero when the call was dropped or
 	// the candidate failed.
 	Candidate throttler.Decision
-	// CandidateErr is the candidate's failure, wrapped with the call. A timeout (Options.Timeout,
-	// or a call dropped because an earlier one of its batch timed out) matches
-	// context.DeadlineExceeded with errors.Is, which tells a slow candidate from a failing one;
-	// a panic is recovered and its value given in the message.
+	// CandidateErr is the candidate's failure, wrapped with the call. A timeout
+	// (Options.Timeout, or a call dropped because an earlier one of its batch timed out)
+	// matches context.DeadlineExceeded with errors.Is, which tells a slow candidate from a
+	// failing one; a panic is recovered and its value given in the message.
 	CandidateErr error
 	// ControlHeld and CandidateHeld are a Release's answers: whether each store held the lease.
 	// When they differ, the stores disagreed on the leases held before the call, and the pair

@@ -80,14 +80,14 @@ func BenchmarkMiddleware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	th := newThrottler(b, store, throttler.FailOpen)
+	th := newThrottler(b, store, failOpen)
 	worker, _ := newWorker(b, shed.WorkerOptions{})
 	fleet, err := shed.NewFleet(th, &shed.FleetOptions{Capacity: throttler.MaxConcurrencyLimit})
 	if err != nil {
 		b.Fatal(err)
 	}
 	key := httplimit.KeyByHeader("Client")
-	conc, err := httplimit.Concurrency(th, throttler.Concurrent(1000, time.Minute).Named("inflight"), key, nil)
+	conc, err := httplimit.Concurrency(th, throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1000, TTL: time.Minute}, key, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

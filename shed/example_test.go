@@ -40,7 +40,7 @@ func ExampleMiddleware() {
 		log.Fatal(err)
 	}
 	user := httplimit.KeyByHeader("X-User-ID")
-	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(2, time.Minute).Named("inflight"), user, nil)
+	inflight, err := httplimit.Concurrency(th, throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute}, user, nil)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func ExampleMiddleware() {
 
 	// User 42 already has two requests in flight.
 	for range 2 {
-		if _, _, err := th.Acquire(ctx, "42", throttler.Concurrent(2, time.Minute).Named("inflight")); err != nil {
+		if _, _, err := th.Acquire(ctx, "42", throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute}); err != nil {
 			log.Fatal(err)
 		}
 	}

@@ -82,12 +82,13 @@ func NewFleet(t *throttler.Throttler, o *FleetOptions) (*Fleet, error) {
 	if opts.Key == "" {
 		opts.Key = "fleet"
 	}
-	if err := throttler.ValidateKey(opts.Key); err != nil {
-		return nil, reword("FleetOptions.Key", err)
-	}
-	critical := throttler.Concurrent(opts.Capacity, opts.TTL).Named(opts.Name)
+	critical := throttler.ConcurrencyPolicy{Name: opts.Name, Limit: opts.Capacity, TTL: opts.TTL}
 	if err := critical.Validate(); err != nil {
 		return nil, reword(fmt.Sprintf("FleetOptions (Capacity %d, TTL %v, Name %q)", opts.Capacity, opts.TTL, opts.Name), err)
+	}
+	// The policy and the lease ID are valid: only the key can be wrong.
+	if err := throttler.ValidateLease(opts.Key, critical, 1); err != nil {
+		return nil, reword("FleetOptions.Key", err)
 	}
 	// The epsilon keeps 0.29 × 100 at 29, not the 28.999… of binary floats.
 	share := int64(math.Floor(opts.Share*float64(opts.Capacity) + 1e-9))

@@ -21,7 +21,7 @@ import (
 func TestFleetShare(t *testing.T) {
 	ctx := context.Background()
 	store := newLeaseStore(t)
-	f, err := shed.NewFleet(newThrottler(t, store, throttler.FailOpen), &shed.FleetOptions{Capacity: 10})
+	f, err := shed.NewFleet(newThrottler(t, store, failOpen), &shed.FleetOptions{Capacity: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +51,9 @@ func TestFleetShare(t *testing.T) {
 		if err != nil {
 			t.Fatalf("step %d (%v): %v", i, s.c, err)
 		}
-		if d.Allowed != s.allowed || (l.ID() != 0) != s.hasLease || d.Limit != s.limit || d.Used != s.used {
+		if d.Allowed != s.allowed || (l != throttler.Lease{}) != s.hasLease || d.Limit != s.limit || d.Used != s.used {
 			t.Fatalf("step %d (%v): allowed %v lease %v limit %d used %d; want %v %v %d %d",
-				i, s.c, d.Allowed, l.ID() != 0, d.Limit, d.Used, s.allowed, s.hasLease, s.limit, s.used)
+				i, s.c, d.Allowed, l != throttler.Lease{}, d.Limit, d.Used, s.allowed, s.hasLease, s.limit, s.used)
 		}
 		if d.Allowed && d.RetryAfter != 0 {
 			t.Fatalf("step %d (%v): allowed with RetryAfter %v", i, s.c, d.RetryAfter)
@@ -66,7 +66,7 @@ func TestFleetShare(t *testing.T) {
 	// Releasing three leases (two critical, one write) leaves 7 held: one
 	// non-critical request fits again, a second does not.
 	for _, i := range []int{0, 1, 2} {
-		if held, err := leases[i].Release(ctx); !held || err != nil {
+		if held, _, err := leases[i].Release(ctx); !held || err != nil {
 			t.Fatalf("release %d: %v %v", i, held, err)
 		}
 	}
@@ -83,12 +83,12 @@ func TestFleetShare(t *testing.T) {
 func TestFleetStoreFailure(t *testing.T) {
 	ctx := context.Background()
 	store := newLeaseStore(t)
-	f, err := shed.NewFleet(newThrottler(t, store, throttler.FailClosed), &shed.FleetOptions{Capacity: 4})
+	f, err := shed.NewFleet(newThrottler(t, store, failClosed), &shed.FleetOptions{Capacity: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
 	store.setFail(errors.New("store down"))
-	if l, d, err := f.Admit(ctx, shed.Critical); err != nil || !d.Allowed || l.ID() != 0 {
+	if l, d, err := f.Admit(ctx, shed.Critical); err != nil || !d.Allowed || l != (throttler.Lease{}) {
 		t.Fatalf("critical while the store fails: %+v %v, want allowed without a lease", d, err)
 	}
 	if _, d, err := f.Admit(ctx, shed.Read); err == nil || d.Allowed {
@@ -97,7 +97,7 @@ func TestFleetStoreFailure(t *testing.T) {
 }
 
 func TestFleetShareRounding(t *testing.T) {
-	f, err := shed.NewFleet(newThrottler(t, newLeaseStore(t), throttler.FailOpen), &shed.FleetOptions{Capacity: 100, Share: 0.29})
+	f, err := shed.NewFleet(newThrottler(t, newLeaseStore(t), failOpen), &shed.FleetOptions{Capacity: 100, Share: 0.29})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +107,12 @@ func TestFleetShareRounding(t *testing.T) {
 }
 
 func TestNewFleetErrors(t *testing.T) {
-	leases := newThrottler(t, newLeaseStore(t), throttler.FailOpen)
+	leases := newThrottler(t, newLeaseStore(t), failOpen)
 	m, err := memory.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	noLeases := newThrottler(t, rateOnly{m}, throttler.FailOpen)
+	noLeases := newThrottler(t, rateOnly{m}, failOpen)
 	for _, tc := range []struct {
 		name string
 		t    *throttler.Throttler

@@ -10,6 +10,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 // leaseStore is a small in-process LeaseBackend by the lease contract of
 // throttler/lease.go (the memory backend's leases are built elsewhere), with
 // the memory backend for rate limits. It counts the leases held, which the
@@ -116,9 +119,9 @@ func (s *leaseStore) setFail(err error) {
 }
 
 // newThrottler is a Throttler over b at a fixed instant.
-func newThrottler(t testing.TB, b throttler.Backend, mode throttler.FailureMode) *throttler.Throttler {
+func newThrottler(t testing.TB, b throttler.Backend, mode bool) *throttler.Throttler {
 	t.Helper()
-	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: mode})
+	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return t0 }, FailClosed: mode})
 	if err != nil {
 		t.Fatal(err)
 	}

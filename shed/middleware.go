@@ -175,10 +175,7 @@ func limited(name string, mw func(http.Handler) http.Handler, next http.Handler)
 // client's disconnection does not cancel: a lease released late still
 // frees its slot long before its TTL.
 func (m *chain) release(r *http.Request, l throttler.Lease) {
-	if l.ID() == 0 {
-		return
-	}
-	if _, err := l.Release(context.WithoutCancel(r.Context())); err != nil && m.onReleaseError != nil {
+	if _, _, err := l.Release(context.WithoutCancel(r.Context())); err != nil && m.onReleaseError != nil {
 		m.onReleaseError(r, err)
 	}
 }

@@ -34,7 +34,7 @@ type rig struct {
 	reached   int
 }
 
-func newRig(t *testing.T, mode throttler.FailureMode) *rig {
+func newRig(t *testing.T, mode bool) *rig {
 	t.Helper()
 	g := &rig{store: newLeaseStore(t)}
 	g.th = newThrottler(t, g.store, mode)
@@ -43,7 +43,7 @@ func newRig(t *testing.T, mode throttler.FailureMode) *rig {
 	if g.fleet, err = shed.NewFleet(g.th, &shed.FleetOptions{Capacity: 2, Share: 0.5, TTL: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	g.conc = throttler.Concurrent(1, 10*time.Second).Named("inflight")
+	g.conc = throttler.ConcurrencyPolicy{Name: "inflight", Limit: 1, TTL: 10 * time.Second}
 	g.rate = throttler.PerMinute(2).Named("core")
 	g.opts = shed.Options{
 		Worker:      g.worker,
@@ -135,7 +135,7 @@ func checkHeaders(t *testing.T, what string, w *httptest.ResponseRecorder, statu
 // after it nor the handler, and that nothing stays held.
 func TestMiddlewareEachRefusal(t *testing.T) {
 	ctx := context.Background()
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, failOpen)
 	h := g.handler(t)
 
 	// Admitted: 200, the rate limit's headers, no HeaderLimiter; while
@@ -163,7 +163,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	// Concurrency: bob holds a lease already; his request is refused
 	// before the rate limit counts it.
 	bobs, _, err := g.th.Acquire(ctx, "bob", g.conc)
-	if err != nil || bobs.ID() == 0 {
+	if err != nil || bobs == (throttler.Lease{}) {
 		t.Fatal(err)
 	}
 	w = g.serve(h, "GET", "bob")
@@ -175,7 +175,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	if used := g.rateUsed(t, "bob"); used != 0 {
 		t.Errorf("the rate limit counted %d of bob's refused request", used)
 	}
-	if _, err := bobs.Release(ctx); err != nil {
+	if _, _, err := bobs.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -195,7 +195,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 	hc := g.handler(t)
 	w = g.serve(hc, "POST", "carol", "Critical", "1")
 	checkHeaders(t, "critical at the fleet's share", w, 200, map[string]string{shed.HeaderLimiter: ""})
-	if _, err := held.Release(ctx); err != nil {
+	if _, _, err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -222,7 +222,7 @@ func TestMiddlewareEachRefusal(t *testing.T) {
 // leases and leaves the worker's in-flight count, and the panic goes on up
 // to the server.
 func TestMiddlewareReleasesOnPanic(t *testing.T) {
-	g := newRig(t, throttler.FailOpen)
+	g := newRig(t, failOpen)
 	g.inHandler = func(http.ResponseWriter, *http.Request) { panic("handler bug") }
 	h := g.handler(t)
 	func() {
@@ -245,7 +245,7 @@ func TestMiddlewareReleasesOnPanic(t *testing.T) {
 // it, and never with the error's text; a limit's own OnError answers its
 // errors, under HeaderLimiter.
 func TestMiddlewareErrors(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	h := g.handler(t)
 	w := g.serve(h, "GET", "")
 	checkHeaders(t, "no key", w, 400, map[string]string{shed.HeaderLimiter: "concurrency"})
@@ -285,7 +285,7 @@ func TestMiddlewareErrors(t *testing.T) {
 // fleet shedder as the limits: one mapping (httplimit.Error) for all, where
 // the chain used to answer 503 and the rate limit 400.
 func TestMiddlewareClientGone(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	g.store.setFail(context.Canceled) // what a network store returns for a cancelled call
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -313,7 +313,7 @@ func TestMiddlewareClientGone(t *testing.T) {
 // failed Release with (false, nil), reporting the failure only to its
 // Observe, as it does every failure it answers.
 func TestMiddlewareReleaseError(t *testing.T) {
-	g := newRig(t, throttler.FailClosed)
+	g := newRig(t, failClosed)
 	g.opts.Fleet, g.opts.Rate, g.opts.Worker = nil, nil, nil
 	var released []error
 	g.opts.Concurrency = g.concurrency(t, &httplimit.Options{OnReleaseError: func(r *http.Request, err error) { released = append(released, err) }})

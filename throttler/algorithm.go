@@ -37,9 +37,6 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// Valid reports whether a names an algorithm.
-func (a Algorithm) Valid() bool { return int(a) < len(algorithmNames) }
-
 // MaxLogLimit is the largest Limit of a SlidingLog policy: it bounds a
 // key's log (at most one entry per admitted request still in the window),
 // so that it fits in one Memcached item and one Redis call stays short.

@@ -99,13 +99,10 @@ const (
 
 var opNames = [...]string{OpTake: "take", OpPeek: "peek", OpRefund: "refund", OpAcquire: "acquire", OpRelease: "release"}
 
-// Valid reports whether op names an operation.
-func (op Op) Valid() bool { return op >= OpTake && int(op) < len(opNames) }
-
 // String returns "take", "peek", "refund", "acquire" or "release", and
 // "Op(n)" for anything else.
 func (op Op) String() string {
-	if op.Valid() {
+	if op >= OpTake && int(op) < len(opNames) {
 		return opNames[op]
 	}
 	return fmt.Sprintf("Op(%d)", uint8(op))

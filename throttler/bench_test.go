@@ -2,6 +2,7 @@ package throttler_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"testing"
@@ -79,14 +80,14 @@ func BenchmarkAllow(b *testing.B) {
 	})
 }
 
-// remote hides the memory backend's Traits (in process), as a network backend has
-// none: its calls get the Timeout's context.
+// remote hides the memory backend's Traits (in process), as a network
+// backend has none: its calls get the Timeout's context.
 type remote struct{ throttler.Backend }
 
 // BenchmarkAcquireRelease is one request's lease through the Throttler over
 // the memory backend: what the Throttler adds to the backend's pair.
 func BenchmarkAcquireRelease(b *testing.B) {
-	p := throttler.Concurrent(1<<10, time.Minute).Named("bench")
+	p := throttler.ConcurrencyPolicy{Name: "bench", Limit: 1 << 10, TTL: time.Minute}
 	ctx := context.Background()
 	m := newMemory(b)
 	b.Run("backend", func(b *testing.B) {
@@ -94,7 +95,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.ReportAllocs()
 		report := cputime.Measure(b)
 		for b.Loop() {
-			id := throttler.NewLeaseID()
+			id := throttler.LeaseID(rand.Uint64() | 1)
 			if _, err := m.Acquire(ctx, "client", p, id, now); err != nil {
 				b.Fatal(err)
 			}
@@ -113,7 +114,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			if err != nil || !d.Allowed {
 				b.Fatal(d, err)
 			}
-			if _, err := l.Release(ctx); err != nil {
+			if _, _, err := l.Release(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}

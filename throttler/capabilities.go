@@ -55,6 +55,20 @@ type Traits struct {
 	// LeaseStore is Store for lease calls, with Store's rules and the same
 	// names for the same stores; nil means one store.
 	LeaseStore func(key string, p ConcurrencyPolicy) string
+
+	// Route is Store for a backend that sends each call to one of several
+	// backends by a setting that may change at any moment (flags.Router):
+	// from one reading of the setting it names the call's store, as Store
+	// would, and returns the backend that makes the call, which a Throttler
+	// then calls in b's place. Read twice, once by Store and once by the
+	// call, a change in between would name one store (whose breaker admits
+	// and is charged) and send the call to another. b is the backend the
+	// Throttler holds: when it is not the router itself (a wrapper that
+	// embeds the router, or forwards its Traits), Route returns nil, and the
+	// Throttler calls b, which must make the call its own way. It has
+	// Store's rules; a backend with Route also has Store. nil: Store names
+	// the store.
+	Route func(b Backend, op Op, key string, p Policy) (store string, to Backend)
 }
 
 // TraitsOf returns b's Traits: what its Traits method says (Leases only if b

@@ -47,8 +47,8 @@ func TestCompositeValidate(t *testing.T) {
 	assert.False(t, c == throttler.All(s, h), "composites built apart do not")
 	assert.Equal(t, "all(login-s: 1 per 1s; login-h: 100 per 1h0m0s)", c.String())
 	assert.Equal(t, int64(1), c.Capacity(), "the least member's capacity")
-	assert.ErrorIs(t, throttler.ValidateCall(throttler.OpTake, "k", c, 2), throttler.ErrInvalidCost)
-	assert.ErrorIs(t, throttler.ValidateCall(throttler.OpRefund, "k", c, 1), throttler.ErrInvalidPolicy,
+	assert.ErrorIs(t, throttler.ValidateCall(throttler.OpTake, "k", c, 2, time.Time{}), throttler.ErrInvalidCost)
+	assert.ErrorIs(t, throttler.ValidateCall(throttler.OpRefund, "k", c, 1, t0), throttler.ErrInvalidPolicy,
 		"a composite is refunded member by member")
 }
 
@@ -111,7 +111,7 @@ func TestCompositeOnABackendWithoutThem(t *testing.T) {
 	var seen []error
 	observe := func(o throttler.Observation) { seen = append(seen, o.Err) }
 	for _, th := range []*throttler.Throttler{
-		newThrottler(t, stub, &throttler.Options{FailureMode: throttler.FailOpen, Observe: observe}),
+		newThrottler(t, stub, &throttler.Options{Observe: observe}), // fails open by default
 		newThrottler(t, newMemory(t), &throttler.Options{Fallback: noComposites{newMemory(t)}, Observe: observe}),
 	} {
 		assert.False(t, th.SupportsComposites())

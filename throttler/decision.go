@@ -47,7 +47,3 @@ type Decision struct {
 	members [2]memberDecision
 	more    *[MaxMembers - 2]memberDecision
 }
-
-// Known reports whether d carries a real count (false only for a degraded
-// decision made without any backend).
-func (d Decision) Known() bool { return !d.ResetAt.IsZero() }

@@ -61,9 +61,9 @@ func TestDecisionAtIsTheCallsClockReading(t *testing.T) {
 		}},
 		{name: "fallback", backend: down, opts: throttler.Options{Fallback: store(t)},
 			call: func(th *throttler.Throttler) (throttler.Decision, error) { return th.Allow(ctx, "k", p) }},
-		{name: "fail open", backend: down, opts: throttler.Options{FailureMode: throttler.FailOpen},
+		{name: "fail open", backend: down, opts: throttler.Options{FailClosed: false},
 			call: func(th *throttler.Throttler) (throttler.Decision, error) { return th.Allow(ctx, "k", p) }},
-		{name: "fail closed", backend: down, opts: throttler.Options{FailureMode: throttler.FailClosed}, wantErr: true,
+		{name: "fail closed", backend: down, opts: throttler.Options{FailClosed: true}, wantErr: true,
 			call: func(th *throttler.Throttler) (throttler.Decision, error) { return th.Allow(ctx, "k", p) }},
 	}
 	for _, tc := range tests {

@@ -27,7 +27,7 @@
 //
 // Every constructor (New, and the backends' New) checks what it is given
 // and returns an error naming the bad field: a nil backend, a negative
-// duration, an unknown FailureMode, an invalid Policy. A misconfigured
+// duration, a Timeout under 1ms, an invalid Policy. A misconfigured
 // limiter fails when the program starts, never by failing every call and
 // letting everything through. Zero values mean defaults; nil options mean
 // all defaults.
@@ -53,7 +53,7 @@
 // never counted as a store outage, so it is never answered by a fallback or
 // by failing open. A store that fails or times out is an outage: the
 // Throttler answers from Options.Fallback, or fails open (allows, marks the
-// Decision Degraded) or closed (ErrUnavailable), as Options.FailureMode
+// Decision Degraded) or closed (ErrUnavailable), as Options.FailClosed
 // says, and reports it to Options.Observe, so that failing open is always
 // visible.
 //
@@ -74,7 +74,7 @@
 // one key held at once, each released when its work ends (Lease.Release)
 // or counting no longer after its TTL, so that a crashed process never
 // holds capacity for good. Leases go through the same failure handling as
-// Allow (breakers, Timeout, fallback, FailureMode, Observe with OpAcquire
+// Allow (breakers, Timeout, fallback, failure mode, Observe with OpAcquire
 // and OpRelease); a Release always goes back to whoever granted its lease.
 // Backends that hold leases implement LeaseBackend (SupportsLeases).
 //
@@ -85,8 +85,8 @@
 // less), and return ErrWouldExceedDeadline at once when the context's
 // deadline comes before the earliest admission, as golang.org/x/time/rate
 // does, also for a waiter queued behind others of its key (see WaitN for
-// how it knows). They are for callers that can afford to delay work (outbound calls;
-// see package outbound), not for answering clients.
+// how it knows). They are for callers that can afford to delay work
+// (outbound calls; see package outbound), not for answering clients.
 //
 // Errors may contain the client's key: log them, never send them to a
 // client (package httplimit's answers hold only the status text). Keys
@@ -101,8 +101,12 @@
 //
 // # Writing a backend
 //
-// Backend is the interface applications pass around. What only backend and
-// wrapper authors need (call validation, decision builders, storage
-// identity, Do, OpFunc) is in package
-// github.com/throttlekit/throttlekit/backend.
+// Backend is the interface applications pass around; its doc is the
+// contract a backend keeps (LeaseBackend's, for concurrency limits). A
+// backend starts each operation with ValidateCall (a lease: ValidateLease),
+// marks its store's failures with StoreFailure and one key's with
+// KeyFailure, and declares what a Throttler needs to know of its store in
+// Traits; a wrapper derives its own with TraitsOf. The rest (an operation
+// named as a value, batching counts, the conformance suite) is in package
+// github.com/throttlekit/throttlekit/backend and its backendtest.
 package throttler

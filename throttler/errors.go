@@ -22,8 +22,9 @@ var ErrUnavailable = errors.New("throttler: backend unavailable")
 
 // IsInputError reports whether err is one of the bad-input errors, which no
 // backend or retry can fix: ErrInvalidKey, ErrInvalidPolicy, ErrInvalidCost,
-// ErrInvalidReceipt, ErrInvalidLease, and ErrLeasesUnsupported (a lease operation on a backend
-// that holds none, a mistake of the program's, not an outage).
+// ErrInvalidReceipt, ErrInvalidLease, and ErrLeasesUnsupported (a lease
+// operation on a backend that holds none, a mistake of the program's, not an
+// outage).
 func IsInputError(err error) bool {
 	return errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidPolicy) || errors.Is(err, ErrInvalidCost) ||
 		errors.Is(err, ErrInvalidReceipt) || errors.Is(err, ErrInvalidLease) || errors.Is(err, ErrLeasesUnsupported)

@@ -14,23 +14,23 @@ import (
 // a lease that no store holds: its ID is 0 and its Release calls nothing.
 // Failing closed refuses instead, with an error matching ErrUnavailable.
 func ExampleLease_failOpen() {
-	exports := throttler.Concurrent(2, time.Minute).Named("exports")
+	exports := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
-	for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
-		th, err := throttler.New(downLeases{}, &throttler.Options{FailureMode: mode})
+	for _, mode := range []bool{failOpen, failClosed} {
+		th, err := throttler.New(downLeases{}, &throttler.Options{FailClosed: mode})
 		if err != nil {
 			log.Fatal(err)
 		}
 		l, d, err := th.Acquire(ctx, "account:7", exports)
-		fmt.Println("allowed:", d.Allowed, "degraded:", d.Degraded, "lease ID:", l.ID(), "unavailable:", errors.Is(err, throttler.ErrUnavailable))
-		held, err := l.Release(ctx)
-		fmt.Println("released:", held, err)
+		fmt.Println("allowed:", d.Allowed, "degraded:", d.Degraded, "unavailable:", errors.Is(err, throttler.ErrUnavailable))
+		held, d, err := l.Release(ctx)
+		fmt.Println("released: held", held, "degraded", d.Degraded, err)
 	}
 	// Output:
-	// allowed: true degraded: true lease ID: 0 unavailable: false
-	// released: false <nil>
-	// allowed: false degraded: true lease ID: 0 unavailable: true
-	// released: false <nil>
+	// allowed: true degraded: true unavailable: false
+	// released: held false degraded true <nil>
+	// allowed: false degraded: true unavailable: true
+	// released: held false degraded false <nil>
 }
 
 // downLeases is a store that holds leases and is down.

@@ -99,7 +99,7 @@ func ExampleThrottler_Acquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	exports := throttler.Concurrent(2, time.Minute).Named("exports")
+	exports := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	ctx := context.Background()
 
 	first, d, _ := th.Acquire(ctx, "account:7", exports)
@@ -108,9 +108,9 @@ func ExampleThrottler_Acquire() {
 	fmt.Println("second:", d.Allowed, "in flight:", d.Used)
 	third, d, _ := th.Acquire(ctx, "account:7", exports)
 	fmt.Println("third:", d.Allowed, "retry after:", d.RetryAfter)
-	_, _ = third.Release(ctx) // a refused lease releases nothing
+	_, _, _ = third.Release(ctx) // a refused lease releases nothing
 
-	held, _ := first.Release(ctx)
+	held, _, _ := first.Release(ctx)
 	fmt.Println("first released:", held)
 	_, d, _ = th.Acquire(ctx, "account:7", exports)
 	fmt.Println("fourth:", d.Allowed)

@@ -13,3 +13,6 @@ func Breakers(t *Throttler) int {
 	}
 	return 0
 }
+
+// LeaseIDOf is l's ID: zero for a lease that no store holds.
+func LeaseIDOf(l Lease) LeaseID { return l.id }

@@ -35,7 +35,7 @@ func FuzzBadInputNeverFailsOpen(f *testing.F) {
 		case throttler.OpRefund:
 			d, err = th.Refund(context.Background(), key, p, cost, taken)
 		}
-		want := throttler.ValidateCall(o, key, p, cost)
+		want := throttler.ValidateCall(o, key, p, cost, taken.ResetAt)
 		switch {
 		case want != nil && (err == nil || !throttler.IsInputError(err) || d.Allowed):
 			t.Fatalf("%v %q %v cost %d: want %v, got %v allowed=%v", o, key, p, cost, want, err, d.Allowed)

@@ -17,7 +17,7 @@ const MaxConcurrencyLimit = 10_000
 // key held at once, each counting for at most TTL.
 type ConcurrencyPolicy struct {
 	// Name identifies the limit in storage and in headers. It may be empty;
-	// otherwise it is printable ASCII without spaces.
+	// otherwise it is printable ASCII without spaces, at most 128 bytes.
 	Name string
 	// Limit is how many leases a key may hold at once: 1 to
 	// MaxConcurrencyLimit.
@@ -29,15 +29,10 @@ type ConcurrencyPolicy struct {
 }
 
 // Concurrent returns an unnamed concurrency policy: at most n leases held at
-// once, each counting for at most ttl.
+// once, each counting for at most ttl. A named one is a literal, for example
+// ConcurrencyPolicy{Name: "exports", Limit: 20, TTL: time.Minute}.
 func Concurrent(n int64, ttl time.Duration) ConcurrencyPolicy {
 	return ConcurrencyPolicy{Limit: n, TTL: ttl}
-}
-
-// Named returns a copy of p with the given name.
-func (p ConcurrencyPolicy) Named(name string) ConcurrencyPolicy {
-	p.Name = name
-	return p
 }
 
 // Validate reports why p cannot be used, as an error matching
@@ -50,8 +45,8 @@ func (p ConcurrencyPolicy) Validate() error {
 		return fmt.Errorf("%w: lease TTL must be >= 1ms, got %v", ErrInvalidPolicy, p.TTL)
 	case p.TTL%time.Millisecond != 0:
 		return fmt.Errorf("%w: lease TTL must be a whole number of milliseconds, got %v", ErrInvalidPolicy, p.TTL)
-	case len(p.Name) > MaxPolicyNameLen:
-		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), MaxPolicyNameLen)
+	case len(p.Name) > maxPolicyNameLen:
+		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), maxPolicyNameLen)
 	case !validName(p.Name):
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
 	}
@@ -72,8 +67,8 @@ func (p ConcurrencyPolicy) String() string {
 // on one key collide with a probability below 2^-37). Zero is no lease.
 type LeaseID uint64
 
-// NewLeaseID returns a random non-zero LeaseID.
-func NewLeaseID() LeaseID {
+// newLeaseID returns a random non-zero LeaseID.
+func newLeaseID() LeaseID {
 	for {
 		if id := LeaseID(rand.Uint64()); id != 0 {
 			return id
@@ -89,7 +84,7 @@ var ErrInvalidLease = errors.New("throttler: invalid lease")
 // LeaseBackend runs it first in Acquire and Release, as ValidateCall in the
 // rate operations; wrappers forward without it.
 func ValidateLease(key string, p ConcurrencyPolicy, id LeaseID) error {
-	if err := ValidateKey(key); err != nil {
+	if err := validateKey(key); err != nil {
 		return err
 	}
 	if err := p.Validate(); err != nil {
@@ -176,9 +171,6 @@ type Lease struct {
 	store string
 }
 
-// ID returns the lease's ID (zero for a lease that no store holds).
-func (l Lease) ID() LeaseID { return l.id }
-
 // SupportsLeases reports whether t's backend holds leases: whether Acquire
 // can work. Constructors that need leases check it when they are built.
 func (t *Throttler) SupportsLeases() bool {
@@ -191,7 +183,7 @@ func (t *Throttler) SupportsLeases() bool {
 // goes to the backend under Timeout, unless the breaker of its store is
 // open; a failing store is answered by the fallback if the fallback holds
 // leases (the lease is then the fallback's, and Degraded), else by the
-// FailureMode (FailOpen grants a lease that no store holds); every call is
+// failure mode (failing open grants a lease that no store holds); every call is
 // observed with OpAcquire. A backend that holds no leases is an error
 // matching ErrLeasesUnsupported, never a failure mode.
 func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy) (Lease, Decision, error) {
@@ -203,7 +195,7 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 		store = t.leaseStore(key, p)
 	}
 	var r request // filled in place, as in do
-	r.op, r.key, r.cp, r.id = OpAcquire, key, p, NewLeaseID()
+	r.op, r.key, r.cp, r.id = OpAcquire, key, p, newLeaseID()
 	if t.primary.lb == nil {
 		err := fmt.Errorf("%w: %T", ErrLeasesUnsupported, t.backend)
 		if t.opts.Observe != nil {
@@ -225,20 +217,23 @@ func (t *Throttler) Acquire(ctx context.Context, key string, p ConcurrencyPolicy
 
 // Release gives the lease back to the store that granted it, and reports
 // whether that store still held it (false: it expired, or was released
-// already). It goes through the Throttler's failure handling as Acquire
-// does (observed with OpRelease), except that it never goes to a store that
-// did not grant the lease: when the primary fails to release its lease,
-// the FailureMode answers (the lease then counts until its TTL). Releasing
-// a lease granted by the failure mode calls no store, and is observed.
+// already) and the key's state after it, as LeaseBackend.Release does: one
+// shape for every Release of the module. It goes through the Throttler's
+// failure handling as Acquire does (observed with OpRelease), except that
+// it never goes to a store that did not grant the lease: when the primary
+// fails to release its lease, the failure mode answers (the lease then
+// counts until its TTL). Releasing a lease granted by the failure mode calls
+// no store, and is observed. The zero Lease releases nothing and returns the
+// zero Decision.
 //
 // A context cancelled already does not stop the Release (it is made
 // without the cancellation, still bounded by the Timeout): a request's
 // context ends when its client goes away, often just as the work ends, and
 // a lease not released would hold a slot until its TTL.
-func (l Lease) Release(ctx context.Context) (bool, error) {
+func (l Lease) Release(ctx context.Context) (held bool, d Decision, err error) {
 	t := l.t
 	if t == nil {
-		return false, nil
+		return false, Decision{}, nil
 	}
 	if ctx.Err() != nil {
 		ctx = context.WithoutCancel(ctx)
@@ -246,12 +241,14 @@ func (l Lease) Release(ctx context.Context) (bool, error) {
 	var r request // filled in place, as in do
 	r.op, r.key, r.cp, r.id = OpRelease, l.key, l.policy, l.id
 	if l.source == SourceFailureMode {
+		t.start(&r)
+		d = t.failureMode(&r)
+		d.At = r.now
 		if t.opts.Observe != nil {
-			t.start(&r)
-			t.observe(&r, l.store, t.failureMode(&r), SourceFailureMode, nil)
+			t.observe(&r, l.store, d, SourceFailureMode, nil)
 		}
-		return false, nil
+		return false, d, nil
 	}
-	_, _, err := t.run(ctx, &r, l.store, l.source)
-	return r.held, err
+	d, _, err = t.run(ctx, &r, l.store, l.source)
+	return r.held, d, err
 }

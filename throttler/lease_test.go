@@ -21,8 +21,9 @@ import (
 type fakeLeases struct {
 	acceptAll
 
-	mu       sync.Mutex
-	held     map[string]map[throttler.LeaseID]int64 // key and policy identity → lease → expiry (Unix ms)
+	mu sync.Mutex
+	// held maps key and policy identity → lease → expiry (Unix ms).
+	held     map[string]map[throttler.LeaseID]int64
 	err      error
 	hang     bool // wait for the call's context to end, like a paused server
 	acquires int
@@ -162,7 +163,7 @@ type wrapperWithoutLeases struct{ *fakeLeases }
 
 func (wrapperWithoutLeases) Traits() throttler.Traits { return throttler.Traits{} }
 
-var conc = throttler.Concurrent(2, time.Minute).Named("exports")
+var conc = throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 
 func leaseThrottler(t *testing.T, b throttler.Backend, o *throttler.Options) (*throttler.Throttler, *observations) {
 	t.Helper()
@@ -187,19 +188,19 @@ func TestAcquireAndRelease(t *testing.T) {
 	l1, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
 	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Used: 1, Remaining: 1, ResetAt: t0.Add(time.Minute), At: t0}, d)
-	assert.NotZero(t, l1.ID())
+	assert.NotZero(t, throttler.LeaseIDOf(l1))
 	assert.Equal(t, throttler.Observation{Op: throttler.OpAcquire, Key: "k", Concurrency: conc, Decision: d, Source: throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	l2, _, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
-	assert.NotEqual(t, l1.ID(), l2.ID())
+	assert.NotEqual(t, throttler.LeaseIDOf(l1), throttler.LeaseIDOf(l2))
 	l3, d, err := th.Acquire(ctx, "k", conc)
 	require.NoError(t, err)
 	assert.False(t, d.Allowed, "the limit is 2")
 	assert.Equal(t, time.Minute, d.RetryAfter)
 	assert.Zero(t, l3, "a denied Acquire holds nothing")
 
-	held, err := l1.Release(ctx)
+	held, _, err := l1.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
@@ -207,7 +208,7 @@ func TestAcquireAndRelease(t *testing.T) {
 		Source:   throttler.SourcePrimary}, withoutLatency(obs.last()))
 
 	// A second Release of the same value is sent again and changes nothing.
-	held, err = l1.Release(ctx)
+	held, _, err = l1.Release(ctx)
 	require.NoError(t, err)
 	assert.False(t, held, "released already")
 	_, releases := f.counts()
@@ -218,7 +219,7 @@ func TestAcquireAndRelease(t *testing.T) {
 
 	// The zero Lease (a denied Acquire's) calls nothing and observes nothing.
 	n := obs.count()
-	held, err = l3.Release(ctx)
+	held, _, err = l3.Release(ctx)
 	assert.NoError(t, err)
 	assert.False(t, held)
 	_, releases = f.counts()
@@ -237,7 +238,7 @@ func TestLeasesOnABackendWithoutThem(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Fail open with a fallback that holds leases: neither may
 			// answer a configuration error.
-			th, obs := leaseThrottler(t, tc.b, &throttler.Options{FailureMode: throttler.FailOpen, Fallback: newFakeLeases()})
+			th, obs := leaseThrottler(t, tc.b, &throttler.Options{FailClosed: false, Fallback: newFakeLeases()})
 			assert.False(t, th.SupportsLeases())
 			l, d, err := th.Acquire(context.Background(), "k", conc)
 			assert.ErrorIs(t, err, throttler.ErrLeasesUnsupported)
@@ -257,7 +258,7 @@ func TestLeasesOnABackendWithoutThem(t *testing.T) {
 func TestLeaseFailureHandling(t *testing.T) {
 	tests := []struct {
 		name     string
-		mode     throttler.FailureMode
+		mode     bool
 		fallback throttler.Backend // nil: none
 		// The Acquire while the primary is down.
 		wantAllowed bool
@@ -265,17 +266,17 @@ func TestLeaseFailureHandling(t *testing.T) {
 		wantSource  throttler.Source
 		wantID      bool // the lease is held by a store
 	}{
-		{"fail open", throttler.FailOpen, nil, true, nil, throttler.SourceFailureMode, false},
-		{"fail closed", throttler.FailClosed, nil, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
-		{"a fallback with leases", throttler.FailClosed, newFakeLeases(), true, nil, throttler.SourceFallback, true},
-		{"a fallback without leases, fail open", throttler.FailOpen, acceptAll{}, true, nil, throttler.SourceFailureMode, false},
-		{"a fallback without leases, fail closed", throttler.FailClosed, acceptAll{}, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"fail open", failOpen, nil, true, nil, throttler.SourceFailureMode, false},
+		{"fail closed", failClosed, nil, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"a fallback with leases", failClosed, newFakeLeases(), true, nil, throttler.SourceFallback, true},
+		{"a fallback without leases, fail open", failOpen, acceptAll{}, true, nil, throttler.SourceFailureMode, false},
+		{"a fallback without leases, fail closed", failClosed, acceptAll{}, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			primary := newFakeLeases()
 			primary.set(errDown)
-			th, obs := leaseThrottler(t, primary, &throttler.Options{FailureMode: tc.mode, Fallback: tc.fallback})
+			th, obs := leaseThrottler(t, primary, &throttler.Options{FailClosed: tc.mode, Fallback: tc.fallback})
 			ctx := context.Background()
 			l, d, err := th.Acquire(ctx, "k", conc)
 			if tc.wantErr != nil {
@@ -287,7 +288,7 @@ func TestLeaseFailureHandling(t *testing.T) {
 			assert.Equal(t, tc.wantAllowed, d.Allowed)
 			assert.True(t, d.Degraded)
 			assert.Equal(t, conc.Limit, d.Limit)
-			assert.Equal(t, tc.wantID, l.ID() != 0)
+			assert.Equal(t, tc.wantID, throttler.LeaseIDOf(l) != 0)
 			assert.Equal(t, tc.wantAllowed, l != throttler.Lease{}, "a denied Acquire returns the zero Lease")
 			o := obs.last()
 			assert.Equal(t, tc.wantSource, o.Source)
@@ -299,7 +300,7 @@ func TestLeaseFailureHandling(t *testing.T) {
 			// granted it, never to the primary.
 			primary.set(nil)
 			n := obs.count()
-			held, err := l.Release(ctx)
+			held, _, err := l.Release(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, tc.wantID, held)
 			_, releases := primary.counts()
@@ -326,22 +327,22 @@ func TestLeaseFailureHandling(t *testing.T) {
 func TestReleaseThePrimaryFailsToTakeBack(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		mode    throttler.FailureMode
+		mode    bool
 		wantErr error
 	}{
-		{"fail open", throttler.FailOpen, nil},
-		{"fail closed", throttler.FailClosed, throttler.ErrUnavailable},
+		{"fail open", failOpen, nil},
+		{"fail closed", failClosed, throttler.ErrUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			primary, fallback := newFakeLeases(), newFakeLeases()
-			th, obs := leaseThrottler(t, primary, &throttler.Options{FailureMode: tc.mode, Fallback: fallback})
+			th, obs := leaseThrottler(t, primary, &throttler.Options{FailClosed: tc.mode, Fallback: fallback})
 			ctx := context.Background()
 			l, d, err := th.Acquire(ctx, "k", conc)
 			require.NoError(t, err)
 			require.True(t, d.Allowed && !d.Degraded)
 
 			primary.set(errDown)
-			held, err := l.Release(ctx)
+			held, _, err := l.Release(ctx)
 			if tc.wantErr != nil {
 				assert.ErrorIs(t, err, tc.wantErr)
 			} else {
@@ -395,7 +396,7 @@ func TestLeaseBreakersPerStore(t *testing.T) {
 	// still goes to store b, as its breaker allows.
 	a := "store a"
 	nl.rename.Store(&a)
-	ok, err := held.Release(ctx)
+	ok, _, err := held.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, "store b", obs.last().Store)
@@ -422,7 +423,7 @@ func TestLeaseCallsAreBoundedByTheTimeout(t *testing.T) {
 			l, d, err := th.Acquire(context.Background(), "k", conc)
 			require.NoError(t, err)
 			assert.True(t, d.Allowed && d.Degraded, "a hung store fails open")
-			assert.Zero(t, l.ID())
+			assert.Zero(t, throttler.LeaseIDOf(l))
 			assert.ErrorIs(t, obs.last().Err, context.DeadlineExceeded)
 		})
 	}
@@ -433,7 +434,8 @@ func TestLeaseCallsAreBoundedByTheTimeout(t *testing.T) {
 type deafLeases struct{ *fakeLeases }
 
 func (d *deafLeases) Acquire(ctx context.Context, key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, now time.Time) (throttler.Decision, error) {
-	return d.fakeLeases.Acquire(context.Background(), key, p, id, now) // hangs for good: ctx is not passed on
+	// Hangs for good: ctx is not passed on.
+	return d.fakeLeases.Acquire(context.Background(), key, p, id, now)
 }
 
 // blindLeases says that its calls may outlive their context (package
@@ -458,7 +460,7 @@ func TestLeaseBadInput(t *testing.T) {
 		{"zero limit", "k", throttler.Concurrent(0, time.Second), throttler.ErrInvalidPolicy},
 		{"limit too high", "k", throttler.Concurrent(throttler.MaxConcurrencyLimit+1, time.Second), throttler.ErrInvalidPolicy},
 		{"sub-millisecond TTL", "k", throttler.Concurrent(1, 1500*time.Microsecond), throttler.ErrInvalidPolicy},
-		{"name with a space", "k", conc.Named("a b"), throttler.ErrInvalidPolicy},
+		{"name with a space", "k", throttler.ConcurrencyPolicy{Name: "a b", Limit: 2, TTL: time.Minute}, throttler.ErrInvalidPolicy},
 	}
 	for _, tc := range tests {
 		for _, down := range []bool{false, true} {
@@ -466,7 +468,7 @@ func TestLeaseBadInput(t *testing.T) {
 			if down {
 				f.set(errDown)
 			}
-			th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen, Fallback: newFakeLeases()})
+			th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false, Fallback: newFakeLeases()})
 			l, _, err := th.Acquire(context.Background(), tc.key, tc.p)
 			assert.ErrorIs(t, err, tc.want, "%s (down: %v)", tc.name, down)
 			assert.Zero(t, l, tc.name)
@@ -478,7 +480,7 @@ func TestLeaseBadInput(t *testing.T) {
 func TestLeaseCallerCancellationIsNotAnOutage(t *testing.T) {
 	f := newFakeLeases()
 	f.hang = true
-	th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen})
+	th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	l, _, err := th.Acquire(ctx, "k", conc)
@@ -493,17 +495,17 @@ func TestLeaseCallerCancellationIsNotAnOutage(t *testing.T) {
 func TestReleaseOfAFailureModeLease(t *testing.T) {
 	f := newFakeLeases()
 	f.set(errDown)
-	th, obs := leaseThrottler(t, f, &throttler.Options{FailureMode: throttler.FailOpen})
+	th, obs := leaseThrottler(t, f, &throttler.Options{FailClosed: false})
 	l, _, err := th.Acquire(context.Background(), "k", conc)
 	require.NoError(t, err)
 	f.set(nil)
-	held, err := l.Release(context.Background())
+	held, _, err := l.Release(context.Background())
 	require.NoError(t, err)
 	assert.False(t, held)
 	_, releases := f.counts()
 	assert.Zero(t, releases)
 	assert.Equal(t, throttler.Observation{Op: throttler.OpRelease, Key: "k", Concurrency: conc,
-		Decision: throttler.Decision{Allowed: true, Limit: conc.Limit, Degraded: true},
+		Decision: throttler.Decision{Allowed: true, Limit: conc.Limit, Degraded: true, At: t0},
 		Source:   throttler.SourceFailureMode}, withoutLatency(obs.last()))
 }
 
@@ -513,7 +515,7 @@ func TestLeasesExactUnderConcurrency(t *testing.T) {
 	// A Timeout no scheduling delay reaches: a call that timed out would be
 	// answered by the failure mode, which this test is not about (a loaded
 	// CI machine under -race took over 100 ms).
-	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute, FailureMode: throttler.FailClosed})
+	th := newThrottler(t, f, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute, FailClosed: true})
 	p := throttler.Concurrent(3, time.Minute)
 	var inFlight, most atomic.Int64
 	var wg sync.WaitGroup
@@ -534,7 +536,7 @@ func TestLeasesExactUnderConcurrency(t *testing.T) {
 				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 				}
 				inFlight.Add(-1)
-				if held, err := l.Release(context.Background()); err != nil || !held {
+				if held, _, err := l.Release(context.Background()); err != nil || !held {
 					t.Error("release:", held, err)
 				}
 			}
@@ -573,10 +575,70 @@ func TestReleaseWithACancelledContext(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	held, err := l.Release(ctx)
+	held, _, err := l.Release(ctx)
 	require.NoError(t, err)
 	assert.True(t, held)
 	assert.Equal(t, throttler.SourcePrimary, obs.last().Source)
 	_, releases := f.counts()
 	assert.Equal(t, 1, releases)
+}
+
+// TestReleaseReturnsItsDecision: Lease.Release has LeaseBackend.Release's
+// shape, the held flag and the key's state after it, whoever answered.
+func TestReleaseReturnsItsDecision(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeLeases()
+	th, obs := leaseThrottler(t, f, nil)
+	l, _, err := th.Acquire(ctx, "k", conc)
+	require.NoError(t, err)
+	held, d, err := l.Release(ctx)
+	require.NoError(t, err)
+	assert.True(t, held)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Remaining: 2, ResetAt: t0.Add(time.Minute), At: t0}, d,
+		"no lease held after it")
+	assert.Equal(t, obs.last().Decision, d, "the decision it observed")
+
+	// A lease the failure mode granted is released to no store, and its
+	// Decision is the failure mode's.
+	f.err = errors.New("connection refused")
+	l, _, err = th.Acquire(ctx, "k", conc)
+	require.NoError(t, err)
+	require.Zero(t, throttler.LeaseIDOf(l))
+	f.err = nil
+	held, d, err = l.Release(ctx)
+	require.NoError(t, err)
+	assert.False(t, held)
+	assert.Equal(t, throttler.Decision{Allowed: true, Limit: 2, Degraded: true, At: t0}, d)
+	assert.Equal(t, obs.last().Decision, d)
+
+	// The zero Lease (a denied Acquire's) returns the zero Decision.
+	held, d, err = throttler.Lease{}.Release(ctx)
+	assert.NoError(t, err)
+	assert.False(t, held)
+	assert.Zero(t, d)
+}
+
+func TestConcurrencyPolicyValidate(t *testing.T) {
+	tests := []struct {
+		p    throttler.ConcurrencyPolicy
+		want error
+	}{
+		{throttler.Concurrent(1, time.Millisecond), nil},
+		{throttler.Concurrent(throttler.MaxConcurrencyLimit, time.Hour), nil},
+		{throttler.Concurrent(0, time.Minute), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(throttler.MaxConcurrencyLimit+1, time.Minute), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(1, 0), throttler.ErrInvalidPolicy},
+		{throttler.Concurrent(1, 1500*time.Microsecond), throttler.ErrInvalidPolicy},
+		{throttler.ConcurrencyPolicy{Name: "has space", Limit: 1, TTL: time.Minute}, throttler.ErrInvalidPolicy},
+		// Names of at most 128 bytes, as ConcurrencyPolicy.Name's doc says.
+		{throttler.ConcurrencyPolicy{Name: strings.Repeat("n", 128), Limit: 1, TTL: time.Minute}, nil},
+		{throttler.ConcurrencyPolicy{Name: strings.Repeat("n", 129), Limit: 1, TTL: time.Minute}, throttler.ErrInvalidPolicy},
+	}
+	for _, tc := range tests {
+		if err := tc.p.Validate(); tc.want == nil {
+			assert.NoError(t, err, "%v", tc.p)
+		} else {
+			assert.ErrorIs(t, err, tc.want, "%v", tc.p)
+		}
+	}
 }

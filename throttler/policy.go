@@ -17,8 +17,9 @@ const MaxKeyLen = 4096
 // backends behind a router or a shadow accept the same policies.
 const MaxLimit = 1 << 48
 
-// MaxPolicyNameLen is the longest Policy.Name, in bytes.
-const MaxPolicyNameLen = 128
+// maxPolicyNameLen is the longest Policy.Name and ConcurrencyPolicy.Name,
+// in bytes, as their docs state.
+const maxPolicyNameLen = 128
 
 // Policy names a limit: Limit units per Window, counted by its Algorithm
 // (fixed windows by default; see docs/algorithms.md for the others).
@@ -35,7 +36,8 @@ const MaxPolicyNameLen = 128
 // middleware (package httplimit) does so when it is built.
 type Policy struct {
 	// Name identifies the limit in storage and in the X-RateLimit-Resource
-	// header. It may be empty; otherwise it is printable ASCII without spaces.
+	// header. It may be empty; otherwise it is printable ASCII without
+	// spaces, at most 128 bytes.
 	Name string
 	// Limit is how many units a key may take per Window: 1 to MaxLimit
 	// (MaxLogLimit for a SlidingLog). For a TokenBucket it is the refill:
@@ -111,8 +113,8 @@ func (p Policy) Validate() error {
 	if p.Window%time.Millisecond != 0 {
 		return fmt.Errorf("%w: window must be a whole number of milliseconds, got %v", ErrInvalidPolicy, p.Window)
 	}
-	if len(p.Name) > MaxPolicyNameLen {
-		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), MaxPolicyNameLen)
+	if len(p.Name) > maxPolicyNameLen {
+		return fmt.Errorf("%w: name is %d bytes, at most %d allowed", ErrInvalidPolicy, len(p.Name), maxPolicyNameLen)
 	}
 	if !validName(p.Name) {
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
@@ -156,7 +158,7 @@ func scaledFits(n, w int64) bool {
 }
 
 func validName(name string) bool {
-	if len(name) > MaxPolicyNameLen {
+	if len(name) > maxPolicyNameLen {
 		return false
 	}
 	for i := 0; i < len(name); i++ {
@@ -187,64 +189,59 @@ func (p Policy) String() string {
 	return s
 }
 
-// ValidateKey reports why key cannot be used, as an error matching
-// ErrInvalidKey, or nil.
-func ValidateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	}
-	if len(key) > MaxKeyLen {
-		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidKey, len(key), MaxKeyLen)
-	}
-	return nil
-}
-
-// ValidateCall reports why a call cannot be made, as an error matching
-// ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost, or nil. Every Backend
-// runs it first in each operation (cost is ignored for a Peek), and a
-// Throttler when its backend fails.
-func ValidateCall(op Op, key string, p Policy, cost int64) error {
-	if err := ValidateKey(key); err != nil {
+// ValidateCall reports why op (OpTake, OpPeek or OpRefund) of cost units of
+// key under p cannot be made, as an error matching ErrInvalidKey,
+// ErrInvalidPolicy, ErrInvalidCost or ErrInvalidReceipt, checked in that
+// order, or nil. Every Backend runs it first in each operation, and a
+// Throttler when its backend fails; an application can run it on a key or a
+// cost it is configured with.
+//
+//   - key: 1 to MaxKeyLen bytes.
+//   - p: see Policy.Validate. A composite (All) is refunded member by
+//     member, never in one Refund.
+//   - cost: none for a Peek. At least 1 for a Take, and at most p's
+//     Capacity: a Take of more could never be admitted, so it is an error
+//     rather than a denial with a RetryAfter that would never help. At
+//     least 1 and at most MaxLimit for a Refund, which clamps to what is
+//     counted.
+//   - receipt: a Refund's, which names the Take that counted its units (that
+//     Take's Decision.ResetAt); the zero time names none. Unused by Take and
+//     Peek, which pass the zero time.
+func ValidateCall(op Op, key string, p Policy, cost int64, receipt time.Time) error {
+	if err := validateKey(key); err != nil {
 		return err
 	}
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if op == OpRefund && p.all != nil {
-		return fmt.Errorf("%w: a composite is refunded member by member, each under its own receipt", ErrInvalidPolicy)
-	}
-	return p.ValidateCost(op, cost)
-}
-
-// ValidateRefund is ValidateCall for a Refund, which also names the Take
-// that counted its units by receipt (that Take's Decision.ResetAt): a zero
-// receipt names none and is an error matching ErrInvalidReceipt. Every
-// Backend runs it first in Refund.
-func ValidateRefund(key string, p Policy, cost int64, receipt time.Time) error {
-	if err := ValidateCall(OpRefund, key, p, cost); err != nil {
-		return err
-	}
-	if receipt.IsZero() {
-		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision", ErrInvalidReceipt)
-	}
-	return nil
-}
-
-// ValidateCost reports why cost cannot be taken (op OpTake) or refunded
-// (OpRefund) under p, as an error matching ErrInvalidCost, or nil; a Peek
-// has no cost. A Take above the policy's Capacity could never be admitted,
-// so it is an error rather than a denial with a RetryAfter that would never
-// help. A Refund may be as large as MaxLimit: it clamps to what is counted.
-func (p Policy) ValidateCost(op Op, cost int64) error {
 	switch {
+	case op == OpRefund && p.all != nil:
+		return fmt.Errorf("%w: a composite is refunded member by member, each under its own receipt",
+			ErrInvalidPolicy)
 	case op == OpPeek:
 		return nil
 	case cost <= 0:
 		return fmt.Errorf("%w: must be at least 1, got %d", ErrInvalidCost, cost)
 	case op == OpTake && cost > p.Capacity():
-		return fmt.Errorf("%w: %d is more than the policy's capacity of %d, so it could never be admitted", ErrInvalidCost, cost, p.Capacity())
+		return fmt.Errorf("%w: %d is more than the policy's capacity of %d, so it could never be admitted",
+			ErrInvalidCost, cost, p.Capacity())
 	case cost > MaxLimit:
 		return fmt.Errorf("%w: must be at most 2^48, got %d", ErrInvalidCost, cost)
+	case op == OpRefund && receipt.IsZero():
+		return fmt.Errorf("%w: the zero time names no Take; pass the ResetAt of the Take's Decision",
+			ErrInvalidReceipt)
+	}
+	return nil
+}
+
+// validateKey reports why key cannot be used, as an error matching
+// ErrInvalidKey, or nil.
+func validateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: %d bytes, at most %d allowed", ErrInvalidKey, len(key), MaxKeyLen)
 	}
 	return nil
 }

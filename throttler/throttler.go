@@ -10,25 +10,13 @@ import (
 	"github.com/throttlekit/throttlekit/internal/nilness"
 )
 
-// FailureMode says what a Throttler answers when its backend fails or times
-// out and no fallback answers either.
-type FailureMode int
-
-const (
-	// FailOpen allows the call and marks the decision Degraded: a dead store
-	// must not take the site down (Stripe's choice). The default.
-	FailOpen FailureMode = iota
-	// FailClosed denies the call and returns an error matching ErrUnavailable.
-	FailClosed
-)
-
 // Source says which part of a Throttler made a decision.
 type Source int
 
 const (
 	SourcePrimary     Source = iota // the primary backend answered
 	SourceFallback                  // the primary failed and the fallback answered
-	SourceFailureMode               // no backend answered; FailureMode decided
+	SourceFailureMode               // no backend answered: the failure mode (Options.FailClosed)
 	SourceNone                      // bad input or a caller's cancelled context: no decision
 )
 
@@ -72,9 +60,13 @@ type Options struct {
 	// answers in microseconds, so every call would time out and fail open (a
 	// bare number such as 100 is 100ns, not 100ms). default: 100ms
 	Timeout time.Duration
-	// FailureMode is what to answer when the backend fails and no fallback
-	// answers. default: FailOpen
-	FailureMode FailureMode
+	// FailClosed says what a Throttler answers when its backend fails or
+	// times out and no fallback answers either (its failure mode): false
+	// (the default) fails open, allowing the call and marking the Decision
+	// Degraded, since a dead store must not take the site down (Stripe's
+	// choice); true fails closed, denying the call with an error matching
+	// ErrUnavailable.
+	FailClosed bool
 	// Fallback, if set, answers while the primary fails: typically a memory
 	// backend, so that limits keep holding per process during an outage.
 	// default: none
@@ -145,8 +137,6 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("throttler: Options.Timeout must be >= 0, got %v", out.Timeout)
 	case out.Timeout > 0 && out.Timeout < minTimeout:
 		return out, fmt.Errorf("throttler: Options.Timeout must be 0 (the default, 100ms) or at least %v, got %v: every call would time out and fail open (a duration counts nanoseconds)", minTimeout, out.Timeout)
-	case out.FailureMode != FailOpen && out.FailureMode != FailClosed:
-		return out, fmt.Errorf("throttler: Options.FailureMode %d is neither FailOpen nor FailClosed", out.FailureMode)
 	case out.BreakerThreshold < 0:
 		return out, fmt.Errorf("throttler: Options.BreakerThreshold must be >= 0, got %d", out.BreakerThreshold)
 	case out.BreakerCooldown < 0:
@@ -187,6 +177,9 @@ type Throttler struct {
 	// kind of call).
 	store      func(op Op, key string, p Policy) string
 	leaseStore func(key string, p ConcurrencyPolicy) string
+	// route names the store of each rate call and the backend that makes
+	// it (the backend's Traits.Route); nil: store names it, b makes it.
+	route func(b Backend, op Op, key string, p Policy) (string, Backend)
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
 
@@ -198,6 +191,8 @@ type Throttler struct {
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
+	// wait is the world Wait runs in (realWait; tests replace it).
+	wait waitEnv
 }
 
 // target is a backend as the Throttler calls it.
@@ -206,16 +201,15 @@ type target struct {
 	// lb is b as a LeaseBackend; nil when b holds no leases (see
 	// Traits.Leases).
 	lb LeaseBackend
-	// local: b is in process (Traits), called without a timeout context. detach: its
-	// calls run detached (Options.Detach, or a backend that ignores its
-	// context; never the fallback).
+	// local: b is in process (Traits), called without a timeout context.
+	// detach: its calls run detached (Options.Detach, or a backend that
+	// ignores its context; never the fallback).
 	local, detach bool
 }
 
 // New returns a Throttler over b. Nil options mean defaults. It returns an
 // error naming the problem for a nil backend and for options that cannot
-// work (a negative duration or count, a Timeout under 1ms, an unknown
-// FailureMode).
+// work (a negative duration or count, a Timeout under 1ms).
 func New(b Backend, opts *Options) (*Throttler, error) {
 	if b == nil {
 		return nil, errors.New("throttler: New needs a backend, got nil")
@@ -229,9 +223,10 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	}
 	t := &Throttler{backend: b, opts: o, wallClock: opts == nil || opts.Clock == nil}
 	tr := declaredTraits(b)
-	t.store, t.leaseStore = tr.Store, tr.LeaseStore
+	t.store, t.leaseStore, t.route = tr.Store, tr.LeaseStore, tr.Route
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
+	t.wait = realWait()
 	t.primary = target{b: b, lb: leasesOf(b, tr), local: tr.InProcess, detach: o.Detach || tr.IgnoresContext}
 	if o.Fallback != nil {
 		ft := declaredTraits(o.Fallback)
@@ -352,7 +347,9 @@ func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 		return t.refuseComposite(r)
 	}
 	var store string
-	if t.store != nil {
+	if t.route != nil {
+		store, r.to = t.route(t.backend, r.op, r.key, r.p)
+	} else if t.store != nil {
 		store = t.store(r.op, r.key, r.p)
 	}
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
@@ -388,17 +385,22 @@ type request struct {
 	// held is a Release's answer, set by dispatch: carried here rather
 	// than returned, so that no rate call pays for passing it back.
 	held bool
+	// to makes the primary's call in its place when set (Traits.Route).
+	to Backend
 }
 
 // isLease reports whether r is a LeaseBackend's operation.
 func (r *request) isLease() bool { return r.op == OpAcquire || r.op == OpRelease }
 
-// validate reports why r cannot be made, as the backend would.
+// validate reports why r cannot be made, as the backend would. A Refund's
+// receipt is not the caller's input but its Take's ResetAt, which Refund
+// judges itself (unrefundable): r.now stands in for it, so that a Take
+// whose Decision names no window is ErrNotRefunded, not ErrInvalidReceipt.
 func (r *request) validate() error {
 	if r.isLease() {
 		return ValidateLease(r.key, r.cp, r.id)
 	}
-	return ValidateCall(r.op, r.key, r.p, r.n)
+	return ValidateCall(r.op, r.key, r.p, r.n, r.now)
 }
 
 // run decides r, starting at from (SourcePrimary, or SourceFallback for the
@@ -475,6 +477,7 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		}
 	}
 	if t.fallback.b != nil && (from == SourceFallback || r.op != OpRelease && (!r.isLease() || t.fallback.lb != nil)) {
+		r.to = nil // the primary's route
 		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
@@ -498,7 +501,8 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 	return d, SourceFailureMode, primaryErr, primaryErr
 }
 
-// failureMode is the decision of FailureMode for r, made without any store.
+// failureMode is the decision of the failure mode (Options.FailClosed) for
+// r, made without any store.
 // Its Limit is what a store's Decision says (a token bucket's capacity, as
 // the algorithm's Decision reports it), so X-RateLimit-Limit does not
 // change while the store is down.
@@ -507,7 +511,7 @@ func (t *Throttler) failureMode(r *request) Decision {
 	if r.isLease() {
 		limit = r.cp.Limit
 	}
-	return Decision{Allowed: t.opts.FailureMode == FailOpen, Limit: limit, Degraded: true}
+	return Decision{Allowed: !t.opts.FailClosed, Limit: limit, Degraded: true}
 }
 
 // record counts a failed primary call toward the breaker it concerns: br,
@@ -582,15 +586,19 @@ func (t *Throttler) detachedCall(ctx context.Context, tg *target, r *request, no
 
 // dispatch calls tg's method for r's op, one of the Throttler's own five.
 func dispatch(ctx context.Context, tg *target, r *request, now time.Time) (Decision, error) {
+	b := tg.b
+	if r.to != nil {
+		b = r.to
+	}
 	switch r.op {
 	case OpPeek:
-		return tg.b.Peek(ctx, r.key, r.p, now)
+		return b.Peek(ctx, r.key, r.p, now)
 	case OpRefund:
-		return tg.b.Refund(ctx, r.key, r.p, r.n, r.receipt, now)
+		return b.Refund(ctx, r.key, r.p, r.n, r.receipt, now)
 	case OpAcquire, OpRelease:
 		return dispatchLease(ctx, tg, r, now)
 	}
-	return tg.b.Take(ctx, r.key, r.p, r.n, now)
+	return b.Take(ctx, r.key, r.p, r.n, now)
 }
 
 // dispatchLease is dispatch for the lease operations, out of line so that

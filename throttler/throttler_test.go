@@ -18,6 +18,9 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// failOpen and failClosed name the values of throttler.Options.FailClosed.
+const failOpen, failClosed = false, true
+
 var t0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
 // stubBackend answers every call with err (or delegates to next when err is
@@ -99,6 +102,9 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(1).Named("has space"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named("new\nline"), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(1).Named(string(make([]byte, 200))), throttler.ErrInvalidPolicy},
+		// Names of at most 128 bytes, as Policy.Name's doc says.
+		{throttler.PerSecond(1).Named(strings.Repeat("n", 128)), nil},
+		{throttler.PerSecond(1).Named(strings.Repeat("n", 129)), throttler.ErrInvalidPolicy},
 		// Algorithms and their bounds.
 		{throttler.PerSecond(10).With(throttler.TokenBucket), nil},
 		{throttler.PerSecond(10).WithBurst(50), nil},
@@ -109,11 +115,13 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(10).With(throttler.Algorithm(4)), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(throttler.MaxLogLimit).With(throttler.SlidingLog), nil},
 		{throttler.PerSecond(throttler.MaxLogLimit + 1).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
-		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil}, // 2^53 exactly
+		// 2^53 exactly:
+		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil},
 		{throttler.Policy{Limit: 1<<43 + 1, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1 << 43}, nil},
 		{throttler.Policy{Limit: 1, Window: 1024 * time.Millisecond, Algorithm: throttler.TokenBucket, Burst: 1<<43 + 1}, throttler.ErrInvalidPolicy},
-		{throttler.Policy{Limit: throttler.MaxLimit, Window: 1 << 40 * time.Millisecond, Algorithm: throttler.TokenBucket}, throttler.ErrInvalidPolicy}, // the product overflows 64 bits
+		// The product overflows 64 bits:
+		{throttler.Policy{Limit: throttler.MaxLimit, Window: 1 << 40 * time.Millisecond, Algorithm: throttler.TokenBucket}, throttler.ErrInvalidPolicy},
 	}
 	for _, tc := range tests {
 		err := tc.p.Validate()
@@ -139,10 +147,10 @@ func TestTakeAboveCapacityIsAnInputError(t *testing.T) {
 		throttler.PerSecond(5).With(throttler.SlidingLog),
 		throttler.PerSecond(5).With(throttler.SlidingWindow),
 	} {
-		assert.NoError(t, p.ValidateCost(throttler.OpTake, p.Capacity()), "%v", p)
-		assert.ErrorIs(t, p.ValidateCost(throttler.OpTake, p.Capacity()+1), throttler.ErrInvalidCost, "%v", p)
-		assert.NoError(t, p.ValidateCost(throttler.OpRefund, throttler.MaxLimit), "%v: a refund clamps", p)
-		assert.NoError(t, p.ValidateCost(throttler.OpPeek, 0), "%v: a peek has no cost", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity(), time.Time{}), "%v", p)
+		assert.ErrorIs(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity()+1, time.Time{}), throttler.ErrInvalidCost, "%v", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpRefund, "k", p, throttler.MaxLimit, t0), "%v: a refund clamps", p)
+		assert.NoError(t, throttler.ValidateCall(throttler.OpPeek, "k", p, 0, time.Time{}), "%v: a peek has no cost", p)
 	}
 }
 
@@ -207,13 +215,13 @@ func TestBadInputIsAnInputErrorNeverAnOutage(t *testing.T) {
 		{"breaker open", errDown, true},
 	}
 	for _, pr := range primaries {
-		for _, mode := range []throttler.FailureMode{throttler.FailOpen, throttler.FailClosed} {
+		for _, mode := range []bool{failOpen, failClosed} {
 			for _, c := range calls {
-				t.Run(fmt.Sprintf("%s/%d/%s", pr.name, mode, c.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/failclosed=%v/%s", pr.name, mode, c.name), func(t *testing.T) {
 					primary := &stubBackend{next: newMemory(t)}
 					fallback := &stubBackend{next: newMemory(t)}
 					var seen []throttler.Observation
-					th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: mode, Fallback: fallback, BreakerThreshold: 1,
+					th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, FailClosed: mode, Fallback: fallback, BreakerThreshold: 1,
 						Observe: func(o throttler.Observation) { seen = append(seen, o) }})
 					if pr.breakerOpen {
 						primary.set(errDown)
@@ -274,22 +282,22 @@ func TestFailureModes(t *testing.T) {
 	p := throttler.PerMinute(10).Named("api")
 	tests := []struct {
 		name        string
-		mode        throttler.FailureMode
+		mode        bool
 		fallback    bool
 		wantAllowed bool
 		wantErr     error
 		wantSource  throttler.Source
 		wantKnown   bool
 	}{
-		{"fail open", throttler.FailOpen, false, true, nil, throttler.SourceFailureMode, false},
-		{"fail closed", throttler.FailClosed, false, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
-		{"fallback", throttler.FailClosed, true, true, nil, throttler.SourceFallback, true},
+		{"fail open", failOpen, false, true, nil, throttler.SourceFailureMode, false},
+		{"fail closed", failClosed, false, false, throttler.ErrUnavailable, throttler.SourceFailureMode, false},
+		{"fallback", failClosed, true, true, nil, throttler.SourceFallback, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			stub := &stubBackend{err: errDown}
 			var obs throttler.Observation
-			o := &throttler.Options{Clock: func() time.Time { return t0 }, FailureMode: tc.mode, Observe: func(x throttler.Observation) { obs = x }}
+			o := &throttler.Options{Clock: func() time.Time { return t0 }, FailClosed: tc.mode, Observe: func(x throttler.Observation) { obs = x }}
 			if tc.fallback {
 				o.Fallback = newMemory(t)
 			}
@@ -302,7 +310,7 @@ func TestFailureModes(t *testing.T) {
 			}
 			assert.Equal(t, tc.wantAllowed, d.Allowed)
 			assert.True(t, d.Degraded)
-			assert.Equal(t, tc.wantKnown, d.Known())
+			assert.Equal(t, tc.wantKnown, !d.ResetAt.IsZero())
 			assert.Equal(t, p.Limit, d.Limit)
 			assert.Equal(t, tc.wantSource, obs.Source)
 			assert.ErrorIs(t, obs.Err, errDown, "the hook sees the failure even when it is hidden from the caller")
@@ -328,13 +336,13 @@ func TestDegradedDecisionsReportTheHealthyLimit(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, healthy.Degraded)
 		for _, o := range []*throttler.Options{
-			{Clock: clock, FailureMode: throttler.FailOpen},
-			{Clock: clock, FailureMode: throttler.FailClosed},
+			{Clock: clock, FailClosed: false},
+			{Clock: clock, FailClosed: true},
 			{Clock: clock, Fallback: newMemory(t)},
 		} {
 			d, _ := newThrottler(t, &stubBackend{err: errDown}, o).Allow(context.Background(), "k", p)
 			assert.True(t, d.Degraded)
-			assert.Equal(t, healthy.Limit, d.Limit, "%v, failure mode %v, fallback %v", p, o.FailureMode, o.Fallback != nil)
+			assert.Equal(t, healthy.Limit, d.Limit, "%v, fail closed %v, fallback %v", p, o.FailClosed, o.Fallback != nil)
 		}
 	}
 }
@@ -506,8 +514,6 @@ func TestNewRejects(t *testing.T) {
 		{"negative BreakerThreshold", mem, &throttler.Options{BreakerThreshold: -1}, "throttler: Options.BreakerThreshold must be >= 0, got -1"},
 		{"negative BreakerCooldown", mem, &throttler.Options{BreakerCooldown: -time.Second}, "throttler: Options.BreakerCooldown must be >= 0, got -1s"},
 		{"negative MaxDetached", mem, &throttler.Options{MaxDetached: -1}, "throttler: Options.MaxDetached must be >= 0, got -1"},
-		{"unknown FailureMode", mem, &throttler.Options{FailureMode: 2}, "throttler: Options.FailureMode 2 is neither FailOpen nor FailClosed"},
-		{"negative FailureMode", mem, &throttler.Options{FailureMode: -1}, "throttler: Options.FailureMode -1 is neither FailOpen nor FailClosed"},
 		{"typed-nil Fallback", mem, &throttler.Options{Fallback: nilMemory}, "throttler: Options.Fallback is a nil *memory.Backend"},
 	}
 	for _, tc := range tests {
@@ -517,7 +523,7 @@ func TestNewRejects(t *testing.T) {
 	}
 
 	// Zero means default; nothing else is needed.
-	for _, o := range []*throttler.Options{nil, {}, {FailureMode: throttler.FailClosed, Fallback: mem}, {Timeout: time.Millisecond}} {
+	for _, o := range []*throttler.Options{nil, {}, {FailClosed: true, Fallback: mem}, {Timeout: time.Millisecond}} {
 		_, err := throttler.New(mem, o)
 		assert.NoError(t, err)
 	}
@@ -542,7 +548,6 @@ func TestMisconfiguredBackendIsAnErrorAtConstructionNeverAFailOpen(t *testing.T)
 		{"typed nil", nilMemory, nil},
 		{"memory.New's error ignored", badMemory, nil},
 		{"typed-nil fallback", newMemory(t), &throttler.Options{Fallback: nilMemory}},
-		{"unknown failure mode", newMemory(t), &throttler.Options{FailureMode: 7}},
 	}
 	p := throttler.PerMinute(1)
 	for _, tc := range builds {
@@ -622,7 +627,7 @@ func TestErrorsHaveOnePrefix(t *testing.T) {
 	// fails too.
 	deaf := &deafBackend{release: make(chan struct{})}
 	defer close(deaf.release)
-	th := newThrottler(t, deaf, &throttler.Options{Timeout: time.Millisecond, Detach: true, FailureMode: throttler.FailClosed, Fallback: &stubBackend{err: errDown}})
+	th := newThrottler(t, deaf, &throttler.Options{Timeout: time.Millisecond, Detach: true, FailClosed: true, Fallback: &stubBackend{err: errDown}})
 	_, err = th.Allow(context.Background(), "k", throttler.PerSecond(1))
 	require.ErrorIs(t, err, throttler.ErrUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)

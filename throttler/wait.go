@@ -56,9 +56,9 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // A denied caller sleeps the denial's RetryAfter plus a random extra of up to
 // a tenth of it (at least 1ms, at most 100ms, and never past half the time
 // left before ctx's deadline), so that waiters denied until the same instant
-// reach the store spread out. It never retries earlier than RetryAfter, which would
-// only cost a denied round trip. A denial without a RetryAfter is retried
-// after 50ms, doubling up to 1s.
+// reach the store spread out. It never retries earlier than RetryAfter,
+// which would only cost a denied round trip. A denial without a RetryAfter
+// is retried after 50ms, doubling up to 1s.
 //
 // The waiters of one key and policy on one Throttler queue in the process,
 // first come first served: only the first asks the store and sleeps, the
@@ -86,6 +86,9 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // Deadlines are compared with the wall clock (time.Now), on which contexts
 // set them; RetryAfter, a duration, comes from the Throttler's Clock.
 func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (Decision, error) {
+	if t == nil || t.backend == nil {
+		return Decision{}, errNotBuilt
+	}
 	if ctx.Err() != nil {
 		return Decision{}, waitEnded(ctx)
 	}
@@ -95,12 +98,12 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	denied := false     // d is a denial fresh from the store, to sleep on
 	if !lanes.busy(k) {
 		var err error
-		asked = waitWorld.now()
+		asked = t.wait.now()
 		if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
 			return d, waitFailed(ctx, err)
 		}
 		denied = true
-	} else if err := validTake(key, p, n); err != nil {
+	} else if err := ValidateCall(OpTake, key, p, n, time.Time{}); err != nil {
 		// Bad input is said at once, not after a turn in the queue.
 		return Decision{}, err
 	}
@@ -110,11 +113,11 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 		if denied {
 			// Someone queued while this one asked: its own denial bounds
 			// its wait, as it does a caller alone.
-			if _, err := untilRetry(ctx, d.RetryAfter, n); err != nil {
+			if _, err := t.untilRetry(ctx, d.RetryAfter, n); err != nil {
 				return d, err
 			}
 		}
-		if ahead, err := l.await(ctx, n); err != nil {
+		if ahead, err := l.await(ctx, n, t.wait.now); err != nil {
 			if errors.Is(err, ErrWouldExceedDeadline) {
 				return ahead, err
 			}
@@ -130,13 +133,13 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 				return d, waitEnded(ctx)
 			}
 			var err error
-			asked = waitWorld.now()
+			asked = t.wait.now()
 			if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
 				return d, waitFailed(ctx, err)
 			}
 		}
 		l.learn(n, asked, d)
-		if err := sleepUntilRetry(ctx, d, &backoff, n); err != nil {
+		if err := t.sleepUntilRetry(ctx, d, &backoff, n); err != nil {
 			return d, err
 		}
 		denied = false
@@ -145,7 +148,7 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 
 // sleepUntilRetry sleeps until the denial d may be retried, or returns at
 // once why it will not: ctx's deadline comes first.
-func sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n int64) error {
+func (t *Throttler) sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n int64) error {
 	wait := d.RetryAfter
 	if wait > 0 {
 		*backoff = 0
@@ -153,15 +156,15 @@ func sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n 
 		*backoff = min(max(2**backoff, firstBackoff), maxBackoff)
 		wait = *backoff
 	}
-	extra := waitWorld.jitter(jitterBound(wait))
-	left, err := untilRetry(ctx, wait, n)
+	extra := t.wait.jitter(jitterBound(wait))
+	left, err := t.untilRetry(ctx, wait, n)
 	if err != nil {
 		return err
 	}
 	if left > 0 {
 		extra = min(extra, (left-wait)/2)
 	}
-	if err := waitWorld.sleep(ctx, wait+extra); err != nil {
+	if err := t.wait.sleep(ctx, wait+extra); err != nil {
 		return waitEnded(ctx)
 	}
 	return nil
@@ -170,12 +173,12 @@ func sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n 
 // untilRetry returns the time left before ctx's deadline (0 without one), or
 // ErrWouldExceedDeadline when a cost of n that can be admitted in wait at
 // the earliest cannot be before the deadline.
-func untilRetry(ctx context.Context, wait time.Duration, n int64) (time.Duration, error) {
+func (t *Throttler) untilRetry(ctx context.Context, wait time.Duration, n int64) (time.Duration, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return 0, nil
 	}
-	left := deadline.Sub(waitWorld.now())
+	left := deadline.Sub(t.wait.now())
 	if wait >= left {
 		return left, fmt.Errorf("%w: a cost of %d could be admitted in %v at the earliest; the deadline is in %v", ErrWouldExceedDeadline, n, wait, left)
 	}
@@ -207,29 +210,22 @@ func waitEnded(ctx context.Context) error {
 	return fmt.Errorf("throttler: wait ended before admission: %w", err)
 }
 
-// validTake reports why a Take of n units of key under p cannot be made.
-func validTake(key string, p Policy, n int64) error {
-	if err := ValidateKey(key); err != nil {
-		return err
-	}
-	if err := p.Validate(); err != nil {
-		return err
-	}
-	return p.ValidateCost(OpTake, n)
-}
-
 // waitEnv is what Wait takes from the world besides the store: the wall
 // clock on which contexts set their deadlines, a sleep that a context
-// interrupts, and randomness for the jitter. Tests replace it
+// interrupts, and randomness for the jitter. New sets a Throttler's to the
+// real ones (realWait); tests replace it on their Throttler
 // (wait_export_test.go) to run Wait at fixed instants, with a sleep that
-// moves the fake clock their Throttler reads.
+// moves the fake clock the Throttler reads.
 type waitEnv struct {
 	now    func() time.Time
 	sleep  func(ctx context.Context, d time.Duration) error
 	jitter func(bound time.Duration) time.Duration // in [0, bound]
 }
 
-var waitWorld = waitEnv{now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}
+// realWait is the world a Throttler waits in.
+func realWait() waitEnv {
+	return waitEnv{now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}
+}
 
 // laneKey names the waiters that queue together: one key and policy on one
 // Throttler.
@@ -306,8 +302,8 @@ func (s *laneSet) leave(k laneKey, l *lane) {
 // await blocks until the caller, of cost n, holds the turn, or ctx is
 // done, or ctx's deadline comes no later than the head's denial says a cost
 // of n could be admitted: then it returns that denial, its RetryAfter
-// counted from now, and ErrWouldExceedDeadline.
-func (l *lane) await(ctx context.Context, n int64) (Decision, error) {
+// counted from now (the wall clock), and ErrWouldExceedDeadline.
+func (l *lane) await(ctx context.Context, n int64, wallNow func() time.Time) (Decision, error) {
 	deadline, bounded := ctx.Deadline()
 	for {
 		var learned chan struct{} // nil without a deadline: never ready
@@ -317,7 +313,7 @@ func (l *lane) await(ctx context.Context, n int64) (Decision, error) {
 			learned = l.learned
 			l.mu.Unlock()
 			if h.cost > 0 && n >= h.cost && !h.at.Before(deadline) {
-				now := waitWorld.now()
+				now := wallNow()
 				d := h.d
 				d.RetryAfter = max(h.at.Sub(now), 0)
 				return d, fmt.Errorf("%w: queued behind a waiter denied a cost of %d, a cost of %d could be admitted in %v at the earliest; the deadline is in %v",

@@ -2,32 +2,25 @@ package throttler
 
 import (
 	"context"
-	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/internal/sleep"
 )
 
-// SetWaitWorld makes Wait, until tb ends, compare deadlines with now, sleep
-// through sleep and draw its jitter from jitter (nil keeps the real one), so
-// that tests run it at fixed instants: their sleep moves the fake clock that
-// the Throttler's Options.Clock reads. Tests that call it must not run in
-// parallel.
-func SetWaitWorld(tb testing.TB, now func() time.Time, sleep func(context.Context, time.Duration) error, jitter func(time.Duration) time.Duration) {
-	tb.Helper()
-	old := waitWorld
-	w := old
+// SetWaitWorld makes th's Wait compare deadlines with now, sleep through
+// sleep and draw its jitter from jitter (nil keeps the real one), so that
+// tests run it at fixed instants: their sleep moves the fake clock that
+// th's Options.Clock reads.
+func SetWaitWorld(th *Throttler, now func() time.Time, sleep func(context.Context, time.Duration) error, jitter func(time.Duration) time.Duration) {
 	if now != nil {
-		w.now = now
+		th.wait.now = now
 	}
 	if sleep != nil {
-		w.sleep = sleep
+		th.wait.sleep = sleep
 	}
 	if jitter != nil {
-		w.jitter = jitter
+		th.wait.jitter = jitter
 	}
-	waitWorld = w
-	tb.Cleanup(func() { waitWorld = old })
 }
 
 // WaitJitterBound is the largest extra Wait adds to a sleep of d.

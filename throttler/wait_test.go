@@ -26,16 +26,32 @@ import (
 // clock never passes in real time.
 var waitT0 = time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 
-// newWaitFakeWorld installs a fake clock that sleeping moves (one for a
-// Throttler and for Wait) at waitT0 for the test, with the given
-// jitter (nil: none).
+// newWaitFakeWorld returns a fake clock at waitT0 that sleeping moves (one
+// for a Throttler and for Wait), and has the test's waitThrottler wait in
+// it, with the given jitter (nil: none).
 func newWaitFakeWorld(t *testing.T, jitter func(time.Duration) time.Duration) *sleep.Fake {
 	w := sleep.NewFake(waitT0)
 	if jitter == nil {
 		jitter = func(time.Duration) time.Duration { return 0 }
 	}
-	throttler.SetWaitWorld(t, w.Now, w.Sleep, jitter)
+	setWaitWorld(t, waitWorld{w.Now, w.Sleep, jitter})
 	return w
+}
+
+// waitWorld is what a test's Throttlers wait in (see throttler.SetWaitWorld).
+type waitWorld struct {
+	now    func() time.Time
+	sleep  func(context.Context, time.Duration) error
+	jitter func(time.Duration) time.Duration
+}
+
+// waitWorlds holds each test's waitWorld, for waitThrottler.
+var waitWorlds sync.Map // testing.TB → waitWorld
+
+// setWaitWorld has waitThrottler(t, …) build Throttlers that wait in w.
+func setWaitWorld(t testing.TB, w waitWorld) {
+	waitWorlds.Store(t, w)
+	t.Cleanup(func() { waitWorlds.Delete(t) })
 }
 
 // waitTakeCounter counts the Takes that reach a backend.
@@ -60,6 +76,10 @@ func waitThrottler(t *testing.T, b throttler.Backend, o *throttler.Options) *thr
 	t.Helper()
 	th, err := throttler.New(b, o)
 	require.NoError(t, err)
+	if w, ok := waitWorlds.Load(t); ok {
+		w := w.(waitWorld)
+		throttler.SetWaitWorld(th, w.now, w.sleep, w.jitter)
+	}
 	return th
 }
 
@@ -307,7 +327,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	t.Run("fail closed", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
 		down := &waitDown{}
-		th := waitThrottler(t, down, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed})
+		th := waitThrottler(t, down, &throttler.Options{Clock: w.Now, FailClosed: true})
 		d, err := th.Wait(context.Background(), "k", p)
 		require.ErrorIs(t, err, throttler.ErrUnavailable)
 		assert.False(t, d.Allowed)
@@ -316,7 +336,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	})
 	t.Run("fail open", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
-		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailOpen})
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailClosed: false})
 		d, err := th.Wait(context.Background(), "k", p)
 		require.NoError(t, err)
 		assert.True(t, d.Allowed)
@@ -325,7 +345,7 @@ func TestWaitWhileTheStoreIsDown(t *testing.T) {
 	})
 	t.Run("fallback", func(t *testing.T) {
 		w := newWaitFakeWorld(t, nil)
-		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailureMode: throttler.FailClosed, Fallback: waitMemory(t)})
+		th := waitThrottler(t, &waitDown{}, &throttler.Options{Clock: w.Now, FailClosed: true, Fallback: waitMemory(t)})
 		_, err := th.AllowN(context.Background(), "k", p, 2)
 		require.NoError(t, err)
 		d, err := th.Wait(context.Background(), "k", p)
@@ -413,7 +433,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestWaitersOfAKeyQueue(t *testing.T) {
 	const waiters = 8
 	g := &waitGated{Fake: sleep.NewFake(waitT0), asleep: make(chan time.Duration), wake: make(chan struct{})}
-	throttler.SetWaitWorld(t, g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 })
+	setWaitWorld(t, waitWorld{g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 }})
 	store := &waitTakeCounter{Backend: waitMemory(t)}
 	th := waitThrottler(t, store, &throttler.Options{Clock: g.Now})
 	p := throttler.PerMinute(1)
@@ -467,7 +487,8 @@ func TestWaitersOfAKeyQueue(t *testing.T) {
 // no lane behind.
 func TestWaitEndsWithItsContext(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	const bound = 250 * time.Millisecond // scheduling under -race on a busy machine; typically well under 1ms
+	// Scheduling under -race on a busy machine; typically well under 1ms.
+	const bound = 250 * time.Millisecond
 	th := waitThrottler(t, waitMemory(t), nil)
 	p := throttler.PerMinute(1)
 	_, err := th.Allow(context.Background(), "k", p)
@@ -582,7 +603,7 @@ func receive[T any](t *testing.T, what string, ch <-chan T) T {
 
 func newWaitGated(t *testing.T) *waitGated {
 	g := &waitGated{Fake: sleep.NewFake(waitT0), asleep: make(chan time.Duration), wake: make(chan struct{})}
-	throttler.SetWaitWorld(t, g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 })
+	setWaitWorld(t, waitWorld{g.Now, g.Sleep, func(time.Duration) time.Duration { return 0 }})
 	return g
 }
 
@@ -772,7 +793,8 @@ func TestWaitQueuedAfterItsOwnDenial(t *testing.T) {
 	_, err := th.Allow(context.Background(), "k", p)
 	require.NoError(t, err)
 	var stopHead func() waitResult
-	store.hook = func() { _, stopHead = g.goHead(t, th, "k", p, 1) } // the head queues while the waiter asks
+	// The head queues while the waiter asks.
+	store.hook = func() { _, stopHead = g.goHead(t, th, "k", p, 1) }
 	store.armed.Store(true)
 
 	ctx, cancel := context.WithDeadline(context.Background(), waitT0.Add(30*time.Second))

@@ -207,7 +207,7 @@ func testLeaseIdentity(t *testing.T, newBackend func(t *testing.T) LeaseStore, k
 	changed := throttler.ConcurrencyPolicy{Name: "api", Limit: 3, TTL: time.Hour}
 	d := acquire(changed, 3, k)
 	assert.Equal(t, int64(3), d.Used, "a named policy's leases survive a change of Limit and TTL")
-	assert.Equal(t, int64(1), acquire(api.Named("other"), 1, k).Used, "another name is another limit")
+	assert.Equal(t, int64(1), acquire(renamed(api, "other"), 1, k).Used, "another name is another limit")
 	assert.Equal(t, int64(1), acquire(api, 1, key("other key")).Used, "another key is another limit")
 	// Unnamed: the whole definition.
 	two := throttler.Concurrent(2, time.Minute)
@@ -222,7 +222,7 @@ func testLeaseIdentity(t *testing.T, newBackend func(t *testing.T) LeaseStore, k
 	// Names and keys that would collide under naive concatenation.
 	x := throttler.ConcurrencyPolicy{Name: "x", Limit: 1, TTL: time.Minute}
 	assert.True(t, acquire(x, 1, "y:"+key("z")).Allowed)
-	assert.True(t, acquire(x.Named("x:y"), 1, key("z")).Allowed, `("x", "y:k") and ("x:y", "k") must be apart`)
+	assert.True(t, acquire(renamed(x, "x:y"), 1, key("z")).Allowed, `("x", "y:k") and ("x:y", "k") must be apart`)
 }
 
 func testLeaseKeys(t *testing.T, newBackend func(t *testing.T) LeaseStore, key func(string) string) {
@@ -302,7 +302,7 @@ func testLeaseInvalidInput(t *testing.T, newBackend func(t *testing.T) LeaseStor
 		{"zero TTL", key("k"), throttler.Concurrent(1, 0), 1, throttler.ErrInvalidPolicy},
 		{"TTL below a ms", key("k"), throttler.Concurrent(1, time.Microsecond), 1, throttler.ErrInvalidPolicy},
 		{"TTL not whole ms", key("k"), throttler.Concurrent(1, 1500*time.Microsecond), 1, throttler.ErrInvalidPolicy},
-		{"name with space", key("k"), good.Named("a b"), 1, throttler.ErrInvalidPolicy},
+		{"name with space", key("k"), renamed(good, "a b"), 1, throttler.ErrInvalidPolicy},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := b.Acquire(ctx, tc.key, tc.p, tc.id, T0)
@@ -475,4 +475,10 @@ func testLeaseTraces(t *testing.T, newBackend func(t *testing.T) LeaseStore, key
 			commit()
 		}
 	}
+}
+
+// renamed is p under another name.
+func renamed(p throttler.ConcurrencyPolicy, name string) throttler.ConcurrencyPolicy {
+	p.Name = name
+	return p
 }

@@ -91,7 +91,7 @@ func FuzzItemKeys(f *testing.F) {
 		}
 		p1 := throttler.Policy{Name: name1, Limit: 1, Window: time.Second}
 		p2 := throttler.Policy{Name: name2, Limit: 1, Window: time.Second}
-		if throttler.ValidateCall(throttler.OpTake, key1, p1, 1) != nil || throttler.ValidateCall(throttler.OpTake, key2, p2, 1) != nil {
+		if throttler.ValidateCall(throttler.OpTake, key1, p1, 1, time.Time{}) != nil || throttler.ValidateCall(throttler.OpTake, key2, p2, 1, time.Time{}) != nil {
 			return
 		}
 		k1 := newItemKeys(prefix, p1, key1)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -490,7 +491,7 @@ func TestLeaseEncoding(t *testing.T) {
 func fullLeases(t int64, ttl time.Duration) []leaseset.Entry {
 	set := make([]leaseset.Entry, throttler.MaxConcurrencyLimit)
 	for i := range set {
-		set[i] = leaseset.Entry{ID: throttler.NewLeaseID(), Expiry: t + 1 + int64(i)*ttl.Milliseconds()/int64(len(set))}
+		set[i] = leaseset.Entry{ID: throttler.LeaseID(rand.Uint64() | 1), Expiry: t + 1 + int64(i)*ttl.Milliseconds()/int64(len(set))}
 	}
 	return set
 }
@@ -575,7 +576,7 @@ func TestLeaseContentionReal(t *testing.T) {
 				wg.Go(func() {
 					b := bs[g%backends]
 					for range 10 {
-						id := throttler.NewLeaseID()
+						id := throttler.LeaseID(rand.Uint64() | 1)
 						d, err := b.Acquire(ctx, "k", p, id, t0)
 						if errors.Is(err, ErrContention) && backends > 1 {
 							contended.Add(1)

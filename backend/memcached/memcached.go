@@ -37,14 +37,13 @@
 // exhaust the attempts: only simultaneous openings of one window retry, and
 // each round has a winner.
 //
-// Peek is gets head, then get counter (one round trip when the window is
-// already known, see below). Refund is gets head, then, when the head's
-// window is the Take's (its reset-at is the refund's receipt), decr that
-// window's counter; otherwise it counts nothing and reads the counter as
-// Peek does. The counter's key holds the reset-at, so a refund can only
-// ever credit the window of its receipt, even when the head was read from
-// a cache that a clock ahead has since made stale. Memcached's decr stops at zero, which is exactly "never below zero", and it
-// commutes with a pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
+// Peek is gets head, then get counter (one round trip when the window is already known, see below).
+// Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
+// receipt), decr that window's counter; otherwise it counts nothing and reads the counter as Peek
+// does. The counter's key holds the reset-at, so a refund can only ever credit the window of its
+// receipt, even when the head was read from a cache that a clock ahead has since made stale.
+// Memcached's decr stops at zero, which is exactly "never below zero", and it commutes with a
+// pending undo of step 4 (max(0, max(0, c+p-r)-p) = max(0, c-r)).
 //
 // # The head cache
 //
@@ -472,7 +471,7 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 }
 
 func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1); err != nil {
+	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -506,7 +505,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 func (b *Backend) refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {
@@ -558,7 +557,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 }
 
 func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	if p.Algorithm != throttler.FixedWindow {

@@ -12,13 +12,11 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// BenchmarkBytesPerKey reports the heap a state costs, for keys like
-// "client-123456" under each algorithm: with 100,000 and 700,000 keys
-// (tables between growths, none full), and with as many keys as the
-// default bound (shards fill unevenly, so the fullest evict, and the
-// second tier holds what they evicted; the metric counts the states held). A log holds one entry. An
-// iteration fills a new Backend; the metric is the heap it holds over the
-// states it holds.
+// BenchmarkBytesPerKey reports the heap a state costs, for keys like "client-123456" under each
+// algorithm: with 100,000 and 700,000 keys (tables between growths, none full), and with as many
+// keys as the default bound (shards fill unevenly, so the fullest evict, and the second tier holds
+// what they evicted; the metric counts the states held). A log holds one entry. An iteration fills
+// a new Backend; the metric is the heap it holds over the states it holds.
 func BenchmarkBytesPerKey(b *testing.B) {
 	for _, n := range []int{100_000, 700_000, memory.DefaultMaxKeys} {
 		for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingWindow, throttler.SlidingLog} {

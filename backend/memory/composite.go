@@ -62,12 +62,12 @@ func (b *Backend) memo(i int, p *throttler.Policy) (*allMemo, error) {
 // composite runs op (OpTake or OpPeek) of cost under the composite p.
 func (b *Backend) composite(op throttler.Op, key string, p *throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if key == "" || len(key) > throttler.MaxKeyLen {
-		return throttler.Decision{}, throttler.ValidateCall(op, key, *p, cost) // the key's error
+		return throttler.Decision{}, throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the key's error
 	}
 	s, h := b.lock(key)
 	m, err := b.memo(int(h>>b.shardShift), p)
 	if err == nil && op == throttler.OpTake && (cost < 1 || cost > m.cap) {
-		err = throttler.ValidateCall(op, key, *p, cost) // the cost's error
+		err = throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the cost's error
 	}
 	if err != nil {
 		s.mu.Unlock()

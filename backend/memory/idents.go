@@ -93,7 +93,7 @@ func (b *Backend) policy(s *shard, p *throttler.Policy) (*lastPolicy, error) {
 }
 
 // fits reports whether a cost is valid for op under the memo's policy, as
-// Policy.ValidateCost does, without its call: 1 to the Capacity for a Take,
+// throttler.ValidateCall does, without its call: 1 to the Capacity for a Take,
 // 1 to MaxLimit for a Refund, anything for a Peek.
 func (m *lastPolicy) fits(op throttler.Op, cost int64) bool {
 	hi := m.capacity

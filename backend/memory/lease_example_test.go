@@ -16,7 +16,7 @@ func ExampleBackend_Acquire() {
 	if err != nil {
 		panic(err)
 	}
-	p := throttler.Concurrent(2, time.Minute).Named("exports")
+	p := throttler.ConcurrencyPolicy{Name: "exports", Limit: 2, TTL: time.Minute}
 	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
 	ctx := context.Background()
 

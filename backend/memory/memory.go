@@ -22,19 +22,16 @@
 //
 // # Cleanup
 //
-// State ends by the now values callers pass (a fixed window at its
-// ResetAt, a bucket when full again, a log when its newest entry ends, a
-// counter pair two windows on), and sweeps drop it: sweeps made by the
-// calls themselves, and while the backend holds anything, a sweep of every
-// shard each Options.SweepEvery by a timer (no goroutine between sweeps;
-// Close stops it), so memory returns to its baseline within SweepEvery of
-// the end of the last state plus Lag, without calls to drive it. Dropped state answers like none only for a now at or after its
-// end, so what matters is which nows the backend will still be asked
-// about. A sweep drops the state that ended Options.Lag before the
-// callers' clock as the backend trusts it: the monotonic clock plus the
-// lowest offset (now − monotonic time) that its clock guard recorded in
-// the last ClockHold to 2·ClockHold of real time, and the last one of the
-// newest spell before that which recorded any. The guard records
+// State ends by the now values callers pass (a fixed window at its ResetAt, a bucket when full
+// again, a log when its newest entry ends, a counter pair two windows on), and sweeps drop it:
+// sweeps made by the calls themselves, and while the backend holds anything, a sweep of every shard
+// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so memory
+// returns to its baseline within SweepEvery of the end of the last state plus Lag, without calls to
+// drive it. Dropped state answers like none only for a now at or after its end, so what matters is
+// which nows the backend will still be asked about. A sweep drops the state that ended Options.Lag
+// before the callers' clock as the backend trusts it: the monotonic clock plus the lowest offset
+// (now − monotonic time) that its clock guard recorded in the last ClockHold to 2·ClockHold of real
+// time, and the last one of the newest spell before that which recorded any. The guard records
 //
 //   - the now of each call that sweeps, and
 //   - before any sweep of a shard, the lowest now of the shard's calls
@@ -285,12 +282,12 @@ func (b *Backend) Len() int {
 // validators run only to say what is wrong.
 func (b *Backend) begin(op throttler.Op, key string, p *throttler.Policy, cost, ms int64) (*shard, uint64, *lastPolicy, *slot, error) {
 	if uint(len(key)-1) >= throttler.MaxKeyLen { // empty or too long
-		return nil, 0, nil, nil, throttler.ValidateKey(key)
+		return nil, 0, nil, nil, throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the key's error
 	}
 	s, h := b.lock(key)
 	m, err := b.policy(s, p)
 	if err == nil && !m.fits(op, cost) {
-		err = p.ValidateCost(op, cost)
+		err = throttler.ValidateCall(op, key, *p, cost, time.Time{}) // the cost's error
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -365,10 +362,11 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	if p.Composite() {
-		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost) // never nil
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt) // never nil
 	}
 	if receipt.IsZero() {
-		return throttler.Decision{}, throttler.ValidateRefund(key, p, cost, receipt) // the call's error, else the receipt's
+		// The call's error, else the receipt's.
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt)
 	}
 	ms := now.UnixMilli()
 	s, h, m, w, err := b.begin(throttler.OpRefund, key, &p, cost, ms)

@@ -406,7 +406,7 @@ func TestValidationIsNotMemoisedAcrossPolicies(t *testing.T) {
 
 // On a remembered policy a call checks its key's length and its cost
 // against numbers, not with the validators: every call gets exactly the
-// error ValidateCall (ValidateRefund for a Refund) gives, at each bound.
+// error ValidateCall gives, at each bound.
 func TestRememberedPolicyChecksAsValidateCall(t *testing.T) {
 	ctx := context.Background()
 	b := newBackend(t, &memory.Options{Shards: 1})
@@ -429,13 +429,13 @@ func TestRememberedPolicyChecksAsValidateCall(t *testing.T) {
 			_, err := b.Peek(ctx, "k", p, t0) // the shard remembers p
 			require.NoError(t, err)
 			_, err = b.Take(ctx, key, p, cost, t0)
-			same(throttler.ValidateCall(throttler.OpTake, key, p, cost), err, "Take, "+what)
+			same(throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}), err, "Take, "+what)
 			_, err = b.Peek(ctx, key, p, t0)
-			same(throttler.ValidateCall(throttler.OpPeek, key, p, cost), err, "Peek, "+what)
+			same(throttler.ValidateCall(throttler.OpPeek, key, p, cost, time.Time{}), err, "Peek, "+what)
 			_, err = b.Refund(ctx, key, p, cost, receipt, t0)
-			same(throttler.ValidateRefund(key, p, cost, receipt), err, "Refund, "+what)
+			same(throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt), err, "Refund, "+what)
 			_, err = b.Refund(ctx, key, p, cost, time.Time{}, t0)
-			same(throttler.ValidateRefund(key, p, cost, time.Time{}), err, "Refund without receipt, "+what)
+			same(throttler.ValidateCall(throttler.OpRefund, key, p, cost, time.Time{}), err, "Refund without receipt, "+what)
 		}
 	}
 }

@@ -276,7 +276,8 @@ func TestBatchLoadWithCallersLeaving(t *testing.T) {
 							errs <- fmt.Errorf("%s cost %d: got %+v", key, cost, d)
 							return
 						}
-						// The answer was this call's: Redis holds its cost once.
+						// The answer was this call's: Redis holds its cost
+						// once.
 						pd, err := b.Peek(context.Background(), key, p, t0)
 						if err != nil || pd.Used != cost {
 							errs <- fmt.Errorf("%s cost %d: peek %+v, %v", key, cost, pd, err)

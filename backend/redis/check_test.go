@@ -50,7 +50,7 @@ func TestUnreachableRedisErrorNamesStoreAndCause(t *testing.T) {
 	wantNamed(t, "Take", err)
 
 	var observed error
-	th, err := throttler.New(b, &throttler.Options{Timeout: 200 * time.Millisecond, FailureMode: throttler.FailClosed,
+	th, err := throttler.New(b, &throttler.Options{Timeout: 200 * time.Millisecond, FailClosed: true,
 		Observe: func(o throttler.Observation) { observed = o.Err }})
 	if err != nil {
 		t.Fatal(err)

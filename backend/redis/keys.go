@@ -45,6 +45,11 @@ func (b *Backend) storageKey(p throttler.Policy, key string) (string, uint64) {
 	return b.markedKey(p, key, "")
 }
 
+// maxPolicyNameLen is the longest policy name (Policy.Name's doc), the size
+// of the buffers identities are built in on the stack: a longer identity
+// still works, from the heap.
+const maxPolicyNameLen = 128
+
 // algorithmMarker follows the tag in the key of any algorithm but the
 // fixed window.
 const algorithmMarker = "+"
@@ -52,7 +57,7 @@ const algorithmMarker = "+"
 // markedKey is storageKey with marker after the tag; the hash, and so the
 // shard and the Cluster slot, are storageKey's.
 func (b *Backend) markedKey(p throttler.Policy, key, marker string) (string, uint64) {
-	var idBuf [throttler.MaxPolicyNameLen]byte
+	var idBuf [maxPolicyNameLen]byte
 	return b.identityKey(identity.AppendRate(idBuf[:0], p), key, marker)
 }
 

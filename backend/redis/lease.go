@@ -95,7 +95,7 @@ func leaseCall(key string, p throttler.ConcurrencyPolicy, id throttler.LeaseID, 
 
 // leaseKey is the storage key of p's leases on key, and its hash.
 func (b *Backend) leaseKey(p throttler.ConcurrencyPolicy, key string) (string, uint64) {
-	var idBuf [throttler.MaxPolicyNameLen + 3]byte
+	var idBuf [maxPolicyNameLen + 3]byte
 	return b.identityKey(identity.AppendLease(idBuf[:0], p), key, algorithmMarker)
 }
 
@@ -105,7 +105,7 @@ func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	if len(b.shards) == 1 {
 		return b.shards[0].name
 	}
-	var idBuf [throttler.MaxPolicyNameLen + 3]byte
+	var idBuf [maxPolicyNameLen + 3]byte
 	var lenBuf [20]byte
 	_, h := b.identityHash(identity.AppendLease(idBuf[:0], p), key, lenBuf[:0])
 	return b.shardFor(h).name

@@ -350,7 +350,7 @@ func addrOf(c Client) string {
 func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string {
 	s := b.shards[0]
 	if len(b.shards) > 1 {
-		var idBuf [throttler.MaxPolicyNameLen]byte
+		var idBuf [maxPolicyNameLen]byte
 		var lenBuf [20]byte
 		_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
 		s = b.shardFor(h)
@@ -373,7 +373,7 @@ func required(what string, c Client) error {
 // cache on, a Take that Redis would deny by what it last answered this
 // process is denied here (cache.go).
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
@@ -410,7 +410,7 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 // the shard's primary, alone or in a batch, which compares the stored
 // state with the receipt.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)
@@ -424,7 +424,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // the shard has one, and the primary when that read fails (see read); a
 // window that ended by now reads as absent wherever it is still stored.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 0); err != nil {
+	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 0, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
 	sk, h := b.keyOf(p, key)

@@ -150,7 +150,7 @@ func TestWaitThroughThrottler(t *testing.T) {
 	require.NoError(t, err)
 	var failures []error
 	th, err := throttler.New(b, &throttler.Options{
-		FailureMode: throttler.FailClosed, BreakerThreshold: 3, BreakerCooldown: time.Hour, Timeout: time.Second,
+		FailClosed: true, BreakerThreshold: 3, BreakerCooldown: time.Hour, Timeout: time.Second,
 		Observe: func(o throttler.Observation) { failures = append(failures, o.Err) },
 	})
 	require.NoError(t, err)

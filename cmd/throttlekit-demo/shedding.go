@@ -78,7 +78,7 @@ func addShedding(mux *http.ServeMux, th *throttler.Throttler, sh shedding) (*she
 	}
 	critical := func(r *http.Request) bool { return r.Method == http.MethodPost && r.URL.Path == "/charges" }
 	ietf := &httplimit.Options{IETFHeaders: true}
-	inflight, err := httplimit.Concurrency(th, throttler.Concurrent(sh.inflight, time.Minute+sh.work).Named("exports-inflight"), clientKey, nil)
+	inflight, err := httplimit.Concurrency(th, throttler.ConcurrencyPolicy{Name: "exports-inflight", Limit: sh.inflight, TTL: time.Minute + sh.work}, clientKey, nil)
 	if err != nil {
 		return nil, fmt.Errorf("/exports: %w", err)
 	}

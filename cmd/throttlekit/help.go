@@ -171,8 +171,9 @@ The file is replaced atomically: the settings are written to a temporary
 file in the same directory, synced to disk, and renamed over the file, so a
 process checking it reads the old settings or the new ones, never a part.
 A symbolic link is followed and kept; the file's permissions are kept. The
-content is flags.MarshalSettings's, which the strict reader is checked to
-read back; the file is read back once more after the rename and printed.
+content is one line, such as {"percent":10,"mirror":true}, which the strict
+reader is checked to read back; the file is read back once more after the
+rename and printed.
 
 Each host reads its own copy: a change takes effect on a host at its next
 check (flags.FileOptions.Interval, default 1s) once the file has reached it.`,

@@ -35,7 +35,7 @@ func inspectCommand() *command {
 			case *key == "":
 				return e.usage(cmd, "--key is required")
 			}
-			if err := throttler.ValidateKey(*key); err != nil {
+			if err := validateKey(*key); err != nil {
 				return e.usage(cmd, "--key: %v", err)
 			}
 			if err := cfg.check(); err != nil {

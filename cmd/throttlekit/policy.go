@@ -95,7 +95,7 @@ func parseWindow(s string) (time.Duration, error) {
 // parseAlgorithm takes an algorithm's String ("token-bucket").
 func parseAlgorithm(s string) (throttler.Algorithm, error) {
 	var names []string
-	for a := throttler.Algorithm(0); a.Valid(); a++ {
+	for a := throttler.Algorithm(0); !strings.HasPrefix(a.String(), "Algorithm("); a++ {
 		if a.String() == s {
 			return a, nil
 		}
@@ -158,4 +158,11 @@ func (l *policyList) Set(s string) error {
 	}
 	*l = append(*l, p)
 	return nil
+}
+
+// validateKey reports why a key given on the command line cannot be used,
+// as an error matching throttler.ErrInvalidKey: it validates a Peek under a
+// valid policy, so that only the key can be wrong.
+func validateKey(key string) error {
+	return throttler.ValidateCall(throttler.OpPeek, key, throttler.PerSecond(1), 0, time.Time{})
 }

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
 // onOff is a --mirror: on or off, and whether it was given.
@@ -58,12 +58,12 @@ func rolloutGetCommand() *command {
 			case len(args) > 0:
 				return e.usage(cmd, "unexpected argument %q", args[0])
 			}
-			s, err := flags.ReadSettings(*file)
+			s, err := rollout.Read(*file)
 			if err != nil {
 				return e.fail(cmd, exitFailed, err)
 			}
 			if *asJSON {
-				data, _ := flags.MarshalSettings(s) // s was read, so it is valid
+				data, _ := rollout.Marshal(s) // s was read, so it is valid
 				e.stdout.Write(data)
 				return exitOK
 			}
@@ -93,7 +93,7 @@ func rolloutSetCommand() *command {
 			if err != nil {
 				return e.usage(cmd, "%v", err)
 			}
-			old, readErr := flags.ReadSettings(*file)
+			old, readErr := rollout.Read(*file)
 			if readErr != nil && !mirror.set {
 				hint := "the mirror setting cannot be kept"
 				if errors.Is(readErr, iofs.ErrNotExist) {
@@ -101,24 +101,24 @@ func rolloutSetCommand() *command {
 				}
 				return e.fail(cmd, exitFailed, fmt.Errorf("%v\n%s: give --mirror on or --mirror off", readErr, hint))
 			}
-			next := flags.Settings{Percent: pct, Mirror: old.Mirror}
+			next := rollout.Settings{Percent: pct, Mirror: old.Mirror}
 			if mirror.set {
 				next.Mirror = mirror.on
 			}
-			if err := flags.WriteSettings(*file, next); err != nil {
+			if err := rollout.Write(*file, next); err != nil {
 				return e.fail(cmd, exitFailed, err)
 			}
 			// Read back as the application will, so that what is printed
 			// is what is on disk.
-			got, err := flags.ReadSettings(*file)
+			got, err := rollout.Read(*file)
 			if err != nil {
 				return e.fail(cmd, exitFailed, fmt.Errorf("written, but reading it back failed: %w", err))
 			}
 			if *asJSON {
 				out := struct {
-					File   string          `json:"file"`
-					Before *flags.Settings `json:"before"` // null: no valid file before
-					After  flags.Settings  `json:"after"`
+					File   string            `json:"file"`
+					Before *rollout.Settings `json:"before"` // null: no valid file before
+					After  rollout.Settings  `json:"after"`
 				}{File: *file, After: got}
 				if readErr == nil {
 					out.Before = &old

@@ -69,7 +69,7 @@ func shadowCommand() *command {
 		fs.Int64Var(&o.cost, "cost", 1, "The `units` of each take and refund.")
 		fs.StringVar(&o.keyPrefix, "key-prefix", defaultKeyPrefix, "The `prefix` every synthetic key starts with; the run's id and the key's number follow.")
 		fs.Func("key", "Compare the live `key` by Peek alone, writing nothing (repeat it for several keys). With --live, send the synthetic traffic to it instead.", func(s string) error {
-			if err := throttler.ValidateKey(s); err != nil {
+			if err := validateKey(s); err != nil {
 				return err
 			}
 			o.given = append(o.given, s)
@@ -194,7 +194,7 @@ func (o *shadowOpts) check(set map[string]bool, readKeys func(string) ([]string,
 		return fmt.Errorf("--rate %v for --duration %v makes %.0f calls; at most %d in one run", o.rate, o.duration, o.rate*o.duration.Seconds(), maxCalls)
 	}
 	for _, p := range o.policies {
-		if err := p.ValidateCost(throttler.OpTake, o.cost); err != nil && slices.Contains(o.ops, throttler.OpTake) {
+		if o.cost > p.Capacity() && slices.Contains(o.ops, throttler.OpTake) {
 			return fmt.Errorf("--cost %d under %s: more than the policy's capacity of %d, so no take could be admitted", o.cost, formatPolicy(p), p.Capacity())
 		}
 	}
@@ -225,7 +225,7 @@ func readKeysFile(path string) ([]string, error) {
 		if strings.TrimSpace(k) == "" || strings.HasPrefix(k, "#") {
 			continue
 		}
-		if err := throttler.ValidateKey(k); err != nil {
+		if err := validateKey(k); err != nil {
 			return nil, fmt.Errorf("--keys-file %s, line %d: %v", path, n, err)
 		}
 		keys = append(keys, k)

@@ -17,7 +17,7 @@ import (
 var testKeys = flagstest.Keys
 
 // source is New for arguments the test knows are valid.
-func source(t testing.TB, c *unleashsdk.Client, feature string, opts *Options) *Source {
+func source(t testing.TB, c *unleashsdk.Client, feature string, opts *Options) *Rollout {
 	t.Helper()
 	s, err := New(c, feature, opts)
 	if err != nil {

@@ -7,22 +7,31 @@ import (
 
 	unleashsdk "github.com/Unleash/unleash-client-go/v4"
 
-	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
-// PercentSource is a Source read as one percentage (a flags.Percenter), so
-// that package migration can tell which keys a change of the feature moves
-// and send their calls to both stores while they settle (docs/migration.md,
-// "Moving keys"); a plain Source routes as Unleash says but cannot tell
-// that, so a migration over it hands a moved key the new store's state at
-// once.
+// percentMode is the state of a source made by NewPercent.
+type percentMode struct {
+	bucket  rollout.Bucketer
+	last    atomic.Int64 // the last percentage read
+	ignored atomic.Pointer[string]
+}
+
+// NewPercent returns a Rollout that routes by one percentage of keys
+// bucketed in group (Unleash's groupId; "" means the feature's name, which
+// is Unleash's own default groupId), so that package migration can tell
+// which keys a change of the feature moves and send their calls to both
+// stores while they settle (docs/migration.md, "Moving keys"); a source
+// made by New routes as Unleash says but cannot tell that, so a migration
+// over it hands a moved key the new store's state at once. See New for c,
+// feature and opts. group never changes while the source lives.
 //
-// The feature must read as one whole percentage of keys bucketed in Group:
+// The feature must read as one whole percentage of keys bucketed in group:
 //   - disabled, or unknown to the client: 0;
 //   - enabled with no strategy, or the "default" strategy without
 //     conditions: 100;
 //   - one flexibleRollout on userId (or default stickiness), without
-//     constraints, segments or variants, whose groupId is Group (a rollout
+//     constraints, segments or variants, whose groupId is group (a rollout
 //     of 0 or 100 may have any groupId): its rollout.
 //
 // Anything else (several strategies, conditions, another groupId, a
@@ -30,51 +39,31 @@ import (
 // keeps routing by the last percentage it could read (0 before any) and
 // Problem says why, so that a change made in Unleash's UI that the
 // migration cannot follow is never applied to half the fleet silently.
-type PercentSource struct {
-	s       *Source
-	bucket  flags.Bucketer
-	last    atomic.Int64 // the last percentage read
-	ignored atomic.Pointer[string]
-}
-
-var (
-	_ flags.Percenter = (*PercentSource)(nil)
-	_ flags.Mirrorer  = (*PercentSource)(nil)
-)
-
-// PercentOptions configure a PercentSource.
-type PercentOptions struct {
-	Options
-	// Group is the bucketing group the feature's flexibleRollout must use,
-	// Unleash's groupId. It never changes while the source lives (moving
-	// keys are computed in it). default: the feature's name, which is
-	// Unleash's own default groupId
-	Group string
-}
-
-// NewPercent returns a PercentSource over feature (see New for c, feature
-// and the options they share).
-func NewPercent(c *unleashsdk.Client, feature string, opts *PercentOptions) (*PercentSource, error) {
-	var o PercentOptions
-	if opts != nil {
-		o = *opts
-	}
-	s, err := New(c, feature, &o.Options)
+func NewPercent(c *unleashsdk.Client, feature, group string, opts *Options) (*Rollout, error) {
+	u, err := New(c, feature, opts)
 	if err != nil {
 		return nil, err
 	}
-	if o.Group == "" {
-		o.Group = feature
+	if group == "" {
+		group = feature
 	}
-	ps := &PercentSource{s: s, bucket: flags.NewBucketer(o.Group)}
-	ps.Percent()
-	return ps, nil
+	u.pct = &percentMode{bucket: rollout.NewBucketer(group)}
+	u.Percent()
+	return u, nil
 }
 
-// Percent returns the feature's percentage, or, while its definition is not
-// one percentage of Group, the last one it was.
-func (ps *PercentSource) Percent() int {
-	p := ps.s.current()
+// Percent returns the percentage of keys the source routes to the new
+// backend. For a source made by NewPercent, that is the feature's
+// percentage, or, while its definition is not one percentage of the
+// source's group, the last one it was. For a source made by New, it is the
+// feature's percentage while its definition reads as one (see NewPercent),
+// -1 otherwise.
+func (u *Rollout) Percent() int {
+	p := u.current()
+	ps := u.pct
+	if ps == nil {
+		return p.pct
+	}
 	switch {
 	case p.pct < 0:
 		ps.ignore("it is not one percentage of keys (several strategies, conditions, or a fraction of a percent)")
@@ -93,40 +82,43 @@ func (ps *PercentSource) Percent() int {
 }
 
 // ignore records why the current definition is not followed.
-func (ps *PercentSource) ignore(why string) {
+func (ps *percentMode) ignore(why string) {
 	if cur := ps.ignored.Load(); cur == nil || *cur != why {
 		ps.ignored.Store(&why)
 	}
 }
 
-// ErrNotPercent is the Problem of a PercentSource whose feature does not read
-// as one percentage of its group.
+// ErrNotPercent is the Problem of a source made by NewPercent whose feature
+// does not read as one percentage of its group.
 var ErrNotPercent = errors.New("unleash: the feature is not one percentage; not followed")
 
 // Problem returns why the feature's current definition is not followed, or
-// nil while it is. Alert on it: the routing is frozen at its last
-// percentage until the feature reads as one percentage again.
-func (ps *PercentSource) Problem() error {
-	if why := ps.ignored.Load(); why != nil {
-		return fmt.Errorf("%w: feature %q: %s; routing stays at %d%%", ErrNotPercent, ps.s.feature, *why, ps.last.Load())
+// nil while it is; always nil for a source made by New, which follows
+// every definition. Alert on it: the routing of a NewPercent source is
+// frozen at its last percentage until the feature reads as one percentage
+// again.
+func (u *Rollout) Problem() error {
+	if u.pct == nil {
+		return nil
+	}
+	if why := u.pct.ignored.Load(); why != nil {
+		return fmt.Errorf("%w: feature %q: %s; routing stays at %d%%", ErrNotPercent, u.feature, *why, u.pct.last.Load())
 	}
 	return nil
 }
 
-// GroupID returns the bucketing group, PercentOptions.Group.
-func (ps *PercentSource) GroupID() string { return ps.bucket.GroupID() }
-
-// UseNew reports whether key's bucket is at most Percent().
-func (ps *PercentSource) UseNew(key string) bool {
-	switch pct := ps.Percent(); pct {
-	case 0:
-		return false
-	case 100:
-		return true
-	default:
-		return ps.bucket.Bucket(key) <= pct
+// GroupID returns the group a source made by NewPercent buckets keys in,
+// and "" for one made by New: package migration then tracks no moving
+// keys.
+func (u *Rollout) GroupID() string {
+	if u.pct == nil {
+		return ""
 	}
+	return u.pct.bucket.GroupID()
 }
 
-// Mirroring reports the mirror feature's state, as Source.Mirroring does.
-func (ps *PercentSource) Mirroring() bool { return ps.s.Mirroring() }
+// usePercent is UseNew for a source made by NewPercent: key's bucket is at
+// most Percent().
+func (u *Rollout) usePercent(key string) bool {
+	return u.pct.bucket.In(key, u.Percent())
+}

@@ -7,20 +7,15 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend/memory"
-	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/migration"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-func percentSource(t *testing.T, f *fakeUnleash, opts *PercentOptions) (*PercentSource, func()) {
+func percentSource(t *testing.T, f *fakeUnleash, group string) (*Rollout, func()) {
 	t.Helper()
 	c, wait := f.client(t, 5*time.Millisecond)
 	wait()
-	if opts == nil {
-		opts = &PercentOptions{}
-	}
-	opts.Recheck = time.Nanosecond
-	ps, err := NewPercent(c, "feat", opts)
+	ps, err := NewPercent(c, "feat", group, &Options{Recheck: time.Nanosecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +23,7 @@ func percentSource(t *testing.T, f *fakeUnleash, opts *PercentOptions) (*Percent
 }
 
 // TestPercentSourceReadsDefinitions walks one feature through definitions
-// a PercentSource follows and ones it must not, in order: what it cannot
+// a NewPercent source follows and ones it must not, in order: what it cannot
 // read keeps the last percentage and says why.
 func TestPercentSourceReadsDefinitions(t *testing.T) {
 	flex := func(group string, rollout any) map[string]any {
@@ -55,7 +50,7 @@ func TestPercentSourceReadsDefinitions(t *testing.T) {
 	}
 	f := newFakeUnleash(t)
 	f.set(steps[0].def)
-	ps, wait := percentSource(t, f, nil)
+	ps, wait := percentSource(t, f, "")
 	for i, st := range steps {
 		if i > 0 {
 			f.set(st.def)
@@ -76,33 +71,33 @@ func TestPercentSourceReadsDefinitions(t *testing.T) {
 func TestPercentSourceRoutesAsClient(t *testing.T) {
 	for _, tc := range []struct {
 		group, feature string
-		opts           *PercentOptions
+		opt            string // NewPercent's group
 	}{
-		{"feat", "feat", nil},
-		{"shared-group", "feat", &PercentOptions{Group: "shared-group"}},
+		{"feat", "feat", ""},
+		{"shared-group", "feat", "shared-group"},
 	} {
 		f := newFakeUnleash(t)
 		def := flexible("feat", tc.group, 37)
 		f.set(def)
-		ps, _ := percentSource(t, f, tc.opts)
+		ps, _ := percentSource(t, f, tc.opt)
 		if ps.GroupID() != tc.group || ps.Percent() != 37 || ps.Problem() != nil {
 			t.Fatalf("group %q: GroupID %q, Percent %d, Problem %v", tc.group, ps.GroupID(), ps.Percent(), ps.Problem())
 		}
 		for _, key := range testKeys(5000) {
-			if got, want := ps.UseNew(key), clientSays(ps.s.c, "feat", key); got != want {
+			if got, want := ps.UseNew(key), clientSays(ps.c, "feat", key); got != want {
 				t.Fatalf("group %q: UseNew(%q) = %v, the client says %v", tc.group, key, got, want)
 			}
 		}
 	}
 }
 
-// TestPercentSourceMovesKeysInAMigration: over a PercentSource, a migration
-// knows which keys a change in Unleash moves and sends them to both stores
-// (over a plain Source it cannot).
+// TestPercentSourceMovesKeysInAMigration: over a NewPercent source, a
+// migration knows which keys a change in Unleash moves and sends them to
+// both stores (over a source made by New it cannot).
 func TestPercentSourceMovesKeysInAMigration(t *testing.T) {
 	f := newFakeUnleash(t)
 	f.set(flexible("feat", "feat", 0))
-	ps, wait := percentSource(t, f, nil)
+	ps, wait := percentSource(t, f, "")
 	old, _ := memory.New(nil)
 	new, _ := memory.New(nil)
 	m, err := migration.New(old, new, ps, &migration.Options{Settle: time.Hour})
@@ -110,9 +105,6 @@ func TestPercentSourceMovesKeysInAMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	if _, ok := flags.AsPercenter(ps); !ok {
-		t.Fatal("a PercentSource is not a flags.Percenter")
-	}
 	ctx, now, p := context.Background(), time.Unix(1_700_000_000, 0), throttler.PerHour(5)
 	keys := testKeys(200)
 	for _, k := range keys {
@@ -146,5 +138,34 @@ func TestPercentSourceMovesKeysInAMigration(t *testing.T) {
 		if d.Used != 2 {
 			t.Fatalf("key %q (new: %v) counts %d after two Takes, want 2 (a fresh window)", k, ps.UseNew(k), d.Used)
 		}
+	}
+}
+
+// A source made by New tells the feature's percentage while it reads as
+// one, but no group: a migration over it tracks no moving keys.
+func TestSourceByNewIsNotAPercentage(t *testing.T) {
+	f := newFakeUnleash(t)
+	f.set(flexible("feat", "feat", 37))
+	c, wait := f.client(t, 5*time.Millisecond)
+	wait()
+	u := source(t, c, "feat", &Options{Recheck: time.Nanosecond})
+	if u.Percent() != 37 || u.GroupID() != "" || u.Problem() != nil {
+		t.Fatalf("Percent %d, GroupID %q, Problem %v; want 37, \"\", nil", u.Percent(), u.GroupID(), u.Problem())
+	}
+	f.set(feature(true, strategy("flexibleRollout", map[string]any{"rollout": "10", "stickiness": "userId", "groupId": "feat"}, nil),
+		strategy("flexibleRollout", map[string]any{"rollout": "60", "stickiness": "userId", "groupId": "feat"}, nil)))
+	wait()
+	if u.Percent() != -1 || u.Problem() != nil {
+		t.Errorf("two rollouts: Percent %d, Problem %v; want -1, nil", u.Percent(), u.Problem())
+	}
+	old, _ := memory.New(nil)
+	new, _ := memory.New(nil)
+	m, err := migration.New(old, new, u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if m.Stats().Moving.Tracked {
+		t.Error("a migration over a source made by New tracks moving keys")
 	}
 }

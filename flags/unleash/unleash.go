@@ -25,13 +25,14 @@ import (
 	ucontext "github.com/Unleash/unleash-client-go/v4/context"
 
 	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
-// Options configure a Source. The zero value (or nil) means defaults.
+// Options configure a Rollout. The zero value (or nil) means defaults.
 type Options struct {
 	// MirrorFeature names a second Unleash feature, an on/off toggle, whose
-	// state is the mirror setting (see Source.Mirroring and
-	// flags.Mirrorer). It must not be the rollout's own feature.
+	// state is the mirror setting (see Rollout.Mirroring). It must not be the
+	// rollout's own feature.
 	// default: "" (never mirrors)
 	MirrorFeature string
 	// Recheck is how often the source re-reads the feature's definition
@@ -40,7 +41,7 @@ type Options struct {
 	Recheck time.Duration
 }
 
-// Source is a rollout decided by an Unleash feature flag: a key is new when
+// Rollout is a rollout decided by an Unleash feature flag: a key is new when
 // the feature is enabled for a context whose UserId is the key. Give the
 // feature a flexibleRollout strategy with stickiness userId; its percentage
 // is then the share of keys on the new backend, bucketed as flags.Bucket
@@ -54,14 +55,18 @@ type Options struct {
 // Asking the client per call costs microseconds (it counts every evaluation
 // for Unleash's metrics through a channel), so the source reads the
 // feature's definition from the client at most every Recheck and evaluates
-// flexibleRollout strategies itself, with flags.Bucketer. A definition it
-// does not fully understand (constraints, segments, variants, dependencies,
-// other strategies or stickiness) is evaluated by the client on every call
+// flexibleRollout strategies itself. A definition it does not fully
+// understand (constraints, segments, variants, dependencies, other
+// strategies or stickiness) is evaluated by the client on every call
 // instead. Either way, the evaluations are not reported to Unleash's
 // metrics per key.
 //
+// A source made by NewPercent routes by one percentage instead, and tells
+// it (Percent, GroupID), so that a migration over it can track the keys a
+// change moves.
+//
 // It is safe for concurrent use.
-type Source struct {
+type Rollout struct {
 	c       *unleashsdk.Client
 	feature string
 	mirror  string
@@ -71,12 +76,11 @@ type Source struct {
 	// caller that advances it does the re-read.
 	next atomic.Int64
 	plan atomic.Pointer[plan]
+	// pct is set for a source made by NewPercent.
+	pct *percentMode
 }
 
-var (
-	_ flags.Rollout  = (*Source)(nil)
-	_ flags.Mirrorer = (*Source)(nil)
-)
+var _ flags.Rollout = (*Rollout)(nil)
 
 // New returns a rollout over feature, evaluated with c's definitions. c
 // and feature are required. nil opts mean defaults. The caller owns c; New
@@ -88,7 +92,7 @@ var (
 // unleashsdk.NewClient registers with a synchronous request, which the
 // default client lets hang on a server that accepts connections and never
 // answers.
-func New(c *unleashsdk.Client, feature string, opts *Options) (*Source, error) {
+func New(c *unleashsdk.Client, feature string, opts *Options) (*Rollout, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -105,7 +109,7 @@ func New(c *unleashsdk.Client, feature string, opts *Options) (*Source, error) {
 	case o.Recheck == 0:
 		o.Recheck = 100 * time.Millisecond
 	}
-	u := &Source{c: c, feature: feature, mirror: o.MirrorFeature, recheck: int64(o.Recheck), epoch: time.Now()}
+	u := &Rollout{c: c, feature: feature, mirror: o.MirrorFeature, recheck: int64(o.Recheck), epoch: time.Now()}
 	u.refresh(0)
 	return u, nil
 }
@@ -126,12 +130,12 @@ type plan struct {
 }
 
 type rolloutRule struct {
-	b       flags.Bucketer
+	b       rollout.Bucketer
 	percent float64
 }
 
 // current returns the plan, re-reading it when it is due.
-func (u *Source) current() *plan {
+func (u *Rollout) current() *plan {
 	now := int64(time.Since(u.epoch))
 	if next := u.next.Load(); now >= next && u.next.CompareAndSwap(next, now+u.recheck) {
 		return u.refresh(now)
@@ -139,7 +143,7 @@ func (u *Source) current() *plan {
 	return u.plan.Load()
 }
 
-func (u *Source) refresh(now int64) *plan {
+func (u *Rollout) refresh(now int64) *plan {
 	p := u.compile()
 	u.plan.Store(p)
 	u.next.Store(now + u.recheck)
@@ -147,7 +151,7 @@ func (u *Source) refresh(now int64) *plan {
 }
 
 // compile reads the features' definitions from the client.
-func (u *Source) compile() *plan {
+func (u *Rollout) compile() *plan {
 	features := u.c.ListFeatures()
 	p := readFeature(features, u.feature)
 	if u.mirror != "" {
@@ -243,7 +247,7 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 			return rolloutRule{}, false
 		}
 	}
-	r.b = flags.NewBucketer(group)
+	r.b = rollout.NewBucketer(group)
 	switch v := s.Parameters["rollout"].(type) {
 	case float64:
 		r.percent = v
@@ -261,7 +265,7 @@ func simpleRollout(s api.Strategy) (rolloutRule, bool) {
 
 // isEnabled asks the client, turning a panic on a malformed definition (the
 // client asserts parameter types) into "old".
-func (u *Source) isEnabled(feature, key string) (on bool) {
+func (u *Rollout) isEnabled(feature, key string) (on bool) {
 	defer func() {
 		if recover() != nil {
 			on = false
@@ -270,8 +274,12 @@ func (u *Source) isEnabled(feature, key string) (on bool) {
 	return u.c.IsEnabled(feature, unleashsdk.WithContext(ucontext.Context{UserId: key}), unleashsdk.WithFallback(false))
 }
 
-// UseNew reports whether the feature is enabled for UserId key.
-func (u *Source) UseNew(key string) bool {
+// UseNew reports whether the feature is enabled for UserId key (for a
+// source made by NewPercent, whether key's bucket is at most Percent()).
+func (u *Rollout) UseNew(key string) bool {
+	if u.pct != nil {
+		return u.usePercent(key)
+	}
 	p := u.current()
 	switch {
 	case p.byClient:
@@ -300,4 +308,4 @@ func (u *Source) UseNew(key string) bool {
 // with no strategy, the "default" strategy, or a 100% flexibleRollout, none
 // with constraints. Anything else, no mirror feature, or an unknown one,
 // reads as off.
-func (u *Source) Mirroring() bool { return u.current().mirror }
+func (u *Rollout) Mirroring() bool { return u.current().mirror }

@@ -288,7 +288,7 @@ func TestUnleashNeverAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for _, u := range []*Source{
+	for _, u := range []*Rollout{
 		source(t, c, "feat", &Options{MirrorFeature: "m", Recheck: time.Nanosecond}),
 		source(t, c, "feat", nil),
 	} {

@@ -7,8 +7,7 @@
 // Each function is pure: it takes the stored state (or none), the call and
 // its instant t in Unix milliseconds, and returns the Decision, the state
 // after the call, and whether that state must be written. A denied Take
-// and a Peek never write. Inputs must have passed throttler.ValidateCall (a
-// Refund: ValidateRefund).
+// and a Peek never write. Inputs must have passed throttler.ValidateCall.
 //
 // A Refund names the Take that counted its units by r, that Take's
 // Decision.ResetAt in Unix ms (its receipt), and gives units back only to

@@ -70,7 +70,7 @@ func (m *Model) Peek(_ context.Context, key string, p throttler.Policy, now time
 
 // Refund implements throttler.Backend.
 func (m *Model) Refund(_ context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateRefund(key, p, cost, receipt); err != nil {
+	if err := throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt); err != nil {
 		return throttler.Decision{}, err
 	}
 	return m.do(throttler.OpRefund, key, p, cost, receipt.UnixMilli(), now)
@@ -78,7 +78,7 @@ func (m *Model) Refund(_ context.Context, key string, p throttler.Policy, cost i
 
 // do runs op at now; r is a Refund's receipt in Unix ms.
 func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int64, now time.Time) (throttler.Decision, error) {
-	if err := throttler.ValidateCall(op, key, p, cost); err != nil {
+	if err := throttler.ValidateCall(op, key, p, cost, time.UnixMilli(r)); err != nil {
 		return throttler.Decision{}, err
 	}
 	try := m.Try

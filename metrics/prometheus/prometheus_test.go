@@ -204,8 +204,8 @@ throttlekit_decisions_total{op="take",policy="other",result="allowed",source="pr
 func TestLeaseOpsCountUnderTheConcurrencyPolicy(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	ok := throttler.Decision{Allowed: true}
-	m.Observe(throttler.Observation{Op: throttler.OpAcquire, Concurrency: throttler.Concurrent(2, time.Minute).Named("uploads"), Decision: ok})
-	m.Observe(throttler.Observation{Op: throttler.OpRelease, Concurrency: throttler.Concurrent(2, time.Minute).Named("uploads"), Decision: ok, Policy: traffic.Login})
+	m.Observe(throttler.Observation{Op: throttler.OpAcquire, Concurrency: throttler.ConcurrencyPolicy{Name: "uploads", Limit: 2, TTL: time.Minute}, Decision: ok})
+	m.Observe(throttler.Observation{Op: throttler.OpRelease, Concurrency: throttler.ConcurrencyPolicy{Name: "uploads", Limit: 2, TTL: time.Minute}, Decision: ok, Policy: traffic.Login})
 	want := `
 # HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
 # TYPE throttlekit_decisions_total counter

@@ -59,7 +59,7 @@ const (
 
 // OpIndex is op's index in OpNames.
 func OpIndex(op throttler.Op) int {
-	if op.Valid() && int(op) < NumOps {
+	if op >= throttler.OpTake && int(op) < NumOps {
 		return int(op)
 	}
 	return 0

@@ -192,7 +192,7 @@ var (
 )
 
 // maxNameLen bounds a source's name, like a policy's.
-const maxNameLen = throttler.MaxPolicyNameLen
+const maxNameLen = 128
 
 // Watch reads src at each collection under name:
 //

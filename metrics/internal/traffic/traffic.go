@@ -96,7 +96,7 @@ func Calls(t testing.TB, observe func(throttler.Observation)) (open, healthy *th
 	isTrue(t, d.Allowed && d.Degraded, "allowed and degraded")
 
 	open = newThrottler(t, newDown("redis-2", true), throttler.Options{
-		Observe: observe, Timeout: time.Millisecond, FailureMode: throttler.FailClosed,
+		Observe: observe, Timeout: time.Millisecond, FailClosed: true,
 		BreakerThreshold: 1, BreakerCooldown: time.Hour,
 	})
 	for range 2 {

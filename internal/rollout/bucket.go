@@ -1,15 +1,16 @@
-package flags
+package rollout
 
 import "math/bits"
 
-// Bucketer computes Bucket for one group quickly: the murmur3 state after
-// the group's name is computed once, so a call hashes only ":" and the key,
-// with no concatenation. It is the same murmur3 (32-bit, seed 0) that
-// Unleash uses, streamed; FuzzBucketer checks it against the library.
+// Bucketer computes flags.Bucket for one group quickly: the murmur3 state
+// after the group's name is computed once, so a call hashes only ":" and
+// the key, with no concatenation. It is the same murmur3 (32-bit, seed 0)
+// that Unleash uses, streamed; FuzzBucketer checks it against the library.
 //
-// Sources that bucket keys by a group of their own (package flags/unleash)
-// keep one per group. The zero value buckets in the group "". A Bucketer is
-// never changed after NewBucketer, so it is safe for concurrent use.
+// Every source keeps one per group it buckets in, and so does a migration
+// for the keys a change moves. The zero value buckets in the group "". A
+// Bucketer is never changed after NewBucketer, so it is safe for concurrent
+// use.
 type Bucketer struct {
 	h1    uint32 // state after the group's whole 4-byte blocks
 	tail  uint32 // the group's last len%4 bytes, little-endian, not yet mixed
@@ -91,7 +92,7 @@ func (b *Bucketer) Bucket(key string) int {
 	return int(h1%100) + 1
 }
 
-// inRollout reports whether key is in a p-percent rollout.
-func (b *Bucketer) inRollout(key string, p int) bool {
+// In reports whether key is in a rollout of p percent, 0 to 100.
+func (b *Bucketer) In(key string, p int) bool {
 	return p > 0 && (p >= 100 || b.Bucket(key) <= p)
 }

@@ -1,6 +1,6 @@
 //go:build unix
 
-package flags
+package rollout
 
 import "syscall"
 

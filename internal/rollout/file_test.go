@@ -1,4 +1,4 @@
-package flags
+package rollout_test
 
 import (
 	"errors"
@@ -10,60 +10,63 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
-func TestMarshalSettings(t *testing.T) {
+func TestMarshal(t *testing.T) {
 	tests := []struct {
-		in      Settings
+		in      rollout.Settings
 		want    string
 		wantErr error
 	}{
-		{Settings{Percent: 0}, `{"percent":0,"mirror":false}` + "\n", nil},
-		{Settings{Percent: 25, Mirror: true}, `{"percent":25,"mirror":true}` + "\n", nil},
-		{Settings{Percent: 100}, `{"percent":100,"mirror":false}` + "\n", nil},
-		{Settings{Percent: -1}, "", ErrPercent},
-		{Settings{Percent: 101, Mirror: true}, "", ErrPercent},
+		{rollout.Settings{Percent: 0}, `{"percent":0,"mirror":false}` + "\n", nil},
+		{rollout.Settings{Percent: 25, Mirror: true}, `{"percent":25,"mirror":true}` + "\n", nil},
+		{rollout.Settings{Percent: 100}, `{"percent":100,"mirror":false}` + "\n", nil},
+		{rollout.Settings{Percent: -1}, "", rollout.ErrPercent},
+		{rollout.Settings{Percent: 101, Mirror: true}, "", rollout.ErrPercent},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%+v", tt.in), func(t *testing.T) {
-			got, err := MarshalSettings(tt.in)
+			got, err := rollout.Marshal(tt.in)
 			if !errors.Is(err, tt.wantErr) || (err != nil) != (tt.wantErr != nil) {
-				t.Fatalf("MarshalSettings(%+v) error = %v, want %v", tt.in, err, tt.wantErr)
+				t.Fatalf("rollout.Marshal(%+v) error = %v, want %v", tt.in, err, tt.wantErr)
 			}
 			if string(got) != tt.want {
-				t.Errorf("MarshalSettings(%+v) = %q, want %q", tt.in, got, tt.want)
+				t.Errorf("rollout.Marshal(%+v) = %q, want %q", tt.in, got, tt.want)
 			}
 			if err != nil {
 				return
 			}
-			back, err := ParseSettings(got)
+			back, err := rollout.Parse(got)
 			if err != nil || back != tt.in {
-				t.Errorf("ParseSettings(%q) = %+v, %v; want %+v", got, back, err, tt.in)
+				t.Errorf("rollout.Parse(%q) = %+v, %v; want %+v", got, back, err, tt.in)
 			}
 		})
 	}
 }
 
-// FuzzMarshalSettings: every settings value is refused with ErrPercent or
+// FuzzMarshal: every settings value is refused with rollout.ErrPercent or
 // written as content that the strict reader takes back unchanged.
-func FuzzMarshalSettings(f *testing.F) {
+func FuzzMarshal(f *testing.F) {
 	for _, p := range []int{-1, 0, 1, 50, 100, 101, 1 << 40} {
 		f.Add(p, true)
 	}
 	f.Fuzz(func(t *testing.T, p int, mirror bool) {
-		s := Settings{Percent: p, Mirror: mirror}
-		data, err := MarshalSettings(s)
+		s := rollout.Settings{Percent: p, Mirror: mirror}
+		data, err := rollout.Marshal(s)
 		if p < 0 || p > 100 {
-			if !errors.Is(err, ErrPercent) {
-				t.Fatalf("MarshalSettings(%+v) error = %v, want ErrPercent", s, err)
+			if !errors.Is(err, rollout.ErrPercent) {
+				t.Fatalf("rollout.Marshal(%+v) error = %v, want rollout.ErrPercent", s, err)
 			}
 			return
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if back, err := ParseSettings(data); err != nil || back != s {
-			t.Fatalf("ParseSettings(%q) = %+v, %v; want %+v", data, back, err, s)
+		if back, err := rollout.Parse(data); err != nil || back != s {
+			t.Fatalf("rollout.Parse(%q) = %+v, %v; want %+v", data, back, err, s)
 		}
 	})
 }
@@ -82,11 +85,11 @@ func dirNames(t *testing.T, dir string) []string {
 	return names
 }
 
-func TestWriteSettingsNewAndExisting(t *testing.T) {
+func TestWriteNewAndExisting(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "rollout.json")
 
-	if err := WriteSettings(path, Settings{Percent: 10, Mirror: true}); err != nil {
+	if err := rollout.Write(path, rollout.Settings{Percent: 10, Mirror: true}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := os.Stat(path)
@@ -96,12 +99,12 @@ func TestWriteSettingsNewAndExisting(t *testing.T) {
 	if runtime.GOOS != "windows" && info.Mode().Perm() != 0o644 {
 		t.Errorf("a new file's mode = %v, want 0644", info.Mode().Perm())
 	}
-	if got, err := ReadSettings(path); err != nil || got != (Settings{Percent: 10, Mirror: true}) {
-		t.Fatalf("ReadSettings = %+v, %v", got, err)
+	if got, err := rollout.Read(path); err != nil || got != (rollout.Settings{Percent: 10, Mirror: true}) {
+		t.Fatalf("Read = %+v, %v", got, err)
 	}
 
 	// A File watching the path sees the replacement on its next check.
-	src, err := NewFile(path, &FileOptions{Interval: 1 << 40})
+	src, err := flags.NewFile(path, &flags.FileOptions{Interval: 1 << 40})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,14 +112,14 @@ func TestWriteSettingsNewAndExisting(t *testing.T) {
 	if err := os.Chmod(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSettings(path, Settings{Percent: 0, Mirror: true}); err != nil {
+	if err := rollout.Write(path, rollout.Settings{Percent: 0, Mirror: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := src.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	if got := src.Settings(); got != (Settings{Percent: 0, Mirror: true}) {
-		t.Errorf("File.Settings after the write = %+v", got)
+	if src.Percent() != 0 || !src.Mirroring() {
+		t.Errorf("the File after the write: percent %d, mirroring %v; want 0, true", src.Percent(), src.Mirroring())
 	}
 	info, err = os.Stat(path)
 	if err != nil {
@@ -130,7 +133,7 @@ func TestWriteSettingsNewAndExisting(t *testing.T) {
 	}
 }
 
-func TestWriteSettingsFollowsLink(t *testing.T) {
+func TestWriteFollowsLink(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("symbolic links need privileges on Windows")
 	}
@@ -143,13 +146,13 @@ func TestWriteSettingsFollowsLink(t *testing.T) {
 	if err := os.Symlink("rollout-v1.json", link); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteSettings(link, Settings{Percent: 50}); err != nil {
+	if err := rollout.Write(link, rollout.Settings{Percent: 50}); err != nil {
 		t.Fatal(err)
 	}
 	if l, err := os.Lstat(link); err != nil || l.Mode()&fs.ModeSymlink == 0 {
 		t.Fatalf("the link was replaced: %v, %v", l.Mode(), err)
 	}
-	if got, err := ReadSettings(target); err != nil || got.Percent != 50 {
+	if got, err := rollout.Read(target); err != nil || got.Percent != 50 {
 		t.Errorf("target reads %+v, %v; want percent 50", got, err)
 	}
 	if info, _ := os.Stat(target); info.Mode().Perm() != 0o640 {
@@ -157,7 +160,7 @@ func TestWriteSettingsFollowsLink(t *testing.T) {
 	}
 }
 
-func TestWriteSettingsRefuses(t *testing.T) {
+func TestWriteRefuses(t *testing.T) {
 	dir := t.TempDir()
 	sub := filepath.Join(dir, "adir")
 	if err := os.Mkdir(sub, 0o755); err != nil {
@@ -172,30 +175,30 @@ func TestWriteSettingsRefuses(t *testing.T) {
 	tests := []struct {
 		name    string
 		path    string
-		s       Settings
+		s       rollout.Settings
 		wantErr string
 		is      error
 	}{
-		{"empty path", "", Settings{Percent: 1}, "the path is empty", nil},
-		{"percent above 100", filepath.Join(dir, "x.json"), Settings{Percent: 101}, "", ErrPercent},
-		{"negative percent", filepath.Join(dir, "x.json"), Settings{Percent: -5}, "", ErrPercent},
-		{"a directory", sub, Settings{Percent: 1}, "is a directory, not a regular file", nil},
-		{"missing directory", filepath.Join(dir, "nope", "x.json"), Settings{Percent: 1}, "", fs.ErrNotExist},
+		{"empty path", "", rollout.Settings{Percent: 1}, "the path is empty", nil},
+		{"percent above 100", filepath.Join(dir, "x.json"), rollout.Settings{Percent: 101}, "", rollout.ErrPercent},
+		{"negative percent", filepath.Join(dir, "x.json"), rollout.Settings{Percent: -5}, "", rollout.ErrPercent},
+		{"a directory", sub, rollout.Settings{Percent: 1}, "is a directory, not a regular file", nil},
+		{"missing directory", filepath.Join(dir, "nope", "x.json"), rollout.Settings{Percent: 1}, "", fs.ErrNotExist},
 	}
 	if runtime.GOOS != "windows" {
 		tests = append(tests, struct {
 			name    string
 			path    string
-			s       Settings
+			s       rollout.Settings
 			wantErr string
 			is      error
-		}{"dangling link", dangling, Settings{Percent: 1}, "a link to a file that does not exist", nil})
+		}{"dangling link", dangling, rollout.Settings{Percent: 1}, "a link to a file that does not exist", nil})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := WriteSettings(tt.path, tt.s)
+			err := rollout.Write(tt.path, tt.s)
 			if err == nil {
-				t.Fatal("WriteSettings succeeded")
+				t.Fatal("Write succeeded")
 			}
 			if tt.is != nil && !errors.Is(err, tt.is) {
 				t.Errorf("error %v does not match %v", err, tt.is)
@@ -214,31 +217,31 @@ func TestWriteSettingsRefuses(t *testing.T) {
 	}
 }
 
-func TestReadSettingsRefuses(t *testing.T) {
+func TestReadRefuses(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.json")
 	if err := os.WriteFile(bad, []byte(`{"percent": 5, "PERCENT": 6}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReadSettings(bad); !errors.Is(err, ErrSettings) || !strings.Contains(err.Error(), bad) {
-		t.Errorf("invalid file: error %v, want ErrSettings naming the file", err)
+	if _, err := rollout.Read(bad); !errors.Is(err, rollout.ErrSettings) || !strings.Contains(err.Error(), bad) {
+		t.Errorf("invalid file: error %v, want rollout.ErrSettings naming the file", err)
 	}
-	if _, err := ReadSettings(filepath.Join(dir, "missing.json")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := rollout.Read(filepath.Join(dir, "missing.json")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("missing file: error %v, want fs.ErrNotExist", err)
 	}
-	if _, err := ReadSettings(dir); err == nil || !strings.Contains(err.Error(), "a directory") {
+	if _, err := rollout.Read(dir); err == nil || !strings.Contains(err.Error(), "a directory") {
 		t.Errorf("directory: error %v, want one saying it is a directory", err)
 	}
-	if _, err := ReadSettings(""); err == nil {
+	if _, err := rollout.Read(""); err == nil {
 		t.Error("empty path: no error")
 	}
 }
 
-// TestWriteSettingsAtomic: readers that check the file while writers replace
+// TestWriteAtomic: readers that check the file while writers replace
 // it only ever read whole, valid settings, one of those written.
-func TestWriteSettingsAtomic(t *testing.T) {
+func TestWriteAtomic(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rollout.json")
-	if err := WriteSettings(path, Settings{Percent: 0}); err != nil {
+	if err := rollout.Write(path, rollout.Settings{Percent: 0}); err != nil {
 		t.Fatal(err)
 	}
 	const writers, writes = 4, 50
@@ -249,7 +252,7 @@ func TestWriteSettingsAtomic(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range writes {
-				if err := WriteSettings(path, Settings{Percent: (w*writes + i) % 101, Mirror: i%2 == 0}); err != nil {
+				if err := rollout.Write(path, rollout.Settings{Percent: (w*writes + i) % 101, Mirror: i%2 == 0}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -265,7 +268,7 @@ func TestWriteSettingsAtomic(t *testing.T) {
 				return
 			default:
 			}
-			if _, err := ReadSettings(path); err != nil {
+			if _, err := rollout.Read(path); err != nil {
 				readErr <- err
 				return
 			}

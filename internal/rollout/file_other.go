@@ -1,6 +1,6 @@
 //go:build !unix
 
-package flags
+package rollout
 
 // openNonblock is 0 where there are no FIFOs to open without waiting.
 const openNonblock = 0
