@@ -15,19 +15,26 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// BenchmarkComposite is BenchmarkTake's admitted Take on a hot key and on
-// 100k keys, of one policy and of a composite of two (a per-hour and a
-// per-day window), side by side: on stored state a composite's Take costs
-// its members' Takes on slot copies, and the one allocation of the Decision
-// that carries their Decisions.
-func BenchmarkComposite(b *testing.B) {
-	ctx := context.Background()
-	one := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
-	two := throttler.All(one, throttler.Policy{Name: "bench-day", Limit: 1 << 40, Window: 24 * time.Hour})
-	keys := make([]string, 100_000)
+// compositeBench is what the composite benchmarks take: one policy, the
+// composite of it and another (an hour and a day), and 100k keys.
+func compositeBench() (one, two throttler.Policy, keys []string) {
+	one = throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
+	two = throttler.All(one, throttler.Policy{Name: "bench-day", Limit: 1 << 40, Window: 24 * time.Hour})
+	keys = make([]string, 100_000)
 	for i := range keys {
 		keys[i] = fmt.Sprint("client-", i)
 	}
+	return one, two, keys
+}
+
+// BenchmarkComposite is BenchmarkTake's admitted Take on a hot key and on
+// 100k keys, of one policy and of a composite of two (a per-hour and a
+// per-day window), side by side: on stored state a composite's Take costs
+// its members' Takes, each on a slot copy and then on the slot, and the
+// Decisions built and combined.
+func BenchmarkComposite(b *testing.B) {
+	ctx := context.Background()
+	one, two, keys := compositeBench()
 	for _, n := range []int{1, len(keys)} {
 		for _, bc := range []struct {
 			name string
@@ -60,12 +67,7 @@ func BenchmarkCompositeInterleaved(b *testing.B) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	ctx := context.Background()
-	one := throttler.Policy{Name: "bench", Limit: 1 << 40, Window: time.Hour}
-	two := throttler.All(one, throttler.Policy{Name: "bench-day", Limit: 1 << 40, Window: 24 * time.Hour})
-	keys := make([]string, 100_000)
-	for i := range keys {
-		keys[i] = fmt.Sprint("client-", i)
-	}
+	one, two, keys := compositeBench()
 	type contender struct {
 		name string
 		m    *memory.Backend
