@@ -127,12 +127,11 @@ func (c *composite) String() string {
 	return "all(" + strings.Join(parts, "; ") + ")"
 }
 
-// memberDecision is a member's Decision in four words, without pointers
-// (the garbage collector never scans a composite of three or four's), its
-// Limit with
-// Allowed and Degraded in bits above any Limit, Used, ResetAt in Unix ns
-// (zeroTime for the zero time) and RetryAfter. Its Remaining is Limit -
-// Used, never below zero, as every Decision's is.
+// memberDecision is a member's Decision in four words without pointers (so
+// that the collector never scans the two a composite of three or four
+// allocates): its Limit with Allowed and Degraded in bits above any Limit,
+// Used, ResetAt in Unix ns (zeroTime for the zero time) and RetryAfter. Its
+// Remaining is Limit - Used, never below zero, as every Decision's is.
 type memberDecision struct {
 	limit, used, resetAt int64
 	retry                time.Duration
