@@ -127,9 +127,14 @@ func (c *composite) String() string {
 	return "all(" + strings.Join(parts, "; ") + ")"
 }
 
-// memberDecision is a member's Decision in four words without pointers (so
-// that the collector never scans the two a composite of three or four
-// allocates): its Limit with Allowed and Degraded in bits above any Limit,
+// memberDecisions are a composite Decision's members' own, behind a
+// pointer so that a Decision stays comparable (two composite Decisions are
+// == only when one is a copy of the other) and small: 128 bytes, one
+// allocation per composite call, without pointers, so that the collector
+// never scans them.
+type memberDecisions [MaxMembers]memberDecision
+
+// memberDecision is a member's Decision in four words: its Limit with Allowed and Degraded in bits above any Limit,
 // Used, ResetAt in Unix ns (zeroTime for the zero time) and RetryAfter. Its
 // Remaining is Limit - Used, never below zero, as every Decision's is.
 type memberDecision struct {
@@ -172,17 +177,14 @@ func (m *memberDecision) decision() Decision {
 // Decisions, in the composite's order (at most MaxMembers; more is the zero
 // Decision), by the rules of Backend's doc: a backend that takes composites
 // builds each member's Decision and calls it. No member is the zero
-// Decision. A Decision keeps two members' in place, so only a composite of
-// three or four costs an allocation (of 64 bytes).
+// Decision.
 func Combine(members []Decision) Decision {
 	b := binding(members)
 	if b < 0 || len(members) > MaxMembers {
 		return Decision{}
 	}
 	d := members[b]
-	if len(members) > len(d.members) {
-		d.more = new([MaxMembers - 2]memberDecision)
-	}
+	d.members = new(memberDecisions)
 	for i := range members {
 		m := &members[i]
 		*d.memberAt(i) = compact(m)
@@ -228,12 +230,7 @@ func (d Decision) member(i int) Decision {
 
 // memberAt is where member i's Decision is kept, i < nMembers (or, in
 // Combine, the room for it).
-func (d *Decision) memberAt(i int) *memberDecision {
-	if i < len(d.members) {
-		return &d.members[i]
-	}
-	return &d.more[i-len(d.members)]
-}
+func (d *Decision) memberAt(i int) *memberDecision { return &d.members[i] }
 
 // memberCount is how many members' Decisions d holds.
 func (d Decision) memberCount() int { return int(d.nMembers) }
@@ -362,12 +359,10 @@ func (t *Throttler) refuseComposite(r *request) (Decision, error) {
 }
 
 // markDegraded marks a fallback's composite Decision's members Degraded too,
-// on a copy of those kept apart: the backend's Decision may share them.
+// on a copy of them: the backend's Decision may share them.
 func markDegraded(d *Decision) {
-	if d.more != nil {
-		more := *d.more
-		d.more = &more
-	}
+	m := *d.members
+	d.members = &m
 	for i := range int(d.nMembers) {
 		d.memberAt(i).limit |= degradedBit
 	}
