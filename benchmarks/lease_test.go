@@ -14,7 +14,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Leases (issue 13): what one request pays for a concurrency limit, an
+// Leases: what one request pays for a concurrency limit, an
 // Acquire and its Release.
 
 // BenchmarkLeaseMemory times an Acquire and its Release (one op) on one key

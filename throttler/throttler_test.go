@@ -584,8 +584,8 @@ func TestZeroThrottlerErrsNeverPanics(t *testing.T) {
 	}
 }
 
-// Two unnamed policies on one key never share a window: issue 10 measured
-// PerHour(3) admitting 120 in 2 hours next to PerMinute(2).
+// Two unnamed policies on one key never share a window: sharing one, PerHour(3)
+// admitted 120 in 2 hours next to PerMinute(2).
 func TestUnnamedPoliciesOnOneKeyStayApart(t *testing.T) {
 	clock := sleep.NewFake(t0)
 	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock.Now})

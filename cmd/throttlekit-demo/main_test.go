@@ -146,8 +146,8 @@ func TestDemoInputErrorsAnswer400(t *testing.T) {
 }
 
 // The printed commands work in the order shown, for any limit: each gets
-// the status its note promises (issue 10: the 304 example used to run after
-// the limit was spent, and got a 429).
+// the status its note promises (a 304 example run after the limit was spent
+// would get a 429).
 func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 	for _, limit := range []int64{1, 2, 5} {
 		eps := endpoints(limit, time.Hour, 0)

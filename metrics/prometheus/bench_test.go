@@ -19,7 +19,7 @@ import (
 var benchPolicy = throttler.Policy{Name: "api", Limit: 1 << 40, Window: time.Hour}
 
 // BenchmarkAllow is a memory-backend Allow without metrics, with an Observe
-// that does nothing, and with the Prometheus adapter as Observe (issue 15:
+// that does nothing, and with the Prometheus adapter as Observe (the target:
 // at most 100 ns and 0 allocations more than none). none to noop is what
 // the Throttler pays for any Observe (it reads the clock twice to time the
 // call); noop to prometheus is the adapter's own cost.
@@ -59,7 +59,7 @@ func BenchmarkAllow(b *testing.B) {
 // on a shared machine is not counted. It reports each one's CPU ns per call
 // and the differences: hook (none to noop, the Throttler's cost of any
 // Observe) and adapter (noop to prometheus, the adapter's own) and total
-// (none to prometheus, issue 15's figure).
+// (none to prometheus, the figure docs/performance.md states).
 func BenchmarkAllowCPU(b *testing.B) {
 	if !cputime.Supported {
 		b.Skip("no thread CPU clock here")

@@ -180,7 +180,7 @@ func TestDashboardQueriesExportedMetrics(t *testing.T) {
 		}
 	}
 	used := checkExprs(t, exprs, exported(t))
-	// What issue 15 asks the dashboard to show.
+	// What the dashboard must show.
 	for _, want := range []string{
 		"throttlekit_router_calls_total",                   // share per store
 		"throttlekit_shadow_mismatch_kinds_total",          // mismatches by kind
