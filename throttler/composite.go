@@ -20,6 +20,9 @@ const MaxMembers = 4
 // shares them safely and two copies compare equal.
 type composite struct {
 	members []Policy
+	// capacity is the composite's Capacity: the least of its members', the
+	// most one Take can ever be admitted.
+	capacity int64
 }
 
 // All returns a composite of the given policies on one key: a Policy that a
@@ -47,6 +50,11 @@ func All(members ...Policy) Policy {
 		return members[0]
 	}
 	c := &composite{members: append([]Policy(nil), members...)}
+	for i, m := range c.members {
+		if n := m.Capacity(); i == 0 || n < c.capacity {
+			c.capacity = n
+		}
+	}
 	return Policy{all: c}
 }
 
@@ -103,18 +111,6 @@ func sameIdentity(a, b Policy) bool {
 		return false
 	}
 	return a.Name != "" || a.Limit == b.Limit && a.Window == b.Window && a.Burst == b.Burst
-}
-
-// capacity is a composite's Capacity: the least of its members', the most
-// one Take can ever be admitted.
-func (c *composite) capacity() int64 {
-	least := int64(0)
-	for i, m := range c.members {
-		if n := m.Capacity(); i == 0 || n < least {
-			least = n
-		}
-	}
-	return least
 }
 
 // String is a composite's Policy.String: "all(a: 1 per 1s; b: 100 per

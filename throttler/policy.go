@@ -89,10 +89,10 @@ func (p Policy) WithBurst(burst int64) Policy {
 // for a TokenBucket, Limit otherwise. A Take of more is ErrInvalidCost.
 // A composite's is the least of its members'.
 func (p Policy) Capacity() int64 {
-	if p.all != nil {
-		return p.all.capacity()
-	}
-	if p.Algorithm == TokenBucket && p.Burst != 0 {
+	switch {
+	case p.all != nil:
+		return p.all.capacity // computed by All: Capacity stays cheap enough to inline
+	case p.Algorithm == TokenBucket && p.Burst != 0:
 		return p.Burst
 	}
 	return p.Limit
