@@ -159,7 +159,9 @@ func requiredRollout(what string, r Rollout) error {
 
 // Traits are what both backends' say together: in process when both are,
 // ignoring their context when either does (so that a Throttler detaches the
-// calls), holding leases when both do; each call's store is the one the
+// calls), holding leases and taking composites when both do (a composite
+// goes as it is to the backend its key is routed to); each call's store is
+// the one the
 // backend the key is routed to names, or, for a backend that names none,
 // that backend (RouterOptions.OldName or NewName), so that a Throttler keeps
 // the two backends' breakers apart. Their Route names a rate call's store
@@ -170,6 +172,7 @@ func (r *Router) Traits() throttler.Traits {
 		InProcess:      r.oldTraits.InProcess && r.newTraits.InProcess,
 		IgnoresContext: r.oldTraits.IgnoresContext || r.newTraits.IgnoresContext,
 		Leases:         r.leases.old != nil,
+		Composites:     r.oldTraits.Composites && r.newTraits.Composites,
 		Store:          r.store,
 		LeaseStore:     r.leaseStore,
 		Route:          r.route,

@@ -164,6 +164,7 @@ func Example_embed() {
 	ctx := context.Background()
 	mux := http.NewServeMux()
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello") })
+	loginHandler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "welcome") })
 
 	store, err := memory.New(nil) // or backend/redis, backend/memcached for a fleet
 	if err != nil {
@@ -191,6 +192,15 @@ func Example_embed() {
 	}
 	mux.Handle("/api/", concurrent(hourly(api))) // mux: your *http.ServeMux
 
+	// Several limits as one, all or nothing (on a store whose Traits say Composites: memory today):
+	// a login attempt counts in both or in neither.
+	login := throttler.All(throttler.PerSecond(1).Named("login-s"), throttler.PerHour(100).Named("login-h"))
+	logins, err := httplimit.Rate(th, login, user, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux.Handle("/login", logins(loginHandler))
+
 	// Or directly.
 	d, err := th.Allow(ctx, "acct:7", partner) // before each call to the partner's API
 	if err == nil && !d.Allowed {
@@ -203,7 +213,16 @@ func Example_embed() {
 	mux.ServeHTTP(w, r)
 	fmt.Println(w.Code, strings.TrimSpace(w.Body.String()), "remaining:", w.Header().Get("X-RateLimit-Remaining"))
 	fmt.Println("partner allowed:", d.Allowed, "remaining:", d.Remaining)
+	for range 2 {
+		r := httptest.NewRequest(http.MethodPost, "/login", nil)
+		r.Header.Set("X-User-ID", "42")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println("login:", w.Code, w.Header().Get("X-RateLimit-Resource"), "remaining:", w.Header().Get("X-RateLimit-Remaining"))
+	}
 	// Output:
 	// 200 hello remaining: 4999
 	// partner allowed: true remaining: 99
+	// login: 200 login-s remaining: 0
+	// login: 429 login-s remaining: 0
 }

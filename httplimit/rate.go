@@ -41,6 +41,9 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 	if err != nil {
 		return nil, err
 	}
+	if p.Composite() && !th.SupportsComposites() {
+		return nil, errNoComposites
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			k, err := keyOf(key, r)
@@ -60,7 +63,7 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				setRateHeaders(w.Header(), p, d, o.IETFHeaders)
 			}
 			if !d.Allowed {
-				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(p))
+				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(bindingOf(p, d)))
 				return
 			}
 			next.ServeHTTP(refundOnce(w, func(status int) {
@@ -98,6 +101,10 @@ func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
 // clock is read once per decision. A degraded decision with no known count
 // sets only the limit.
 func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool) {
+	if p.Composite() {
+		setCompositeHeaders(h, p, d, ietf)
+		return
+	}
 	reset := resetOf(p, d)
 	setHeaders(h, p.Name, d, reset)
 	if ietf && !reset.IsZero() {

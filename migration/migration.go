@@ -190,11 +190,17 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 // Take takes cost units from key's budget under p: see throttler.Backend.
 // The Migration does not validate: the stores do.
 func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, errComposite
+	}
 	return m.router.Take(ctx, key, p, cost, now)
 }
 
 // Peek reports key's budget under p without taking from it.
 func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, errComposite
+	}
 	return m.router.Peek(ctx, key, p, now)
 }
 
@@ -206,9 +212,11 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 
 // Traits are its router's: in process when both stores are, each call's
 // store named as Migration says, and a Throttler's call over m named and
-// sent from one reading of the rollout.
+// sent from one reading of the rollout; but no composites (see
+// errComposite).
 func (m *Migration) Traits() throttler.Traits {
 	t := m.router.Traits()
+	t.Composites = false
 	route := t.Route
 	t.Route = func(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
 		if b != throttler.Backend(m) {

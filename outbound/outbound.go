@@ -168,7 +168,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if err := pausePolicy(out.PauseName, time.Millisecond).Validate(); err != nil {
 		return out, rename("Options.PauseName", err)
 	}
-	if out.Policy.Name == out.PauseName {
+	if named(out.Policy, out.PauseName) {
 		return out, fmt.Errorf("outbound: Options.Policy is named %q, as the pauses are (Options.PauseName)", out.PauseName)
 	}
 	return out, nil
@@ -205,6 +205,10 @@ func New(th *throttler.Throttler, opts *Options) (*Transport, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if o.Policy.Composite() && !th.SupportsComposites() {
+		return nil, fmt.Errorf("outbound: Options.Policy is a composite, but the Throttler's backend takes none "+
+			"(Throttler.SupportsComposites): %w", throttler.ErrInvalidPolicy)
 	}
 	return &Transport{th: th, opts: o, pauses: pauseCache{until: map[string]time.Time{}},
 		now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}, nil
@@ -276,8 +280,8 @@ func (t *Transport) route(req *http.Request) (Route, error) {
 	if r.Policy == (throttler.Policy{}) {
 		r.Policy = t.opts.Policy
 	}
-	if r.Policy.Name == t.opts.PauseName {
-		return r, fmt.Errorf("outbound: Options.Route gave a policy named %q, as the pauses are (Options.PauseName)", r.Policy.Name)
+	if named(r.Policy, t.opts.PauseName) {
+		return r, fmt.Errorf("outbound: Options.Route gave a policy named %q, as the pauses are (Options.PauseName)", t.opts.PauseName)
 	}
 	return r, nil
 }
@@ -487,3 +491,14 @@ type renamed struct {
 
 func (e *renamed) Error() string { return e.msg }
 func (e *renamed) Unwrap() error { return e.err }
+
+// named reports whether p, or a member of the composite p (throttler.All),
+// is named name: such a policy would count in the pauses' state.
+func named(p throttler.Policy, name string) bool {
+	for _, m := range p.Members() {
+		if m.Name == name {
+			return true
+		}
+	}
+	return p.Name == name
+}

@@ -206,6 +206,8 @@ func TestNewRejects(t *testing.T) {
 		{"sub-millisecond max pause", th, &outbound.Options{Policy: perMinute, MaxPause: time.Microsecond}, "outbound: Options.MaxPause must be at least 1ms, got 1µs", nil},
 		{"pause name with a space", th, &outbound.Options{Policy: perMinute, PauseName: "a b"}, `outbound: Options.PauseName: invalid policy: name "a b": only printable ASCII without spaces is allowed`, throttler.ErrInvalidPolicy},
 		{"policy named as the pauses", th, &outbound.Options{Policy: perMinute.Named("outbound-pause")}, `outbound: Options.Policy is named "outbound-pause", as the pauses are (Options.PauseName)`, nil},
+		{"a composite's member named as the pauses", th, &outbound.Options{Policy: throttler.All(perMinute, throttler.PerHour(9).Named("outbound-pause"))}, `outbound: Options.Policy is named "outbound-pause", as the pauses are (Options.PauseName)`, nil},
+		{"a composite on a Throttler that takes none", th, &outbound.Options{Policy: throttler.All(perMinute, throttler.PerHour(900).Named("gateway-h"))}, "outbound: Options.Policy is a composite, but the Throttler's backend takes none (Throttler.SupportsComposites): throttler: invalid policy", throttler.ErrInvalidPolicy},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -223,6 +225,12 @@ func TestNewRejects(t *testing.T) {
 		_, err := outbound.New(th, o)
 		assert.NoError(t, err)
 	}
+	m, err := memory.New(nil)
+	require.NoError(t, err)
+	composites, err := throttler.New(m, nil)
+	require.NoError(t, err)
+	_, err = outbound.New(composites, &outbound.Options{Policy: throttler.All(perMinute, throttler.PerHour(900).Named("gateway-h"))})
+	assert.NoError(t, err, "a partner's per-minute and per-hour limits as one, on a store that takes composites")
 }
 
 func TestHostKey(t *testing.T) {

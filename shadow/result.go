@@ -158,7 +158,7 @@ func compare(control, candidate throttler.Decision, usedTol int64, resetTol time
 	if control.Allowed == candidate.Allowed && abs(int64(control.RetryAfter-candidate.RetryAfter)) > int64(resetTol) {
 		k |= RetryAfterDiffers
 	}
-	return k
+	return k | compareMembers(control, candidate, usedTol, resetTol)
 }
 
 // reorder holds the bounds of Options.ReorderSpan and ReorderUnits.

@@ -327,6 +327,8 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	b.opFunc = b.do()
 	b.controlTraits = throttler.TraitsOf(control)
 	candidateTraits := throttler.TraitsOf(candidate)
+	// A composite is mirrored as it is: both must take them.
+	b.controlTraits.Composites = b.controlTraits.Composites && candidateTraits.Composites
 	if b.controlTraits.Leases {
 		b.controlLeases = control.(throttler.LeaseBackend)
 	}

@@ -51,6 +51,32 @@ import (
 //     earlier ms, whose units then go instead (never more than cost);
 //     entries a clock ahead logged after the Take are never touched.
 //
+// A backend whose Traits say Composites takes a composite policy (see All)
+// in Take and Peek, on its members' own states (the same as each member's
+// alone: nothing forks), and keeps these rules:
+//   - Take is all or nothing, atomic under any concurrency: it counts cost
+//     in every member only if every member admits it; otherwise it changes
+//     no state at all.
+//   - The Decision (built by Combine) is Allowed only if every member
+//     admits; its Remaining is the least of the members'. Its Limit, Used,
+//     ResetAt and RetryAfter are the binding member's (Decision.Binding):
+//     the one with the least Remaining, or when denied, the denying one
+//     with the longest RetryAfter, which is then the least wait after
+//     which the composite is admitted if nobody else spends (each member's
+//     admission only gets nearer as time passes). Ties go to the latest
+//     ResetAt, then to the first member.
+//   - Decision.Members holds each member's own Decision in order. When the
+//     composite is denied, a denying member's is what its own denied Take
+//     answers, and an admitting one's is its state as it stands (a Peek's)
+//     with Allowed set.
+//   - A Peek of a composite is the Combine of its members' Peeks.
+//   - Refund never takes a composite (ErrInvalidPolicy): a Throttler
+//     refunds a composite member by member, each under its own receipt,
+//     its Decision's ResetAt in Members.
+//
+// A backend without Composites need not check for them: a Throttler
+// refuses a composite before calling it (SupportsComposites).
+//
 // Implementations must be safe for concurrent use.
 type Backend interface {
 	Take(ctx context.Context, key string, p Policy, cost int64, now time.Time) (Decision, error)

@@ -28,6 +28,13 @@ type Traits struct {
 	// false when it is built rather than failing every Acquire.
 	Leases bool
 
+	// Composites says Take and Peek take a composite Policy (see All), all
+	// or nothing under the rules of Backend's doc. A Throttler over a
+	// backend without it answers a composite with an error matching
+	// ErrInvalidPolicy; a wrapper says it only when every backend it wraps
+	// does.
+	Composites bool
+
 	// Store names the store that op (OpTake, OpPeek or OpRefund) on key under
 	// p reaches first, for a backend whose keys live on several stores that
 	// fail apart (the shards of a sharded Redis, the servers of a Memcached

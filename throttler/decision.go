@@ -8,6 +8,20 @@ type Decision struct {
 	// Allowed reports, for Take, whether the cost was admitted and counted.
 	// For Peek and Refund it reports whether one more unit would be admitted.
 	Allowed bool
+	// Degraded reports that the primary backend did not make this decision:
+	// the fallback did, or the Throttler's failure mode did (then ResetAt is
+	// zero and Used and Remaining are not known).
+	Degraded bool
+	// WouldDeny reports that the policy would have denied the call but does
+	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the store
+	// counted it as the denial it would have been (nothing), and it is
+	// answered Allowed, with no RetryAfter. For Peek and Refund: one more
+	// unit would be denied if the policy were enforced.
+	WouldDeny bool
+	// nMembers counts a composite's members' own Decisions (see Members).
+	// Beside the three bools, it takes no room of its own: a Decision is
+	// copied on every call's way back, and a larger one costs every call.
+	nMembers uint8
 	// Limit is the policy's capacity (Policy.Capacity: Limit, or a token
 	// bucket's Burst), the same whichever part of a Throttler answered.
 	Limit int64
@@ -28,20 +42,12 @@ type Decision struct {
 	// window while the previous one may still weigh after it. Zero when
 	// Allowed.
 	RetryAfter time.Duration
-	// Degraded reports that the primary backend did not make this decision:
-	// the fallback did, or the Throttler's failure mode did (then ResetAt is
-	// zero and Used and Remaining are not known).
-	Degraded bool
-	// WouldDeny reports that the policy would have denied the call but does
-	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the store
-	// counted it as the denial it would have been (nothing), and it is
-	// answered Allowed, with no RetryAfter. For Peek and Refund: one more
-	// unit would be denied if the policy were enforced.
-	WouldDeny bool
 	// At is the instant the Throttler read its clock (Options.Clock) for
 	// the call that returned this Decision: the now that ResetAt and
 	// RetryAfter were computed from, a fallback's and a failure mode's
 	// answer included, so that a caller needs no clock reading of its own.
 	// It may be zero in a Decision returned with an error.
 	At time.Time
+	// members are a composite's members' own Decisions.
+	members *memberDecisions
 }

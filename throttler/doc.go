@@ -41,6 +41,11 @@
 // all from the single backend call that decided, so the headers built from
 // it never contradict each other.
 //
+// All combines up to MaxMembers policies on one key, such as a login's 1
+// a second and 100 an hour, into one Policy whose Take is all or nothing:
+// admitted only if every member admits, and then counted in every member,
+// else in none (see Backend for the rules, and SupportsComposites).
+//
 // # Failures
 //
 // Bad input (an empty key, a cost above the limit) is an error matching

@@ -84,6 +84,9 @@ func (t *Throttler) doEnforced(ctx context.Context, r *request) (Decision, error
 		}
 		return Decision{}, err
 	}
+	if r.p.all != nil && !t.composites {
+		return t.refuseComposite(r)
+	}
 	r.p.Enforce = nil
 	var store string // named, and the call routed, as doAt does
 	if t.route != nil {

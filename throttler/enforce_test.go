@@ -374,3 +374,42 @@ func TestEnforceRoutes(t *testing.T) {
 	}
 	assert.Equal(t, 2, to.takes)
 }
+
+// A composite runs in dry run as a whole: its Take counts in every member
+// or in none, as enforced; a would-be denial counted nothing, so it refunds
+// nothing. A member may not carry an Enforce of its own.
+func TestCompositeDryRun(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	perSecond, perHour := throttler.PerSecond(1).Named("s"), throttler.PerHour(5).Named("h")
+	all := throttler.All(perSecond, perHour)
+	dry := all
+	dry.Enforce = throttler.PerSecond(1).DryRun().Enforce
+	require.NoError(t, dry.Validate())
+	var twins [2][]throttler.Decision
+	for i, p := range []throttler.Policy{all, dry} {
+		key := fmt.Sprint("k", i)
+		for range 3 {
+			d, err := th.Allow(ctx, key, p)
+			require.NoError(t, err)
+			twins[i] = append(twins[i], d)
+		}
+		h, err := th.Peek(ctx, key, perHour)
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), h.Used, "%v: a denied composite counts in no member", p)
+	}
+	for c := range 3 {
+		e, d := twins[0][c], twins[1][c]
+		assert.True(t, d.Allowed, "call %d", c)
+		assert.Equal(t, !e.Allowed, d.WouldDeny, "call %d", c)
+		assert.Equal(t, e.Used, d.Used, "call %d", c)
+		assert.Equal(t, e.Remaining, d.Remaining, "call %d", c)
+	}
+	_, err := th.Refund(ctx, "k1", dry, 1, twins[1][2])
+	require.ErrorIs(t, err, throttler.ErrNotRefunded)
+
+	member := perHour.DryRun()
+	require.ErrorIs(t, throttler.All(perSecond, member).Validate(), throttler.ErrInvalidPolicy)
+	_, err = th.Allow(ctx, "k", throttler.All(perSecond, member))
+	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+}

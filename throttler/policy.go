@@ -56,9 +56,13 @@ type Policy struct {
 	// answered admitted, a would-be denial reported in Decision.WouldDeny.
 	// It is not part of the identity in storage, so a key keeps its window
 	// when its enforcement changes. DryRun sets one that enforces no key;
-	// flags.Enforcement one that follows a rollout. default: nil, enforced
-	// for every key
+	// flags.Enforcement one that follows a rollout. On a composite (All) it
+	// applies to the whole; its members may not have one. default: nil,
+	// enforced for every key
 	Enforce Enforcer
+
+	// all holds a composite's members (see All); nil for one policy.
+	all *composite
 }
 
 // PerSecond returns an unnamed policy of n units per second.
@@ -92,16 +96,28 @@ func (p Policy) WithBurst(burst int64) Policy {
 
 // Capacity is the most units a key can ever hold: Burst (or Limit when 0)
 // for a TokenBucket, Limit otherwise. A Take of more is ErrInvalidCost.
+// A composite's is the least of its members'.
 func (p Policy) Capacity() int64 {
-	if p.Algorithm == TokenBucket && p.Burst != 0 {
+	switch {
+	case p.all != nil:
+		return p.all.capacity // computed by All: Capacity stays cheap enough to inline
+	case p.Algorithm == TokenBucket && p.Burst != 0:
 		return p.Burst
 	}
 	return p.Limit
 }
 
 // Validate reports why p cannot be used, as an error matching
-// ErrInvalidPolicy, or nil.
+// ErrInvalidPolicy, or nil. A composite is checked as All says.
 func (p Policy) Validate() error {
+	if p.Enforce != nil {
+		if err := validateEnforcer(p.Enforce); err != nil {
+			return err
+		}
+	}
+	if p.all != nil {
+		return p.validateComposite()
+	}
 	if p.Limit <= 0 || p.Limit > MaxLimit {
 		return fmt.Errorf("%w: limit must be between 1 and 2^48, got %d", ErrInvalidPolicy, p.Limit)
 	}
@@ -116,11 +132,6 @@ func (p Policy) Validate() error {
 	}
 	if !validName(p.Name) {
 		return fmt.Errorf("%w: name %q: only printable ASCII without spaces is allowed", ErrInvalidPolicy, p.Name)
-	}
-	if p.Enforce != nil {
-		if err := validateEnforcer(p.Enforce); err != nil {
-			return err
-		}
 	}
 	return p.validateAlgorithm()
 }
@@ -173,8 +184,12 @@ func validName(name string) bool {
 }
 
 // String describes p, for example "api: 5000 per 1h0m0s" or
-// "10 per 1s (token-bucket, burst 20)".
+// "10 per 1s (token-bucket, burst 20)"; a composite lists its members,
+// "all(login-s: 1 per 1s; login-h: 100 per 1h0m0s)".
 func (p Policy) String() string {
+	if p.all != nil {
+		return p.all.String()
+	}
 	s := fmt.Sprintf("%d per %v", p.Limit, p.Window)
 	switch {
 	case p.Algorithm == TokenBucket:
@@ -196,7 +211,8 @@ func (p Policy) String() string {
 // cost it is configured with.
 //
 //   - key: 1 to MaxKeyLen bytes.
-//   - p: see Policy.Validate.
+//   - p: see Policy.Validate. A composite (All) is refunded member by
+//     member, never in one Refund.
 //   - cost: none for a Peek. At least 1 for a Take, and at most p's
 //     Capacity: a Take of more could never be admitted, so it is an error
 //     rather than a denial with a RetryAfter that would never help. At
@@ -213,6 +229,9 @@ func ValidateCall(op Op, key string, p Policy, cost int64, receipt time.Time) er
 		return err
 	}
 	switch {
+	case op == OpRefund && p.all != nil:
+		return fmt.Errorf("%w: a composite is refunded member by member, each under its own receipt",
+			ErrInvalidPolicy)
 	case op == OpPeek:
 		return nil
 	case cost <= 0:

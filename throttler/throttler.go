@@ -185,6 +185,9 @@ type Throttler struct {
 
 	// wallClock: Options.Clock is time.Now (the default).
 	wallClock bool
+	// composites: the backend, and the fallback if any, take composite
+	// policies (Traits.Composites).
+	composites bool
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
@@ -229,6 +232,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 		ft := declaredTraits(o.Fallback)
 		t.fallback = target{b: o.Fallback, lb: leasesOf(o.Fallback, ft), local: ft.InProcess}
 	}
+	t.composites = tr.Composites && (o.Fallback == nil || declaredTraits(o.Fallback).Composites)
 	return t, nil
 }
 
@@ -274,6 +278,9 @@ func (t *Throttler) Peek(ctx context.Context, key string, p Policy) (Decision, e
 func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, taken Decision) (Decision, error) {
 	if t == nil || t.backend == nil {
 		return Decision{}, errNotBuilt
+	}
+	if p.all != nil {
+		return t.refundComposite(ctx, key, p, n, taken)
 	}
 	var r request // filled in place, as in do
 	r.op, r.key, r.p, r.n, r.receipt = OpRefund, key, p, n, taken.ResetAt
@@ -344,6 +351,9 @@ func (t *Throttler) start(r *request) {
 // doAt decides the rate operation r at r.now and observes it: run, written
 // out, one frame less on every rate call's path.
 func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
+	if r.p.all != nil && !t.composites {
+		return t.refuseComposite(r)
+	}
 	var store string
 	if t.route != nil {
 		store, r.to = t.route(t.backend, r.op, r.key, r.p)
@@ -479,6 +489,9 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		d, _, err := t.call(ctx, &t.fallback, r, now)
 		if err == nil {
 			d.Degraded = true
+			if d.nMembers != 0 {
+				markDegraded(&d)
+			}
 			return d, SourceFallback, primaryErr, nil
 		}
 		if from == SourceFallback && (IsInputError(err) || ctx.Err() != nil) {

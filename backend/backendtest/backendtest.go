@@ -62,6 +62,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) throttler.Backend) {
 		{"RefundReceipts", testRefundReceipts},
 		{"DifferentialTraces", testDifferentialTraces},
 	}
+	cases = append(cases, compositeCases...)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBackend(t)

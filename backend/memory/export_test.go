@@ -1,6 +1,11 @@
 package memory
 
-import "time"
+import (
+	"hash/maphash"
+	"time"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
 
 // SetMonotonic makes b read the monotonic clock from f (the time since any
 // fixed instant), so that tests move real time as they move the callers'
@@ -12,3 +17,10 @@ func SweepAll(b *Backend) { b.sweepAll() }
 
 // Keys is the count of states that MaxKeys bounds.
 func Keys(b *Backend) int64 { return b.keys.Load() }
+
+// TierCell is the second-tier cell that (key, p)'s state goes to when it is
+// evicted from its shard.
+func TierCell(b *Backend, key string, p throttler.Policy) int {
+	hash, _ := tierKey(uint32(maphash.String(b.seed, key)), b.ids.number(ident(&p)))
+	return home(uint32(hash), tierCells(b.quota))
+}

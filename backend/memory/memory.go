@@ -174,14 +174,16 @@ type Backend struct {
 
 	sweeper sweeper
 	ids     idents
+	alls    allMemos // composites' memos, per shard (composite.go)
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
 
 // Traits says that calls answer from memory without blocking, so a
-// Throttler needs no timeout context for them, and that leases are held.
+// Throttler needs no timeout context for them, that leases are held, and
+// that composites are taken (atomically: see composite.go).
 func (b *Backend) Traits() throttler.Traits {
-	return throttler.Traits{InProcess: true, Leases: true}
+	return throttler.Traits{InProcess: true, Leases: true, Composites: true}
 }
 
 // New returns an empty Backend. Nil options mean defaults; a negative
@@ -307,6 +309,9 @@ func (b *Backend) lock(key string) (*shard, uint64) {
 
 // Take counts cost against the key's state if it fits.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(throttler.OpTake, key, &p, cost, now)
+	}
 	ms := now.UnixMilli()
 	s, h, m, w, err := b.begin(throttler.OpTake, key, &p, cost, ms)
 	if err != nil {
@@ -342,6 +347,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 
 // Peek reports the key's state without counting.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(throttler.OpPeek, key, &p, 1, now)
+	}
 	ms := now.UnixMilli()
 	s, h, m, w, err := b.begin(throttler.OpPeek, key, &p, 1, ms)
 	if err != nil {
@@ -353,6 +361,9 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 // Refund gives cost back to the key's state that the Take of receipt
 // counted them in (see throttler.Backend), never below zero.
 func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt) // never nil
+	}
 	if receipt.IsZero() {
 		// The call's error, else the receipt's.
 		return throttler.Decision{}, throttler.ValidateCall(throttler.OpRefund, key, p, cost, receipt)
@@ -372,6 +383,12 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 // table first.
 func (b *Backend) answer(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	defer s.mu.Unlock()
+	return b.answerLocked(s, h, w, id, op, key, p, cost, r, ms, now)
+}
+
+// answerLocked is answer, leaving s locked: a composite's members are
+// answered under one lock (composite.go).
+func (b *Backend) answerLocked(s *shard, h uint64, w *slot, id uint32, op throttler.Op, key string, p *throttler.Policy, cost, r, ms int64, now time.Time) (throttler.Decision, error) {
 	var lg *algo.LogBuffer
 	if w != nil {
 		w.used1()

@@ -81,7 +81,11 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int6
 	if err := throttler.ValidateCall(op, key, p, cost, time.UnixMilli(r)); err != nil {
 		return throttler.Decision{}, err
 	}
-	d, commit := m.Try(op, key, p, cost, r, now.UnixMilli(), false)
+	try := m.Try
+	if p.Composite() {
+		try = m.TryComposite
+	}
+	d, commit := try(op, key, p, cost, r, now.UnixMilli(), false)
 	commit()
 	return d, nil
 }
@@ -92,6 +96,16 @@ func (m *Model) do(op throttler.Op, key string, p throttler.Policy, cost, r int6
 func (m *Model) Try(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	d, commit := m.tryLocked(op, key, p, cost, r, t, dropped)
+	return d, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		commit()
+	}
+}
+
+// tryLocked is Try with m.mu held, whose commit needs m.mu held too.
+func (m *Model) tryLocked(op throttler.Op, key string, p throttler.Policy, cost, r, t int64, dropped bool) (throttler.Decision, func()) {
 	k := modelKey{identity.Rate(p), key}
 	var cp *modelState
 	if st := m.states[k]; st != nil && !dropped {
@@ -108,8 +122,6 @@ func (m *Model) Try(op throttler.Op, key string, p throttler.Policy, cost, r, t 
 		next.window = w
 	}
 	return d, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
 		if dropped {
 			delete(m.states, k)
 		}
