@@ -2,7 +2,7 @@ package flags
 
 import "github.com/throttlekit/throttlekit/throttler"
 
-// Enforcement returns r as a policy's enforcement (throttler.Policy.Enforce):
+// Enforcement returns r as a policy's enforcement (throttler.Policy.EnforcedBy):
 // the keys r puts on its new side are enforced, the others run the policy in
 // dry run. Any of this package's sources, or flags/unleash's, will do, with
 // their sticky bucketing: at 0% the policy is a pure dry run, at 100%
@@ -17,11 +17,9 @@ func Enforcement(r Rollout) (throttler.Enforcer, error) {
 	if err := requiredRollout("flags: Enforcement's rollout", r); err != nil {
 		return nil, err
 	}
-	return &enforcement{r}, nil
+	return enforcement{r}, nil
 }
 
-// enforcement is a pointer, so that a Policy holding it stays comparable
-// whatever the rollout is.
 type enforcement struct{ r Rollout }
 
-func (e *enforcement) Enforced(key string) bool { return e.r.UseNew(key) }
+func (e enforcement) Enforced(key string) bool { return e.r.UseNew(key) }

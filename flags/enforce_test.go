@@ -106,8 +106,7 @@ func TestEnforcementNeedsARollout(t *testing.T) {
 	}
 	pct, _ := flags.NewPercent(0)
 	e, _ := flags.Enforcement(pct)
-	p := throttler.PerMinute(1)
-	p.Enforce = e
+	p := throttler.PerMinute(1).EnforcedBy(e)
 	if err := p.Validate(); err != nil {
 		t.Errorf("a policy enforced by a rollout is invalid: %v", err)
 	}

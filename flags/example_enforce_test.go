@@ -31,8 +31,7 @@ func ExampleEnforcement() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	p := throttler.PerMinute(1).Named("login-v2")
-	p.Enforce = enforce
+	p := throttler.PerMinute(1).Named("login-v2").EnforcedBy(enforce)
 	for _, percent := range []int{0, 0, 100, 0} {
 		if err := pct.Set(percent); err != nil {
 			log.Fatal(err)

@@ -33,7 +33,7 @@
 // Options.IETFHeaders also RateLimit-Policy and RateLimit
 // (draft-ietf-httpapi-ratelimit-headers). A denied request gets
 // DeniedStatus (429) and Retry-After, in whole seconds rounded up. A key
-// that the policy runs in dry run (throttler.Policy.Enforce) is never
+// that the policy runs in dry run (throttler.Policy.EnforcedBy) is never
 // refused and gets none of these headers, unless Options.DryRunHeaders
 // asks for the X-RateLimit-* and IETF ones.
 // Concurrency sets the same X-RateLimit-* headers, of its own limit, on

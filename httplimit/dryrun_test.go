@@ -13,8 +13,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// keySet enforces the keys in it; a pointer, so that a Policy holding it is
-// comparable.
+// keySet enforces the keys in it.
 type keySet struct{ keys map[string]bool }
 
 func (s *keySet) Enforced(k string) bool { return s.keys[k] }
@@ -26,8 +25,7 @@ var rateHeaders = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-Rate
 // unless DryRunHeaders, gets no rate headers; an enforced key of the same
 // policy is refused as usual.
 func TestRateDryRun(t *testing.T) {
-	p := throttler.PerMinute(1).Named("api")
-	p.Enforce = &keySet{keys: map[string]bool{"alice": true}}
+	p := throttler.PerMinute(1).Named("api").EnforcedBy(&keySet{keys: map[string]bool{"alice": true}})
 	for _, opted := range []bool{false, true} {
 		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 		reached := 0
@@ -82,8 +80,7 @@ func TestRateDryRunRefund(t *testing.T) {
 
 func TestRateRefusesABadEnforcer(t *testing.T) {
 	th := newThrottler(t, newMemory(t), nil)
-	p := throttler.PerMinute(1).Named("api")
-	p.Enforce = (*keySet)(nil)
+	p := throttler.PerMinute(1).Named("api").EnforcedBy((*keySet)(nil))
 	_, err := httplimit.Rate(th, p, httplimit.KeyByRemoteIP, nil)
 	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
 }

@@ -18,7 +18,7 @@ type Options struct {
 	// default: false
 	IETFHeaders bool
 	// DryRunHeaders makes Rate set its headers also for a key that its
-	// policy runs in dry run (throttler.Policy.Enforce), which it otherwise
+	// policy runs in dry run (throttler.Policy.EnforcedBy), which it otherwise
 	// leaves without any: a client sees no sign of a limit not enforced on
 	// it. Such a key never gets a denial's status or Retry-After.
 	// default: false

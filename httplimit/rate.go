@@ -21,7 +21,7 @@ import (
 // of the single backend call that decided it (see the package doc); a
 // denied request is answered with DeniedStatus, Retry-After and a body
 // stating the rate, and never reaches the handler. A key that p runs in dry
-// run (throttler.Policy.Enforce) is never refused, and gets no
+// run (throttler.Policy.EnforcedBy) is never refused, and gets no
 // X-RateLimit-* headers unless Options.DryRunHeaders asks for them. A request that could
 // not be decided is answered by OnError (Error by default).
 //
@@ -85,15 +85,15 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 
 // enforced reports whether p is enforced for key k, whose decision is d:
 // a denial is, a would-be denial is not, and an admission asks
-// p.Enforce (the Throttler asks it only of denials).
+// p's Enforcer (the Throttler asks it only of denials).
 func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
 	switch {
-	case p.Enforce == nil || !d.Allowed:
+	case p.Enforcer() == nil || !d.Allowed:
 		return true
 	case d.WouldDeny:
 		return false
 	}
-	return p.Enforce.Enforced(k)
+	return p.Enforcer().Enforced(k)
 }
 
 // setRateHeaders writes the headers of a rate decision at the instant it

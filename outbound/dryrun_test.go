@@ -30,18 +30,16 @@ func TestDryRun(t *testing.T) {
 	}
 }
 
-// unhashable is an Enforcer that == would panic on.
-type unhashable []string
+// nilSet is an Enforcer that cannot be used as a nil pointer.
+type nilSet struct{}
 
-func (unhashable) Enforced(string) bool { return true }
+func (*nilSet) Enforced(string) bool { return true }
 
-// A Route's policy with an Enforcer that cannot be compared is an error of
-// the request, never a panic.
+// A Route's policy with a nil Enforcer is an error of the request, before
+// anything is sent.
 func TestRouteWithABadEnforcer(t *testing.T) {
 	route := func(*http.Request) (outbound.Route, error) {
-		p := throttler.PerMinute(1).Named("gateway")
-		p.Enforce = unhashable{"x"}
-		return outbound.Route{Policy: p}, nil
+		return outbound.Route{Policy: throttler.PerMinute(1).Named("gateway").EnforcedBy((*nilSet)(nil))}, nil
 	}
 	f := newFleet(t, 1, outbound.Options{Policy: perMinute, Route: route}, nil)
 	_, err := f.get(t, 0)

@@ -94,8 +94,8 @@ func (p Policy) validateComposite() error {
 		if err := a.Validate(); err != nil {
 			return fmt.Errorf("member %d: %w", i, err)
 		}
-		if a.Enforce != nil {
-			return fmt.Errorf("%w: member %d has an Enforce: a composite is enforced or in dry run as a whole (its own Enforce)", ErrInvalidPolicy, i)
+		if a.enforce != nil {
+			return fmt.Errorf("%w: member %d has an Enforcer: a composite is enforced or in dry run as a whole (its own EnforcedBy or DryRun)", ErrInvalidPolicy, i)
 		}
 		for j, b := range m[:i] {
 			if sameIdentity(a, b) {

@@ -13,7 +13,7 @@ type Decision struct {
 	// zero and Used and Remaining are not known).
 	Degraded bool
 	// WouldDeny reports that the policy would have denied the call but does
-	// not enforce it for this key (Policy.Enforce, Policy.DryRun): the store
+	// not enforce it for this key (Policy.EnforcedBy, Policy.DryRun): the store
 	// counted it as the denial it would have been (nothing), and it is
 	// answered Allowed, with no RetryAfter. For Peek and Refund: one more
 	// unit would be denied if the policy were enforced.

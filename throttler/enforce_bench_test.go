@@ -15,9 +15,9 @@ import (
 // BenchmarkAllowEnforceInterleaved is what a policy's enforcement costs a
 // memory-backend Allow, measured side by side as in
 // BenchmarkAllowInterleaved: rounds of 1,000 calls each of the same Allow
-// under a policy enforced for every key (no Enforce), in dry run, and
+// under a policy enforced for every key (no Enforcer), in dry run, and
 // enforced for 50% of keys by a flags.Percent. Once on a key far below its
-// limit (admitted: Enforce is not asked), once on a key at its limit (a
+// limit (admitted: the Enforcer is not asked), once on a key at its limit (a
 // denial, or a would-be denial, for which Enforced is asked; the 50%
 // rollout's key is outside it, so its bucket is hashed). The extra costs
 // are the median differences from the enforced call in the same round.
@@ -41,7 +41,7 @@ func BenchmarkAllowEnforceInterleaved(b *testing.B) {
 	}
 	open := throttler.Policy{Name: "open", Limit: 1 << 40, Window: time.Hour}
 	full := throttler.Policy{Name: "full", Limit: 1, Window: time.Hour}
-	partial := func(p throttler.Policy) throttler.Policy { p.Enforce = half; return p }
+	partial := func(p throttler.Policy) throttler.Policy { return p.EnforcedBy(half) }
 	if _, err := th.Allow(ctx, key, full); err != nil {
 		b.Fatal(err)
 	}

@@ -51,16 +51,9 @@ type Policy struct {
 	// Burst is a TokenBucket's capacity, the most units one instant can
 	// take; 0 means Limit. It must be 0 for the other algorithms.
 	Burst int64
-	// Enforce, if set, says which keys the policy is enforced for; for the
-	// others a Throttler runs it in dry run: counted exactly as enforced,
-	// answered admitted, a would-be denial reported in Decision.WouldDeny.
-	// It is not part of the identity in storage, so a key keeps its window
-	// when its enforcement changes. DryRun sets one that enforces no key;
-	// flags.Enforcement one that follows a rollout. On a composite (All) it
-	// applies to the whole; its members may not have one. default: nil,
-	// enforced for every key
-	Enforce Enforcer
-
+	// enforce is which keys the policy is enforced for (EnforcedBy,
+	// DryRun); nil: every key.
+	enforce *enforcement
 	// all holds a composite's members (see All); nil for one policy.
 	all *composite
 }
@@ -110,10 +103,8 @@ func (p Policy) Capacity() int64 {
 // Validate reports why p cannot be used, as an error matching
 // ErrInvalidPolicy, or nil. A composite is checked as All says.
 func (p Policy) Validate() error {
-	if p.Enforce != nil {
-		if err := validateEnforcer(p.Enforce); err != nil {
-			return err
-		}
+	if err := p.validateEnforcement(); err != nil {
+		return err
 	}
 	if p.all != nil {
 		return p.validateComposite()

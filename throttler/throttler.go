@@ -300,7 +300,7 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		}
 		return Decision{}, err
 	}
-	if p.Enforce != nil {
+	if p.enforce != nil {
 		return t.doEnforced(ctx, &r)
 	}
 	return t.doAt(ctx, &r)
@@ -315,7 +315,7 @@ func (t *Throttler) do(ctx context.Context, op Op, key string, p Policy, n int64
 	var r request
 	r.op, r.key, r.p, r.n = op, key, p, n
 	t.start(&r)
-	if p.Enforce != nil {
+	if p.enforce != nil {
 		return t.doEnforced(ctx, &r)
 	}
 	return t.doAt(ctx, &r)

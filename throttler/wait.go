@@ -41,7 +41,7 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 
 // WaitN takes n units from key's window under p, blocking until they are
 // admitted, ctx is done, or ctx's deadline is sure to come first. A key
-// that p runs in dry run (Policy.Enforce) never waits: a would-be denial is
+// that p runs in dry run (Policy.EnforcedBy) never waits: a would-be denial is
 // an admission (Decision.WouldDeny). It returns the admitting Decision, or
 // with an error the last Decision it saw:
 //   - ctx's error, wrapped (errors.Is matches context.Canceled or
@@ -93,13 +93,6 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	}
 	if ctx.Err() != nil {
 		return Decision{}, waitEnded(ctx)
-	}
-	if p.Enforce != nil {
-		// Before p becomes a map key, which an Enforcer that is not
-		// comparable would make panic.
-		if err := validateEnforcer(p.Enforce); err != nil {
-			return Decision{}, err
-		}
 	}
 	k := laneKey{t: t, key: key, p: p}
 	var d Decision

@@ -37,7 +37,7 @@
 // open breaker's skipped calls included). A decision is degraded exactly
 // when its source is fallback or failure_mode. throttlekit_would_deny_total
 // counts the Takes a policy would have denied for keys it runs in dry run
-// (throttler.Policy.Enforce), which throttlekit_decisions_total counts as
+// (throttler.Policy.EnforcedBy), which throttlekit_decisions_total counts as
 // allowed. The latency and error
 // metrics leave out source none. docs/operations.md has the whole list, the
 // alerts and the dashboard built on them.

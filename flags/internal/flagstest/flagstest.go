@@ -115,8 +115,7 @@ func Refused(t testing.TB, e throttler.Enforcer, keys []string, now time.Time) m
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := throttler.PerHour(1).Named("enforced")
-	p.Enforce = e
+	p := throttler.PerHour(1).Named("enforced").EnforcedBy(e)
 	refused := map[string]bool{}
 	ctx := context.Background()
 	for _, k := range keys {
