@@ -101,7 +101,10 @@ type Options struct {
 	ClockHold time.Duration
 	// SweepEvery is how often, while the backend holds any state, a
 	// timer sweeps every shard for ended state, with no call to drive it;
-	// Close stops it. default: 1s
+	// Close stops it. A timer sweep judges the callers' clock by the
+	// monotonic one, so a caller whose clock stands still while real time
+	// passes (a test at a fixed instant) sets it longer than it runs.
+	// default: 1s
 	SweepEvery time.Duration
 }
 
