@@ -44,15 +44,24 @@ var (
 	numbersSource string
 	//go:embed scripts/ceildiv.lua
 	ceildivSource string
+	// bucketSource, counterSource and logSource define each algorithm's
+	// functions; a one_*.lua file runs them for one policy, all.lua for a
+	// composite's members (composite.go).
 	//go:embed scripts/bucket.lua
 	bucketSource string
-	bucketScript = goredis.NewScript(ceildivSource + bucketSource)
+	//go:embed scripts/one_bucket.lua
+	oneBucketSource string
+	bucketScript = goredis.NewScript(ceildivSource + bucketSource + oneBucketSource)
 	//go:embed scripts/counter.lua
 	counterSource string
-	counterScript = goredis.NewScript(numbersSource + ceildivSource + counterSource)
+	//go:embed scripts/one_counter.lua
+	oneCounterSource string
+	counterScript = goredis.NewScript(numbersSource + ceildivSource + counterSource + oneCounterSource)
 	//go:embed scripts/log.lua
 	logSource string
-	logScript = goredis.NewScript(logSource)
+	//go:embed scripts/one_log.lua
+	oneLogSource string
+	logScript = goredis.NewScript(logSource + oneLogSource)
 )
 
 // maxStored bounds a stored number's magnitude: 2^53, up to which the
@@ -67,7 +76,7 @@ func (b *Backend) algorithmKey(p throttler.Policy, key string) (string, uint64) 
 	return b.markedKey(p, key, algorithmMarker)
 }
 
-// bucket runs op on a token bucket: bucket.lua, on the primary for a Take
+// bucket runs op on a token bucket: one_bucket.lua, on the primary for a Take
 // or Refund (r: its receipt), on a replica (then the primary) for a Peek.
 // A denied Take leaves the state it read in denial, when given.
 func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64, denial *overLimit) (throttler.Decision, error) {
@@ -82,28 +91,44 @@ func (b *Backend) bucket(ctx context.Context, s *shard, sk string, op throttler.
 		if err := parsePacked(reply, res[:]); err != nil {
 			return err
 		}
-		wrote, stored, err := scriptFlags(res[0], res[1], res[2:5])
-		if err != nil {
-			return err
-		}
-		st := algo.TokenBucketState{Tokens: res[2], At: res[3], Window: res[4]}
 		var (
-			next  algo.TokenBucketState
-			write bool
+			st     algo.TokenBucketState
+			stored bool
+			err    error
 		)
-		d, next, write = algo.TokenBucket(p, st, stored, op, cost, r, t)
-		if write != wrote || next.Tokens != res[5] || next.At != res[6] {
-			return disagree(res[:], write, next)
-		}
-		if denial != nil {
+		d, st, stored, err = bucketAnswer(p, res[:], op, cost, r, t)
+		if err == nil && denial != nil {
 			denial.bucket, denial.stored = st, stored
 		}
-		return nil
+		return err
 	})
 	return d, err
 }
 
-// counter runs op on a sliding-window counter: counter.lua, on the primary
+// bucketState reads a bucket script's reply (parsePacked's seven values):
+// whether it wrote, and the state it read.
+func bucketState(res []int64) (wrote, stored bool, st algo.TokenBucketState, err error) {
+	wrote, stored, err = scriptFlags(res[0], res[1], res[2:5])
+	return wrote, stored, algo.TokenBucketState{Tokens: res[2], At: res[3], Window: res[4]}, err
+}
+
+// bucketAnswer is the Decision of op on a bucket from its script's reply,
+// computed by algo.TokenBucket from the state the script read, with that
+// state; a script that wrote otherwise than Go would have is an
+// ErrUnexpectedReply.
+func bucketAnswer(p throttler.Policy, res []int64, op throttler.Op, cost, r, t int64) (throttler.Decision, algo.TokenBucketState, bool, error) {
+	wrote, stored, st, err := bucketState(res)
+	if err != nil {
+		return throttler.Decision{}, st, stored, err
+	}
+	d, next, write := algo.TokenBucket(p, st, stored, op, cost, r, t)
+	if write != wrote || next.Tokens != res[5] || next.At != res[6] {
+		return throttler.Decision{}, st, stored, disagree(res, write, next)
+	}
+	return d, st, stored, nil
+}
+
+// counter runs op on a sliding-window counter: one_counter.lua, on the primary
 // for a Take or Refund (r: its receipt), on a replica (then the primary)
 // for a Peek. A denied Take leaves the state it read in denial, when given.
 func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64, denial *overLimit) (throttler.Decision, error) {
@@ -118,28 +143,41 @@ func (b *Backend) counter(ctx context.Context, s *shard, sk string, op throttler
 		if err := parsePacked(reply, res[:]); err != nil {
 			return err
 		}
-		wrote, stored, err := scriptFlags(res[0], res[1], res[2:6])
-		if err != nil {
-			return err
-		}
-		st := algo.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}
 		var (
-			next  algo.CounterState
-			write bool
+			st     algo.CounterState
+			stored bool
+			err    error
 		)
-		d, next, write = algo.Counter(p, st, stored, op, cost, r, t)
-		if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
-			return disagree(res[:], write, next)
-		}
-		if denial != nil {
+		d, st, stored, err = counterAnswer(p, res[:], op, cost, r, t)
+		if err == nil && denial != nil {
 			denial.counter, denial.stored = st, stored
 		}
-		return nil
+		return err
 	})
 	return d, err
 }
 
-// log runs op on a sliding log: log.lua, on the primary for a Take or
+// counterState reads a counter script's reply (parsePacked's nine values):
+// whether it wrote, and the state it read.
+func counterState(res []int64) (wrote, stored bool, st algo.CounterState, err error) {
+	wrote, stored, err = scriptFlags(res[0], res[1], res[2:6])
+	return wrote, stored, algo.CounterState{K: res[2], Curr: res[3], Prev: res[4], Window: res[5]}, err
+}
+
+// counterAnswer is bucketAnswer for a sliding-window counter.
+func counterAnswer(p throttler.Policy, res []int64, op throttler.Op, cost, r, t int64) (throttler.Decision, algo.CounterState, bool, error) {
+	wrote, stored, st, err := counterState(res)
+	if err != nil {
+		return throttler.Decision{}, st, stored, err
+	}
+	d, next, write := algo.Counter(p, st, stored, op, cost, r, t)
+	if write != wrote || next.K != res[6] || next.Curr != res[7] || next.Prev != res[8] {
+		return throttler.Decision{}, st, stored, disagree(res, write, next)
+	}
+	return d, st, stored, nil
+}
+
+// log runs op on a sliding log: one_log.lua, on the primary for a Take or
 // Refund (r: its receipt), on a replica (then the primary) for a Peek.
 func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op, p throttler.Policy, cost, r, t int64) (throttler.Decision, error) {
 	var res [4]int64
@@ -148,15 +186,21 @@ func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op,
 	if op == throttler.OpRefund {
 		req.args = append(req.args, r-w) // the script's last argument
 	}
-	err := b.exec(ctx, s, op, req, func(reply any) error {
-		err := parsePacked(reply, res[:])
-		if err == nil && (res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0)) {
-			err = fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+	var d throttler.Decision
+	err := b.exec(ctx, s, op, req, func(reply any) (err error) {
+		if err = parsePacked(reply, res[:]); err == nil {
+			d, err = logAnswer(p, res[:])
 		}
 		return err
 	})
-	if err != nil {
-		return throttler.Decision{}, err
+	return d, err
+}
+
+// logAnswer is the Decision of a log script's reply (parsePacked's four
+// values: allowed, used, reset-at, retry-after).
+func logAnswer(p throttler.Policy, res []int64) (throttler.Decision, error) {
+	if res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0) {
+		return throttler.Decision{}, fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
 	}
 	return throttler.Decision{
 		Allowed:    res[0] == 1,

@@ -16,7 +16,8 @@ import (
 )
 
 // Batching (docs/backends-redis.md, "Batching"). Every operation is a
-// request: one script (or a fixed window's HMGET) on one key. A lane is one
+// request: one script (or a fixed window's HMGET) on one key, or a
+// composite's script on its members' keys, which share a slot. A lane is one
 // client of one shard (its primary, or one replica). A request on a lane
 // with no batch and fewer than maxInFlight round trips under way (one
 // while batches are deep) is sent at once, in the caller's goroutine,
@@ -52,6 +53,7 @@ const (
 	fnCounter
 	fnLog
 	fnPeek // a fixed window's HMGET u r; no script
+	fnAll  // a composite's members: all.lua on several keys (composite.go)
 )
 
 var (
@@ -64,7 +66,7 @@ var (
 
 // scripts are the requests' scripts, by number.
 var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
-	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
+	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript, fnAll: allScript}
 
 // maxInFlight is how many round trips a lane has under way before the
 // requests that arrive queue: four, so that at low concurrency four
@@ -96,8 +98,17 @@ const maxBatchLimit = 4096
 type request struct {
 	fn   int
 	sk   string
+	keys []string // fnAll: every member's key, sk the first; nil: sk alone
 	args []any    // the script's arguments; a fixed window's Take: take
 	take takeArgs // fnTake: take.lua's, kept as numbers until sent
+}
+
+// scriptKeys are req's script's keys.
+func (req *request) scriptKeys() []string {
+	if req.keys != nil {
+		return req.keys
+	}
+	return []string{req.sk}
 }
 
 // takeArgs are take.lua's arguments (scripts/take.lua): held as numbers,
@@ -447,10 +458,14 @@ func (sc *scratch) coalesce(live []*pending, one bool) []command {
 			}
 			sc.at[p.req.sk] = len(heads)
 		default:
-			// A Peek or a Refund of the window comes between the Takes
-			// before it and those after: they are not put together.
+			// A Peek or a Refund of the window, or a composite holding
+			// it, comes between the Takes before it and those after: they
+			// are not put together.
 			mixed = true
 			delete(sc.at, p.req.sk)
+			for _, k := range p.req.keys {
+				delete(sc.at, k)
+			}
 		}
 		heads, tails = append(heads, i), append(tails, i)
 	}
@@ -459,6 +474,11 @@ func (sc *scratch) coalesce(live []*pending, one bool) []command {
 		clear(sc.seen)
 		for _, h := range heads {
 			sc.seen[live[h].req.sk]++
+			if ks := live[h].req.keys; len(ks) > 1 { // a composite's: sk is ks[0]
+				for _, k := range ks[1:] {
+					sc.seen[k]++
+				}
+			}
 		}
 	}
 	joins := func(g int) bool {
@@ -510,9 +530,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
+			return scripts[req.fn].Eval(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, sc.once(pipe), []string{req.sk}, req.scriptArgs()...)
+		return scripts[req.fn].EvalSha(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
@@ -621,7 +641,7 @@ func single(ctx context.Context, l *lane, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return l.c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return runScript(ctx, l.scripts, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
+	return runScript(ctx, l.scripts, scripts[req.fn], req.scriptKeys(), req.scriptArgs()...).Result()
 }
 
 // scriptsOf is how c runs scripts: through once, never re-sent, when c

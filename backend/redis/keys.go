@@ -33,9 +33,23 @@ import (
 // because their state had another layout before they were released (hashes,
 // a member per ms): the scripts never read those as theirs, they expire.
 // Every other key has a digit after the tag, so no two layouts meet.
+//
+// With Options.TagByKey, the tag is 'k' and a 64-bit hash of the prefix
+// and the key alone,
+//
+//	<prefix>{k<16 hex digits>}<len(identity)>:<identity>:<key>
+//	<prefix>{k<16 hex digits>}+<len(identity)>:<identity>:<key>
+//
+// so that every policy of one key is in one Cluster slot and on one shard,
+// which a composite's script needs. The 'k' keeps the two layouts' keys
+// apart whatever their hashes: 17 characters between the braces are never
+// the default's 16.
 
-// tagLen is the length of the hash tag, braces included.
+// tagLen is the length of the default layout's hash tag, braces included.
 const tagLen = 2 + 16
+
+// keyTagMark begins the tag of the TagByKey layout.
+const keyTagMark = 'k'
 
 // storageKey returns the Redis key of (p, key) and its 64-bit hash, which
 // also picks the shard. It allocates once: the identity is built on the
@@ -67,17 +81,21 @@ func (b *Backend) identityKey(id []byte, key, marker string) (string, uint64) {
 	var lenBuf [20]byte
 	idLen, h := b.identityHash(id, key, lenBuf[:0])
 
-	var tag [tagLen]byte
-	const hexDigits = "0123456789abcdef"
-	tag[0], tag[tagLen-1] = '{', '}'
-	for i := 0; i < 16; i++ {
-		tag[1+i] = hexDigits[(h>>(60-4*i))&0xf]
+	var buf [tagLen + 1]byte
+	tag := append(buf[:0], '{')
+	if b.tagByKey {
+		tag = append(tag, keyTagMark)
 	}
+	const hexDigits = "0123456789abcdef"
+	for i := 0; i < 16; i++ {
+		tag = append(tag, hexDigits[(h>>(60-4*i))&0xf])
+	}
+	tag = append(tag, '}')
 
 	var sb strings.Builder
-	sb.Grow(len(b.prefix) + tagLen + len(marker) + len(idLen) + 1 + len(id) + 1 + len(key))
+	sb.Grow(len(b.prefix) + len(tag) + len(marker) + len(idLen) + 1 + len(id) + 1 + len(key))
 	sb.WriteString(b.prefix)
-	sb.Write(tag[:])
+	sb.Write(tag)
 	sb.WriteString(marker)
 	sb.Write(idLen)
 	sb.WriteByte(':')
@@ -96,10 +114,14 @@ func (b *Backend) keyHash(p throttler.Policy, key string, idBuf, lenBuf []byte) 
 	return id, idLen, h
 }
 
-// identityHash is keyHash for the storage identity id.
+// identityHash is keyHash for the storage identity id; with TagByKey, the
+// hash of the prefix and the key alone.
 func (b *Backend) identityHash(id []byte, key string, lenBuf []byte) (idLen []byte, h uint64) {
 	idLen = strconv.AppendInt(lenBuf, int64(len(id)), 10)
 	h = fnv1aString(fnvOffset, b.prefix)
+	if b.tagByKey {
+		return idLen, fmix64(fnv1aString(h, key))
+	}
 	h = fnv1a(h, idLen)
 	h = fnv1aString(h, ":")
 	h = fnv1a(h, id)

@@ -97,9 +97,13 @@ var ErrNoShards = errors.New("redis: no shards")
 const MaxLimit = throttler.MaxLimit
 
 var (
+	// windowSource defines the fixed window's functions, which take.lua
+	// runs for one window and all.lua for a composite's (composite.go).
+	//go:embed scripts/window.lua
+	windowSource string
 	//go:embed scripts/take.lua
 	takeSource string
-	takeScript = goredis.NewScript(takeSource)
+	takeScript = goredis.NewScript(windowSource + takeSource)
 	//go:embed scripts/refund.lua
 	refundSource string
 	refundScript = goredis.NewScript(refundSource)
@@ -141,6 +145,18 @@ type Options struct {
 	// an error. default: 0, off (writes are acknowledged by the primary
 	// alone)
 	WaitReplicas int
+	// TagByKey puts every key of one client key in one hash slot and on
+	// one shard: each storage key's hash tag (and the hash that picks its
+	// shard) is computed from the client key alone, rather than from the
+	// policy and the key. A composite (throttler.All) needs its members'
+	// keys together, so a Backend on a Cluster, a Ring or several shards
+	// takes composites only with it; on a single *goredis.Client with one
+	// shard they are always together (Traits). The layout differs from
+	// the default one, so turning it on for live traffic gives every key
+	// fresh state unless the fleet moves through a migration ("Composites"
+	// in docs/backends-redis.md). default: false, each (policy, key)
+	// placed apart
+	TagByKey bool
 	// WaitTimeout bounds each WAIT, rounded to whole milliseconds. Redis
 	// ends a WAIT that times out on its cron tick (100ms at its default hz
 	// of 10), so a shortfall can take that long: a Throttler's Timeout
@@ -204,6 +220,9 @@ type Backend struct {
 	shards   []*shard
 	prefix   string
 	marginMS int64
+	// tagByKey is Options.TagByKey; composites, whether every member of a
+	// composite is on one shard and in one slot (see Traits).
+	tagByKey, composites bool
 	cache    *overLimitCache // nil: off
 	counters counters
 }
@@ -211,12 +230,19 @@ type Backend struct {
 var _ throttler.LeaseBackend = (*Backend)(nil)
 
 // Traits names each call's store (see store and leaseStore), says that
-// leases are held, and that calls ignore their context when a client is
-// go-redis's AutoPipeliner (see ignoresContext).
+// leases are held, that calls ignore their context when a client is
+// go-redis's AutoPipeliner (see ignoresContext), and that composites are
+// taken when their members' keys are sure to share a shard and a slot:
+// with Options.TagByKey, or on one shard whose primary is a
+// *goredis.Client (one server, or a FailoverClient), where no slot rule
+// applies. A Cluster, a Ring, another client (an AutoPipeliner may wrap a
+// Cluster) or several shards without TagByKey take none, and a Throttler
+// refuses a composite on them when it is asked.
 func (b *Backend) Traits() throttler.Traits {
 	return throttler.Traits{
 		IgnoresContext: b.ignoresContext(),
 		Leases:         true,
+		Composites:     b.composites,
 		Store:          b.store,
 		LeaseStore:     b.leaseStore,
 	}
@@ -265,7 +291,10 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: max(o.ExpiryMargin.Milliseconds(), 1)}
+	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: max(o.ExpiryMargin.Milliseconds(), 1),
+		tagByKey: o.TagByKey}
+	_, plain := shards[0].Primary.(*goredis.Client)
+	b.composites = o.TagByKey || len(shards) == 1 && plain
 	watched := map[Client]*dialWatch{} // a client in two roles gets one hook
 	for i, s := range shards {
 		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
@@ -349,6 +378,9 @@ func addrOf(c Client) string {
 // client routes inside it.
 func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string {
 	s := b.shards[0]
+	if p.Composite() {
+		p = firstMember(p) // every member is on its shard (Traits)
+	}
 	if len(b.shards) > 1 {
 		var idBuf [maxPolicyNameLen]byte
 		var lenBuf [20]byte
@@ -375,6 +407,9 @@ func required(what string, c Client) error {
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
+	}
+	if p.Composite() {
+		return b.composite(ctx, throttler.OpTake, key, p, cost, now)
 	}
 	sk, h := b.keyOf(p, key)
 	if b.cache == nil {
@@ -426,6 +461,9 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 0, time.Time{}); err != nil {
 		return throttler.Decision{}, err
+	}
+	if p.Composite() {
+		return b.composite(ctx, throttler.OpPeek, key, p, 1, now)
 	}
 	sk, h := b.keyOf(p, key)
 	return b.op(ctx, throttler.OpPeek, key, sk, h, p, 0, 0, now, nil)

@@ -85,8 +85,8 @@ func waitDefaults(o *Options) error {
 }
 
 // writes reports whether req may write: every script but a Peek's (a
-// fixed window's Peek is HMGET; the other algorithms' scripts take their
-// op first).
+// fixed window's Peek is HMGET; the other algorithms' scripts, a
+// composite's too, take their op first).
 func (req *request) writes() bool {
 	switch req.fn {
 	case fnPeek:
@@ -183,7 +183,7 @@ func (l *lane) single(ctx context.Context, req *request) (any, error) {
 	if l.wait == nil || !req.writes() {
 		return single(ctx, l, req)
 	}
-	return l.wait.run(ctx, scripts[req.fn], []string{req.sk}, req.scriptArgs()...).Result()
+	return l.wait.run(ctx, scripts[req.fn], req.scriptKeys(), req.scriptArgs()...).Result()
 }
 
 // run runs a write script outside batches (a lease's) on s's primary:
