@@ -51,17 +51,17 @@ var (
 	bucketSource string
 	//go:embed scripts/one_bucket.lua
 	oneBucketSource string
-	bucketScript = goredis.NewScript(ceildivSource + bucketSource + oneBucketSource)
+	bucketScript    = goredis.NewScript(ceildivSource + bucketSource + oneBucketSource)
 	//go:embed scripts/counter.lua
 	counterSource string
 	//go:embed scripts/one_counter.lua
 	oneCounterSource string
-	counterScript = goredis.NewScript(numbersSource + ceildivSource + counterSource + oneCounterSource)
+	counterScript    = goredis.NewScript(numbersSource + ceildivSource + counterSource + oneCounterSource)
 	//go:embed scripts/log.lua
 	logSource string
 	//go:embed scripts/one_log.lua
 	oneLogSource string
-	logScript = goredis.NewScript(logSource + oneLogSource)
+	logScript    = goredis.NewScript(logSource + oneLogSource)
 )
 
 // maxStored bounds a stored number's magnitude: 2^53, up to which the

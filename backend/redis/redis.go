@@ -223,8 +223,8 @@ type Backend struct {
 	// tagByKey is Options.TagByKey; composites, whether every member of a
 	// composite is on one shard and in one slot (see Traits).
 	tagByKey, composites bool
-	cache    *overLimitCache // nil: off
-	counters counters
+	cache                *overLimitCache // nil: off
+	counters             counters
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
