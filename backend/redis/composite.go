@@ -140,22 +140,18 @@ func memberAnswer(p throttler.Policy, op throttler.Op, admitted bool, res []int6
 		}
 	case throttler.TokenBucket:
 		if !peek && !admitted {
-			_, stored, st, err := bucketState(res)
-			if err != nil {
-				return d, err
-			}
-			_, _, peek = algo.TokenBucket(p, st, stored, throttler.OpTake, cost, 0, t)
+			peek, err = admits(p, res, bucketState, algo.TokenBucket, cost, t)
 		}
-		d, _, _, err = bucketAnswer(p, res, opOf(peek), cost, 0, t)
+		if err == nil {
+			d, _, _, err = bucketAnswer(p, res, opOf(peek), cost, 0, t)
+		}
 	case throttler.SlidingWindow:
 		if !peek && !admitted {
-			_, stored, st, err := counterState(res)
-			if err != nil {
-				return d, err
-			}
-			_, _, peek = algo.Counter(p, st, stored, throttler.OpTake, cost, 0, t)
+			peek, err = admits(p, res, counterState, algo.Counter, cost, t)
 		}
-		d, _, _, err = counterAnswer(p, res, opOf(peek), cost, 0, t)
+		if err == nil {
+			d, _, _, err = counterAnswer(p, res, opOf(peek), cost, 0, t)
+		}
 	default:
 		d, err = logAnswer(p, res)
 		peek = peek || !admitted && d.Allowed
@@ -171,6 +167,19 @@ func memberAnswer(p throttler.Policy, op throttler.Op, admitted bool, res []int6
 		err = fmt.Errorf("%w: a member's Take says %v in a composite that says %v", ErrUnexpectedReply, d.Allowed, admitted)
 	}
 	return d, err
+}
+
+// admits reports whether the state that a bucket's or a counter's reply
+// res holds (read by state) admits a Take of cost at t, by step, the
+// algorithm's Go function.
+func admits[S any](p throttler.Policy, res []int64, state func([]int64) (bool, bool, S, error),
+	step func(throttler.Policy, S, bool, throttler.Op, int64, int64, int64) (throttler.Decision, S, bool), cost, t int64) (bool, error) {
+	_, stored, st, err := state(res)
+	if err != nil {
+		return false, err
+	}
+	_, _, write := step(p, st, stored, throttler.OpTake, cost, 0, t)
+	return write, nil
 }
 
 // opOf is OpPeek when peek, else OpTake.

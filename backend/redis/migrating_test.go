@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,5 +96,42 @@ func TestScriptsOnAMigratingSlot(t *testing.T) {
 	held, d, err := b.Release(ctx, "release", lease, 1, t0.Add(lease.TTL))
 	if err != nil || held || d.Used != 0 {
 		t.Errorf("Release, every lease expired: held %v, %+v, %v; want not held, Used 0", held, d, err)
+	}
+}
+
+// A composite on the source of a MIGRATING slot runs there while every
+// member's key is there; when some are and some are not (a key moved, or
+// none yet), Redis refuses the script before it runs (TRYAGAIN): the
+// backend sends it once more, then fails the call as a store failure,
+// nothing counted.
+func TestCompositeOnAMigratingSlot(t *testing.T) {
+	src, migrate := migratingSource(t)
+	b := newBackend(t, src, &Options{TagByKey: true})
+	ctx := context.Background()
+	log := throttler.Policy{Name: "log", Limit: 3, Window: time.Second, Algorithm: throttler.SlidingLog}
+	win := throttler.Policy{Name: "win", Limit: 3, Window: time.Second}
+	c := throttler.All(log, win)
+	for _, key := range []string{"both", "one"} {
+		if _, err := b.Take(ctx, key, log, 1, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Take(ctx, "both", win, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"both", "one"} {
+		sk, _ := b.keyOf(log, key)
+		migrate(sk)
+	}
+	d, err := b.Take(ctx, "both", c, 1, t0)
+	if err != nil || !d.Allowed || d.Used != 2 {
+		t.Errorf("every key on the source: %+v, %v; want admitted, Used 2", d, err)
+	}
+	_, err = b.Take(ctx, "one", c, 1, t0)
+	if !errors.Is(err, throttler.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "TRYAGAIN") {
+		t.Errorf("a key missing on the source: %v; want a store failure, TRYAGAIN", err)
+	}
+	if d, err := b.Peek(ctx, "one", log, t0); err != nil || d.Used != 1 {
+		t.Errorf("the refused composite counted: %+v, %v", d, err)
 	}
 }
