@@ -44,7 +44,10 @@
 // way go together in its next one, a pipeline, each caller still bounded
 // by its own context. go-redis's AutoPipeliner is accepted as a client too
 // (ExampleNew_autoPipeline), and is then left to batch; its blocking calls
-// ignore the context (go-redis v9.23). An opt-in over-limit cache
+// ignore the context (go-redis v9.23). A composite of policies
+// (throttler.All) is taken in one script over its members' keys, which
+// must share a slot and a shard: on one server, or with Options.TagByKey
+// (see Traits). An opt-in over-limit cache
 // (Options.OverLimitCache) answers Takes of keys Redis denied until a
 // known instant without a round trip. Stats counts both.
 package redis
@@ -403,7 +406,9 @@ func required(what string, c Client) error {
 // Take counts cost against the key's window if it fits: one script on the
 // shard's primary, alone or in a batch (batch.go). With the over-limit
 // cache on, a Take that Redis would deny by what it last answered this
-// process is denied here (cache.go).
+// process is denied here (cache.go). A composite (throttler.All) is one
+// script over its members' keys (composite.go), where Traits say
+// Composites, and an error matching throttler.ErrInvalidPolicy elsewhere.
 func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
 	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
@@ -457,7 +462,8 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 
 // Peek reports the key's state without counting. It reads a replica when
 // the shard has one, and the primary when that read fails (see read); a
-// window that ended by now reads as absent wherever it is still stored.
+// window that ended by now reads as absent wherever it is still stored. A
+// composite's Peek is one script over its members' keys, as its Take.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
 	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 0, time.Time{}); err != nil {
 		return throttler.Decision{}, err
