@@ -459,10 +459,31 @@ func bucketValue(s, t, w float64) string {
 	return string(b[:])
 }
 
-// sameDecision compares Decisions with ResetAt as an instant.
+// sameDecision compares Decisions with ResetAt as an instant, a
+// composite's members included.
 func sameDecision(a, b throttler.Decision) bool {
-	a.ResetAt, b.ResetAt = time.UnixMilli(a.ResetAt.UnixMilli()), time.UnixMilli(b.ResetAt.UnixMilli())
-	return a == b
+	if a.Allowed != b.Allowed || a.Degraded != b.Degraded || a.WouldDeny != b.WouldDeny || a.Limit != b.Limit ||
+		a.Used != b.Used || a.Remaining != b.Remaining || a.ResetAt.UnixMilli() != b.ResetAt.UnixMilli() ||
+		a.RetryAfter != b.RetryAfter || !a.At.Equal(b.At) {
+		return false
+	}
+	// A composite's members: its Decisions compare == only as copies.
+	var am, bm []throttler.Decision
+	for _, d := range a.Members() {
+		am = append(am, d)
+	}
+	for _, d := range b.Members() {
+		bm = append(bm, d)
+	}
+	if len(am) != len(bm) {
+		return false
+	}
+	for i := range am {
+		if !sameDecision(am[i], bm[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestAlgorithmPeekOnReplica: a Peek of each algorithm runs on a read-only

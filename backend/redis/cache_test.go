@@ -12,7 +12,8 @@ import (
 
 var algorithms = []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingWindow, throttler.SlidingLog}
 
-// TestOverLimitCacheMatchesRedis replays random traces of Takes and Refunds
+// TestOverLimitCacheMatchesRedis replays random traces of Takes (some of a
+// composite holding the policy, which the cache must see) and Refunds
 // (clocks going back included) on two backends over one Redis, one with the
 // over-limit cache and one without: within one process every answer must
 // be the same, and the cache must have answered some.
@@ -27,6 +28,7 @@ func TestOverLimitCacheMatchesRedis(t *testing.T) {
 			if alg == throttler.TokenBucket {
 				p.Burst = 7
 			}
+			all := throttler.All(p, throttler.Policy{Name: "c-h", Limit: 1000, Window: time.Hour})
 			rng := rand.New(rand.NewPCG(uint64(alg), 11))
 			now := t0
 			receipts := map[string]time.Time{} // a key's latest admitted Take's
@@ -39,16 +41,19 @@ func TestOverLimitCacheMatchesRedis(t *testing.T) {
 				}
 				key := fmt.Sprint("k", rng.IntN(3))
 				cost := int64(1 + rng.IntN(2))
-				op := throttler.OpTake
-				if rng.IntN(15) == 0 {
+				op, tp := throttler.OpTake, p
+				switch rng.IntN(15) {
+				case 0:
 					op = throttler.OpRefund
+				case 1:
+					tp = all // takes units of p that this process's cache must see
 				}
 				var got, want throttler.Decision
 				var err1, err2 error
 				if op == throttler.OpTake {
-					got, err1 = cached.Take(ctx, key, p, cost, now)
-					want, err2 = plain.Take(ctx, key, p, cost, now)
-					if want.Allowed {
+					got, err1 = cached.Take(ctx, key, tp, cost, now)
+					want, err2 = plain.Take(ctx, key, tp, cost, now)
+					if want.Allowed && !tp.Composite() {
 						receipts[key] = want.ResetAt
 					}
 				} else {

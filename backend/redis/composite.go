@@ -25,7 +25,9 @@ import (
 //
 // The keys must share a Cluster slot and a shard (Traits): a Backend that
 // cannot be sure of it takes no composite, and a Throttler refuses one
-// before calling it. The over-limit cache answers single Takes only.
+// before calling it. The over-limit cache answers single Takes only; an
+// admitted composite drops what it holds of the members, as their own
+// admitted Takes do.
 
 var (
 	//go:embed scripts/all.lua
@@ -64,8 +66,10 @@ func (b *Backend) composite(ctx context.Context, op throttler.Op, key string, p 
 	args := make([]any, 4, 4+5*throttler.MaxMembers)
 	args[0], args[1], args[2], args[3] = int(op), t, cost, b.marginMS
 	var s *shard
+	var hs [throttler.MaxMembers]uint64
 	for i, m := range p.Members() {
 		sk, h := b.keyOf(m, key)
+		hs[i] = h
 		if i == 0 {
 			s = b.shardFor(h)
 		} else if b.shardFor(h) != s { // unreachable while Traits say Composites
@@ -115,7 +119,15 @@ func (b *Backend) composite(ctx context.Context, op throttler.Op, key string, p 
 	if err != nil {
 		return throttler.Decision{}, opError(op.String(), key, p, err)
 	}
-	return throttler.Combine(ds[:n]), nil
+	d := throttler.Combine(ds[:n])
+	if b.cache != nil && op == throttler.OpTake && d.Allowed {
+		// Each member counted more, as its own admitted Take would have:
+		// what the cache holds of it is not Redis's state any more.
+		for i, sk := range keys {
+			b.cache.drop(sk, hs[i])
+		}
+	}
+	return d, nil
 }
 
 // memberAnswer is the Decision of member p from its reply res in all.lua's,
