@@ -100,14 +100,28 @@ func redisCompositeRefused(t *testing.T, b *redis.Backend) {
 	assert.NotErrorIs(t, err, throttler.ErrUnavailable)
 }
 
+// TestRedisCompositeStandalone: one server takes composites as it is
+// (TestRedisStandalone's conformance runs them); through go-redis's
+// AutoPipeliner, which may wrap a Cluster, only with TagByKey.
 func TestRedisCompositeStandalone(t *testing.T) {
 	rc := redisStart(t)
-	var backends []throttler.Backend
-	for range 4 {
-		backends = append(backends, redisNew(t, redisClient(t, rc.Addr), nil))
-	}
-	require.True(t, backends[0].(*redis.Backend).Traits().Composites)
-	redisCompositeExact(t, backends, backends[0])
+	c := redisClient(t, rc.Addr)
+	t.Run("ExactAcrossProcesses", func(t *testing.T) {
+		var backends []throttler.Backend
+		for range 4 {
+			backends = append(backends, redisNew(t, redisClient(t, rc.Addr), nil))
+		}
+		require.True(t, backends[0].(*redis.Backend).Traits().Composites)
+		redisCompositeExact(t, backends, backends[0])
+	})
+	t.Run("AutoPipeline", func(t *testing.T) {
+		ap, err := c.AutoPipeline()
+		require.NoError(t, err)
+		redisCompositeRefused(t, redisNew(t, ap, nil))
+		backendtest.Run(t, func(t *testing.T) throttler.Backend {
+			return redisNew(t, ap, &redis.Options{TagByKey: true})
+		})
+	})
 }
 
 func TestRedisCompositeCluster(t *testing.T) {
