@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -200,7 +201,7 @@ func (b *Backend) log(ctx context.Context, s *shard, sk string, op throttler.Op,
 // values: allowed, used, reset-at, retry-after).
 func logAnswer(p throttler.Policy, res []int64) (throttler.Decision, error) {
 	if res[0] < 0 || res[0] > 1 || res[1] < 0 || res[3] < 0 || (res[0] == 1 && res[3] != 0) {
-		return throttler.Decision{}, fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+		return throttler.Decision{}, fmt.Errorf("%w: %v", ErrUnexpectedReply, slices.Clone(res)) // res stays on the stack
 	}
 	return throttler.Decision{
 		Allowed:    res[0] == 1,
@@ -245,7 +246,7 @@ func scriptFlags(wrote, stored int64, state []int64) (bool, bool, error) {
 		bad = bad || (stored == 0 && v != 0)
 	}
 	if bad {
-		return false, false, fmt.Errorf("%w: %d, %d, %v", ErrUnexpectedReply, wrote, stored, state)
+		return false, false, fmt.Errorf("%w: %d, %d, %v", ErrUnexpectedReply, wrote, stored, slices.Clone(state))
 	}
 	return wrote == 1, stored == 1, nil
 }
@@ -253,5 +254,5 @@ func scriptFlags(wrote, stored int64, state []int64) (bool, bool, error) {
 // disagree reports a script whose admission or next state differs from
 // Go's: a bug, surfaced as an error rather than answered.
 func disagree(reply []int64, write bool, next any) error {
-	return fmt.Errorf("%w: the script replied %v; Go writes %v, state %+v", ErrUnexpectedReply, reply, write, next)
+	return fmt.Errorf("%w: the script replied %v; Go writes %v, state %+v", ErrUnexpectedReply, slices.Clone(reply), write, next)
 }

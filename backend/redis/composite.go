@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"slices"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -143,7 +144,7 @@ func memberAnswer(p throttler.Policy, op throttler.Op, admitted bool, res []int6
 	switch p.Algorithm {
 	case throttler.FixedWindow:
 		if res[0] < 0 || res[0] > 1 || res[1] < 0 {
-			return d, fmt.Errorf("%w: %v", ErrUnexpectedReply, res)
+			return d, fmt.Errorf("%w: %v", ErrUnexpectedReply, slices.Clone(res)) // res stays on the stack
 		}
 		if peek = peek || !admitted && res[0] == 1; peek {
 			d = algo.PeekState(p, res[1], time.UnixMilli(res[2]), now)
