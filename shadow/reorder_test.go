@@ -248,3 +248,54 @@ func TestReorderedComposite(t *testing.T) {
 		})
 	}
 }
+
+// TestTakenIsTheMembersOwnTake: on a real store, a member of a denied composite that would have
+// admitted, made as taken makes it, answers what that member's own Take answers (ResetAt within the
+// ms that taken's rounding allows), on every algorithm, with state before the call or not.
+func TestTakenIsTheMembersOwnTake(t *testing.T) {
+	ctx := context.Background()
+	deny := throttler.Policy{Name: "deny", Limit: 10, Window: time.Hour} // spent: denies any cost
+	for _, p := range []throttler.Policy{
+		{Name: "fw", Limit: 10, Window: time.Second},
+		{Name: "tb", Limit: 3, Window: time.Second, Algorithm: throttler.TokenBucket, Burst: 10},
+		{Name: "log", Limit: 10, Window: time.Second, Algorithm: throttler.SlidingLog},
+		{Name: "sw", Limit: 10, Window: time.Second, Algorithm: throttler.SlidingWindow},
+	} {
+		for _, before := range []int64{0, 3} {
+			for _, cost := range []int64{1, 4} {
+				now := t0.Add(1700*time.Millisecond + 300*time.Microsecond)
+				composite, alone := mem(t), mem(t)
+				for _, b := range []throttler.Backend{composite, alone} {
+					if before > 0 {
+						if _, err := b.Take(ctx, "k", p, before, t0.Add(1234*time.Millisecond)); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if _, err := composite.Take(ctx, "k", deny, 10, t0); err != nil {
+					t.Fatal(err)
+				}
+				c := throttler.All(deny, p)
+				d, err := composite.Take(ctx, "k", c, cost, now)
+				if err != nil || d.Allowed {
+					t.Fatalf("%s: the composite %+v, %v; want denied", p.Name, d, err)
+				}
+				var m throttler.Decision
+				for i, x := range d.Members() {
+					if i == 1 {
+						m = x
+					}
+				}
+				want, err := alone.Take(ctx, "k", p, cost, now)
+				if err != nil || !want.Allowed || !m.Allowed {
+					t.Fatalf("%s: alone %+v, %v; member %+v", p.Name, want, err, m)
+				}
+				got := taken(m, false, p, cost, now)
+				if got.Used != want.Used || got.Remaining != want.Remaining ||
+					abs(int64(got.ResetAt.Sub(want.ResetAt))) > int64(time.Millisecond) {
+					t.Errorf("%s, %d before, cost %d: taken %+v, own Take %+v", p.Name, before, cost, got, want)
+				}
+			}
+		}
+	}
+}
