@@ -96,11 +96,11 @@ func (m *Migration) stricterMembers(ctx context.Context, op throttler.Op, key st
 	if op == throttler.OpTake {
 		m.levelMembers(ctx, s, key, ps, &sds, &ods, now)
 	}
-	out := make([]throttler.Decision, ps.n)
-	for i := range out {
+	var out [throttler.MaxMembers]throttler.Decision
+	for i := range ps.n {
 		out[i] = stricter(sds.v[i], ods.v[i])
 	}
-	return throttler.Combine(out)
+	return throttler.Combine(out[:ps.n])
 }
 
 // phasedComposite is both for a Take of a composite with a fixed-window
@@ -166,9 +166,9 @@ func (m *Migration) phasedComposite(ctx context.Context, key string, p throttler
 			}
 		}
 	}
-	out := make([]throttler.Decision, ps.n)
+	var out [throttler.MaxMembers]throttler.Decision
 	allowed := true
-	for i := range out {
+	for i := range ps.n {
 		switch {
 		case i >= sds.n:
 			out[i] = ods.v[i] // s was not asked: o's answer
@@ -182,7 +182,7 @@ func (m *Migration) phasedComposite(ctx context.Context, key string, p throttler
 	if allowed {
 		m.levelMembers(ctx, s, key, ps, &sds, &ods, now)
 	}
-	return throttler.Combine(out), nil
+	return throttler.Combine(out[:ps.n]), nil
 }
 
 // levelMembers levels each token-bucket member of s down to o (see level).
