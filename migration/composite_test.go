@@ -383,3 +383,85 @@ func TestMovingCompositePhase(t *testing.T) {
 	require.Equal(t, 2, ms.n)
 	assert.True(t, ms.v[1].ResetAt.Equal(t0.Add(90*time.Second)), "half's last admission counted in old's window [60s, 90s): %v", ms.v[1].ResetAt)
 }
+
+// failOn is a store whose Takes of the policies fail matches fail, as its
+// store's failure.
+type failOn struct {
+	throttler.Backend
+	fail func(throttler.Policy) bool
+}
+
+func (f failOn) Traits() throttler.Traits { return throttler.TraitsOf(f.Backend) }
+
+func (f failOn) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if f.fail(p) {
+		return throttler.Decision{}, errors.New("connection refused")
+	}
+	return f.Backend.Take(ctx, key, p, cost, now)
+}
+
+// TestMovingCompositeFailures: a moving key's composite when a store fails.
+// The serving store (new) failing is the call's error, and old keeps
+// nothing of it; old failing leaves new's answer alone, counted in
+// OneStore; in every case no store keeps units of a call that failed.
+func TestMovingCompositeFailures(t *testing.T) {
+	ctx := context.Background()
+	s := throttler.Policy{Name: "s", Limit: 2, Window: time.Second}
+	h := throttler.Policy{Name: "h", Limit: 3, Window: time.Hour}
+	tb := throttler.Policy{Name: "tb", Limit: 3, Window: time.Minute}.WithBurst(3)
+	log := throttler.Policy{Name: "log", Limit: 3, Window: time.Minute, Algorithm: throttler.SlidingLog}
+	at := t0.Add(1500 * time.Millisecond)
+	composites := func(p throttler.Policy) bool { return p.Composite() }
+	member := func(name string) func(throttler.Policy) bool {
+		return func(p throttler.Policy) bool { return p.Name == name }
+	}
+	never := func(throttler.Policy) bool { return false }
+	for _, tc := range []struct {
+		name              string
+		c                 throttler.Policy
+		oldFails, nwFails func(throttler.Policy) bool
+		allowed           bool // without an error
+		oldUsed, newUsed  []int64
+		oneStore          uint64
+	}{
+		{"fixed: old fails, new alone", throttler.All(s, h), composites, never, true, []int64{1, 0}, []int64{1, 1}, 1},
+		{"fixed: new fails the composite", throttler.All(s, h), never, composites, false, []int64{0, 0}, []int64{0, 0}, 0},
+		{"fixed: new fails the second member", throttler.All(s, h), never, member("h"), false, []int64{1, 1}, []int64{1, 0}, 0},
+		{"at once: old fails, new alone", throttler.All(tb, log), composites, never, true, []int64{0, 0}, []int64{1, 1}, 1},
+		{"at once: new fails", throttler.All(tb, log), never, composites, false, []int64{0, 0}, []int64{0, 0}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old, nw := mem(t), mem(t)
+			if tc.name == "fixed: new fails the second member" {
+				// s's window in old opens at 1s, h's at 0: new takes them one by one.
+				_, err := old.Take(ctx, "k", h, 1, t0)
+				require.NoError(t, err)
+				_, err = old.Take(ctx, "k", s, 1, t0.Add(time.Second))
+				require.NoError(t, err)
+				_, err = nw.Take(ctx, "k", s, 1, t0.Add(time.Second))
+				require.NoError(t, err)
+			}
+			if tc.name == "fixed: old fails, new alone" {
+				_, err := old.Take(ctx, "k", s, 1, t0.Add(time.Second))
+				require.NoError(t, err)
+			}
+			var clk monoClock
+			r := percent(t, 0)
+			m := clk.migration(t, failOn{old, tc.oldFails}, failOn{nw, tc.nwFails}, r, nil)
+			require.NoError(t, r.Set(100))
+			d, err := m.Take(ctx, "k", tc.c, 1, at)
+			if tc.allowed {
+				require.NoError(t, err)
+				assert.True(t, d.Allowed, "%+v", d)
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "new backend: ")
+			}
+			assert.Equal(t, tc.oldUsed, used(t, old, "k", tc.c, at), "old")
+			assert.Equal(t, tc.newUsed, used(t, nw, "k", tc.c, at), "new")
+			st := m.Stats().Moving
+			assert.Equal(t, tc.oneStore, st.OneStore)
+			assert.Zero(t, st.RefundFailed)
+		})
+	}
+}
