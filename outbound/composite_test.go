@@ -1,15 +1,11 @@
 package outbound_test
 
 import (
-	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 
-	"github.com/throttlekit/throttlekit/outbound"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -25,27 +21,7 @@ func TestCompositePacesToEveryLimit(t *testing.T) {
 		throttler.Policy{Name: "partner-m", Limit: 5, Window: 200 * time.Millisecond},
 	}
 	p := throttler.All(members...)
-	var admitted []throttler.Decision
-	var mu sync.Mutex
-	th, err := throttler.New(mustMemory(t), &throttler.Options{Observe: func(o throttler.Observation) {
-		if o.Op == throttler.OpTake && o.Policy == p && o.Decision.Allowed {
-			mu.Lock()
-			admitted = append(admitted, o.Decision)
-			mu.Unlock()
-		}
-	}})
-	require.NoError(t, err)
-	r := &remote{w: &world{}}
-	tr, err := outbound.New(th, &outbound.Options{Policy: p, Base: r})
-	require.NoError(t, err)
-	client := &http.Client{Transport: tr}
-	for range 7 {
-		resp, err := client.Get("https://gateway.example/")
-		require.NoError(t, err)
-		resp.Body.Close()
-	}
-	require.Len(t, r.Calls(), 7, "every call was sent")
-	require.Len(t, admitted, 7)
+	admitted := sendWaiting(t, p, 7)
 	for i, d := range admitted {
 		for j, md := range d.Members() {
 			opened := md.ResetAt.Add(-members[j].Window)
