@@ -54,14 +54,9 @@ const (
 
 // apply runs op (validated) under p's algorithm on the pair's state item.
 func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
-	return b.applyTo(ctx, newItemKeys(b.opts.Prefix, p, key), op, p, cost, receipt, now, nil)
-}
-
-// applyTo is apply on the pair's items k, starting from the state item as
-// read a moment ago when read is not nil (see update).
-func (b *Backend) applyTo(ctx context.Context, k itemKeys, op throttler.Op, p throttler.Policy, cost int64, receipt, now time.Time, read *readItem) (throttler.Decision, error) {
+	k := newItemKeys(b.opts.Prefix, p, key)
 	var d throttler.Decision
-	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, read, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
+	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, nil, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
 		d, value, end, write, err = compute(p, it, op, cost, receipt.UnixMilli(), now.UnixMilli())
 		return value, end, write, err
 	})

@@ -64,8 +64,10 @@ type member struct {
 	// A fixed window's head (from the cache or read) and its count.
 	w window
 	n int64
-	// Another algorithm's state item as read; nil: missing.
-	it *memcache.Item
+	// Another algorithm's state item as read; nil: missing. wrote is the
+	// state its Take wrote.
+	it    *memcache.Item
+	wrote []byte
 }
 
 // firstMember is a composite's first member.
@@ -274,7 +276,14 @@ func (b *Backend) takeMembers(ctx context.Context, key string, ms []member, cost
 // takeMember is member m's own Take of cost, from what readMembers read.
 func (b *Backend) takeMember(ctx context.Context, key string, m *member, cost int64, now time.Time) (throttler.Decision, error) {
 	if !m.fixed {
-		return b.applyTo(ctx, m.k, throttler.OpTake, m.p, cost, time.Time{}, now, &readItem{m.it})
+		var d throttler.Decision
+		t := now.UnixMilli()
+		err := b.update(ctx, m.k.state(), m.k.id, "state", b.opts.MaxAttempts, now, &readItem{m.it}, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
+			d, value, end, write, err = compute(m.p, it, throttler.OpTake, cost, 0, t)
+			m.wrote = value
+			return value, end, write, err
+		})
+		return d, err
 	}
 	if m.w.open {
 		d, err := b.count(ctx, m.k, m.p, cost, now, m.w.resetAt, false, m.w.cached)
@@ -310,9 +319,14 @@ func (b *Backend) undoMembers(ctx context.Context, ms []member, taken []int, cos
 //
 //   - fixed window: decr of the counter the Take incremented (its reset-at
 //     is taken's ResetAt), which stops at zero as a Refund's does.
-//   - token bucket: cost tokens back, up to the capacity, whatever refilled
-//     since: refills and takes are capped the same way, so this is the
-//     bucket the Take's absence would have left.
+//   - token bucket: cost tokens back, up to the capacity, when no refill
+//     has happened since the Take (the stored last refill is the Take's):
+//     exactly the bucket the Take's absence would have left. After a
+//     refill of R scaled units, the bucket without the Take may have been
+//     full in between, and lost up to R of the refill to the cap: only
+//     cost·w − R go back, so an undo never credits a token the Take's
+//     absence would not have left (it may credit less: more stays
+//     counted, until refilled).
 //   - sliding-window counter: cost off the window the Take counted in (its
 //     index is taken's ResetAt/w - 1), whether that is still the current
 //     one (curr) or now the previous one (prev); older, it weighs nothing.
@@ -341,7 +355,7 @@ func (b *Backend) undo(ctx context.Context, m *member, cost int64, taken throttl
 	var d throttler.Decision
 	t := now.UnixMilli()
 	err := b.update(ctx, m.k.state(), m.k.id, "state", b.opts.MaxAttempts, now, nil, func(it *memcache.Item) ([]byte, int64, bool, error) {
-		value, end, write, err := inverse(m.p, it, cost, r, t)
+		value, end, write, err := inverse(m.p, it, m.wrote, cost, r, t)
 		if err != nil {
 			return nil, 0, false, err
 		}
@@ -358,9 +372,9 @@ func (b *Backend) undo(ctx context.Context, m *member, cost int64, taken throttl
 }
 
 // inverse computes, from the state item it (nil: none), the state without
-// an admitted Take of cost made at t whose ResetAt was r (see undo), and
-// whether there is anything to write.
-func inverse(p throttler.Policy, it *memcache.Item, cost, r, t int64) (value []byte, end int64, write bool, err error) {
+// an admitted Take of cost made at t whose ResetAt was r and which wrote
+// the state wrote (see undo), and whether there is anything to write.
+func inverse(p throttler.Policy, it *memcache.Item, wrote []byte, cost, r, t int64) (value []byte, end int64, write bool, err error) {
 	if it == nil {
 		return nil, 0, false, nil // expired or evicted: nothing counts the units
 	}
@@ -371,8 +385,26 @@ func inverse(p throttler.Policy, it *memcache.Item, cost, r, t int64) (value []b
 		if err != nil || st.Window != w {
 			return nil, 0, false, err
 		}
+		taken, err := decodeBucket(wrote)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		back := cost * w // cost <= capacity: no overflow
+		switch {
+		case st.At < taken.At:
+			// Not the bucket the Take wrote (evicted, and made anew by a
+			// clock behind): the units are not in it.
+			return nil, 0, false, nil
+		case st.At > taken.At:
+			// Refilled since: (At − taken.At)·Limit, compared before it
+			// is formed.
+			if (st.At - taken.At) >= ceilDivInt(back, p.Limit) {
+				return nil, 0, false, nil
+			}
+			back -= (st.At - taken.At) * p.Limit
+		}
 		full := p.Capacity() * w
-		st.Tokens = min(full, min(max(st.Tokens, 0), full)+cost*w) // cost <= capacity: no overflow
+		st.Tokens = min(full, min(max(st.Tokens, 0), full)+back)
 		return appendBucket(make([]byte, 0, 24), st), algo.TokenBucketEnd(p, st), true, nil
 	case throttler.SlidingWindow:
 		st, err := decodeCounter(it.Value)
@@ -405,3 +437,6 @@ func inverse(p throttler.Policy, it *memcache.Item, cost, r, t int64) (value []b
 	}
 	return nil, 0, false, nil
 }
+
+// ceilDivInt is ceil(a/b) for a >= 0, b > 0.
+func ceilDivInt(a, b int64) int64 { return (a + b - 1) / b }
