@@ -328,3 +328,35 @@ func TestCompositeInverse(t *testing.T) {
 		})
 	}
 }
+
+// A Throttler over the backend takes composites, and refunds one member by
+// member under each member's receipt.
+func TestCompositeThroughAThrottler(t *testing.T) {
+	b, _ := newTestBackend(t)
+	now := t0
+	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !th.SupportsComposites() {
+		t.Fatal("a Throttler over the backend takes no composites")
+	}
+	ctx := context.Background()
+	login := throttler.All(throttler.PerSecond(1).Named("login-s"), throttler.PerHour(100).WithBurst(100).Named("login-h"))
+	d, err := th.AllowN(ctx, "user", login, 1)
+	if err != nil || !d.Allowed {
+		t.Fatalf("first login: %+v, %v", d, err)
+	}
+	now = now.Add(500 * time.Millisecond)
+	if again, err := th.AllowN(ctx, "user", login, 1); err != nil || again.Allowed || again.RetryAfter != 500*time.Millisecond {
+		t.Fatalf("second login within the second: %+v, %v; want denied, RetryAfter 500ms", again, err)
+	}
+	if _, err := th.Refund(ctx, "user", login, 1, d); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range login.Members() {
+		if got := peekMember(t, b, "user", m, now); got.Used != 0 {
+			t.Errorf("%v after the refund: Used %d, want 0", m, got.Used)
+		}
+	}
+}

@@ -110,6 +110,14 @@
 // pair may live on different servers, and each server's failure or eviction
 // affects the pair.
 //
+// # Composites
+//
+// A composite of policies (throttler.All) is read in one multi-key gets,
+// denied from that read without a write, or taken member by member with
+// exact undos when a member denies after all: as close to all or nothing as
+// Memcached allows, with the bound in composite.go and
+// docs/backends-memcached.md.
+//
 // # Failures and stores
 //
 // A failure of a server itself (a refused or reset connection, a timeout,
