@@ -45,8 +45,9 @@ import (
 //     of at most cost per member, for those round trips), never admitted
 //     past a limit. After the undo each member's state is what it would
 //     have been without the Take, but for a sliding log whose Take's
-//     entry a concurrent Refund has already emptied (then less is undone:
-//     more stays counted, never less).
+//     entry a concurrent Refund has already emptied, or a token bucket
+//     refilled in between (see undo): then less is undone, and more stays
+//     counted, never less.
 //   - A failure, or the process's end, between a member's Take and its
 //     undo leaves cost counted without admission in each member taken
 //     before (at most MaxMembers-1), and in the failing one if its write
@@ -55,6 +56,10 @@ import (
 //     (cost·Window/Limit), a sliding log when the Take's entry ends
 //     (Window), a sliding-window counter within two windows. A failed
 //     undo is returned as an error.
+//
+// The read reaches every server that holds a member's item, so a composite
+// fails while any of them does; its Store is its first member's (see
+// homeItem), and a failure is blamed on the server it came from.
 
 // member is what a composite's call knows of one member.
 type member struct {
