@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -348,5 +349,66 @@ func TestCompositeThroughAThrottler(t *testing.T) {
 		if got := peekMember(t, b, "user", m, now); got.Used != 0 {
 			t.Errorf("%v after the refund: Used %d, want 0", m, got.Used)
 		}
+	}
+}
+
+// A member's item that does not hold what the backend stores fails a
+// composite's Take and Peek with ErrBadItem, one key's failure, and the
+// Take writes nothing.
+func TestCompositeBadItems(t *testing.T) {
+	ctx := context.Background()
+	fw := throttler.PerMinute(3).Named("bi-fw")
+	tb := throttler.PerHour(9).WithBurst(9).Named("bi-tb")
+	c := throttler.All(fw, tb)
+	resetMs := t0.Add(fw.Window).UnixMilli()
+	for _, tt := range []struct {
+		name    string
+		corrupt func(f *fakeClient, fk, tk itemKeys)
+	}{
+		{"a head that is not a number", func(f *fakeClient, fk, _ itemKeys) { f.set(fk.head(), "soon") }},
+		{"a counter that is not a number", func(f *fakeClient, fk, _ itemKeys) {
+			f.set(fk.head(), strconv.FormatInt(resetMs, 10))
+			f.set(fk.counter(resetMs), "many")
+		}},
+		{"a state of another format", func(f *fakeClient, _, tk itemKeys) { f.set(tk.state(), "12") }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakeClient()
+			b := mustNew(t, f, &Options{NoCache: true})
+			tt.corrupt(f, newItemKeys(b.opts.Prefix, fw, "k"), newItemKeys(b.opts.Prefix, tb, "k"))
+			f.callCounts()
+			for _, op := range []throttler.Op{throttler.OpTake, throttler.OpPeek} {
+				_, err := backendDo(ctx, b, op, "k", c, t0)
+				if !errors.Is(err, ErrBadItem) || !errors.Is(err, throttler.ErrKeyState) {
+					t.Errorf("%v: err %v, want ErrBadItem, a key's failure", op, err)
+				}
+			}
+			if calls := f.callCounts(); calls["getm"] < 2 || len(calls) != 1 {
+				t.Errorf("calls %v, want reads alone", calls)
+			}
+		})
+	}
+}
+
+// A window cached by this process whose counter has gone (evicted) is not
+// counted from memory: the member's Take reads the head again, as a single
+// Take does, and the composite counts in the window the head names.
+func TestCompositeVanishedCounter(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeClient()
+	b := mustNew(t, f, nil)
+	fw := throttler.PerMinute(3).Named("vc-fw")
+	c := throttler.All(fw, throttler.PerHour(9).Named("vc-h"))
+	if _, err := b.Take(ctx, "k", c, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	k := newItemKeys(b.opts.Prefix, fw, "k")
+	f.evict(k.counter(t0.Add(fw.Window).UnixMilli()))
+	d, err := b.Take(ctx, "k", c, 2, t0.Add(time.Second))
+	if err != nil || !d.Allowed {
+		t.Fatalf("%+v, %v", d, err)
+	}
+	if got := peekMember(t, b, "k", fw, t0.Add(time.Second)); got.Used != 2 || !got.ResetAt.Equal(t0.Add(fw.Window)) {
+		t.Errorf("the window after its counter vanished: %+v, want 2 used in the window of the head", got)
 	}
 }
