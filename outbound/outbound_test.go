@@ -68,6 +68,12 @@ func (c *counted) Refund(ctx context.Context, key string, p throttler.Policy, co
 	return c.Backend.Refund(ctx, key, p, cost, receipt, now)
 }
 
+// Traits are the store's but for Route and Store, which would bypass the
+// counts: the composites and the other traits of the memory backend.
+func (c *counted) Traits() throttler.Traits {
+	return throttler.Traits{Composites: throttler.TraitsOf(c.Backend).Composites}
+}
+
 // call is one request as the remote saw it.
 type call struct {
 	at     time.Time

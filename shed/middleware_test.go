@@ -388,3 +388,46 @@ func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	now = now.Add(time.Minute)
 	checkHeaders(t, "returning at the reset", serve(), 200, nil)
 }
+
+// TestMiddlewareRateComposite: a login's 2 a minute and 3 an hour as one
+// composite in shed's rate slot. The refusal is the rate's, names the
+// binding member, and spends nothing: the hour, refused by the minute,
+// still has room when the minute comes back.
+func TestMiddlewareRateComposite(t *testing.T) {
+	store, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	login := throttler.All(throttler.PerMinute(2).Named("login-m"), throttler.PerHour(3).Named("login-h"))
+	rate, err := httplimit.Rate(th, login, httplimit.KeyByHeader("Client"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	serve := func() *httptest.ResponseRecorder {
+		r := newRequest("POST", "/login")
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	checkHeaders(t, "first", serve(), 200, map[string]string{"X-RateLimit-Remaining": "1", "X-RateLimit-Resource": "login-m"})
+	checkHeaders(t, "second", serve(), 200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Resource": "login-m"})
+	for range 3 {
+		checkHeaders(t, "over the minute", serve(), 429, map[string]string{
+			shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "login-m", "Retry-After": "60"})
+	}
+	now = now.Add(time.Minute)
+	checkHeaders(t, "the hour's last", serve(), 200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Resource": "login-h"})
+	checkHeaders(t, "over the hour", serve(), 429, map[string]string{
+		shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "login-h", "Retry-After": "3540"})
+}
