@@ -362,34 +362,20 @@ func TestCLI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		th, err := throttler.New(rstore, &throttler.Options{Clock: func() time.Time { return now }})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := throttler.PerHour(1).Named("cli-enforce").EnforcedBy(enforce)
 		keys := make([]string, 300)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("cli-enforce:%d", i)
-			if d, err := th.Allow(ctx, keys[i], p); err != nil || !d.Allowed || d.WouldDeny {
-				t.Fatalf("first call of %q: %+v, %v", keys[i], d, err)
-			}
 		}
+		th, p := enforceAtLimit(t, rstore, enforce, keys, now)
 		for _, pct := range []int{1, 10, 100, 0} {
 			set(pct)
 			if err := src.Reload(); err != nil {
 				t.Fatal(err)
 			}
-			n := 0
-			for _, k := range keys {
-				d, err := th.Allow(ctx, k, p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if want := flags.Bucket(group, k) <= pct; d.Allowed == want || d.Allowed != d.WouldDeny {
-					t.Fatalf("at %d%%: %q answered %+v; its bucket says enforced %v", pct, k, d, want)
-				}
-				if !d.Allowed {
-					n++
+			refused, n := enforceRefused(t, th, p, keys)
+			for i, k := range keys {
+				if want := flags.Bucket(group, k) <= pct; refused[i] != want {
+					t.Fatalf("at %d%%: %q refused %v; its bucket says enforced %v", pct, k, refused[i], want)
 				}
 			}
 			if pct > 0 && n == 0 {

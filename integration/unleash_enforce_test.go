@@ -11,6 +11,25 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
+// enforceAtLimit returns a Throttler on b whose clock stays at now, and a
+// policy of one call an hour enforced by e, with every key at its limit: its
+// next call is a denial, or in dry run a would-be denial, which counts
+// nothing, so every later call of the test is one too.
+func enforceAtLimit(t *testing.T, b throttler.Backend, e throttler.Enforcer, keys []string, now time.Time) (*throttler.Throttler, throttler.Policy) {
+	t.Helper()
+	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := throttler.PerHour(1).Named("enforce-it").EnforcedBy(e)
+	for _, k := range keys {
+		if d, err := th.Allow(context.Background(), k, p); err != nil || !d.Allowed || d.WouldDeny {
+			t.Fatalf("first call of %q: %+v, %v", k, d, err)
+		}
+	}
+	return th, p
+}
+
 // enforceRefused makes one Allow for each key, every key at its limit, and
 // returns which were refused and how many; a call that is not refused
 // must be a would-be denial (dry run), or the test fails.
@@ -65,19 +84,7 @@ func TestUnleashEnforcement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One instant for every call: the window never ends, and a would-be
-	// denial counts nothing, so each key stays at its limit throughout.
-	now := time.Date(2031, 6, 1, 12, 0, 0, 0, time.UTC)
-	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := throttler.PerHour(1).Named("enforce-it").EnforcedBy(enforce)
-	for _, k := range keys {
-		if d, err := th.Allow(context.Background(), k, p); err != nil || !d.Allowed || d.WouldDeny {
-			t.Fatalf("first call of %q: %+v, %v", k, d, err)
-		}
-	}
+	th, p := enforceAtLimit(t, m, enforce, keys, time.Date(2031, 6, 1, 12, 0, 0, 0, time.UTC))
 
 	// Before the client has fetched the feature every key is in dry run
 	// anyway: wait until it has, so that 0% is Unleash's.
