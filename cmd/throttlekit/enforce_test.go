@@ -188,3 +188,100 @@ func TestRolloutEnforcementDrivesPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestRolloutGetKey: what get --key says of each key is what the
+// application's File says at that percentage (enforced, or on the new
+// store), and the percentage it names is the first that takes the key in.
+func TestRolloutGetKey(t *testing.T) {
+	const group = "limit-api"
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, content string
+		flags         []string
+		in, out       string
+	}{
+		{"enforcement", `{"percent":30,"mirror":false}`, []string{"--enforcement"}, "enforced", "in dry run"},
+		{"migration", `{"percent":30,"mirror":true}`, nil, "on the new store", "on the old store"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, tc.name+".json")
+			if err := os.WriteFile(path, []byte(tc.content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			src, err := flags.NewFile(path, &flags.FileOptions{GroupID: group, Interval: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			args := append([]string{"rollout", "get", "--file", path, "--group", group}, tc.flags...)
+			keys := make([]string, 300)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("user:%d", i)
+				args = append(args, "--key", keys[i])
+			}
+			te := newTestEnv(t)
+			if code := te.run(args...); code != exitOK {
+				t.Fatalf("exit %d, stderr %q", code, te.errb.String())
+			}
+			lines := strings.Split(strings.TrimSuffix(te.out.String(), "\n"), "\n")
+			if len(lines) < len(keys) {
+				t.Fatalf("%d lines for %d keys:\n%s", len(lines), len(keys), te.out.String())
+			}
+			lines = lines[len(lines)-len(keys):]
+			in := 0
+			for i, k := range keys {
+				prefix := fmt.Sprintf("key %q: bucket ", k)
+				var bucket int
+				var rest string
+				if !strings.HasPrefix(lines[i], prefix) {
+					t.Fatalf("line %q does not start with %q", lines[i], prefix)
+				}
+				if _, err := fmt.Sscanf(lines[i][len(prefix):], "%d of group %q:", &bucket, new(string)); err != nil {
+					t.Fatalf("line %q: %v", lines[i], err)
+				}
+				rest = lines[i][strings.LastIndex(lines[i], ": ")+2:]
+				if src.UseNew(k) {
+					in++
+					if rest != tc.in {
+						t.Errorf("%q is in the File's 30%%, the command says %q", k, lines[i])
+					}
+					continue
+				}
+				if want := fmt.Sprintf("%s until the percentage reaches %d", tc.out, bucket); rest != want {
+					t.Errorf("%q: %q, want %q", k, lines[i], want)
+				}
+				// The percentage named is the first that takes the key in.
+				for _, p := range []int{bucket - 1, bucket} {
+					pct, err := flags.NewPercentFor(group, p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if pct.UseNew(k) != (p == bucket) {
+						t.Errorf("%q: at %d%% in the rollout %v", k, p, pct.UseNew(k))
+					}
+				}
+			}
+			if in == 0 || in == len(keys) {
+				t.Errorf("%d of %d keys in a 30%% rollout", in, len(keys))
+			}
+		})
+	}
+}
+
+func TestRolloutGetKeyUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--key", "user:1"}, "--key needs --group"},
+		{[]string{"--group", "g"}, "--group is for --key"},
+		{[]string{"--group", "g", "--key", "user:1", "--json"}, "--key is printed as text; leave out --json"},
+		{[]string{"--group", "g", "--key", strings.Repeat("k", throttler.MaxKeyLen+1)}, "throttler: invalid key"},
+	} {
+		te := newTestEnv(t)
+		args := append([]string{"rollout", "get", "--file", "f"}, tc.args...)
+		if code := te.run(args...); code != exitUsage || te.out.Len() > 0 || !strings.Contains(te.errb.String(), tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want a usage error saying %q", tc.args, code, te.out.String(), te.errb.String(), tc.want)
+		}
+	}
+}

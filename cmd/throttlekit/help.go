@@ -137,8 +137,11 @@ application's. Nothing is written to a replica. A Redis Cluster or Ring
 client is not supported.`
 
 var rolloutGetPage = manPage{
-	name:     "throttlekit rollout get - print a file rollout's settings",
-	synopsis: []string{"throttlekit rollout get --file path [--enforcement] [--json]"},
+	name: "throttlekit rollout get - print a file rollout's settings",
+	synopsis: []string{
+		"throttlekit rollout get --file path [--enforcement] [--json]",
+		"throttlekit rollout get --file path [--enforcement] --group g --key k...",
+	},
 	description: `Reads the rollout file that the application's flags.NewFile watches, exactly
 as it reads it: a regular file holding one JSON object with an integer
 "percent" from 0 to 100 and an optional boolean "mirror"; an unknown or
@@ -151,7 +154,12 @@ flags.Enforcement(flags.File): it prints the share of keys the policy
 refuses beyond its limit; the others are in dry run (counted, admitted, and
 reported as would-be denials). A file with mirroring on is refused: only a
 store migration's rollout file has it, so the path is probably the wrong
-file.`,
+file.
+
+With --key, it also says where each key stands: its bucket (1 to 100) in the
+--group the application buckets in, and so whether the percentage puts it
+in (on the new store, or enforced) or which percentage would. The group is
+not in the file: give the application's FileOptions.GroupID.`,
 	exits: []int{exitOK, exitUsage, exitFailed},
 	examples: `Read the settings:
 
@@ -169,7 +177,16 @@ A policy's enforcement:
 
     $ throttlekit rollout get --enforcement --file /etc/throttlekit/limit-api-v2.json
     file:     /etc/throttlekit/limit-api-v2.json
-    enforced: 10% of keys; the others in dry run`,
+    enforced: 10% of keys; the others in dry run
+
+Is a client refused by the new limit yet?
+
+    $ throttlekit rollout get --enforcement --file limit-api-v2.json \
+        --group limit-api-v2 --key user:42 --key user:1
+    file:     limit-api-v2.json
+    enforced: 10% of keys; the others in dry run
+    key "user:42": bucket 83 of group "limit-api-v2": in dry run until the percentage reaches 83
+    key "user:1": bucket 5 of group "limit-api-v2": enforced`,
 }
 
 var rolloutSetPage = manPage{
@@ -375,7 +392,7 @@ func (e *env) printMain(w io.Writer) {
 	m := manPage{
 		name: "throttlekit - operate a store migration or a limit's enforcement",
 		synopsis: []string{
-			"throttlekit rollout get --file path [--enforcement] [--json]",
+			"throttlekit rollout get --file path [--enforcement] [--json | --group g --key k]",
 			"throttlekit rollout set --file path [--mirror on|off] [--json] percent",
 			"throttlekit rollout set --enforcement --file path [--json] percent",
 			"throttlekit inspect --policy spec --key key [store options] [--json]",

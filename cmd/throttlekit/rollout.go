@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
@@ -51,6 +52,15 @@ func rolloutGetCommand() *command {
 		file := fs.String("file", "", "The rollout `file` (required): the path the application's flags.NewFile reads.")
 		enforcement := fs.Bool("enforcement", false, enforcementUsage)
 		asJSON := fs.Bool("json", false, "Print the settings as the JSON object the file holds, in its canonical form.")
+		var keys []string
+		fs.Func("key", "Say where the `key` stands: its bucket, and whether the percentage puts it in (on the new store, or enforced) or how far it has to rise to. Repeat it for several keys; it needs --group.", func(s string) error {
+			if err := validateKey(s); err != nil {
+				return err
+			}
+			keys = append(keys, s)
+			return nil
+		})
+		group := fs.String("group", "", "The bucketing `group` of --key: the application's FileOptions.GroupID, or "+flags.DefaultGroupID+" when it gives none (flags.DefaultGroupID).")
 		return func(_ context.Context, args []string) int {
 			const cmd = "rollout get"
 			switch {
@@ -58,6 +68,12 @@ func rolloutGetCommand() *command {
 				return e.usage(cmd, "--file is required")
 			case len(args) > 0:
 				return e.usage(cmd, "unexpected argument %q", args[0])
+			case len(keys) > 0 && *group == "":
+				return e.usage(cmd, "--key needs --group, the group the application buckets the file's keys in (FileOptions.GroupID; %s when it gives none)", flags.DefaultGroupID)
+			case *group != "" && len(keys) == 0:
+				return e.usage(cmd, "--group is for --key; give the keys to look up")
+			case len(keys) > 0 && *asJSON:
+				return e.usage(cmd, "--key is printed as text; leave out --json")
 			}
 			s, err := rollout.Read(*file)
 			if err == nil && *enforcement {
@@ -74,6 +90,9 @@ func rolloutGetCommand() *command {
 				fmt.Fprintf(e.stdout, "file:     %s\nenforced: %s\n", *file, enforcedShare("", s.Percent))
 			default:
 				fmt.Fprintf(e.stdout, "file:    %s\npercent: %d\nmirror:  %s\n", *file, s.Percent, onOffWord(s.Mirror))
+			}
+			for _, k := range keys {
+				fmt.Fprintf(e.stdout, "key %q: %s\n", k, keyStanding(*group, k, s.Percent, *enforcement))
 			}
 			return exitOK
 		}
@@ -192,6 +211,20 @@ func enforcedShare(was string, p int) string {
 		return fmt.Sprintf("%s100%% of keys", was)
 	}
 	return fmt.Sprintf("%s%d%% of keys; the others in dry run", was, p)
+}
+
+// keyStanding says where key stands in a rollout of p percent bucketed in
+// group: in it (on the new store, or enforced) or from which percentage.
+func keyStanding(group, key string, p int, enforcement bool) string {
+	b := flags.Bucket(group, key)
+	in, out := "on the new store", "on the old store"
+	if enforcement {
+		in, out = "enforced", "in dry run"
+	}
+	if b <= p {
+		return fmt.Sprintf("bucket %d of group %q: %s", b, group, in)
+	}
+	return fmt.Sprintf("bucket %d of group %q: %s until the percentage reaches %d", b, group, out, b)
 }
 
 // parsePercent reads "25" or "25%", a whole number from 0 to 100.
