@@ -53,7 +53,7 @@ func rolloutGetCommand() *command {
 		enforcement := fs.Bool("enforcement", false, enforcementUsage)
 		asJSON := fs.Bool("json", false, "Print the settings as the JSON object the file holds, in its canonical form.")
 		var keys []string
-		fs.Func("key", "Say where the `key` stands: its bucket, and whether the percentage puts it in (on the new store, or enforced) or how far it has to rise to. Repeat it for several keys; it needs --group.", func(s string) error {
+		fs.Func("key", "Say where the `key` stands: its bucket, and whether the percentage puts it in (on the new store, or enforced) or from which percentage it would be. Repeat it for several keys; it needs --group.", func(s string) error {
 			if err := validateKey(s); err != nil {
 				return err
 			}
