@@ -104,7 +104,7 @@ func TestUnleashEnforcement(t *testing.T) {
 		// interval. Time both.
 		published := make(chan time.Duration, 1)
 		go func() {
-			poll(10*refresh, unleashPollEvery, func(context.Context) bool { p, err := srv.unleashPublished(feature); return err == nil && p == pct })
+			poll(10*refresh, unleashPollEvery, func(context.Context) bool { v, err := srv.unleashPublished(feature); return err == nil && v == pct })
 			published <- time.Since(start)
 		}()
 		want := make([]bool, len(keys))
@@ -140,6 +140,8 @@ func TestUnleashEnforcement(t *testing.T) {
 				t.Fatalf("at %d%%: key %q refused %v, its bucket (%d) says %v", pct, k, got[i], flags.Bucket(feature, k), want[i])
 			}
 		}
+		// The exact sets agree; this only guards the expectation itself
+		// against a bucketing that puts nearly every key on one side.
 		if pct > 0 && pct < 100 {
 			if share := float64(n) * 100 / float64(len(keys)); share < float64(pct)-3 || share > float64(pct)+3 {
 				t.Errorf("at %d%%: %.1f%% of keys refused", pct, share)
