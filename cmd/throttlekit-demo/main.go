@@ -28,7 +28,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
-	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint")
+	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint but /login")
 	window := flag.Duration("window", time.Minute, "window length")
 	burst := flag.Int64("burst", 0, "capacity of /search's token bucket (default: twice -limit)")
 	sh := defaultShedding(0, 0)
