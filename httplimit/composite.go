@@ -36,8 +36,9 @@ func bindingOf(p throttler.Policy, d throttler.Decision) throttler.Policy {
 // longest); an admitted answer that leaves a member nothing names the
 // latest reset of those members, each by its own algorithm (resetOf);
 // another names the binding ResetAt. RateLimit-Policy lists every member
-// in order, RateLimit names the binding one.
-func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool) {
+// in order, RateLimit names the binding one. A member not shown (in dry run
+// for the key) is in none of them.
+func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool, shown audience) {
 	bp := bindingOf(p, d)
 	reset := time.Time{}
 	if !d.ResetAt.IsZero() {
@@ -49,7 +50,7 @@ func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision
 			ms[i] = m
 		}
 		for i, md := range d.Members() {
-			if r := resetOf(ms[i], md); md.Remaining == 0 && r.After(reset) {
+			if r := resetOf(ms[i], md); md.Remaining == 0 && r.After(reset) && shown.shown(ms[i]) {
 				reset = r
 			}
 		}
@@ -60,7 +61,9 @@ func setCompositeHeaders(h http.Header, p throttler.Policy, d throttler.Decision
 	}
 	var list []string
 	for i, m := range p.Members() {
-		list = append(list, fmt.Sprintf("%q;q=%d;w=%d", memberName(m, i), m.Limit, ceilSeconds(m.Window)))
+		if shown.shown(m) {
+			list = append(list, fmt.Sprintf("%q;q=%d;w=%d", memberName(m, i), m.Limit, ceilSeconds(m.Window)))
+		}
 	}
 	h.Set("RateLimit-Policy", strings.Join(list, ", "))
 	h.Set("RateLimit", fmt.Sprintf("%q;r=%d;t=%d", memberName(bp, d.Binding()), d.Remaining, ceilSeconds(reset.Sub(d.At))))

@@ -84,3 +84,40 @@ func TestRateRefusesABadEnforcer(t *testing.T) {
 	_, err := httplimit.Rate(th, p, httplimit.KeyByRemoteIP, nil)
 	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
 }
+
+// TestRateCompositeMemberDryRun: a login enforced at 2 a second with a
+// new 3-an-hour member in dry run. The dry-run member never refuses and is
+// in no header, unless DryRunHeaders lists it; the numbers shown are the
+// enforced member's, so Remaining never says 0 to a client that is then
+// admitted. A key that enforces the hour is refused by it.
+func TestRateCompositeMemberDryRun(t *testing.T) {
+	hour := throttler.PerHour(3).Named("login-h").EnforcedBy(&keySet{keys: map[string]bool{"alice": true}})
+	login := throttler.All(throttler.PerSecond(2).Named("login-s"), hour)
+	for _, opted := range []bool{false, true} {
+		now := t0
+		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return now }})
+		h := newRate(t, th, login, httplimit.KeyByHeader("X-Client"),
+			&httplimit.Options{DryRunHeaders: opted, IETFHeaders: true})(etagHandler)
+		listed := `"login-s";q=2;w=1`
+		if opted {
+			listed += `, "login-h";q=3;w=3600`
+		}
+		for i, want := range []string{"1", "0", "1", "0", "1", "0"} {
+			now = t0.Add(time.Duration(i/2) * time.Second)
+			w := serve(h, "X-Client", "bob")
+			require.Equal(t, http.StatusOK, w.Code, "bob, call %d (the hour would deny from call 3)", i)
+			assert.Equal(t, want, w.Header().Get("X-RateLimit-Remaining"), "bob, call %d", i)
+			assert.Equal(t, "login-s", w.Header().Get("X-RateLimit-Resource"), "bob, call %d", i)
+			assert.Equal(t, listed, w.Header().Get("RateLimit-Policy"), "bob, call %d", i)
+		}
+		for i, code := range []int{200, 200, 200, 429} {
+			now = t0.Add(time.Duration(i/2) * time.Second)
+			w := serve(h, "X-Client", "alice")
+			require.Equal(t, code, w.Code, "alice, call %d", i)
+			assert.Equal(t, `"login-s";q=2;w=1, "login-h";q=3;w=3600`, w.Header().Get("RateLimit-Policy"))
+			if code == 429 {
+				assert.Equal(t, "login-h", w.Header().Get("X-RateLimit-Resource"), "the hour refuses alice")
+			}
+		}
+	}
+}

@@ -59,8 +59,9 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 			// A key the policy does not enforce (dry run) is told
 			// nothing of it, unless Options.DryRunHeaders asks.
 			headers := o.DryRunHeaders || enforced(p, k, d)
+			shown := audience{key: k, dryRun: o.DryRunHeaders}
 			if headers {
-				setRateHeaders(w.Header(), p, d, o.IETFHeaders)
+				setRateHeaders(w.Header(), p, d, o.IETFHeaders, shown)
 			}
 			if !d.Allowed {
 				refuse(w, o.DeniedStatus, d.RetryAfter, "rate limit exceeded: "+rate(bindingOf(p, d)))
@@ -76,17 +77,41 @@ func Rate(th *throttler.Throttler, p throttler.Policy, key KeyFunc, opts *Option
 				// refund runs without the cancellation, bounded by the
 				// Throttler's Timeout, as a lease's Release does.
 				if d, err := th.Refund(context.WithoutCancel(r.Context()), k, p, 1, d); err == nil && headers {
-					setRateHeaders(w.Header(), p, d, o.IETFHeaders)
+					setRateHeaders(w.Header(), p, d, o.IETFHeaders, shown)
 				}
 			}), r)
 		})
 	}, nil
 }
 
+// audience is who reads a response's headers: the client of key, and
+// whether Options.DryRunHeaders shows it what runs in dry run for it.
+type audience struct {
+	key    string
+	dryRun bool
+}
+
+// shown reports whether the headers show member m of a composite: not when
+// it is in dry run for the key (its numbers are not in the composite's
+// Decision either, see throttler.Decision.Binding), unless DryRunHeaders.
+func (a audience) shown(m throttler.Policy) bool {
+	return a.dryRun || enforced(m, a.key, throttler.Decision{Allowed: true})
+}
+
 // enforced reports whether p is enforced for key k, whose decision is d:
 // a denial is, a would-be denial is not, and an admission asks
-// p's Enforcer (the Throttler asks it only of denials).
+// p's Enforcer (the Throttler asks it only of denials). A composite whose
+// members have their own enforcement is enforced when any member is.
 func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
+	if p.Composite() && p.Enforcer() == nil && d.Allowed {
+		// Its members may have their own: enforced if any is.
+		for _, m := range p.Members() {
+			if enforced(m, k, d) {
+				return true
+			}
+		}
+		return false
+	}
 	switch {
 	case p.Enforcer() == nil || !d.Allowed:
 		return true
@@ -100,9 +125,9 @@ func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
 // was made (d.At, the Throttler's reading of its clock for it), so that the
 // clock is read once per decision. A degraded decision with no known count
 // sets only the limit.
-func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool) {
+func setRateHeaders(h http.Header, p throttler.Policy, d throttler.Decision, ietf bool, shown audience) {
 	if p.Composite() {
-		setCompositeHeaders(h, p, d, ietf)
+		setCompositeHeaders(h, p, d, ietf, shown)
 		return
 	}
 	reset := resetOf(p, d)

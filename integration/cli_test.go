@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -331,6 +332,59 @@ func TestCLI(t *testing.T) {
 		}
 		if entries, _ := os.ReadDir(filepath.Dir(path)); len(entries) != 1 {
 			t.Errorf("the directory holds %d entries, want the rollout file alone", len(entries))
+		}
+		// The migration's file is no enforcement file.
+		if _, errOut, code := cliRun(t, bin, "rollout", "set", "--enforcement", "--file", path, "0"); code != 4 || !strings.Contains(errOut, "has mirroring on") {
+			t.Errorf("set --enforcement on the migration's file: exit %d, %s", code, errOut)
+		}
+	})
+
+	// A policy's enforcement, ramped by the program through a file that the
+	// application reads with flags.Enforcement(flags.File), on Redis: at
+	// each step the keys refused are those bucketed within the percentage.
+	t.Run("rollout --enforcement", func(t *testing.T) {
+		const group = "limit-cli"
+		path := filepath.Join(t.TempDir(), "limit-cli.json")
+		set := func(pct int) {
+			t.Helper()
+			out, errOut, code := cliRun(t, bin, "rollout", "set", "--enforcement", "--file", path, fmt.Sprint(pct))
+			if code != 0 || !strings.Contains(out, fmt.Sprintf("enforced: %d%%", pct)) && !strings.Contains(out, fmt.Sprintf("-> %d%%", pct)) {
+				t.Fatalf("set %d: exit status %d, stdout %q, stderr %s", pct, code, out, errOut)
+			}
+		}
+		set(0)
+		src, err := flags.NewFile(path, &flags.FileOptions{GroupID: group, Interval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		enforce, err := flags.Enforcement(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys := make([]string, 300)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("cli-enforce:%d", i)
+		}
+		th, p := enforceAtLimit(t, rstore, enforce, keys, now)
+		for _, pct := range []int{1, 10, 100, 0} {
+			set(pct)
+			if err := src.Reload(); err != nil {
+				t.Fatal(err)
+			}
+			refused, n := enforceRefused(t, th, p, keys)
+			for i, k := range keys {
+				if want := flags.Bucket(group, k) <= pct; refused[i] != want {
+					t.Fatalf("at %d%%: %q refused %v; its bucket says enforced %v", pct, k, refused[i], want)
+				}
+			}
+			if pct > 0 && n == 0 {
+				t.Errorf("at %d%%: no key refused", pct)
+			}
+			out, _, code := cliRun(t, bin, "rollout", "get", "--enforcement", "--file", path)
+			if code != 0 || !strings.Contains(out, fmt.Sprintf("enforced: %d%% of keys", pct)) {
+				t.Errorf("get at %d%%: exit %d, %q", pct, code, out)
+			}
 		}
 	})
 }

@@ -110,3 +110,46 @@ func BenchmarkTake(b *testing.B) {
 		run(name+"/bucket", m, bucket)
 	}
 }
+
+// BenchmarkTakeComposite: a composite of a fixed window and a bucket beside
+// its fixed window alone, through a Migration over two memory stores,
+// mirroring off: "still", the key on one store; "moving", every key moving
+// (0% → 100% just now), the composite taken on old, then its members on
+// new at their own instants (the fixed window's at its window's start).
+func BenchmarkTakeComposite(b *testing.B) {
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "user-" + strconv.Itoa(i*7919)
+	}
+	fixed := throttler.PerHour(1 << 40).Named("api")
+	c := throttler.All(fixed, throttler.PerSecond(1<<20).WithBurst(1<<30).Named("rate"))
+	now := time.Unix(1e9, 0)
+	for _, moving := range []bool{false, true} {
+		r := percent(b, 0)
+		m, err := New(mem(b), mem(b), r, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = m.Close() })
+		name := "still"
+		if moving {
+			name = "moving"
+			_ = r.Set(100)
+		}
+		for _, p := range []throttler.Policy{fixed, c} {
+			kind := "fixed"
+			if p.Composite() {
+				kind = "composite"
+			}
+			b.Run(name+"/"+kind, func(b *testing.B) {
+				b.ReportAllocs()
+				ctx := context.Background()
+				for i := 0; b.Loop(); i++ {
+					if _, err := m.Take(ctx, keys[i&1023], p, 1, now); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

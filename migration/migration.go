@@ -79,7 +79,9 @@ const defaultSettle = 30 * time.Second
 // percentage is moving to both stores at once. Take, Peek and Refund go to
 // the store that serves the key now, through its shadow; a moving key's go
 // to both stores (see Options.Settle). When both stores hold leases, so
-// does a Migration (Traits; see Acquire). The rollout's UseNew says which
+// does a Migration (Traits; see Acquire); when both take composites
+// (throttler.All), so does it, a moving key's all or nothing across both
+// stores ("Moving keys" in docs/migration.md). The rollout's UseNew says which
 // store serves a key. Traits say whether both stores' calls never block
 // and the store a call reaches: the serving store's own name for it (a
 // shard, a server), or "old" or "new" (Options.Router's names) for a store
@@ -95,6 +97,7 @@ type Migration struct {
 	stores           [2]store
 	leases           [2]throttler.LeaseBackend
 	oldName, newName string
+	composites       bool // both stores take composites
 	// moves is nil for a rollout that cannot tell its percentage.
 	moves *mover
 	// A moving key's call bumps these: apart from the fields it reads.
@@ -181,6 +184,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 		return nil, err
 	}
 	m.router = rt
+	m.composites = rt.Traits().Composites
 	if rt.Traits().Leases {
 		m.leases[0], m.leases[1] = oldB.(throttler.LeaseBackend), newB.(throttler.LeaseBackend)
 	}
@@ -190,7 +194,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 // Take takes cost units from key's budget under p: see throttler.Backend.
 // The Migration does not validate: the stores do.
 func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
-	if p.Composite() {
+	if p.Composite() && !m.composites {
 		return throttler.Decision{}, errComposite
 	}
 	return m.router.Take(ctx, key, p, cost, now)
@@ -198,7 +202,7 @@ func (m *Migration) Take(ctx context.Context, key string, p throttler.Policy, co
 
 // Peek reports key's budget under p without taking from it.
 func (m *Migration) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
-	if p.Composite() {
+	if p.Composite() && !m.composites {
 		return throttler.Decision{}, errComposite
 	}
 	return m.router.Peek(ctx, key, p, now)
@@ -210,13 +214,12 @@ func (m *Migration) Refund(ctx context.Context, key string, p throttler.Policy, 
 	return m.router.Refund(ctx, key, p, cost, receipt, now)
 }
 
-// Traits are its router's: in process when both stores are, each call's
-// store named as Migration says, and a Throttler's call over m named and
-// sent from one reading of the rollout; but no composites (see
-// errComposite).
+// Traits are its router's: in process when both stores are, taking
+// composites when both stores do (see composite.go), each call's store
+// named as Migration says, and a Throttler's call over m named and sent
+// from one reading of the rollout.
 func (m *Migration) Traits() throttler.Traits {
 	t := m.router.Traits()
-	t.Composites = false
 	route := t.Route
 	t.Route = func(b throttler.Backend, op throttler.Op, key string, p throttler.Policy) (string, throttler.Backend) {
 		if b != throttler.Backend(m) {

@@ -210,8 +210,17 @@ func (mv *mover) observe(pct int) *history {
 // store a key moves to may have opened its windows at other instants than
 // the store it comes from (it missed the call that opened one), and only
 // once it counts in the same windows (see phased) may it serve alone.
-// Anything else (the store refuses such a policy) gets 2·Window.
+// Anything else (the store refuses such a policy) gets 2·Window. A
+// composite's is the longest of its members': each member's old state
+// changes answers as long as it would alone.
 func horizon(p throttler.Policy) time.Duration {
+	if p.Composite() {
+		var h time.Duration
+		for _, m := range p.Members() {
+			h = max(h, horizon(m))
+		}
+		return h
+	}
 	w := p.Window
 	if w <= 0 {
 		return 0
@@ -402,14 +411,21 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 	if toNew {
 		s, o = o, s
 	}
-	if p.Algorithm == throttler.FixedWindow && (op == throttler.OpTake || op == throttler.OpRefund) {
+	switch {
+	case p.Composite():
+		if op == throttler.OpTake && hasFixedWindow(p) {
+			return m.phasedComposite(ctx, key, p, cost, now, s, o)
+		}
+	case p.Algorithm == throttler.FixedWindow && (op == throttler.OpTake || op == throttler.OpRefund):
 		return m.phased(ctx, op, key, p, cost, receipt, now, s, o)
 	}
+	// A Refund of a composite is refused by the stores (see
+	// throttler.Backend): it ends with the serving store's error.
 	sd, serr, od, oerr := m.parallel(ctx, op, key, p, cost, receipt, now, s, o)
 	switch {
 	case serr != nil:
 		if op == throttler.OpTake && oerr == nil && od.Allowed {
-			m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
+			m.giveBack(ctx, o, key, p, cost, od, now)
 		}
 		return throttler.Decision{}, serr
 	case oerr != nil:
@@ -417,15 +433,27 @@ func (m *Migration) both(ctx context.Context, op throttler.Op, key string, p thr
 		return sd, nil
 	case op == throttler.OpTake && sd.Allowed != od.Allowed:
 		if sd.Allowed {
-			m.compensate(ctx, s, key, p, cost, sd.ResetAt, now)
+			m.giveBack(ctx, s, key, p, cost, sd, now)
 			return od, nil
 		}
-		m.compensate(ctx, o, key, p, cost, od.ResetAt, now)
+		m.giveBack(ctx, o, key, p, cost, od, now)
 		return sd, nil
+	case p.Composite():
+		return m.stricterMembers(ctx, op, key, p, s, sd, od, now), nil
 	case op == throttler.OpTake && p.Algorithm == throttler.TokenBucket:
 		m.level(ctx, s, key, p, sd, od, now)
 	}
 	return stricter(sd, od), nil
+}
+
+// giveBack refunds cost to st, which admitted d, a Take the call did not admit
+// in the end: see compensate, and for a composite compensateMembers.
+func (m *Migration) giveBack(ctx context.Context, st store, key string, p throttler.Policy, cost int64, d throttler.Decision, now time.Time) {
+	if p.Composite() {
+		m.compensateMembers(ctx, st, key, policies(p), cost, decisions(d), nil, now)
+		return
+	}
+	m.compensate(ctx, st, key, p, cost, d.ResetAt, now)
 }
 
 // level empties the serving store's token bucket down to the other's,

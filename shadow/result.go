@@ -161,10 +161,13 @@ func compare(control, candidate throttler.Decision, usedTol int64, resetTol time
 	return k | compareMembers(control, candidate, usedTol, resetTol)
 }
 
-// reorder holds the bounds of Options.ReorderSpan and ReorderUnits.
+// reorder holds the bounds of Options.ReorderSpan and ReorderUnits, and the tolerances by which a
+// composite's member differs at all (Options.UsedTolerance and ResetAtTolerance).
 type reorder struct {
-	span  time.Duration
-	units int64
+	span     time.Duration
+	units    int64
+	usedTol  int64
+	resetTol time.Duration
 }
 
 // explains reports whether r's difference (r.Kinds within differs, a rate operation's) is one that
@@ -172,7 +175,13 @@ type reorder struct {
 // rule is Options. ReorderSpan's.
 func (o reorder) explains(r *Result) bool {
 	c, k := r.Control, r.Candidate
-	if o.span <= 0 || c.Limit != k.Limit {
+	if o.span <= 0 {
+		return false
+	}
+	if r.Policy.Composite() {
+		return o.explainsMembers(r)
+	}
+	if c.Limit != k.Limit {
 		return false
 	}
 	// Others' calls made up to span before or after this one at the control, and those it

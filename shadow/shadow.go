@@ -103,7 +103,10 @@ type Options struct {
 	// flight at once across the processes, times their cost, plus what the key is admitted
 	// within the mirror's lag. docs/migration.md explains the choice. A difference outside
 	// these bounds (a different Limit, a window lost mid-way, counts further apart) stays a
-	// mismatch. default: 0, nothing is Reordered
+	// mismatch. A composite's pair (throttler.All) is Reordered when each member whose answers
+	// differ is, under its own policy; in a Take, a member of a denied composite that would
+	// have admitted is compared as its own Take would have answered. default: 0, nothing is
+	// Reordered
 	ReorderSpan time.Duration
 	// ReorderUnits: see ReorderSpan. default: 0
 	ReorderUnits int64
@@ -319,7 +322,7 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Backend{
 		control: control, candidate: candidate, opts: o,
-		reorder: reorder{span: o.ReorderSpan, units: o.ReorderUnits},
+		reorder: reorder{span: o.ReorderSpan, units: o.ReorderUnits, usedTol: o.UsedTolerance, resetTol: o.ResetAtTolerance},
 		seed:    maphash.MakeSeed(), workers: make([]*worker, o.Workers),
 		wakeLen: max(1, o.QueueSize/wakeAt),
 		ctx:     ctx, cancel: cancel,

@@ -353,31 +353,8 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 // the end of the current window (30s earlier here, while the previous
 // window's count still weighs), and a client returning then is admitted.
 func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
-	store, err := memory.New(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	now := t0.Add(30 * time.Second) // halfway through an epoch-aligned minute
-	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rate, err := httplimit.Rate(th, throttler.PerMinute(2).With(throttler.SlidingWindow), httplimit.KeyByHeader("Client"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw, err := shed.Middleware(&shed.Options{Rate: rate})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
-	serve := func() *httptest.ResponseRecorder {
-		r := newRequest("GET", "/v1/things")
-		r.Header.Set("Client", "alice")
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
+	serve := rateLimited(t, throttler.PerMinute(2).With(throttler.SlidingWindow), func() time.Time { return now })
 	serve()
 	serve()
 	w := serve()
@@ -387,4 +364,55 @@ func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	})
 	now = now.Add(time.Minute)
 	checkHeaders(t, "returning at the reset", serve(), 200, nil)
+}
+
+// TestMiddlewareRateComposite: a login's 2 a minute and 3 an hour as one
+// composite in shed's rate slot. The refusal is the rate's, names the
+// binding member, and spends nothing: the hour, refused by the minute,
+// still has room when the minute comes back.
+func TestMiddlewareRateComposite(t *testing.T) {
+	now := t0
+	login := throttler.All(throttler.PerMinute(2).Named("login-m"), throttler.PerHour(3).Named("login-h"))
+	serve := rateLimited(t, login, func() time.Time { return now })
+	checkHeaders(t, "first", serve(), 200, map[string]string{"X-RateLimit-Remaining": "1", "X-RateLimit-Resource": "login-m"})
+	checkHeaders(t, "second", serve(), 200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Resource": "login-m"})
+	for range 3 {
+		checkHeaders(t, "over the minute", serve(), 429, map[string]string{
+			shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "login-m", "Retry-After": "60"})
+	}
+	now = now.Add(time.Minute)
+	checkHeaders(t, "the hour's last", serve(), 200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Resource": "login-h"})
+	checkHeaders(t, "over the hour", serve(), 429, map[string]string{
+		shed.HeaderLimiter: "rate", "X-RateLimit-Resource": "login-h", "Retry-After": "3540"})
+}
+
+// rateLimited is shed's Middleware with only a rate limit, p per client on a
+// memory store read at clock, and a function that serves alice's next
+// request through it.
+func rateLimited(t *testing.T, p throttler.Policy, clock func() time.Time) func() *httptest.ResponseRecorder {
+	t.Helper()
+	store, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := throttler.New(store, &throttler.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate, err := httplimit.Rate(th, p, httplimit.KeyByHeader("Client"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := shed.Middleware(&shed.Options{Rate: rate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	return func() *httptest.ResponseRecorder {
+		r := newRequest("GET", "/v1/things")
+		r.Header.Set("Client", "alice")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
 }

@@ -56,7 +56,9 @@ import (
 // alone: nothing forks), and keeps these rules:
 //   - Take is all or nothing, atomic under any concurrency: it counts cost
 //     in every member only if every member admits it; otherwise it changes
-//     no state at all.
+//     no state at all. (A store without transactions over several items
+//     keeps this for calls made one after another and states its bound
+//     under concurrency and failure: docs/backends-memcached.md.)
 //   - The Decision (built by Combine) is Allowed only if every member
 //     admits; its Remaining is the least of the members'. Its Limit, Used,
 //     ResetAt and RetryAfter are the binding member's (Decision.Binding):

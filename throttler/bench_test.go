@@ -151,8 +151,7 @@ func BenchmarkAllowInterleaved(b *testing.B) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	const turn = 1000
-	costs := make([][]float64, len(calls))
+	r := newRounds(b, len(calls))
 	for b.Loop() {
 		for i, c := range calls {
 			start := cputime.Thread()
@@ -161,26 +160,56 @@ func BenchmarkAllowInterleaved(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			costs[i] = append(costs[i], float64(cputime.Thread()-start)/turn)
+			r.add(i, start)
 		}
 	}
 	if seen == 0 {
 		b.Fatal("nothing observed")
 	}
-	median := func(v []float64) float64 {
-		v = slices.Clone(v)
-		slices.Sort(v)
-		return v[len(v)/2]
-	}
 	for i, c := range calls {
-		b.ReportMetric(median(costs[i]), c.name+"-cpu-ns/op")
-		if i > 0 {
-			d := make([]float64, len(costs[i]))
-			for r := range d {
-				d[r] = costs[i][r] - costs[0][r]
-			}
-			b.ReportMetric(median(d), c.name+"-over-backend-ns")
-		}
+		r.report(i, c.name, 0, "-over-backend-ns")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// turn is how many calls an interleaved benchmark makes of each call in a
+// round, timed together by the thread's CPU clock.
+const turn = 1000
+
+// rounds holds an interleaved benchmark's costs per call, one per round:
+// the benchmark runs its turns itself, in its own loop, so that what is
+// timed is the call alone.
+type rounds struct {
+	b     *testing.B
+	costs [][]float64 // ns per call, by call, by round
+}
+
+func newRounds(b *testing.B, calls int) *rounds {
+	return &rounds{b: b, costs: make([][]float64, calls)}
+}
+
+// add records call i's turn, started at the thread CPU time start.
+func (r *rounds) add(i int, start time.Duration) {
+	r.costs[i] = append(r.costs[i], float64(cputime.Thread()-start)/turn)
+}
+
+// report reports call i's median cost (name-cpu-ns/op) and, when base is
+// another call, the median over rounds of its difference from base in the
+// same round (name+suffix).
+func (r *rounds) report(i int, name string, base int, suffix string) {
+	r.b.ReportMetric(median(r.costs[i]), name+"-cpu-ns/op")
+	if base == i {
+		return
+	}
+	d := make([]float64, len(r.costs[i]))
+	for k := range d {
+		d[k] = r.costs[i][k] - r.costs[base][k]
+	}
+	r.b.ReportMetric(median(d), name+suffix)
+}
+
+func median(v []float64) float64 {
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return v[len(v)/2]
 }

@@ -23,6 +23,10 @@ type composite struct {
 	// capacity is the composite's Capacity: the least of its members', the
 	// most one Take can ever be admitted.
 	capacity int64
+	// bare is nil unless a member has its own enforcement (EnforcedBy,
+	// DryRun): then it is the same members without, what a backend is
+	// given, since enforcement is not part of a member's storage identity.
+	bare *composite
 }
 
 // All returns a composite of the given policies on one key: a Policy that a
@@ -43,6 +47,10 @@ type composite struct {
 // it counts nothing anywhere. Each member's windows are those it has taken
 // alone: a composite only groups policies, it forks no state.
 //
+// A member may run in dry run, or be enforced for a share of keys, by its
+// own DryRun or EnforcedBy (the composite then may have neither): see
+// "Dry run and enforcement" in docs/operations.md and Decision.Members.
+//
 // Composites compare equal only when built by the same call of All (or
 // copied from one): build one when the program is configured, not per call.
 func All(members ...Policy) Policy {
@@ -50,12 +58,21 @@ func All(members ...Policy) Policy {
 		return members[0]
 	}
 	c := &composite{members: append([]Policy(nil), members...)}
+	byMember := false
 	for i, m := range c.members {
 		if n := m.Capacity(); i == 0 || n < c.capacity {
 			c.capacity = n
 		}
+		byMember = byMember || m.enforce != nil
 	}
-	return Policy{all: c}
+	if !byMember {
+		return Policy{all: c}
+	}
+	c.bare = &composite{members: append([]Policy(nil), c.members...), capacity: c.capacity}
+	for i := range c.bare.members {
+		c.bare.members[i].enforce = nil
+	}
+	return Policy{all: c, enforce: memberEnforcement}
 }
 
 // Composite reports whether p is a composite of several policies (see All).
@@ -86,6 +103,9 @@ func (p Policy) validateComposite() error {
 		return fmt.Errorf("%w: a composite of no policies", ErrInvalidPolicy)
 	case len(m) > MaxMembers:
 		return fmt.Errorf("%w: a composite holds at most %d policies, got %d", ErrInvalidPolicy, MaxMembers, len(m))
+	case p.all.bare != nil && p.enforce != memberEnforcement:
+		return fmt.Errorf("%w: a composite whose members have their own enforcement (EnforcedBy, DryRun) "+
+			"may not have one of its own", ErrInvalidPolicy)
 	}
 	for i, a := range m {
 		if a.all != nil {
@@ -93,9 +113,6 @@ func (p Policy) validateComposite() error {
 		}
 		if err := a.Validate(); err != nil {
 			return fmt.Errorf("member %d: %w", i, err)
-		}
-		if a.enforce != nil {
-			return fmt.Errorf("%w: member %d has an Enforcer: a composite is enforced or in dry run as a whole (its own EnforcedBy or DryRun)", ErrInvalidPolicy, i)
 		}
 		for j, b := range m[:i] {
 			if sameIdentity(a, b) {
@@ -133,28 +150,41 @@ func (c *composite) String() string {
 // never scans them.
 type memberDecisions [MaxMembers]memberDecision
 
-// memberDecision is a member's Decision in four words: its Limit with Allowed and Degraded in bits above any Limit,
-// Used, ResetAt in Unix ns (zeroTime for the zero time) and RetryAfter. Its
-// Remaining is Limit - Used, never below zero, as every Decision's is.
+// memberDecision is a member's Decision in four words: its Limit with
+// Allowed, Degraded, WouldDeny and whether the member is in dry run for the
+// call's key in bits above any Limit, Used, ResetAt in Unix ns (zeroTime for
+// the zero time) and RetryAfter. Its Remaining is Limit - Used, never below
+// zero, as every Decision's is.
 type memberDecision struct {
 	limit, used, resetAt int64
 	retry                time.Duration
 }
 
 const (
-	allowedBit  = 1 << 62
-	degradedBit = 1 << 61
+	allowedBit   = 1 << 62
+	degradedBit  = 1 << 61
+	wouldDenyBit = 1 << 60
+	// dryBit marks a member not enforced for the call's key: it binds
+	// nothing while another member is (see combine).
+	dryBit    = 1 << 59
+	limitMask = dryBit - 1
 	// zeroTime stands for the zero ResetAt, which Unix ns cannot hold.
 	zeroTime = math.MinInt64
 )
 
-func compact(d *Decision) memberDecision {
-	m := memberDecision{limit: d.Limit & (degradedBit - 1), used: d.Used, resetAt: zeroTime, retry: d.RetryAfter}
+func compact(d *Decision, dry bool) memberDecision {
+	m := memberDecision{limit: d.Limit & limitMask, used: d.Used, resetAt: zeroTime, retry: d.RetryAfter}
 	if d.Allowed {
 		m.limit |= allowedBit
 	}
 	if d.Degraded {
 		m.limit |= degradedBit
+	}
+	if d.WouldDeny {
+		m.limit |= wouldDenyBit
+	}
+	if dry {
+		m.limit |= dryBit
 	}
 	if !d.ResetAt.IsZero() {
 		m.resetAt = d.ResetAt.UnixNano()
@@ -163,9 +193,9 @@ func compact(d *Decision) memberDecision {
 }
 
 func (m *memberDecision) decision() Decision {
-	limit := m.limit & (degradedBit - 1)
+	limit := m.limit & limitMask
 	d := Decision{Allowed: m.limit&allowedBit != 0, Limit: limit, Used: m.used, Remaining: max(limit-m.used, 0),
-		RetryAfter: m.retry, Degraded: m.limit&degradedBit != 0}
+		RetryAfter: m.retry, Degraded: m.limit&degradedBit != 0, WouldDeny: m.limit&wouldDenyBit != 0}
 	if m.resetAt != zeroTime {
 		d.ResetAt = time.Unix(0, m.resetAt)
 	}
@@ -177,23 +207,42 @@ func (m *memberDecision) decision() Decision {
 // Decision), by the rules of Backend's doc: a backend that takes composites
 // builds each member's Decision and calls it. No member is the zero
 // Decision.
-func Combine(members []Decision) Decision {
-	b := binding(members)
-	if b < 0 || len(members) > MaxMembers {
+func Combine(members []Decision) Decision { return combine(members, 0) }
+
+// combine is Combine for a call in which the members in the bit set dry
+// are not enforced for the key (their own EnforcedBy or DryRun): they bind
+// nothing, so that Remaining, Limit and the reset are the enforced members'
+// (the headers a client sees), unless no member is enforced. An admitted
+// composite says WouldDeny when any member does.
+func combine(members []Decision, dry uint8) Decision {
+	if len(members) > MaxMembers {
+		return Decision{}
+	}
+	if dry == 1<<len(members)-1 {
+		dry = 0 // none enforced: every member binds, as in a dry-run composite
+	}
+	b := binding(members, dry)
+	if b < 0 {
 		return Decision{}
 	}
 	d := members[b]
 	d.members = new(memberDecisions)
 	for i := range members {
 		m := &members[i]
-		*d.memberAt(i) = compact(m)
+		isDry := dry&(1<<i) != 0
+		*d.memberAt(i) = compact(m, isDry)
 		d.Allowed = d.Allowed && m.Allowed
-		d.Remaining = min(d.Remaining, m.Remaining)
+		if !isDry {
+			d.Remaining = min(d.Remaining, m.Remaining)
+		}
 		d.Degraded = d.Degraded || m.Degraded
+		d.WouldDeny = d.WouldDeny || m.WouldDeny
 	}
 	d.nMembers = uint8(len(members))
 	if d.Allowed {
 		d.RetryAfter = 0
+	} else {
+		d.WouldDeny = false // the composite is denied: an enforced member denies
 	}
 	return d
 }
@@ -203,7 +252,10 @@ func Combine(members []Decision) Decision {
 // ResetAt in the local time zone, its At the composite's); nothing for a
 // single policy's. In a denied composite nothing was counted: a member that
 // would have admitted the cost says Allowed, with its state as it stands (as
-// a Peek's), and a denying one says what its own denied Take says.
+// a Peek's), and a denying one says what its own denied Take says. A member
+// in dry run for the key that would have denied says Allowed and WouldDeny,
+// as it would alone: it counted nothing, the enforced members counted the
+// cost, and the composite says WouldDeny.
 func (d Decision) Members() iter.Seq2[int, Decision] {
 	return func(yield func(int, Decision) bool) {
 		for i := range int(d.nMembers) {
@@ -239,16 +291,34 @@ func (d Decision) memberCount() int { return int(d.nMembers) }
 // a single policy's Decision. When every member admits it is the one with
 // the least Remaining; when any denies, the denying one with the longest
 // RetryAfter. Ties go to the latest ResetAt (a client told to come back
-// then finds every tied member ready), then to the first.
+// then finds every tied member ready), then to the first. A member in dry
+// run for the key binds only when no member is enforced for it.
 func (d Decision) Binding() int {
 	var ms [MaxMembers]Decision
 	for i, m := range d.Members() {
 		ms[i] = m
 	}
-	return binding(ms[:d.memberCount()])
+	return binding(ms[:d.memberCount()], d.dryMembers())
 }
 
-func binding(ms []Decision) int {
+// dryMembers is the bit set of d's members that were in dry run for the
+// call's key.
+func (d Decision) dryMembers() uint8 {
+	var dry uint8
+	for i := range int(d.nMembers) {
+		if d.memberAt(i).limit&dryBit != 0 {
+			dry |= 1 << i
+		}
+	}
+	return dry
+}
+
+// binding is Binding over ms, members in the bit set dry excluded (none is
+// when all are).
+func binding(ms []Decision, dry uint8) int {
+	if dry == 1<<len(ms)-1 {
+		dry = 0
+	}
 	b := -1
 	denied := false
 	for i := range ms {
@@ -256,7 +326,7 @@ func binding(ms []Decision) int {
 	}
 	for i := range ms {
 		m := &ms[i] // by pointer: a Decision is 14 words
-		if denied && m.Allowed {
+		if denied && m.Allowed || dry&(1<<i) != 0 {
 			continue
 		}
 		if b < 0 {
@@ -305,9 +375,12 @@ func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n
 	// Allowed and Degraded are checked on the composite (a member of a
 	// denied composite says Allowed when it would have admitted, though
 	// nothing was counted); whether what counted the units has ended, on
-	// each member, whose ResetAt is its own.
+	// each member, whose ResetAt is its own. A composite whose members have
+	// their own enforcement says WouldDeny when one of them would have
+	// denied: the others counted the units, and that one's Refund is
+	// ErrNotRefunded.
 	why := ""
-	if !taken.Allowed || taken.Degraded || taken.WouldDeny {
+	if !taken.Allowed || taken.Degraded || taken.WouldDeny && p.enforce != memberEnforcement {
 		why = unrefundable(taken, taken.ResetAt.Add(-1)) // before any ResetAt: only these two reasons
 	}
 	if why == "" && taken.memberCount() != len(ms) {
@@ -341,7 +414,7 @@ func (t *Throttler) refundComposite(ctx context.Context, key string, p Policy, n
 	if !refunded {
 		return Decision{}, fmt.Errorf("%w: no member's state still holds the units", ErrNotRefunded)
 	}
-	d := Combine(out[:len(ms)])
+	d := combine(out[:len(ms)], taken.dryMembers())
 	d.At = at[d.Binding()]
 	return d, nil
 }
@@ -365,4 +438,21 @@ func markDegraded(d *Decision) {
 	for i := range int(d.nMembers) {
 		d.memberAt(i).limit |= degradedBit
 	}
+}
+
+// subset is the policy of c's members at the indexes idx (in order): the
+// one member itself, or a composite of them. Built per call, on the path of
+// a would-be denial only (doByMember).
+func (c *composite) subset(idx []int) Policy {
+	if len(idx) == 1 {
+		return c.members[idx[0]]
+	}
+	s := &composite{members: make([]Policy, len(idx))}
+	for j, i := range idx {
+		s.members[j] = c.members[i]
+		if n := s.members[j].Capacity(); j == 0 || n < s.capacity {
+			s.capacity = n
+		}
+	}
+	return Policy{all: s}
 }

@@ -30,6 +30,16 @@ func (dryRun) Enforced(string) bool { return false }
 // dryRunAll is DryRun's enforcement, shared, so that p.DryRun() == p.DryRun().
 var dryRunAll = &enforcement{dryRun{}}
 
+// byMember is the enforcement of a composite whose members have their own:
+// the whole is never asked (see doByMember).
+type byMember struct{}
+
+func (byMember) Enforced(string) bool { return true }
+
+// memberEnforcement is byMember's, set by All, so that such a composite
+// takes the enforced path at no cost to any other call.
+var memberEnforcement = &enforcement{byMember{}}
+
 // DryRun returns a copy of p enforced for no key: every call is counted
 // exactly as under p and answered admitted, and a call p would have denied
 // says so in Decision.WouldDeny.
@@ -53,9 +63,10 @@ func (p Policy) EnforcedBy(e Enforcer) Policy {
 }
 
 // Enforcer returns what p's enforcement was set by (EnforcedBy, DryRun), or
-// nil when p is enforced for every key.
+// nil when p is enforced for every key, or is a composite whose members
+// have their own.
 func (p Policy) Enforcer() Enforcer {
-	if p.enforce == nil {
+	if p.enforce == nil || p.enforce == memberEnforcement {
 		return nil
 	}
 	return p.enforce.e
@@ -89,25 +100,16 @@ func (p Policy) validateEnforcement() error {
 func (t *Throttler) doEnforced(ctx context.Context, r *request) (Decision, error) {
 	e := r.p.enforce
 	if err := r.p.validateEnforcement(); err != nil {
-		if t.opts.Observe != nil {
-			var store string
-			if t.store != nil {
-				store = t.store(r.op, r.key, r.p)
-			}
-			t.observe(r, store, Decision{}, SourceNone, err)
-		}
-		return Decision{}, err
+		return t.refuse(r, err)
 	}
 	if r.p.all != nil && !t.composites {
 		return t.refuseComposite(r)
 	}
-	r.p.enforce = nil
-	var store string // named, and the call routed, as doAt does
-	if t.route != nil {
-		store, r.to = t.route(t.backend, r.op, r.key, r.p)
-	} else if t.store != nil {
-		store = t.store(r.op, r.key, r.p)
+	if e == memberEnforcement {
+		return t.doByMember(ctx, r)
 	}
+	r.p.enforce = nil
+	store := t.storeOf(r)
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	d.At = r.now
 	if !d.Allowed && src != SourceNone && !e.e.Enforced(r.key) {
@@ -122,4 +124,128 @@ func (t *Throttler) doEnforced(ctx context.Context, r *request) (Decision, error
 		t.observe(r, store, d, src, primaryErr)
 	}
 	return d, err
+}
+
+// refuse answers r with err, bad input found before any store call,
+// observed as such.
+func (t *Throttler) refuse(r *request, err error) (Decision, error) {
+	if t.opts.Observe != nil {
+		var store string
+		if t.store != nil {
+			store = t.store(r.op, r.key, r.p)
+		}
+		t.observe(r, store, Decision{}, SourceNone, err)
+	}
+	return Decision{}, err
+}
+
+// doByMember is doEnforced for a composite whose members have their own
+// enforcement. A member not enforced for the key counts exactly as it
+// would, and never stops the others: when only such members deny, the
+// composite is taken again without them, all or nothing over the rest,
+// until an enforced member denies or the rest admit (at most MaxMembers
+// calls, the extra ones only on a would-be denial). Each member's Decision
+// is as it would be alone (a would-be denial says Allowed and WouldDeny);
+// the composite's Allowed, Remaining and binding member are the enforced
+// members' (see combine), and it says WouldDeny when any member would
+// have denied. A failure mode's answer has no members: it is a denial
+// only when some member is enforced for the key.
+func (t *Throttler) doByMember(ctx context.Context, r *request) (Decision, error) {
+	caller, c := r.p, r.p.all
+	n := len(c.members)
+	var dry uint8
+	for i, m := range c.members {
+		if m.enforce == nil {
+			continue
+		}
+		if err := m.validateEnforcement(); err != nil {
+			return t.refuse(r, fmt.Errorf("member %d: %w", i, err))
+		}
+		if !m.enforce.e.Enforced(r.key) {
+			dry |= 1 << i
+		}
+	}
+	var ms [MaxMembers]Decision
+	var active [MaxMembers]int // the members of this call, by index
+	for i := range n {
+		active[i] = i
+	}
+	left := n
+	r.p = Policy{all: c.bare}
+	var store string
+	var d Decision
+	var src Source
+	var primaryErr, err error
+	for {
+		store = t.storeOf(r)
+		d, src, primaryErr, err = t.decide(ctx, r, store, SourcePrimary)
+		if src == SourceNone || src == SourceFailureMode {
+			break // an error, or a failure mode's answer, which has no members
+		}
+		if left == 1 {
+			ms[active[0]] = d
+		} else {
+			for j, md := range d.Members() {
+				ms[active[j]] = md
+			}
+		}
+		if d.Allowed || r.op != OpTake {
+			break
+		}
+		kept := 0
+		for _, i := range active[:left] {
+			switch {
+			case ms[i].Allowed:
+				active[kept], kept = i, kept+1
+			case dry&(1<<i) == 0:
+				kept = -1 // an enforced member denies: so does the composite
+			}
+			if kept < 0 {
+				break
+			}
+		}
+		if kept <= 0 || kept == left {
+			break
+		}
+		left = kept
+		r.p = c.bare.subset(active[:left])
+	}
+	if src == SourceNone || src == SourceFailureMode {
+		if !d.Allowed && src != SourceNone && dry == 1<<n-1 {
+			d.Allowed, d.WouldDeny, d.RetryAfter = true, true, 0
+			err = nil
+		}
+	} else {
+		for i := range n {
+			if dry&(1<<i) != 0 && !ms[i].Allowed {
+				ms[i].Allowed, ms[i].WouldDeny, ms[i].RetryAfter = true, true, 0
+			}
+		}
+		degraded := d.Degraded
+		d = combine(ms[:n], dry)
+		d.Degraded = d.Degraded || degraded
+	}
+	d.At = r.now
+	r.p = caller
+	if t.opts.Observe != nil {
+		if primaryErr == nil {
+			primaryErr = err
+		}
+		t.observe(r, store, d, src, primaryErr)
+	}
+	return d, err
+}
+
+// storeOf names the store r goes to (Traits.Store), and when the backend
+// routes (Traits.Route) sets r.to to what makes the call, from one reading.
+func (t *Throttler) storeOf(r *request) string {
+	if t.route != nil {
+		var store string
+		store, r.to = t.route(t.backend, r.op, r.key, r.p)
+		return store
+	}
+	if t.store != nil {
+		return t.store(r.op, r.key, r.p)
+	}
+	return ""
 }

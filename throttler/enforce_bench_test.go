@@ -3,7 +3,6 @@ package throttler_test
 import (
 	"context"
 	"runtime"
-	"slices"
 	"testing"
 	"time"
 
@@ -54,8 +53,7 @@ func BenchmarkAllowEnforceInterleaved(b *testing.B) {
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	const turn = 1000
-	costs := make([][]float64, len(calls))
+	r := newRounds(b, len(calls))
 	for b.Loop() {
 		for i, c := range calls {
 			start := cputime.Thread()
@@ -64,23 +62,11 @@ func BenchmarkAllowEnforceInterleaved(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			costs[i] = append(costs[i], float64(cputime.Thread()-start)/turn)
+			r.add(i, start)
 		}
-	}
-	median := func(v []float64) float64 {
-		v = slices.Clone(v)
-		slices.Sort(v)
-		return v[len(v)/2]
 	}
 	for i, c := range calls {
-		b.ReportMetric(median(costs[i]), c.name+"-cpu-ns/op")
-		if base := i / 3 * 3; i != base {
-			d := make([]float64, len(costs[i]))
-			for r := range d {
-				d[r] = costs[i][r] - costs[base][r]
-			}
-			b.ReportMetric(median(d), c.name+"-extra-ns")
-		}
+		r.report(i, c.name, i/3*3, "-extra-ns") // against the enforced call of its three
 	}
 	b.ReportMetric(0, "ns/op")
 }

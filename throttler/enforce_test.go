@@ -410,8 +410,182 @@ func TestCompositeDryRun(t *testing.T) {
 	_, err := th.Refund(ctx, "k1", dry, 1, twins[1][2])
 	require.ErrorIs(t, err, throttler.ErrNotRefunded)
 
-	member := perHour.DryRun()
-	require.ErrorIs(t, throttler.All(perSecond, member).Validate(), throttler.ErrInvalidPolicy)
-	_, err = th.Allow(ctx, "k", throttler.All(perSecond, member))
+	// A composite whose members have their own enforcement may not have
+	// one of its own: which would decide is not obvious.
+	byMember := throttler.All(perSecond, perHour.DryRun())
+	require.NoError(t, byMember.Validate())
+	assert.Nil(t, byMember.Enforcer())
+	for _, p := range []throttler.Policy{byMember.DryRun(), byMember.EnforcedBy(mapEnforcer{})} {
+		require.ErrorIs(t, p.Validate(), throttler.ErrInvalidPolicy)
+		_, err = th.Allow(ctx, "k", p)
+		require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+	}
+	_, err = th.Allow(ctx, "k", throttler.All(perSecond, perHour.EnforcedBy(nil)))
 	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
+}
+
+// memberStep is a call at t0+at on a composite of an enforced per-second
+// member and a per-hour member in dry run, and what it answers: the
+// composite's Allowed, WouldDeny, Remaining and binding member, and each
+// member's Used and WouldDeny after it.
+type memberStep struct {
+	at                 time.Duration
+	op                 throttler.Op
+	allowed, wouldDeny bool
+	remaining          int64
+	binding            int
+	used               [2]int64
+	memberWouldDeny    [2]bool
+}
+
+// A member of a composite in dry run counts as it would enforced and never
+// stops the others: the enforced member counts exactly what it counts alone
+// (a twin on another key, call for call), the dry-run one nothing when it
+// would deny, and the headers' numbers (Remaining, the binding member) are
+// the enforced member's. Hand-computed at fixed instants.
+func TestCompositeMemberDryRun(t *testing.T) {
+	now := t0
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return now }})
+	ctx := context.Background()
+	perSecond, perHour := throttler.PerSecond(2).Named("s"), throttler.PerHour(3).Named("h")
+	p := throttler.All(perSecond, perHour.DryRun())
+	const take, peek = throttler.OpTake, throttler.OpPeek
+	steps := []memberStep{
+		{at: 0, op: take, allowed: true, remaining: 1, binding: 0, used: [2]int64{1, 1}},
+		{at: 0, op: take, allowed: true, remaining: 0, binding: 0, used: [2]int64{2, 2}},
+		// The enforced member denies: nothing is counted anywhere.
+		{at: 0, op: take, allowed: false, remaining: 0, binding: 0, used: [2]int64{2, 2}},
+		{at: time.Second, op: take, allowed: true, remaining: 1, binding: 0, used: [2]int64{1, 3}},
+		// The dry-run member would deny: the enforced one counts alone.
+		{at: time.Second, op: take, allowed: true, wouldDeny: true, remaining: 0, binding: 0,
+			used: [2]int64{2, 3}, memberWouldDeny: [2]bool{false, true}},
+		{at: 2 * time.Second, op: peek, allowed: true, wouldDeny: true, remaining: 2, binding: 0,
+			used: [2]int64{0, 3}, memberWouldDeny: [2]bool{false, true}},
+		{at: 2 * time.Second, op: take, allowed: true, wouldDeny: true, remaining: 1, binding: 0,
+			used: [2]int64{1, 3}, memberWouldDeny: [2]bool{false, true}},
+	}
+	var last throttler.Decision
+	for i, st := range steps {
+		now = t0.Add(st.at)
+		var d throttler.Decision
+		var err error
+		if st.op == take {
+			d, err = th.Allow(ctx, "k", p)
+		} else {
+			d, err = th.Peek(ctx, "k", p)
+		}
+		require.NoError(t, err, "step %d", i)
+		assert.Equal(t, st.allowed, d.Allowed, "step %d: Allowed", i)
+		assert.Equal(t, st.wouldDeny, d.WouldDeny, "step %d: WouldDeny", i)
+		assert.Equal(t, st.remaining, d.Remaining, "step %d: Remaining", i)
+		assert.Equal(t, st.binding, d.Binding(), "step %d: Binding", i)
+		assert.Equal(t, st.allowed, d.RetryAfter == 0, "step %d: RetryAfter %v", i, d.RetryAfter)
+		for j, m := range d.Members() {
+			if st.op == peek || d.Allowed {
+				assert.Equal(t, st.used[j], m.Used, "step %d: member %d Used", i, j)
+			}
+			assert.Equal(t, st.memberWouldDeny[j], m.WouldDeny, "step %d: member %d WouldDeny", i, j)
+		}
+		for j, m := range []throttler.Policy{perSecond, perHour} {
+			md, err := th.Peek(ctx, "k", m)
+			require.NoError(t, err)
+			assert.Equal(t, st.used[j], md.Used, "step %d: member %d counted", i, j)
+		}
+		// The enforced member's twin, alone on another key, at the same instant.
+		var twin throttler.Decision
+		if st.op == peek {
+			twin, err = th.Peek(ctx, "twin", perSecond)
+		} else {
+			twin, err = th.Allow(ctx, "twin", perSecond)
+		}
+		require.NoError(t, err)
+		assert.Equal(t, twin.Allowed, d.Allowed, "step %d: the enforced member answers as alone", i)
+		for j, m := range d.Members() {
+			if j == 0 && (st.op == peek || d.Allowed) {
+				assert.Equal(t, twin.Used, m.Used, "step %d", i)
+			}
+		}
+		last = d
+	}
+
+	// A refund gives back what was counted: the enforced member's unit; the
+	// member that would have denied counted nothing.
+	r, err := th.Refund(ctx, "k", p, 1, last)
+	require.NoError(t, err)
+	assert.True(t, r.Allowed)
+	assert.Equal(t, int64(2), r.Remaining)
+	h, err := th.Peek(ctx, "k", perHour)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), h.Used)
+}
+
+// A member enforced for some keys (EnforcedBy) is enforced there and in dry
+// run elsewhere; with every member in dry run for a key the composite
+// answers as a dry-run composite, from all its members.
+func TestCompositeMemberEnforcedBy(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	ctx := context.Background()
+	a, b := throttler.PerMinute(1).Named("a"), throttler.PerMinute(5).Named("b")
+	p := throttler.All(a.EnforcedBy(mapEnforcer{"enforced": true}), b)
+	all := throttler.All(a.DryRun(), b.DryRun())
+	for _, c := range []struct {
+		key       string
+		p         throttler.Policy
+		allowed   []bool
+		remaining []int64
+	}{
+		{"enforced", p, []bool{true, false, false}, []int64{0, 0, 0}},
+		{"dry", p, []bool{true, true, true}, []int64{4, 3, 2}},
+		{"all-dry", all, []bool{true, true, true}, []int64{0, 0, 0}},
+	} {
+		for i := range c.allowed {
+			d, err := th.Allow(ctx, c.key, c.p)
+			require.NoError(t, err)
+			assert.Equal(t, c.allowed[i], d.Allowed, "%s call %d", c.key, i)
+			assert.Equal(t, c.remaining[i], d.Remaining, "%s call %d", c.key, i)
+			assert.Equal(t, i > 0 && c.allowed[i], d.WouldDeny, "%s call %d", c.key, i)
+		}
+	}
+}
+
+// Under 64 goroutines a dry-run member never lets the enforced one over its
+// limit, never counts past its own, and a would-be denial takes the rest
+// all or nothing.
+func TestCompositeMemberDryRunExact(t *testing.T) {
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	enforced, dry := throttler.PerMinute(50).Named("e"), throttler.PerMinute(10).Named("d")
+	third := throttler.PerMinute(40).Named("t")
+	p := throttler.All(enforced, dry.DryRun(), third)
+	var admitted, wouldDeny atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 4 {
+				d, err := th.Allow(context.Background(), "k", p)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+				if d.WouldDeny {
+					wouldDeny.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	used := func(m throttler.Policy) int64 {
+		d, err := th.Peek(context.Background(), "k", m)
+		require.NoError(t, err)
+		return d.Used
+	}
+	assert.Equal(t, int64(40), admitted.Load(), "the tightest enforced member binds")
+	assert.Equal(t, int64(30), wouldDeny.Load())
+	assert.Equal(t, int64(40), used(enforced))
+	assert.Equal(t, int64(40), used(third))
+	assert.Equal(t, int64(10), used(dry))
 }

@@ -291,14 +291,7 @@ func (t *Throttler) Refund(ctx context.Context, key string, p Policy, n int64, t
 		if err == nil {
 			err = fmt.Errorf("%w: %s", ErrNotRefunded, why)
 		}
-		if t.opts.Observe != nil {
-			var store string
-			if t.store != nil {
-				store = t.store(OpRefund, key, p)
-			}
-			t.observe(&r, store, Decision{}, SourceNone, err)
-		}
-		return Decision{}, err
+		return t.refuse(&r, err)
 	}
 	if p.enforce != nil {
 		return t.doEnforced(ctx, &r)
@@ -354,12 +347,7 @@ func (t *Throttler) doAt(ctx context.Context, r *request) (Decision, error) {
 	if r.p.all != nil && !t.composites {
 		return t.refuseComposite(r)
 	}
-	var store string
-	if t.route != nil {
-		store, r.to = t.route(t.backend, r.op, r.key, r.p)
-	} else if t.store != nil {
-		store = t.store(r.op, r.key, r.p)
-	}
+	store := t.storeOf(r)
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	d.At = r.now
 	if t.opts.Observe != nil {

@@ -56,7 +56,7 @@ const (
 func (b *Backend) apply(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 	k := newItemKeys(b.opts.Prefix, p, key)
 	var d throttler.Decision
-	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
+	err := b.update(ctx, k.state(), k.id, "state", b.opts.MaxAttempts, now, nil, func(it *memcache.Item) (value []byte, end int64, write bool, err error) {
 		d, value, end, write, err = compute(p, it, op, cost, receipt.UnixMilli(), now.UnixMilli())
 		return value, end, write, err
 	})
@@ -73,8 +73,11 @@ type step func(it *memcache.Item) (value []byte, end int64, write bool, err erro
 // version read (add when there was none), from the top again when another
 // process wrote first, at most attempts rounds, then ErrContention.
 // what names the item in errors. The step's last run is the one whose
-// value was written, or whose read needed no write.
-func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int, now time.Time, f step) error {
+// value was written, or whose read needed no write. read, when not nil, is
+// the item as a call read it a moment ago (its Item nil: missing): the first
+// round starts from it instead of a gets, and a cas that finds the item
+// changed since starts again with a gets.
+func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int, now time.Time, read *readItem, f step) error {
 	unlock, err := b.locks.lock(ctx, ik)
 	if err != nil {
 		return err
@@ -91,7 +94,15 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int,
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("memcached: %w", err)
 		}
-		it, err := b.c.Get(ik)
+		var it *memcache.Item
+		var err error
+		if attempt == 0 && read != nil {
+			if it = read.Item; it == nil {
+				err = memcache.ErrCacheMiss
+			}
+		} else {
+			it, err = b.c.Get(ik)
+		}
 		switch {
 		case errors.Is(err, memcache.ErrCacheMiss):
 			it = nil
@@ -126,6 +137,10 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int,
 	}
 	return fmt.Errorf("%w: %s of %q changed under each of %d attempts", ErrContention, what, id, attempts)
 }
+
+// readItem is an item read ahead of an update (see update); a nil Item is
+// a missing one.
+type readItem struct{ *memcache.Item }
 
 // compute decodes the stored state (it nil: none), applies op at t with
 // the arithmetic of internal/algo, and returns the decision, the encoded

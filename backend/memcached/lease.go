@@ -105,7 +105,7 @@ func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.Concurr
 	}
 	k := b.leaseKeys(key, p)
 	t := now.UnixMilli()
-	err := b.update(ctx, k.leases(), k.id, "leases", attempts, now, func(it *memcache.Item) ([]byte, int64, bool, error) {
+	err := b.update(ctx, k.leases(), k.id, "leases", attempts, now, nil, func(it *memcache.Item) ([]byte, int64, bool, error) {
 		var set leaseset.Set
 		if it != nil {
 			entries, err := decodeLeases(it.Value)

@@ -110,6 +110,14 @@
 // pair may live on different servers, and each server's failure or eviction
 // affects the pair.
 //
+// # Composites
+//
+// A composite of policies (throttler.All) is read in one multi-key gets,
+// denied from that read without a write, or taken member by member with
+// exact undos when a member denies after all: as close to all or nothing as
+// Memcached allows, with the bound in composite.go and
+// docs/backends-memcached.md.
+//
 // # Failures and stores
 //
 // A failure of a server itself (a refused or reset connection, a timeout,
@@ -175,9 +183,10 @@ var _ throttler.LeaseBackend = (*Backend)(nil)
 // call is bounded only by the client's Timeout per round trip, and a Take
 // makes several. A Throttler therefore detaches every call, so that its own
 // Timeout bounds each one (see throttler.Options.Detach). They also name
-// each call's server (see store) and say that leases are held.
+// each call's server (see store), say that leases are held, and that
+// composites are taken, with the bound in composite.go.
 func (b *Backend) Traits() throttler.Traits {
-	return throttler.Traits{IgnoresContext: true, Leases: true, Store: b.store, LeaseStore: b.leaseStore}
+	return throttler.Traits{IgnoresContext: true, Leases: true, Composites: true, Store: b.store, LeaseStore: b.leaseStore}
 }
 
 // MaxLimit is the largest Policy.Limit this backend accepts:
@@ -388,15 +397,24 @@ func (b *Backend) readHead(ctx context.Context, k itemKeys, now time.Time, hint 
 	if it == nil {
 		return window{}, fmt.Errorf("memcached: get window of %q: %w: no item and no error", k.id, ErrBadItem)
 	}
+	w, err := parseHead(k, it, now)
+	if err == nil && hinted && w.resetAt == hint {
+		w.counter, w.counted = counter, true
+	}
+	return w, err
+}
+
+// parseHead reads the head item it (nil: missing) as the window it names
+// at now.
+func parseHead(k itemKeys, it *memcache.Item, now time.Time) (window, error) {
+	if it == nil {
+		return window{}, nil
+	}
 	ms, err := strconv.ParseInt(string(bytes.TrimSpace(it.Value)), 10, 64)
 	if err != nil {
 		return window{}, fmt.Errorf("memcached: window of %q holds %q: %w", k.id, it.Value, ErrBadItem)
 	}
-	w := window{open: ms > now.UnixMilli(), resetAt: ms, item: it, found: true}
-	if hinted && ms == hint {
-		w.counter, w.counted = counter, true
-	}
-	return w, nil
+	return window{open: ms > now.UnixMilli(), resetAt: ms, item: it, found: true}, nil
 }
 
 // readCount gets the counter of window w; a missing counter counts 0.
@@ -471,6 +489,9 @@ func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now 
 }
 
 func (b *Backend) peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(ctx, throttler.OpPeek, key, p, 1, now)
+	}
 	if err := throttler.ValidateCall(throttler.OpPeek, key, p, 1, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
@@ -557,6 +578,9 @@ func (b *Backend) Take(ctx context.Context, key string, p throttler.Policy, cost
 }
 
 func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if p.Composite() {
+		return b.composite(ctx, throttler.OpTake, key, p, cost, now)
+	}
 	if err := throttler.ValidateCall(throttler.OpTake, key, p, cost, time.Time{}); err != nil {
 		return throttler.Decision{}, err
 	}
@@ -702,8 +726,12 @@ func (b *Backend) store(_ throttler.Op, key string, p throttler.Policy) string {
 	return b.serverOf(b.homeItem(key, p))
 }
 
-// homeItem is the item every call on (p, key) reads first.
+// homeItem is the item every call on (p, key) reads first; for a
+// composite, its first member's.
 func (b *Backend) homeItem(key string, p throttler.Policy) string {
+	if p.Composite() {
+		p = firstMember(p)
+	}
 	k := newItemKeys(b.opts.Prefix, p, key)
 	if p.Algorithm == throttler.FixedWindow {
 		return k.head()

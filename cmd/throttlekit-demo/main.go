@@ -1,7 +1,8 @@
 // Command throttlekit-demo serves a small HTTP API limited by throttlekit on
 // the embedded memory backend, to explore the headers, 429s and 304 refunds
-// with curl, and Stripe's four limiters (worker and fleet load shedders,
-// concurrency, rate) on /exports and /charges.
+// with curl, a login under two limits at once (all or nothing), and Stripe's
+// four limiters (worker and fleet load shedders, concurrency, rate) on
+// /exports and /charges.
 package main
 
 import (
@@ -27,7 +28,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
-	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint")
+	limit := flag.Int64("limit", 5, "requests per window for each client, on each endpoint but /login")
 	window := flag.Duration("window", time.Minute, "window length")
 	burst := flag.Int64("burst", 0, "capacity of /search's token bucket (default: twice -limit)")
 	sh := defaultShedding(0, 0)
@@ -46,31 +47,36 @@ func main() {
 	}
 }
 
-// endpoint is one limited path of the demo API and its policy.
+// endpoint is one limited route of the demo API and its policy.
 type endpoint struct {
-	path string
-	p    throttler.Policy
-	what string // for the usage: what the algorithm is for
+	method, path string
+	p            throttler.Policy
+	what         string // for the usage: what the algorithm is for
 }
 
-// endpoints are the demo's limits, one algorithm each, limit per window for
-// every client: GitHub's fixed window on /repos, Stripe's token bucket on
-// /search (a burst of burst, 0 meaning twice limit, refilled at limit per
+// endpoints are the demo's limits, for every client: one algorithm each at
+// limit per window, GitHub's fixed window on /repos, Stripe's token bucket
+// on /search (a burst of burst, 0 meaning twice limit, refilled at limit per
 // window), and a sliding log on /deliveries, as Circles limits its calls to
-// partners. A value no policy can take is refused by newHandler.
+// partners; and on POST /login the README's composite, 1 a second and 100
+// an hour, whose Take counts in both or in neither (a login refused by
+// either spends nothing from the other). A value no policy can take is
+// refused by newHandler.
 func endpoints(limit int64, window time.Duration, burst int64) []endpoint {
 	if burst == 0 {
 		burst = 2 * limit
 	}
+	login := throttler.All(throttler.PerSecond(1).Named("login-s"), throttler.PerHour(100).Named("login-h"))
 	return []endpoint{
-		{"/repos", throttler.Policy{Name: "core", Limit: limit, Window: window}, "a window that resets at a stored instant (GitHub)"},
-		{"/search", throttler.Policy{Name: "search", Limit: limit, Window: window}.WithBurst(burst), "a steady rate with bursts (Stripe)"},
-		{"/deliveries", throttler.Policy{Name: "deliveries", Limit: limit, Window: window}.With(throttler.SlidingLog), "at most the limit in any window (Circles' outbound calls)"},
+		{"GET", "/repos", throttler.Policy{Name: "core", Limit: limit, Window: window}, "a window that resets at a stored instant (GitHub)"},
+		{"GET", "/search", throttler.Policy{Name: "search", Limit: limit, Window: window}.WithBurst(burst), "a steady rate with bursts (Stripe)"},
+		{"GET", "/deliveries", throttler.Policy{Name: "deliveries", Limit: limit, Window: window}.With(throttler.SlidingLog), "at most the limit in any window (Circles' outbound calls)"},
+		{"POST", "/login", login, "both limits, all or nothing: a refused login counts in neither"},
 	}
 }
 
 func run(addr string, eps []endpoint, sh shedding, out io.Writer) error {
-	h, err := newHandler(eps, sh, log.Default())
+	h, err := newHandler(eps, sh, nil, log.Default())
 	if err != nil {
 		return err // before listening: a bad -limit, -window, -burst or shedding flag stops here
 	}
@@ -112,9 +118,10 @@ type handler struct {
 // newHandler is the demo API: each endpoint is limited by its policy;
 // /repos answers 304 to a matching If-None-Match (refunded), and
 // /rate_limit reports every limit without counting, as GitHub's does; the
-// Stripe part (addShedding) beside them. A policy that cannot work is an
-// error here.
-func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, error) {
+// Stripe part (addShedding) beside them. clock is the limits' source of
+// time (nil: the real one; tests set instants). A policy that cannot work
+// is an error here.
+func newHandler(eps []endpoint, sh shedding, clock func() time.Time, logger *log.Logger) (*handler, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("demo: no endpoints")
 	}
@@ -123,6 +130,7 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		return nil, err
 	}
 	th, err := throttler.New(store, &throttler.Options{
+		Clock: clock,
 		Observe: func(o throttler.Observation) {
 			if o.Err != nil && !throttler.IsInputError(o.Err) {
 				// Errors may hold the client's key: fine in the server's
@@ -150,6 +158,9 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		"/deliveries": func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, map[string]any{"delivered": true})
 		},
+		"/login": func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, map[string]any{"logged_in": true}) // a pretend login: any client may
+		},
 	}
 	mux := http.NewServeMux()
 	for _, e := range eps {
@@ -161,7 +172,7 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", e.path, err)
 		}
-		mux.Handle("GET "+e.path, limited(body))
+		mux.Handle(e.method+" "+e.path, limited(body))
 	}
 	mux.HandleFunc("GET /rate_limit", func(w http.ResponseWriter, r *http.Request) {
 		k, err := clientKey(r)
@@ -171,13 +182,15 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		}
 		resources := map[string]any{}
 		for _, e := range eps {
-			d, err := th.Peek(r.Context(), k, e.p)
-			if err != nil { // a key the store refuses (400), a store down while failing closed (503)
-				httplimit.Error(w, r, err)
-				return
-			}
-			resources[e.p.Name] = map[string]any{
-				"limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": unixCeil(d.ResetAt),
+			for _, p := range limits(e.p) {
+				d, err := th.Peek(r.Context(), k, p)
+				if err != nil { // a key the store refuses (400), a store down while failing closed (503)
+					httplimit.Error(w, r, err)
+					return
+				}
+				resources[p.Name] = map[string]any{
+					"limit": d.Limit, "used": d.Used, "remaining": d.Remaining, "reset": unixCeil(d.ResetAt),
+				}
 			}
 		}
 		// GitHub's shape: every resource, and "rate" for core.
@@ -188,6 +201,20 @@ func newHandler(eps []endpoint, sh shedding, logger *log.Logger) (*handler, erro
 		return nil, err
 	}
 	return &handler{Handler: mux, shed: api}, nil
+}
+
+// limits are the policies /rate_limit reports for p: a composite's members,
+// each a resource of its own (a member's windows are those it has when
+// taken alone, so its Peek is its count), or p itself.
+func limits(p throttler.Policy) []throttler.Policy {
+	if !p.Composite() {
+		return []throttler.Policy{p}
+	}
+	var ms []throttler.Policy
+	for _, m := range p.Members() {
+		ms = append(ms, m)
+	}
+	return ms
 }
 
 // unixCeil is t in Unix seconds, rounded up, as X-RateLimit-Reset is: a
@@ -220,26 +247,34 @@ func clientKey(r *http.Request) (string, error) {
 	return "ip:" + ip, err
 }
 
-// tryStep is one command the demo prints: a request (repeated times times)
-// and the status its last response gets when the commands run in order,
-// with the Retry-After it carries within [retryMin, retryMax] seconds when
-// retryMax is set.
+// tryStep is one command the demo prints: a request (repeated times times,
+// after a pause of sleep) and the status its last response gets when the
+// commands run in order, with the Retry-After it carries within [retryMin,
+// retryMax] seconds when retryMax is set, and, for /rate_limit, the used
+// count of the resources in used.
 type tryStep struct {
-	note               string
-	header             string // "Name: value", or ""
-	path               string
-	times              int64
+	note   string
+	method string // "" for GET
+	header string // "Name: value", or ""
+	path   string
+	times  int64
+	// together sends the times requests in one curl, its URL repeated: at
+	// once, and each answer shown whole, where a loop shows statuses.
+	together           bool
+	sleep              time.Duration
 	want               int
 	retryMin, retryMax int64
+	used               map[string]int64
 }
 
 // trySteps are the commands to try, in an order in which each does what its
 // note says for any limit: the 304 comes before a request that could spend
 // a limit of 1, and the loops that spend a limit come last, on a client of
-// their own, each followed by the 429 that shows its Retry-After. eps are
-// endpoints' (core, search, deliveries).
+// their own, each followed by the 429 that shows its Retry-After; then the
+// login, whose limits no flag changes. eps are endpoints' (core, search,
+// deliveries, login).
 func trySteps(eps []endpoint) []tryStep {
-	core, search, deliveries := eps[0].p, eps[1].p, eps[2].p
+	core, search, deliveries, login := eps[0].p, eps[1].p, eps[2].p, eps[3].p
 	token := search.Window / time.Duration(search.Limit) // a token bucket's refill of one
 	const alice = "Authorization: token alice"
 	spend := func(path, what string, n int64, until string, retryMax time.Duration, more string) []tryStep {
@@ -262,7 +297,33 @@ func trySteps(eps []endpoint) []tryStep {
 		"; X-RateLimit-Limit is the burst, X-RateLimit-Reset when the bucket is full again")...)
 	steps = append(steps, spend("/deliveries", "deliveries, a sliding log", deliveries.Limit,
 		fmt.Sprintf("the first of them is %v old", deliveries.Window), deliveries.Window, "")...)
-	return steps
+	return append(steps, loginSteps(login, alice)...)
+}
+
+// loginSteps show the composite login, of a per-second member s and a
+// per-hour member h, for the client of header: two logins at once are a 200
+// that leaves s nothing and a 429 with s's Retry-After, which h never
+// counts; after that wait a login passes again.
+func loginSteps(login throttler.Policy, header string) []tryStep {
+	var s, h throttler.Policy
+	for i, m := range login.Members() {
+		if i == 0 {
+			s = m
+		} else {
+			h = m
+		}
+	}
+	wait := ceilSeconds(s.Window)
+	return []tryStep{
+		{note: fmt.Sprintf("login: two at once are 200, then 429 with Retry-After %d from %s; "+
+			"X-RateLimit-* are %s's (the binding limit), RateLimit-Policy lists %s and %s", wait, s.Name, s.Name, s.Name, h.Name),
+			method: http.MethodPost, header: header, path: "/login", times: 2, together: true,
+			want: http.StatusTooManyRequests, retryMin: wait, retryMax: wait},
+		{note: fmt.Sprintf("%s used 1, not 2: the refused login counted in neither limit", h.Name),
+			header: header, path: "/rate_limit", times: 1, want: http.StatusOK, used: map[string]int64{s.Name: 1, h.Name: 1}},
+		{note: "after the Retry-After, a login passes again",
+			method: http.MethodPost, header: header, path: "/login", times: 1, sleep: s.Window, want: http.StatusOK},
+	}
 }
 
 // ceilSeconds is d in whole seconds, rounded up, as Retry-After says it.
@@ -270,20 +331,29 @@ func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / t
 
 // command renders s as a shell command against base.
 func (s tryStep) command(base string) string {
-	h := ""
+	h, pause := "", ""
+	if s.method != "" && s.method != http.MethodGet {
+		h = "-X " + s.method + " "
+	}
 	if s.header != "" {
-		h = "-H '" + s.header + "' "
+		h += "-H '" + s.header + "' "
 	}
-	if s.times > 1 {
-		return fmt.Sprintf(`for i in $(seq %d); do curl -s -o /dev/null -w '%%{http_code}\n' %s%s%s; done`, s.times, h, base, s.path)
+	if s.sleep > 0 {
+		pause = fmt.Sprintf("sleep %d; ", ceilSeconds(s.sleep))
 	}
-	return fmt.Sprintf("curl -i %s%s%s", h, base, s.path)
+	switch {
+	case s.times > 1 && s.together:
+		return fmt.Sprintf("%scurl -i %s%s", pause, h, strings.TrimSpace(strings.Repeat(base+s.path+" ", int(s.times))))
+	case s.times > 1:
+		return fmt.Sprintf(`%sfor i in $(seq %d); do curl -s -o /dev/null -w '%%{http_code}\n' %s%s%s; done`, pause, s.times, h, base, s.path)
+	}
+	return fmt.Sprintf("%scurl -i %s%s%s", pause, h, base, s.path)
 }
 
 func printUsage(w io.Writer, base string, eps []endpoint, sh shedding) {
 	fmt.Fprintf(w, "throttlekit demo listening on %s (memory backend)\n\nLimits, per client:\n", base)
 	for _, e := range eps {
-		fmt.Fprintf(w, "  GET %-12s %v\n  %16s %s\n", e.path, e.p, "", e.what)
+		fmt.Fprintf(w, "  %-16s %v\n  %16s %s\n", e.method+" "+e.path, e.p, "", e.what)
 	}
 	fmt.Fprintf(w, "\nTry it, in this order:\n")
 	for _, s := range trySteps(eps) {

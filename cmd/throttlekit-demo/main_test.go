@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,22 +21,58 @@ import (
 
 func newServer(t *testing.T, eps []endpoint) *httptest.Server {
 	t.Helper()
-	srv, _ := newShedServer(t, eps, defaultShedding(5, time.Minute))
+	return newServerAt(t, eps, nil)
+}
+
+// newServerAt is newServer whose limits read clock (nil: the real one).
+func newServerAt(t *testing.T, eps []endpoint, clock func() time.Time) *httptest.Server {
+	t.Helper()
+	srv, _ := startServer(t, eps, defaultShedding(5, time.Minute), clock)
 	return srv
 }
 
 func newShedServer(t *testing.T, eps []endpoint, sh shedding) (*httptest.Server, *shedAPI) {
 	t.Helper()
-	h, err := newHandler(eps, sh, log.New(io.Discard, "", 0))
+	return startServer(t, eps, sh, nil)
+}
+
+func startServer(t *testing.T, eps []endpoint, sh shedding, clock func() time.Time) (*httptest.Server, *shedAPI) {
+	t.Helper()
+	h, err := newHandler(eps, sh, clock, log.New(io.Discard, "", 0))
 	require.NoError(t, err)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv, h.shed
 }
 
+// fakeClock is an instant the test sets; the server's handlers read it.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t
+}
+
+func (c *fakeClock) add(d time.Duration) { c.set(c.now().Add(d)) }
+
 func get(t *testing.T, url string, header ...string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, url, nil)
+	return send(t, http.MethodGet, url, header...)
+}
+
+func send(t *testing.T, method, url string, header ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
 	require.NoError(t, err)
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
@@ -130,15 +167,75 @@ func TestDemoAlgorithms(t *testing.T) {
 	assert.Equal(t, float64(0), res["core"]["used"], "each policy counts apart")
 }
 
-// Input errors are the client's: 400 on both endpoints, never a 503, and
+// The login's composite at fixed instants: a login leaves login-s nothing,
+// so the headers are login-s's and RateLimit-Policy lists both members; a
+// second login in that second is refused by login-s and counts in neither
+// member; once login-h is spent, the refusal is its own and login-s keeps
+// its unit.
+func TestDemoLogin(t *testing.T) {
+	t0 := time.Date(2031, 1, 2, 3, 4, 5, 250e6, time.UTC)
+	clock := &fakeClock{t: t0}
+	srv := newServerAt(t, endpoints(5, time.Minute, 0), clock.now)
+	carol := []string{"Authorization", "token carol"}
+	login := func(at time.Time) *http.Response {
+		t.Helper()
+		clock.set(at)
+		r, _ := send(t, http.MethodPost, srv.URL+"/login", carol...)
+		return r
+	}
+	unix := func(t time.Time) string { return strconv.FormatInt(unixCeil(t), 10) }
+	wantPolicy := `"login-s";q=1;w=1, "login-h";q=100;w=3600`
+
+	r := login(t0)
+	assert.Equal(t, http.StatusOK, r.StatusCode)
+	assert.Equal(t, "login-s", r.Header.Get("X-RateLimit-Resource"))
+	assert.Equal(t, "1", r.Header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, unix(t0.Add(time.Second)), r.Header.Get("X-RateLimit-Reset"))
+	assert.Equal(t, wantPolicy, r.Header.Get("RateLimit-Policy"))
+	assert.Equal(t, `"login-s";r=0;t=1`, r.Header.Get("RateLimit"))
+
+	r = login(t0.Add(500 * time.Millisecond))
+	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
+	assert.Equal(t, "1", r.Header.Get("Retry-After"), "login-s's half second, rounded up")
+	assert.Equal(t, "login-s", r.Header.Get("X-RateLimit-Resource"))
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, wantPolicy, r.Header.Get("RateLimit-Policy"))
+	res := rateLimit(t, srv.URL, carol...)
+	assert.Equal(t, map[string]float64{"limit": 100, "used": 1, "remaining": 99, "reset": float64(unixCeil(t0.Add(time.Hour)))},
+		res["login-h"], "the refused login spent nothing from the hour")
+	assert.Equal(t, map[string]float64{"limit": 1, "used": 1, "remaining": 0, "reset": float64(unixCeil(t0.Add(time.Second)))},
+		res["login-s"])
+	assert.Equal(t, float64(0), rateLimit(t, srv.URL)["login-h"]["used"], "another client has its own limits")
+
+	// A login a second, from the Retry-After on: the hour's other 99.
+	for i := 1; i < 100; i++ {
+		r = login(t0.Add(time.Duration(i) * time.Second))
+		require.Equal(t, http.StatusOK, r.StatusCode, "login %d", i)
+	}
+	assert.Equal(t, "login-h", r.Header.Get("X-RateLimit-Resource"), "both have 0 left: the later reset binds")
+	at := t0.Add(100 * time.Second)
+	r = login(at)
+	assert.Equal(t, http.StatusTooManyRequests, r.StatusCode)
+	assert.Equal(t, "login-h", r.Header.Get("X-RateLimit-Resource"))
+	assert.Equal(t, "100", r.Header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, strconv.Itoa(3600-100), r.Header.Get("Retry-After"))
+	assert.Equal(t, `"login-h";r=0;t=3500`, r.Header.Get("RateLimit"))
+	res = rateLimit(t, srv.URL, carol...)
+	assert.Equal(t, float64(0), res["login-s"]["used"], "refused by login-h, the login spent nothing from its second")
+	assert.Equal(t, float64(100), res["login-h"]["used"])
+}
+
+// Input errors are the client's: 400 on every endpoint, never a 503, and
 // the answer never repeats the key (often a secret token).
 func TestDemoInputErrorsAnswer400(t *testing.T) {
 	srv := newServer(t, endpoints(5, time.Minute, 0))
 	secret := "s3cr3t-" + strings.Repeat("x", throttler.MaxKeyLen) // too long for any store
-	for _, path := range []string{"/repos", "/search", "/deliveries", "/rate_limit"} {
+	for _, route := range []string{"GET /repos", "GET /search", "GET /deliveries", "POST /login", "GET /rate_limit"} {
+		method, path, _ := strings.Cut(route, " ")
 		for _, auth := range []string{"Basic xyz", "token ", "token " + secret} {
-			r, body := get(t, srv.URL+path, "Authorization", auth)
-			assert.Equal(t, http.StatusBadRequest, r.StatusCode, "%s with Authorization %.20q", path, auth)
+			r, body := send(t, method, srv.URL+path, "Authorization", auth)
+			assert.Equal(t, http.StatusBadRequest, r.StatusCode, "%s with Authorization %.20q", route, auth)
 			assert.Equal(t, "Bad Request\n", body)
 			assert.NotContains(t, body, "s3cr3t")
 		}
@@ -147,11 +244,13 @@ func TestDemoInputErrorsAnswer400(t *testing.T) {
 
 // The printed commands work in the order shown, for any limit: each gets
 // the status its note promises (a 304 example run after the limit was spent
-// would get a 429).
+// would get a 429), at instants the test sets: a command's sleep moves the
+// clock, so that the two logins at once are in one second.
 func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 	for _, limit := range []int64{1, 2, 5} {
 		eps := endpoints(limit, time.Hour, 0)
-		srv := newServer(t, eps)
+		clock := &fakeClock{t: time.Date(2031, 1, 2, 3, 4, 5, 250e6, time.UTC)}
+		srv := newServerAt(t, eps, clock.now)
 		var usage bytes.Buffer
 		printUsage(&usage, srv.URL, eps, defaultShedding(limit, time.Hour))
 		for i, s := range trySteps(eps) {
@@ -162,13 +261,28 @@ func TestUsageCommandsWorkInTheOrderShown(t *testing.T) {
 				require.True(t, ok)
 				header = []string{name, value}
 			}
+			method := s.method
+			if method == "" {
+				method = http.MethodGet
+			}
+			clock.add(s.sleep)
 			var statuses []int
 			var last *http.Response
+			var body string
 			for range s.times {
-				last, _ = get(t, srv.URL+s.path, header...)
+				last, body = send(t, method, srv.URL+s.path, header...)
 				statuses = append(statuses, last.StatusCode)
 			}
 			assert.Equal(t, s.want, statuses[len(statuses)-1], "limit %d, step %d: %s", limit, i, s.note)
+			if s.used != nil {
+				var v struct {
+					Resources map[string]struct{ Used int64 }
+				}
+				require.NoError(t, json.Unmarshal([]byte(body), &v))
+				for name, want := range s.used {
+					assert.Equal(t, want, v.Resources[name].Used, "limit %d, step %d, %s: %s", limit, i, name, s.note)
+				}
+			}
 			if s.retryMax > 0 {
 				retry, err := strconv.ParseInt(last.Header.Get("Retry-After"), 10, 64)
 				assert.NoError(t, err)
@@ -196,6 +310,8 @@ Limits, per client:
                    a steady rate with bursts (Stripe)
   GET /deliveries  deliveries: 5 per 1m0s (sliding-log)
                    at most the limit in any window (Circles' outbound calls)
+  POST /login      all(login-s: 1 per 1s; login-h: 100 per 1h0m0s)
+                   both limits, all or nothing: a refused login counts in neither
 
 Try it, in this order:
   # 304: the unit is refunded, X-RateLimit-Remaining stays 5
@@ -218,6 +334,12 @@ Try it, in this order:
   for i in $(seq 5); do curl -s -o /dev/null -w '%{http_code}\n' -H 'Authorization: token alice' http://127.0.0.1:1234/deliveries; done
   # 429 until the first of them is 1m0s old (Retry-After at most 60)
   curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/deliveries
+  # login: two at once are 200, then 429 with Retry-After 1 from login-s; X-RateLimit-* are login-s's (the binding limit), RateLimit-Policy lists login-s and login-h
+  curl -i -X POST -H 'Authorization: token alice' http://127.0.0.1:1234/login http://127.0.0.1:1234/login
+  # login-h used 1, not 2: the refused login counted in neither limit
+  curl -i -H 'Authorization: token alice' http://127.0.0.1:1234/rate_limit
+  # after the Retry-After, a login passes again
+  sleep 1; curl -i -X POST -H 'Authorization: token alice' http://127.0.0.1:1234/login
 
 Stripe's four limiters, in this order, on GET|POST /exports (each takes 5s) and POST /charges (critical):
   worker shedder  4 workers; sheds after 28s of utilization above 0.8, all but critical 2m0s later
@@ -261,7 +383,7 @@ func TestBadPolicyFailsBeforeListening(t *testing.T) {
 		{throttler.MaxLogLimit + 1, time.Minute, 1, "/deliveries"},
 	} {
 		eps := endpoints(tc.limit, tc.window, tc.burst)
-		_, err := newHandler(eps, defaultShedding(5, time.Minute), log.New(io.Discard, "", 0))
+		_, err := newHandler(eps, defaultShedding(5, time.Minute), nil, log.New(io.Discard, "", 0))
 		assert.ErrorIs(t, err, throttler.ErrInvalidPolicy, "%+v", tc)
 		assert.ErrorContains(t, err, tc.path+": ", "%+v", tc)
 		err = run("256.0.0.1:0", eps, defaultShedding(5, time.Minute), io.Discard) // an address that cannot be listened on: never reached

@@ -50,6 +50,7 @@ func FuzzCommandLine(f *testing.F) {
 		"--key --policy",
 		"-- --key",
 		"--file /nonexistent --json",
+		"--enforcement --file /nonexistent",
 		"inspect",
 	} {
 		for cmd := range byte(3) {

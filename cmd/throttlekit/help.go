@@ -137,14 +137,29 @@ application's. Nothing is written to a replica. A Redis Cluster or Ring
 client is not supported.`
 
 var rolloutGetPage = manPage{
-	name:     "throttlekit rollout get - print a file rollout's settings",
-	synopsis: []string{"throttlekit rollout get --file path [--json]"},
+	name: "throttlekit rollout get - print a file rollout's settings",
+	synopsis: []string{
+		"throttlekit rollout get --file path [--enforcement] [--json]",
+		"throttlekit rollout get --file path [--enforcement] --group g --key k...",
+	},
 	description: `Reads the rollout file that the application's flags.NewFile watches, exactly
 as it reads it: a regular file holding one JSON object with an integer
 "percent" from 0 to 100 and an optional boolean "mirror"; an unknown or
 repeated field, a field in another case, or anything after the object is an
 error. It prints the settings the application has in force once it has read
-the file.`,
+the file.
+
+With --enforcement, the file is a policy's enforcement, read by
+flags.Enforcement(flags.File): it prints the share of keys the policy
+refuses beyond its limit; the others are in dry run (counted, admitted, and
+reported as would-be denials). A file with mirroring on is refused: only a
+store migration's rollout file has it, so the path is probably the wrong
+file.
+
+With --key, it also says where each key stands: its bucket (1 to 100) in the
+--group the application buckets in, and so whether the percentage puts it
+in (on the new store, or enforced) or which percentage would. The group is
+not in the file: give the application's FileOptions.GroupID.`,
 	exits: []int{exitOK, exitUsage, exitFailed},
 	examples: `Read the settings:
 
@@ -156,12 +171,30 @@ the file.`,
 As JSON, for a script:
 
     $ throttlekit rollout get --file rollout.json --json
-    {"percent":25,"mirror":true}`,
+    {"percent":25,"mirror":true}
+
+A policy's enforcement:
+
+    $ throttlekit rollout get --enforcement --file /etc/throttlekit/limit-api-v2.json
+    file:     /etc/throttlekit/limit-api-v2.json
+    enforced: 10% of keys; the others in dry run
+
+Is a client refused by the new limit yet?
+
+    $ throttlekit rollout get --enforcement --file limit-api-v2.json \
+        --group limit-api-v2 --key user:42 --key user:1
+    file:     limit-api-v2.json
+    enforced: 10% of keys; the others in dry run
+    key "user:42": bucket 83 of group "limit-api-v2": in dry run until the percentage reaches 83
+    key "user:1": bucket 5 of group "limit-api-v2": enforced`,
 }
 
 var rolloutSetPage = manPage{
-	name:     "throttlekit rollout set - set a file rollout's percentage",
-	synopsis: []string{"throttlekit rollout set --file path [--mirror on|off] [--json] percent"},
+	name: "throttlekit rollout set - set a file rollout's percentage",
+	synopsis: []string{
+		"throttlekit rollout set --file path [--mirror on|off] [--json] percent",
+		"throttlekit rollout set --enforcement --file path [--json] percent",
+	},
 	description: `Sets the percentage of keys a flags.File rollout sends to the new store, a
 whole number from 0 to 100 (a trailing % is allowed), and keeps the file's
 mirror setting unless --mirror is given. Raising the percentage only adds
@@ -176,7 +209,17 @@ reader is checked to read back; the file is read back once more after the
 rename and printed.
 
 Each host reads its own copy: a change takes effect on a host at its next
-check (flags.FileOptions.Interval, default 1s) once the file has reached it.`,
+check (flags.FileOptions.Interval, default 1s) once the file has reached it.
+
+With --enforcement, the file is a policy's enforcement, read by
+flags.Enforcement(flags.File), and the percentage is the share of keys the
+policy is enforced for; the others are in dry run. Raising it only adds
+keys, so no enforced key is released; 0 puts every key in dry run again on
+its next call (a rollback). The file is written with mirroring off: --mirror
+is refused, and so is an existing file with mirroring on (a store
+migration's rollout file). A missing file is created, and a file that cannot
+be read is replaced (and said so on standard error), so that a rollback
+needs nothing else.`,
 	exits: []int{exitOK, exitUsage, exitFailed},
 	examples: `Ramp to 10%, keeping mirroring on:
 
@@ -196,7 +239,22 @@ Start a migration's shadow stage with a new file:
 Finish: everyone on the new store, then stop mirroring a window later:
 
     $ throttlekit rollout set --file rollout.json 100
-    $ throttlekit rollout set --file rollout.json --mirror off 100`,
+    $ throttlekit rollout set --file rollout.json --mirror off 100
+
+Enforce a new limit for 1% of clients, then 10%, then all, after its dry
+run:
+
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 1
+    file:     limit-api-v2.json
+    enforced: 0% -> 1% of keys; the others in dry run
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 10
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 100
+
+Roll the limit back to a dry run for every key:
+
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 0
+    file:     limit-api-v2.json
+    enforced: 10% -> 0% of keys: every key in dry run`,
 }
 
 var inspectPage = manPage{
@@ -313,11 +371,15 @@ const mainDescription = `throttlekit operates a migration of throttlekit's rate 
 to another (docs/migration.md): it sets the file rollout that routes keys,
 reads a key on each store side by side, and compares two stores the way the
 migration's shadow does. It only ever reads the stores, except for the
-synthetic keys of throttlekit shadow (and live keys given with --live).
+synthetic keys of throttlekit shadow (and live keys given with --live). With
+--enforcement, rollout get and set read and set a policy's enforcement file
+instead: the share of keys a new limit refuses, the others in dry run
+(docs/operations.md).
 
 Commands:
 
-rollout get   print a file rollout's percentage and mirror setting
+rollout get   print a file rollout's percentage and mirror setting, or
+              with --enforcement a policy's enforced share of keys
 rollout set   set a file rollout's percentage, atomically
 inspect       read one key under a policy on each store, side by side
 shadow        compare two stores with a short shadow run
@@ -328,10 +390,11 @@ Options may come before or after the arguments, with one dash or two
 
 func (e *env) printMain(w io.Writer) {
 	m := manPage{
-		name: "throttlekit - operate a migration between rate-limit stores",
+		name: "throttlekit - operate a store migration or a limit's enforcement",
 		synopsis: []string{
-			"throttlekit rollout get --file path [--json]",
+			"throttlekit rollout get --file path [--enforcement] [--json | --group g --key k]",
 			"throttlekit rollout set --file path [--mirror on|off] [--json] percent",
+			"throttlekit rollout set --enforcement --file path [--json] percent",
 			"throttlekit inspect --policy spec --key key [store options] [--json]",
 			"throttlekit shadow --control store --candidate store --policy spec [options]",
 			"throttlekit help [command]",
@@ -348,7 +411,15 @@ func (e *env) printMain(w io.Writer) {
     $ throttlekit rollout set --file rollout.json 10                 # ramp
     $ throttlekit inspect --policy name=core,limit=5000,window=1h \
         --key user:42 --memcached 10.0.0.5:11211 --redis 10.0.1.5:6379
-    $ throttlekit rollout set --file rollout.json 0                  # roll back`,
+    $ throttlekit rollout set --file rollout.json 0                  # roll back
+
+A new limit, after its dry run: enforced for 1%, 10%, then every client,
+and rolled back to a dry run:
+
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 1
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 10
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 100
+    $ throttlekit rollout set --enforcement --file limit-api-v2.json 0`,
 	}
 	fs := flag.NewFlagSet("throttlekit", flag.ContinueOnError)
 	m.write(w, fs)

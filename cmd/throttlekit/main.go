@@ -1,6 +1,8 @@
-// Command throttlekit is the operator's tool for a migration between stores:
-// it reads and sets a file rollout's percentage, inspects one key under a
-// policy on each store side by side, and runs a short shadow comparison.
+// Command throttlekit is the operator's tool for a migration between stores,
+// and for a new limit's enforcement: it reads and sets a file rollout's
+// percentage (a migration's, or with --enforcement the share of keys a
+// policy is enforced for), inspects one key under a policy on each store
+// side by side, and runs a short shadow comparison.
 // Run "throttlekit help" for the manual; docs/cli.md has the same text.
 package main
 

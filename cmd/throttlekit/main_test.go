@@ -128,6 +128,7 @@ func TestUsageErrors(t *testing.T) {
 		{"set percent not a number", []string{"rollout", "set", "--file", "f", "half"}, `percentage "half" is not a whole number`},
 		{"set two percents", []string{"rollout", "set", "--file", "f", "5", "6"}, `unexpected argument "6"`},
 		{"set bad mirror", []string{"rollout", "set", "--file", "f", "--mirror", "maybe", "5"}, `"maybe": want on or off`},
+		{"set mirror of an enforcement", []string{"rollout", "set", "--enforcement", "--file", "f", "--mirror", "off", "5"}, "--mirror is a store migration's setting; an enforcement file has none"},
 		{"inspect without policy", []string{"inspect", "--key", "k", "--redis", "h:1"}, "--policy is required"},
 		{"inspect without key", []string{"inspect", "--policy", "limit=1,window=1s", "--redis", "h:1"}, "--key is required"},
 		{"inspect without store", []string{"inspect", "--policy", "limit=1,window=1s", "--key", "k"}, "no store"},

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/internal/rollout"
 )
 
@@ -49,7 +50,17 @@ func onOffWord(on bool) string {
 func rolloutGetCommand() *command {
 	return &command{name: "rollout get", page: rolloutGetPage, flags: func(e *env, fs *flag.FlagSet) func(context.Context, []string) int {
 		file := fs.String("file", "", "The rollout `file` (required): the path the application's flags.NewFile reads.")
+		enforcement := fs.Bool("enforcement", false, enforcementUsage)
 		asJSON := fs.Bool("json", false, "Print the settings as the JSON object the file holds, in its canonical form.")
+		var keys []string
+		fs.Func("key", "Say where the `key` stands: its bucket, and whether the percentage puts it in (on the new store, or enforced) or from which percentage it would be. Repeat it for several keys; it needs --group.", func(s string) error {
+			if err := validateKey(s); err != nil {
+				return err
+			}
+			keys = append(keys, s)
+			return nil
+		})
+		group := fs.String("group", "", "The bucketing `group` of --key: the application's FileOptions.GroupID, or "+flags.DefaultGroupID+" when it gives none (flags.DefaultGroupID).")
 		return func(_ context.Context, args []string) int {
 			const cmd = "rollout get"
 			switch {
@@ -57,17 +68,32 @@ func rolloutGetCommand() *command {
 				return e.usage(cmd, "--file is required")
 			case len(args) > 0:
 				return e.usage(cmd, "unexpected argument %q", args[0])
+			case len(keys) > 0 && *group == "":
+				return e.usage(cmd, "--key needs --group, the group the application buckets the file's keys in (FileOptions.GroupID; %s when it gives none)", flags.DefaultGroupID)
+			case *group != "" && len(keys) == 0:
+				return e.usage(cmd, "--group is for --key; give the keys to look up")
+			case len(keys) > 0 && *asJSON:
+				return e.usage(cmd, "--key is printed as text; leave out --json")
 			}
 			s, err := rollout.Read(*file)
+			if err == nil && *enforcement {
+				err = checkEnforcementFile(*file, s)
+			}
 			if err != nil {
 				return e.fail(cmd, exitFailed, err)
 			}
-			if *asJSON {
+			switch {
+			case *asJSON:
 				data, _ := rollout.Marshal(s) // s was read, so it is valid
 				e.stdout.Write(data)
-				return exitOK
+			case *enforcement:
+				fmt.Fprintf(e.stdout, "file:     %s\nenforced: %s\n", *file, enforcedShare("", s.Percent))
+			default:
+				fmt.Fprintf(e.stdout, "file:    %s\npercent: %d\nmirror:  %s\n", *file, s.Percent, onOffWord(s.Mirror))
 			}
-			fmt.Fprintf(e.stdout, "file:    %s\npercent: %d\nmirror:  %s\n", *file, s.Percent, onOffWord(s.Mirror))
+			for _, k := range keys {
+				fmt.Fprintf(e.stdout, "key %q: %s\n", k, keyStanding(*group, k, s.Percent, *enforcement))
+			}
 			return exitOK
 		}
 	}}
@@ -77,13 +103,16 @@ func rolloutSetCommand() *command {
 	return &command{name: "rollout set", page: rolloutSetPage, flags: func(e *env, fs *flag.FlagSet) func(context.Context, []string) int {
 		file := fs.String("file", "", "The rollout `file` (required). It is created if it does not exist.")
 		var mirror onOff
-		fs.Var(&mirror, "mirror", "Set mirroring `on|off` as well. Without it the file's mirror setting is kept; it is required when the file does not exist or cannot be read.")
+		fs.Var(&mirror, "mirror", "Set mirroring `on|off` as well. Without it the file's mirror setting is kept; it is required when the file does not exist or cannot be read, unless --enforcement is given.")
+		enforcement := fs.Bool("enforcement", false, enforcementUsage+" A missing or unreadable file is written anew, mirroring off, so that a rollback never waits on a repair.")
 		asJSON := fs.Bool("json", false, "Print the settings before and after as JSON.")
 		return func(_ context.Context, args []string) int {
 			const cmd = "rollout set"
 			switch {
 			case *file == "":
 				return e.usage(cmd, "--file is required")
+			case *enforcement && mirror.set:
+				return e.usage(cmd, "--mirror is a store migration's setting; an enforcement file has none (it is always off)")
 			case len(args) == 0:
 				return e.usage(cmd, "missing the percentage, a whole number from 0 to 100")
 			case len(args) > 1:
@@ -94,7 +123,12 @@ func rolloutSetCommand() *command {
 				return e.usage(cmd, "%v", err)
 			}
 			old, readErr := rollout.Read(*file)
-			if readErr != nil && !mirror.set {
+			if readErr == nil && *enforcement {
+				if err := checkEnforcementFile(*file, old); err != nil {
+					return e.fail(cmd, exitFailed, err)
+				}
+			}
+			if readErr != nil && !mirror.set && !*enforcement {
 				hint := "the mirror setting cannot be kept"
 				if errors.Is(readErr, iofs.ErrNotExist) {
 					hint = "the file does not exist"
@@ -114,6 +148,10 @@ func rolloutSetCommand() *command {
 			if err != nil {
 				return e.fail(cmd, exitFailed, fmt.Errorf("written, but reading it back failed: %w", err))
 			}
+			if readErr != nil && *enforcement && !errors.Is(readErr, iofs.ErrNotExist) {
+				// Replaced without its settings: say what was there.
+				fmt.Fprintf(e.stderr, "throttlekit %s: replaced a file that could not be read: %v\n", cmd, readErr)
+			}
 			if *asJSON {
 				out := struct {
 					File   string            `json:"file"`
@@ -128,6 +166,14 @@ func rolloutSetCommand() *command {
 				}
 				return exitOK
 			}
+			if *enforcement {
+				was := ""
+				if readErr == nil && old.Percent != got.Percent {
+					was = strconv.Itoa(old.Percent) + "% -> "
+				}
+				fmt.Fprintf(e.stdout, "file:     %s\nenforced: %s\n", *file, enforcedShare(was, got.Percent))
+				return exitOK
+			}
 			before := func(now, was string) string {
 				if readErr != nil || now == was {
 					return now
@@ -140,6 +186,45 @@ func rolloutSetCommand() *command {
 			return exitOK
 		}
 	}}
+}
+
+const enforcementUsage = "The file is a policy's enforcement (flags.Enforcement over a flags.File): show the share of keys the policy is enforced for, the others being in dry run, and refuse a file with mirroring on, which only a store migration's rollout file has."
+
+// checkEnforcementFile refuses, as an enforcement file, one with mirroring
+// on: that is a store migration's rollout file, where a percentage moves
+// keys between stores instead of enforcing a limit.
+func checkEnforcementFile(path string, s rollout.Settings) error {
+	if !s.Mirror {
+		return nil
+	}
+	return fmt.Errorf("%s has mirroring on, as a store migration's rollout file has and an enforcement file never has;\n"+
+		"check the path; if this is the enforcement file, repair it with --mirror off instead of --enforcement", path)
+}
+
+// enforcedShare words a policy's enforcement at p percent of keys, after was
+// (the percentage it replaced, as "1% -> ", or nothing).
+func enforcedShare(was string, p int) string {
+	switch p {
+	case 0:
+		return fmt.Sprintf("%s0%% of keys: every key in dry run", was)
+	case 100:
+		return fmt.Sprintf("%s100%% of keys", was)
+	}
+	return fmt.Sprintf("%s%d%% of keys; the others in dry run", was, p)
+}
+
+// keyStanding says where key stands in a rollout of p percent bucketed in
+// group: in it (on the new store, or enforced) or from which percentage.
+func keyStanding(group, key string, p int, enforcement bool) string {
+	b := flags.Bucket(group, key)
+	in, out := "on the new store", "on the old store"
+	if enforcement {
+		in, out = "enforced", "in dry run"
+	}
+	if b <= p {
+		return fmt.Sprintf("bucket %d of group %q: %s", b, group, in)
+	}
+	return fmt.Sprintf("bucket %d of group %q: %s until the percentage reaches %d", b, group, out, b)
 }
 
 // parsePercent reads "25" or "25%", a whole number from 0 to 100.

@@ -18,8 +18,10 @@ func TestWouldDenyCollect(t *testing.T) {
 	wd := got["throttlekit.would_deny"]
 	assert.Equal(t, "{decision}", wd.Unit)
 	metricdatatest.AssertAggregationsEqual(t, sum(
+		point(1, "throttlekit.policy", "burst"),
 		point(3, "throttlekit.policy", "export"),
 		point(2, "throttlekit.policy", "login"),
+		point(2, "throttlekit.policy", "search"),
 		point(1, "throttlekit.policy", "unnamed"),
 	), wd.Data, metricdatatest.IgnoreTimestamp())
 	metricdatatest.AssertAggregationsEqual(t, sum(
@@ -27,7 +29,7 @@ func TestWouldDenyCollect(t *testing.T) {
 		decision(4, "export", "take", "primary", "allowed"),
 		decision(6, "login", "take", "primary", "allowed"),
 		decision(1, "login", "take", "primary", "denied"),
-		decision(2, "unnamed", "take", "primary", "allowed"),
+		decision(8, "unnamed", "take", "primary", "allowed"),
 	), got["throttlekit.decisions"].Data, metricdatatest.IgnoreTimestamp())
 }
 
@@ -36,6 +38,6 @@ func TestWouldDenyCardinalityIsBounded(t *testing.T) {
 	traffic.DryRun(t, m.Observe)
 	metricdatatest.AssertAggregationsEqual(t, sum(
 		point(2, "throttlekit.policy", "login"),
-		point(4, "throttlekit.policy", "other"),
+		point(7, "throttlekit.policy", "other"),
 	), collect(t, reader)["throttlekit.would_deny"].Data, metricdatatest.IgnoreTimestamp())
 }

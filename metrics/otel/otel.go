@@ -193,7 +193,12 @@ func (m *Metrics) Observe(o throttler.Observation) {
 	}
 	m.decisions.Add(ctx, 1, *opts...)
 	if metricdef.WouldDeny(&o) {
-		m.wouldDeny.Add(ctx, 1, po.wouldDeny...)
+		if !o.Policy.Composite() {
+			m.wouldDeny.Add(ctx, 1, po.wouldDeny...)
+		}
+		for name := range metricdef.WouldDenyMembers(&o) {
+			m.wouldDeny.Add(ctx, 1, m.policies.Get(name, metricdef.PolicyLabel).wouldDeny...)
+		}
 	}
 	if o.Source == throttler.SourceNone {
 		return // no store decided: bad input or the caller gave up

@@ -18,8 +18,10 @@ func TestWouldDenyScrape(t *testing.T) {
 	want := `
 # HELP throttlekit_would_deny_total Takes a policy would have denied for keys it runs in dry run, answered allowed, by policy.
 # TYPE throttlekit_would_deny_total counter
+throttlekit_would_deny_total{policy="burst"} 1
 throttlekit_would_deny_total{policy="export"} 3
 throttlekit_would_deny_total{policy="login"} 2
+throttlekit_would_deny_total{policy="search"} 2
 throttlekit_would_deny_total{policy="unnamed"} 1
 # HELP throttlekit_decisions_total Throttler calls by policy, operation, who decided (primary, fallback, failure_mode, none) and result.
 # TYPE throttlekit_decisions_total counter
@@ -27,7 +29,7 @@ throttlekit_decisions_total{op="peek",policy="login",result="allowed",source="pr
 throttlekit_decisions_total{op="take",policy="export",result="allowed",source="primary"} 4
 throttlekit_decisions_total{op="take",policy="login",result="allowed",source="primary"} 6
 throttlekit_decisions_total{op="take",policy="login",result="denied",source="primary"} 1
-throttlekit_decisions_total{op="take",policy="unnamed",result="allowed",source="primary"} 2
+throttlekit_decisions_total{op="take",policy="unnamed",result="allowed",source="primary"} 8
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"throttlekit_would_deny_total", "throttlekit_decisions_total"))
@@ -42,7 +44,7 @@ func TestWouldDenyCardinalityIsBounded(t *testing.T) {
 # HELP throttlekit_would_deny_total Takes a policy would have denied for keys it runs in dry run, answered allowed, by policy.
 # TYPE throttlekit_would_deny_total counter
 throttlekit_would_deny_total{policy="login"} 2
-throttlekit_would_deny_total{policy="other"} 4
+throttlekit_would_deny_total{policy="other"} 7
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "throttlekit_would_deny_total"))
 }

@@ -174,7 +174,12 @@ func (m *Metrics) Observe(o throttler.Observation) {
 	pc := m.policies.Get(metricdef.PolicyName(&o), metricdef.PolicyLabel)
 	pc.n[metricdef.OpIndex(o.Op)][metricdef.SourceIndex(o.Source)][metricdef.ResultIndex(&o)].Add(1)
 	if metricdef.WouldDeny(&o) {
-		pc.wouldDeny.Add(1)
+		if !o.Policy.Composite() {
+			pc.wouldDeny.Add(1)
+		}
+		for name := range metricdef.WouldDenyMembers(&o) {
+			m.policies.Get(name, metricdef.PolicyLabel).wouldDeny.Add(1)
+		}
 	}
 	if o.Source == throttler.SourceNone {
 		return // no store decided: bad input or the caller gave up

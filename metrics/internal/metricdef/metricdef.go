@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"strings"
@@ -89,6 +90,31 @@ func ResultIndex(o *throttler.Observation) int {
 // counters count. Peeks and refunds are not admissions.
 func WouldDeny(o *throttler.Observation) bool {
 	return o.Op == throttler.OpTake && o.Decision.WouldDeny
+}
+
+// WouldDenyMembers yields, for a WouldDeny observation of a composite
+// policy, the name of each member that would have denied: those that say
+// WouldDeny (a member in dry run for the key), or, in a composite in dry run
+// as a whole, those that denied. Nothing for a single policy.
+func WouldDenyMembers(o *throttler.Observation) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		if !o.Policy.Composite() {
+			return
+		}
+		var names [throttler.MaxMembers]string
+		for i, m := range o.Policy.Members() {
+			names[i] = m.Name
+		}
+		byMember := false
+		for _, md := range o.Decision.Members() {
+			byMember = byMember || md.WouldDeny
+		}
+		for i, md := range o.Decision.Members() {
+			if (byMember && md.WouldDeny || !byMember && !md.Allowed) && !yield(names[i]) {
+				return
+			}
+		}
+	}
 }
 
 // ReasonIndex classifies a backend error (see ReasonNames).

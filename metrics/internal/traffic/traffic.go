@@ -271,6 +271,11 @@ func DryRun(t testing.TB, observe func(throttler.Observation)) {
 		{throttler.PerMinute(1).Named("export").DryRun(), "a", 4},
 		{throttler.PerMinute(1).DryRun(), "a", 2},
 		{Login, "b", 3},
+		// A composite whose "search" member is in dry run: it would deny the
+		// last two; a composite in dry run as a whole, whose "burst" member
+		// would deny the last one.
+		{throttler.All(throttler.PerMinute(5).Named("page"), throttler.PerMinute(1).Named("search").DryRun()), "c", 3},
+		{throttler.All(throttler.PerMinute(2).Named("burst"), throttler.PerMinute(9).Named("export")).DryRun(), "d", 3},
 	}
 	for _, c := range calls {
 		for range c.n {
