@@ -273,6 +273,7 @@ func redisMoveToTagByKey(t *testing.T, c redis.Client) {
 	m, err := migration.New(old, nu, pct, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = m.Close() })
+	require.False(t, m.Traits().Composites, "the old layout takes none, so neither does the move")
 	policies := []throttler.Policy{
 		throttler.PerMinute(10).Named("mv-fw"),
 		throttler.PerMinute(10).With(throttler.TokenBucket).Named("mv-tb"),
