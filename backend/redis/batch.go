@@ -64,9 +64,10 @@ var (
 	takesScript = goredis.NewScript(numbersSource + takesSource)
 )
 
-// scripts are the requests' scripts, by number.
+// scripts are the requests' scripts, by number; a composite's is its
+// request's own (allScripts).
 var scripts = [...]*goredis.Script{fnTake: takeScript, fnRefund: refundScript,
-	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript, fnAll: allScript}
+	fnBucket: bucketScript, fnCounter: counterScript, fnLog: logScript}
 
 // maxInFlight is how many round trips a lane has under way before the
 // requests that arrive queue: four, so that at low concurrency four
@@ -96,11 +97,20 @@ const maxBatchLimit = 4096
 
 // request is one operation for Redis.
 type request struct {
-	fn   int
-	sk   string
-	keys []string // fnAll: every member's key, sk the first; nil: sk alone
-	args []any    // the script's arguments; a fixed window's Take: take
-	take takeArgs // fnTake: take.lua's, kept as numbers until sent
+	fn     int
+	sk     string
+	keys   []string        // fnAll: every member's key, sk the first; nil: sk alone
+	args   []any           // the script's arguments; a fixed window's Take: take
+	take   takeArgs        // fnTake: take.lua's, kept as numbers until sent
+	script *goredis.Script // fnAll: all.lua for the members' algorithms
+}
+
+// scriptOf is req's script.
+func (req *request) scriptOf() *goredis.Script {
+	if req.script != nil {
+		return req.script
+	}
+	return scripts[req.fn]
 }
 
 // scriptKeys are req's script's keys.
@@ -530,9 +540,9 @@ func (sc *scratch) queue(ctx context.Context, pipe goredis.Pipeliner, c *command
 			return pipe.HMGet(ctx, req.sk, "u", "r")
 		}
 		if source {
-			return scripts[req.fn].Eval(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
+			return req.scriptOf().Eval(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
 		}
-		return scripts[req.fn].EvalSha(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
+		return req.scriptOf().EvalSha(ctx, sc.once(pipe), req.scriptKeys(), req.scriptArgs()...)
 	}
 	// takes.lua: the Takes' parameter sets (now, reset-at, limit, expiry;
 	// take.lua's arguments but the cost), each once, then each window's
@@ -641,7 +651,7 @@ func single(ctx context.Context, l *lane, req *request) (any, error) {
 	if req.fn == fnPeek {
 		return l.c.HMGet(ctx, req.sk, "u", "r").Result()
 	}
-	return runScript(ctx, l.scripts, scripts[req.fn], req.scriptKeys(), req.scriptArgs()...).Result()
+	return runScript(ctx, l.scripts, req.scriptOf(), req.scriptKeys(), req.scriptArgs()...).Result()
 }
 
 // scriptsOf is how c runs scripts: through once, never re-sent, when c

@@ -30,12 +30,37 @@ import (
 // admitted composite drops what it holds of the members, as their own
 // admitted Takes do.
 
-var (
-	//go:embed scripts/all.lua
-	allSource string
-	allScript = goredis.NewScript(numbersSource + ceildivSource + windowSource + bucketSource +
-		counterSource + logSource + allSource)
-)
+//go:embed scripts/all.lua
+var allSource string
+
+// allScripts are all.lua for each mix of algorithms, by a bit per
+// throttler.Algorithm: each holds the functions of its algorithms only, for
+// a script pays for every function it defines on every call (a closure
+// each). all.lua names the others' functions only in branches that no
+// member of its mix takes.
+var allScripts = func() (s [1 << 4]*goredis.Script) {
+	for mix := 1; mix < len(s); mix++ {
+		has := func(a throttler.Algorithm) bool { return mix&(1<<a) != 0 }
+		src := ""
+		if has(throttler.SlidingWindow) {
+			src += numbersSource
+		}
+		if has(throttler.TokenBucket) || has(throttler.SlidingWindow) {
+			src += ceildivSource
+		}
+		for _, a := range []struct {
+			alg throttler.Algorithm
+			src string
+		}{{throttler.FixedWindow, windowSource}, {throttler.TokenBucket, bucketSource},
+			{throttler.SlidingWindow, counterSource}, {throttler.SlidingLog, logSource}} {
+			if has(a.alg) {
+				src += a.src
+			}
+		}
+		s[mix] = goredis.NewScript(src + allSource)
+	}
+	return s
+}()
 
 // errNoComposites answers a composite on a Backend whose members' keys may
 // be apart (see Traits): bad input, never a store failure.
@@ -68,7 +93,9 @@ func (b *Backend) composite(ctx context.Context, op throttler.Op, key string, p 
 	args[0], args[1], args[2], args[3] = int(op), t, cost, b.marginMS
 	var s *shard
 	var hs [throttler.MaxMembers]uint64
+	mix := 0
 	for i, m := range p.Members() {
+		mix |= 1 << m.Algorithm
 		sk, h := b.keyOf(m, key)
 		hs[i] = h
 		if i == 0 {
@@ -91,7 +118,7 @@ func (b *Backend) composite(ctx context.Context, op throttler.Op, key string, p 
 		ms[i], n, size = m, i+1, size+replyLen[m.Algorithm]
 	}
 	var ds [throttler.MaxMembers]throttler.Decision
-	req := &request{fn: fnAll, sk: keys[0], keys: keys, args: args}
+	req := &request{fn: fnAll, sk: keys[0], keys: keys, args: args, script: allScripts[mix]}
 	err := b.exec(ctx, s, op, req, func(reply any) error {
 		var buf [1 + throttler.MaxMembers*9]int64
 		res := buf[:size]

@@ -289,7 +289,7 @@ func TestBatchCompositeAmongTakesOfItsMember(t *testing.T) {
 	ctx := context.Background()
 	// A script the server has not cached is sent again after the batch's
 	// others (NOSCRIPT), which would reorder the calls on its own.
-	for _, s := range []*goredis.Script{takeScript, takesScript, allScript} {
+	for _, s := range append([]*goredis.Script{takeScript, takesScript}, allScripts[1:]...) {
 		require.NoError(t, s.Load(ctx, rdb).Err())
 	}
 	c := throttler.All(compSL, compFW) // the window is not the first key
@@ -345,4 +345,37 @@ func TestCompositeWrongTypeWritesNothing(t *testing.T) {
 	n, err := rdb.Exists(ctx, fk).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the window was written")
+}
+
+// all.lua is built for each mix of algorithms with only their functions:
+// every mix runs, a Take admitted and counted by each member, a Peek, and
+// a Take denied by one member that counts nothing anywhere.
+func TestCompositeEveryMix(t *testing.T) {
+	rdb, _ := startRedis(t)
+	b := newBackend(t, rdb, &Options{Prefix: "mix:"})
+	ctx := context.Background()
+	algs := []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow}
+	for mix := 1; mix < 1<<len(algs); mix++ {
+		var ms []throttler.Policy
+		for _, a := range algs {
+			if mix&(1<<a) != 0 {
+				ms = append(ms, throttler.PerMinute(5).With(a).Named(fmt.Sprintf("m%d-%d", mix, a)))
+			}
+		}
+		if len(ms) == 1 { // a composite of one algorithm: two policies of it
+			ms = append(ms, throttler.PerHour(7).With(ms[0].Algorithm).Named(fmt.Sprint("h", mix)))
+		}
+		c, key := throttler.All(ms...), fmt.Sprint("k", mix)
+		d, err := b.Take(ctx, key, c, 3, t0)
+		require.NoError(t, err, "mix %b", mix)
+		require.True(t, d.Allowed, "mix %b", mix)
+		d, err = b.Take(ctx, key, c, 3, t0)
+		require.NoError(t, err, "mix %b", mix)
+		require.False(t, d.Allowed, "mix %b", mix)
+		p, err := b.Peek(ctx, key, c, t0)
+		require.NoError(t, err, "mix %b", mix)
+		for i, m := range p.Members() {
+			assert.Equal(t, int64(3), m.Used, "mix %b member %d", mix, i)
+		}
+	}
 }

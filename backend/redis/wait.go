@@ -183,7 +183,7 @@ func (l *lane) single(ctx context.Context, req *request) (any, error) {
 	if l.wait == nil || !req.writes() {
 		return single(ctx, l, req)
 	}
-	return l.wait.run(ctx, scripts[req.fn], req.scriptKeys(), req.scriptArgs()...).Result()
+	return l.wait.run(ctx, req.scriptOf(), req.scriptKeys(), req.scriptArgs()...).Result()
 }
 
 // run runs a write script outside batches (a lease's) on s's primary:

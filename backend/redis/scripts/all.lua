@@ -1,8 +1,10 @@
 -- all.lua takes or peeks a composite's members (throttler.All) in one
 -- atomic step: every member's algorithm on its own key, as one_bucket.lua,
 -- one_counter.lua, one_log.lua and take.lua run it alone, from the
--- functions of window.lua, bucket.lua, counter.lua and log.lua (prepended
--- when the script is built). A take reads every member first and writes
+-- functions of window.lua, bucket.lua, counter.lua and log.lua: those of
+-- its members' algorithms, prepended when the script is built for that
+-- mix (composite.go), so a branch for another algorithm is never taken and
+-- names functions that are not there. A take reads every member first and writes
 -- only when every one admits the cost, so a denied composite writes
 -- nothing; a peek writes nothing, so a replica can run it.
 --
