@@ -4,8 +4,8 @@
 -- functions of window.lua, bucket.lua, counter.lua and log.lua: those of
 -- its members' algorithms, prepended when the script is built for that
 -- mix (composite.go), so a branch for another algorithm is never taken and
--- names functions that are not there. A take reads every member first and writes
--- only when every one admits the cost, so a denied composite writes
+-- names functions that are not there. A take reads every member first and
+-- writes only when every one admits the cost, so a denied composite writes
 -- nothing; a peek writes nothing, so a replica can run it.
 --
 -- KEYS[i]  member i's key, as for the member alone: every key in one slot
@@ -29,7 +29,8 @@
 -- member answers a take when the composite is admitted; when it is not, a
 -- member that denied answers its own denied take, and one that would have
 -- admitted answers a peek, its state as it stands.
-local op, t, cost, margin = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local op, t = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cost, margin = tonumber(ARGV[3]), tonumber(ARGV[4])
 local n = #KEYS
 
 -- read reads member i and reports whether a take of cost fits it; the
@@ -45,12 +46,14 @@ local function read(i, rop)
   elseif alg == '1' then
     local stored, rs, rt, rw = bucket_read(key)
     st[i] = {stored, rs, rt, rw}
-    local wrote = bucket_apply(key, stored, rs, rt, rw, 1, t, w, limit, tonumber(ARGV[a + 3]), cost, 0, margin, false)
+    local wrote = bucket_apply(key, stored, rs, rt, rw, 1, t, w, limit, tonumber(ARGV[a + 3]),
+      cost, 0, margin, false)
     return wrote == 1
   elseif alg == '3' then
     local stored, rk, rc, rp, rw = counter_read(key)
     st[i] = {stored, rk, rc, rp, rw}
-    local wrote = counter_apply(key, stored, rk, rc, rp, rw, 1, t, w, ARGV[a + 1], limit, cost, 0, margin, false)
+    local wrote = counter_apply(key, stored, rk, rc, rp, rw, 1, t, w, ARGV[a + 1], limit, cost, 0,
+      margin, false)
     return wrote == 1
   end
   local top, at, used, ended = log_read(key, rop, t, w, limit, cost, ARGV[a + 3])
@@ -74,13 +77,16 @@ local function answer(i, aop)
     end
     return struct.pack('<ddd', 0, used or 0, reset)
   elseif alg == '1' then
-    local _, reply = bucket_apply(key, s[1], s[2], s[3], s[4], aop, t, w, limit, tonumber(ARGV[a + 3]), cost, 0, margin, true)
+    local _, reply = bucket_apply(key, s[1], s[2], s[3], s[4], aop, t, w, limit,
+      tonumber(ARGV[a + 3]), cost, 0, margin, true)
     return reply
   elseif alg == '3' then
-    local _, reply = counter_apply(key, s[1], s[2], s[3], s[4], s[5], aop, t, w, ARGV[a + 1], limit, cost, 0, margin, true)
+    local _, reply = counter_apply(key, s[1], s[2], s[3], s[4], s[5], aop, t, w, ARGV[a + 1], limit,
+      cost, 0, margin, true)
     return reply
   end
-  return log_apply(key, s[1], s[2], s[3], s[4], aop, t, ARGV[2], w, limit, cost, ARGV[a + 3], '0', margin)
+  return log_apply(key, s[1], s[2], s[3], s[4], aop, t, ARGV[2], w, limit, cost, ARGV[a + 3], '0',
+    margin)
 end
 
 local out = {}

@@ -48,7 +48,8 @@ end
 -- as seven little-endian doubles (one string, see algorithms.go's
 -- parsePacked), s', t' the state after the call, which the caller checks
 -- against Go's.
-local function bucket_apply(key, stored, rs, rt, rw, op, t, w, limit, cap, cost, receipt, margin, write)
+local function bucket_apply(key, stored, rs, rt, rw, op, t, w, limit, cap, cost, receipt, margin,
+    write)
   local full = cap * w
   local live = stored and rw == w -- a state of another window reads as none
 

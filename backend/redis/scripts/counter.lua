@@ -58,7 +58,8 @@ end
 -- little-endian doubles (one string, see algorithms.go's parsePacked),
 -- k', c', p' the state after the call, which the caller checks against
 -- Go's.
-local function counter_apply(key, stored, rk, rc, rp, rw, op, t, w, wArg, limit, cost, receipt, margin, write)
+local function counter_apply(key, stored, rk, rc, rp, rw, op, t, w, wArg, limit, cost, receipt,
+    margin, write)
   local live = stored and rw == w -- a state of another window reads as none
 
   local e = math.fmod(t, w) -- floor division, for instants before 1970 too

@@ -84,7 +84,8 @@ end
 -- strings; margin the expiry margin in ms (>= 1). It returns allowed
 -- (0|1), used, reset-at ms and retry-after ms packed as four little-endian
 -- doubles (one string, see algorithms.go's parsePacked).
-local function log_apply(log, top, at, used, ended, op, t, tArg, w, limit, cost, endedArg, receiptArg, margin)
+local function log_apply(log, top, at, used, ended, op, t, tArg, w, limit, cost, endedArg,
+    receiptArg, margin)
   local want, allowed = 1, 0
   if op == 1 then
     want = cost

@@ -14,7 +14,7 @@
 --
 -- Returns counter_apply's reply.
 local stored, rk, rc, rp, rw = counter_read(KEYS[1])
-local _, reply = counter_apply(KEYS[1], stored, rk, rc, rp, rw, tonumber(ARGV[1]), tonumber(ARGV[2]),
-  tonumber(ARGV[3]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7]),
-  tonumber(ARGV[6]), true)
+local _, reply = counter_apply(KEYS[1], stored, rk, rc, rp, rw, tonumber(ARGV[1]),
+  tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]),
+  tonumber(ARGV[7]), tonumber(ARGV[6]), true)
 return reply
