@@ -1,0 +1,438 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/throttlekit/throttlekit/backend/memory"
+	"github.com/throttlekit/throttlekit/flags"
+	"github.com/throttlekit/throttlekit/migration"
+	"github.com/throttlekit/throttlekit/shadow"
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// A live Memcached → Redis migration of a composite (throttler.All of a
+// fixed window and a token bucket), 0% → 10% → 50% → 100% → back to 50%
+// with the mirror on and a Flush at every switch, as TestMigrationRampAlgorithms runs it
+// for
+// single policies. Clients on 16 goroutines call through Throttlers over
+// one Migration; each client's calls are made in order by one goroutine,
+// as one client's requests are, so that the mirror replays every key's
+// calls in the order they were answered (the shadow keeps a key's calls
+// on one worker, in order) and both stores see the same sequence.
+//
+// What docs/migration.md promises then ("Moving keys" → Composites, and
+// the ramp's "nobody gets a fresh window"), checked exactly:
+//
+//   - No fresh window: each key's admissions, over the whole ramp, keep
+//     each member's own rule (the fixed window's Limit per window, the
+//     windows opening at admitted calls; the bucket's bound), so a moved
+//     key served from a store that lost its state shows over its bound.
+//   - A denied composite spends nothing: at the end of every stage, every
+//     key's every member, in both stores, is in exactly the state that the
+//     admitted calls alone leave (replayed, each member alone, on a memory
+//     store: a member's state is the same taken alone or in a composite).
+//     With each key's calls in one order there is no Memcached race, so its
+//     bound (an under-admission while a lost race is undone) is 0 here, and
+//     after a call returns every undo is done; a moving key's compensation
+//     refunds at the Take's own instants, within the Take's windows, so
+//     it gives back exactly what it took. Nothing is left to tolerate.
+//   - The shadows explain every pair: with both stores holding the same
+//     state, neither shadow sees a mismatch (no reorder bounds are set, so
+//     any difference of a member's answer would be one), a drop or an
+//     error, and every call is compared or made on both stores.
+//
+// The schedule is on a fake clock: in each stage each client makes
+// mcRounds Takes mcStep ms apart, asking for 1 or 2 units, about twice
+// what either member allows: the fixed window binds at first, the bucket
+// once its burst is spent, so each member denies composites the other
+// would have admitted (the calls where a member that spent on a denial
+// would show). Windows are minutes: the stores expire state after real
+// time, which runs faster than this clock between a client's calls (see
+// rampRun).
+
+// mcStages is the ramp; the mirror stays on.
+var mcStages = []struct {
+	name    string
+	percent int
+}{
+	{"shadow 0%", 0},
+	{"ramp 10%", 10},
+	{"ramp 50%", 50},
+	{"100%", 100},
+	{"rollback 50%", 50},
+}
+
+const (
+	mcClients    = 96
+	mcGoroutines = 16
+	mcRounds     = 6
+	mcStep       = 15000 // ms
+	mcJitter     = 14000 // ms, < mcStep: a client's instants only move forward
+)
+
+// mcInstant is client c's instant in stage s, round r, in ms since
+// migrationT0.
+func mcInstant(s, r, c int) int64 { return int64((s*mcRounds+r)*mcStep + (c*151)%mcJitter) }
+
+// mcStageEnd is an instant after every call of stage s.
+func mcStageEnd(s int) int64 { return int64((s + 1) * mcRounds * mcStep) }
+
+func mcCost(r, c int) int64 { return 1 + int64((r+c)%2) }
+
+func mcKey(c int) string { return fmt.Sprintf("mc-client-%03d", c) }
+
+func mcAt(ms int64) time.Time { return migrationT0.Add(time.Duration(ms) * time.Millisecond) }
+
+// mcComposite is the composite under test, its members named after name:
+// 3 a minute in a fixed window, beside a bucket of 5 refilling 2 a minute.
+func mcComposite(name string) (c, fw, tb throttler.Policy) {
+	fw = throttler.Policy{Name: name + "-min", Limit: 3, Window: time.Minute}
+	tb = throttler.Policy{Name: name + "-tb", Limit: 2, Window: time.Minute}.WithBurst(5)
+	return throttler.All(fw, tb), fw, tb
+}
+
+// mcWindowBound is the fixed window's rule replayed over one key's
+// admissions in time order: a window opens at the first admission at or
+// after the end of the last one (a denied composite opens none), and holds
+// at most Limit units. A store that lost the key's window opens another
+// inside it, whose units show here.
+func mcWindowBound(p throttler.Policy, adm []rampAdmission) rampExcess {
+	w := p.Window.Milliseconds()
+	x := rampExcess{most: p.Limit}
+	var start, units int64
+	for i, a := range adm {
+		if i == 0 || a.t >= start+w {
+			start, units = a.t, 0
+		}
+		units += a.cost
+		x.worst(start, a.t, units, p.Limit)
+	}
+	return x
+}
+
+// mcResult is what a ramp recorded.
+type mcResult struct {
+	admitted [][]rampAdmission // per client, in time order
+	denied   int
+	onlyBy   [2]int // composites denied by member i alone: the other would have admitted
+	onNew    [][]bool
+	moved    []int // per stage: clients served by another store than in the stage before
+	// per stage: clients whose stores' states differ from the replay of
+	// their admissions, and a few of the differences.
+	forked   []int
+	forkedAt []string
+	stats    migration.Stats // at the end
+}
+
+// mcEach runs f for clients [0, n) on mcGoroutines goroutines, each with
+// its own Throttler over m whose clock reads the goroutine's instant
+// (set by f before each call); one client's calls are made in order by one
+// goroutine.
+func mcEach(t *testing.T, m *migration.Migration, n int, f func(th *throttler.Throttler, at *atomic.Int64, c int)) {
+	t.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range mcGoroutines {
+		at := new(atomic.Int64)
+		th, err := throttler.New(m, &throttler.Options{
+			Clock:      func() time.Time { return mcAt(at.Load()) },
+			Timeout:    10 * time.Second,
+			FailClosed: true, // a failed call admits nothing
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for c := int(next.Add(1) - 1); c < n; c = int(next.Add(1) - 1) {
+				f(th, at, c)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// mcRun runs the ramp for the composite named name on m over old and nu,
+// r being m's rollout. With warm false the shadow stage runs with the
+// mirror off (Redis never sees the first stage's calls). With clean set,
+// every stage's shadows must have compared every call without a mismatch,
+// drop or error.
+func mcRun(t *testing.T, m *migration.Migration, r *flags.Percent, old, nu throttler.Backend, name string, warm, clean bool) mcResult {
+	t.Helper()
+	ctx := context.Background()
+	c, fw, tb := mcComposite(name)
+	members := []throttler.Policy{fw, tb}
+	// ref holds each member's state as the admitted calls alone leave it.
+	ref, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ref.Close() })
+	res := mcResult{admitted: make([][]rampAdmission, mcClients), moved: make([]int, len(mcStages)),
+		forked: make([]int, len(mcStages))}
+	before := m.Stats()
+	for s, st := range mcStages {
+		if err := r.Set(st.percent); err != nil {
+			t.Fatal(err)
+		}
+		r.SetMirror(warm || s > 0)
+		onStage := 0
+		res.onNew = append(res.onNew, make([]bool, mcClients))
+		for cl := range mcClients {
+			n := r.UseNew(mcKey(cl))
+			res.onNew[s][cl] = n
+			if n {
+				onStage++
+			}
+			if s > 0 && n != res.onNew[s-1][cl] {
+				res.moved[s]++
+			}
+		}
+		var mu sync.Mutex
+		mcEach(t, m, mcClients, func(th *throttler.Throttler, at *atomic.Int64, cl int) {
+			var adm []rampAdmission
+			var denied int
+			var onlyBy [2]int
+			for round := range mcRounds {
+				now, cost := mcInstant(s, round, cl), mcCost(round, cl)
+				at.Store(now)
+				d, err := th.AllowN(ctx, mcKey(cl), c, cost)
+				if err != nil {
+					t.Errorf("%s: client %d: %v", st.name, cl, err)
+					return
+				}
+				if d.Allowed {
+					adm = append(adm, rampAdmission{now, cost, s})
+					continue
+				}
+				denied++
+				var denying []int
+				for i, md := range d.Members() {
+					if !md.Allowed {
+						denying = append(denying, i)
+					}
+				}
+				if len(denying) == 1 {
+					onlyBy[denying[0]]++
+				}
+			}
+			mu.Lock()
+			res.admitted[cl] = append(res.admitted[cl], adm...)
+			res.denied += denied
+			res.onlyBy[0] += onlyBy[0]
+			res.onlyBy[1] += onlyBy[1]
+			mu.Unlock()
+		})
+		// The stage boundary: every mirrored call has landed before the
+		// rollout moves, and before the stores are read.
+		migrationFlush(t, m)
+		now := m.Stats()
+		if clean {
+			migrationClean(t, st.name, "forward", now.Forward)
+			migrationClean(t, st.name, "reverse", now.Reverse)
+			compared := now.Forward.Compared + now.Reverse.Compared + now.Moving.Calls -
+				before.Forward.Compared - before.Reverse.Compared - before.Moving.Calls
+			if want := uint64(mcRounds * mcClients); compared != want {
+				t.Errorf("%s: %d calls compared or made on both stores, want every one of %d", st.name, compared, want)
+			}
+		}
+		if got, want := now.Routed.New-before.Routed.New, uint64(mcRounds*onStage); got != want {
+			t.Errorf("%s: %d calls routed to Redis, want %d", st.name, got, want)
+		}
+		// Replay the stage's admissions on ref, each member alone, then
+		// read every member of every key in ref and in both stores.
+		end := mcAt(mcStageEnd(s))
+		for cl := range mcClients {
+			for _, a := range res.admitted[cl] {
+				if a.stage != s {
+					continue
+				}
+				for _, p := range members {
+					// A denial here is over p's own rule: the bounds below
+					// say by how much.
+					if _, err := ref.Take(ctx, mcKey(cl), p, a.cost, mcAt(a.t)); err != nil {
+						t.Fatalf("replay: %v", err)
+					}
+				}
+			}
+			for _, p := range members {
+				want, err := ref.Peek(ctx, mcKey(cl), p, end)
+				if err != nil {
+					t.Fatal(err)
+				}
+				forked := false
+				for _, b := range []struct {
+					name string
+					b    throttler.Backend
+				}{{"Memcached", old}, {"Redis", nu}} {
+					got, err := b.b.Peek(ctx, mcKey(cl), p, end)
+					if err != nil {
+						t.Fatalf("%s: peek %s: %v", st.name, b.name, err)
+					}
+					if got.Used != want.Used || got.Remaining != want.Remaining || !got.ResetAt.Equal(want.ResetAt) {
+						forked = true
+						if len(res.forkedAt) < 8 {
+							res.forkedAt = append(res.forkedAt, fmt.Sprintf(
+								"%s: %s %s in %s: used %d, remaining %d, reset +%dms; its admissions leave used %d, remaining %d, reset +%dms",
+								st.name, mcKey(cl), p.Name, b.name, got.Used, got.Remaining, got.ResetAt.Sub(migrationT0).Milliseconds(),
+								want.Used, want.Remaining, want.ResetAt.Sub(migrationT0).Milliseconds()))
+						}
+					}
+				}
+				if forked {
+					res.forked[s]++
+					break
+				}
+			}
+		}
+		t.Logf("%-12s %3d%%: %2d clients on Redis, %2d moved; forward compared %4d, reverse compared %4d, "+
+			"mismatches %d, moving keys' calls %d; %d clients' stores not as their admissions leave them",
+			st.name, st.percent, onStage, res.moved[s], now.Forward.Compared, now.Reverse.Compared,
+			now.Forward.Mismatched+now.Reverse.Mismatched, now.Moving.Calls, res.forked[s])
+		before = now
+	}
+	res.stats = before
+	return res
+}
+
+// mcCheck checks every client's admissions against each member's bound.
+// It returns one line per client over a bound, and each member's least
+// slack over the clients (0: some interval was at its bound exactly).
+func mcCheck(fw, tb throttler.Policy, res mcResult) (over map[int]string, slack [2]int64) {
+	over = map[int]string{}
+	slack = [2]int64{fw.Capacity(), tb.Capacity()}
+	for cl, adm := range res.admitted {
+		for i, x := range []rampExcess{mcWindowBound(fw, adm), rampBucketBound(tb, adm)} {
+			slack[i] = min(slack[i], -x.over())
+			if x.over() <= 0 {
+				continue
+			}
+			var trail []string
+			for _, a := range adm {
+				if a.t >= x.from && a.t <= x.to {
+					trail = append(trail, fmt.Sprintf("+%dms:%d (%s)", a.t, a.cost, mcStages[a.stage].name))
+				}
+			}
+			over[cl] += fmt.Sprintf("%s %s: %d units admitted in [+%dms, +%dms], at most %d: %s; ",
+				mcKey(cl), []string{"fixed window", "bucket"}[i], x.units, x.from, x.to, x.most, strings.Join(trail, " "))
+		}
+	}
+	return over, slack
+}
+
+// TestMigrationComposite: the ramp of composites keeps every member's
+// bound on every key, leaves both stores in exactly the state the
+// admissions leave, and both shadows agree on every composite. Then the
+// same ramp without the shadow stage's warm-up and without moving keys:
+// the keys moved to an empty Redis get fresh windows and buckets, and the
+// checks must catch them.
+func TestMigrationComposite(t *testing.T) {
+	old, nu, _, _ := migrationStores(t)
+	o := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second}
+	run := func(t *testing.T, name string, warm bool) mcResult {
+		r := migrationPercent(t)
+		var rollout flags.Rollout = r
+		if !warm {
+			rollout = loadHidden{r} // no moving keys: see TestMigrationRampAlgorithms
+		}
+		m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: o, Reverse: o})
+		if !m.Traits().Composites {
+			t.Fatal("the Migration takes no composites over Memcached and Redis")
+		}
+		return mcRun(t, m, r, old, nu, name, warm, warm)
+	}
+	t.Run("ramp", func(t *testing.T) {
+		res := run(t, "mc", true)
+		_, fw, tb := mcComposite("mc")
+		over, slack := mcCheck(fw, tb, res)
+		for _, line := range over {
+			t.Error(line)
+		}
+		for _, line := range res.forkedAt {
+			t.Error(line)
+		}
+		var units int64
+		for _, adm := range res.admitted {
+			for _, a := range adm {
+				units += a.cost
+			}
+		}
+		mv := res.stats.Moving
+		t.Logf("%d units admitted, %d composites denied (by the window alone %d, by the bucket alone %d); "+
+			"least slack: window %d, bucket %d; moving keys: %d calls, %d compensated, %d refunds failed, %d one store, %d leveled",
+			units, res.denied, res.onlyBy[0], res.onlyBy[1], slack[0], slack[1],
+			mv.Calls, mv.Compensated, mv.RefundFailed, mv.OneStore, mv.Leveled)
+		if mv.OneStore != 0 || mv.RefundFailed != 0 {
+			t.Errorf("a store failed under the moving keys: %+v", mv)
+		}
+		// The test could fail: keys moved both ways and were served by
+		// both stores, each member alone denied composites the other would
+		// have admitted, and each member's bound was reached exactly.
+		if res.moved[1] == 0 || res.moved[2] == 0 || res.moved[3] == 0 || res.moved[4] == 0 || mv.Calls == 0 ||
+			res.onlyBy[0] == 0 || res.onlyBy[1] == 0 || slack != [2]int64{} {
+			t.Errorf("the ramp did not press on the bounds: moved %v, moving calls %d, denied by one member alone %v, least slack %v",
+				res.moved, mv.Calls, res.onlyBy, slack)
+		}
+	})
+	t.Run("without the warm-up, the checks catch it", func(t *testing.T) {
+		res := run(t, "mc-cold", false)
+		_, fw, tb := mcComposite("mc-cold")
+		over, _ := mcCheck(fw, tb, res)
+		missed := 0
+		for cl, moved := range res.onNew[1] {
+			if _, ok := over[cl]; moved && !ok {
+				missed++
+			}
+		}
+		t.Logf("%d clients over a bound, %d of them among the %d moved to an empty Redis at 10%%; "+
+			"clients whose stores are not as their admissions leave them, per stage: %v",
+			len(over), res.moved[1]-missed, res.moved[1], res.forked)
+		// Redis never saw the first stage: every key is in another state
+		// there, and every key moved to it at 10% was admitted over a bound.
+		if missed > 0 || res.moved[1] == 0 || res.forked[1] != mcClients {
+			t.Errorf("the keys moved to an empty Redis were not caught: %d of %d within their bounds, %d of %d in states unlike their admissions",
+				missed, res.moved[1], res.forked[1], mcClients)
+		}
+		for cl, moved := range res.onNew[1] {
+			if moved {
+				t.Logf("caught, for example: %s", over[cl])
+				break
+			}
+		}
+	})
+}
+
+// TestMigrationCompositeBounds: the fixed window's bound on hand-computed
+// admissions, without servers (the bucket's is rampBucketBound, which
+// TestRampBounds checks). 3 a minute.
+func TestMigrationCompositeBounds(t *testing.T) {
+	fw := throttler.Policy{Name: "f", Limit: 3, Window: time.Minute}
+	at := func(pairs ...int64) []rampAdmission {
+		var out []rampAdmission
+		for i := 0; i+1 < len(pairs); i += 2 {
+			out = append(out, rampAdmission{t: pairs[i], cost: pairs[i+1]})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		adm  []rampAdmission
+		over int64
+	}{
+		{"nothing", nil, -3},
+		{"the limit", at(0, 1, 30000, 2), 0},
+		{"the next window opens at its first admission", at(0, 3, 60000, 3), 0},
+		{"1 ms early", at(0, 3, 59999, 1), 1},
+		{"a window opened late ends late", at(0, 1, 70000, 2, 120000, 1, 129999, 1), 1},
+		{"a fresh window inside the last", at(0, 3, 20000, 2, 40000, 3), 5},
+	} {
+		if got := mcWindowBound(fw, tc.adm).over(); got != tc.over {
+			t.Errorf("%s: over by %d, want %d", tc.name, got, tc.over)
+		}
+	}
+}
