@@ -357,6 +357,7 @@ func TestMigrationComposite(t *testing.T) {
 		}
 		return mcRun(t, m, r, old, nu, name, warm)
 	}
+	t.Run("hot keys", func(t *testing.T) { mcHot(t, old, nu) })
 	t.Run("ramp", func(t *testing.T) {
 		res := run(t, "mc", true)
 		_, fw, tb := mcComposite("mc")
@@ -448,5 +449,234 @@ func TestMigrationCompositeBounds(t *testing.T) {
 		if got := mcWindowBound(fw, tc.adm).over(); got != tc.over {
 			t.Errorf("%s: over by %d, want %d", tc.name, got, tc.over)
 		}
+	}
+}
+
+// The hot keys: several goroutines on each key at once, where Memcached's
+// composite is not atomic (its bound: an under-admission while a lost race
+// is undone, never an over-admission) and the two stores count a key's
+// concurrent calls in other orders. The login pair, 4 a minute and 12 an
+// hour, both fixed windows (no bucket to level), cost 1, every call of a
+// round at one instant: what an exact store admits in a round does not
+// depend on the order of its calls. Each key is asked 16 units a round,
+// mcHotRounds rounds a stage, one stage a minute: the minute binds in the
+// first stages, then the hour, which every later stage must keep shut
+// across the moves.
+const (
+	mcHotKeys   = 4
+	mcHotRounds = 4
+	mcHotStep   = 15000 // ms: a stage is a minute
+)
+
+// mcHotKeyNames are keys whose routes move at each step of mcStages: one
+// at 10%, one at 50%, two at 100% (which the rollback moves back).
+func mcHotKeyNames(t *testing.T) []string {
+	t.Helper()
+	want := []func(b int) bool{
+		func(b int) bool { return b <= 10 },
+		func(b int) bool { return b > 10 && b <= 50 },
+		func(b int) bool { return b > 50 },
+		func(b int) bool { return b > 50 },
+	}
+	var keys []string
+	for i := 0; len(keys) < mcHotKeys && i < 10000; i++ {
+		k := fmt.Sprintf("mc-hot-%04d", i)
+		if want[len(keys)](flags.Bucket(flags.DefaultGroupID, k)) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) < mcHotKeys {
+		t.Fatalf("found only keys %v", keys)
+	}
+	return keys
+}
+
+// mcCounted is what one store counted, per key: units in the hour, and in
+// the minute per stage.
+type mcCounted struct {
+	hour   map[string]int64
+	minute map[string][]int64
+}
+
+func newMCCounted() *mcCounted {
+	return &mcCounted{hour: map[string]int64{}, minute: map[string][]int64{}}
+}
+
+func (c *mcCounted) add(key string, stage int, units int64) {
+	c.hour[key] += units
+	if c.minute[key] == nil {
+		c.minute[key] = make([]int64, len(mcStages))
+	}
+	c.minute[key][stage] += units
+}
+
+// mcHot runs the hot keys' ramp on a Migration over old and nu and checks
+// it (see the constants above).
+func mcHot(t *testing.T, old, nu throttler.Backend) {
+	ctx := context.Background()
+	minute := throttler.Policy{Name: "mc-hot-min", Limit: 4, Window: time.Minute}
+	hour := throttler.Policy{Name: "mc-hot-hour", Limit: 12, Window: time.Hour}
+	c := throttler.All(minute, hour)
+	keys := mcHotKeyNames(t)
+	stageMs := int64(mcHotRounds * mcHotStep)
+	// What each store counted: [0] Memcached, [1] Redis. A shadow's pair
+	// says what its control and its candidate admitted; a moving key's
+	// call, made on both stores, counts in both when it is admitted.
+	var mu sync.Mutex
+	counted := [2]*mcCounted{newMCCounted(), newMCCounted()}
+	viaControl := newMCCounted() // admitted by a shadow's control
+	publish := func(control, candidate int) func(shadow.Result) {
+		return func(r shadow.Result) {
+			if r.Op != throttler.OpTake || r.ControlErr != nil || r.CandidateErr != nil {
+				return // drops and errors fail the test below
+			}
+			s := int(r.Now.Sub(migrationT0).Milliseconds() / stageMs)
+			mu.Lock()
+			defer mu.Unlock()
+			if r.Control.Allowed {
+				counted[control].add(r.Key, s, r.Cost)
+				viaControl.add(r.Key, s, r.Cost)
+			}
+			if r.Candidate.Allowed {
+				counted[candidate].add(r.Key, s, r.Cost)
+			}
+		}
+	}
+	// The stores count one round's concurrent calls in other orders: at
+	// one instant, so no span is needed but a ms, and each member's window
+	// fills within it, so up to the whole Limit (docs/migration.md,
+	// "Reordered pairs").
+	fwd := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second,
+		ReorderSpan: time.Millisecond, ReorderUnits: hour.Limit, Publish: publish(0, 1)}
+	rev := *fwd
+	rev.Publish = publish(1, 0)
+	r := migrationPercent(t)
+	m := migrationNew(t, old, nu, r, &migration.Options{Forward: fwd, Reverse: &rev})
+	var at atomic.Int64
+	th, err := throttler.New(m, &throttler.Options{
+		Clock:      func() time.Time { return mcAt(at.Load()) },
+		Timeout:    10 * time.Second,
+		FailClosed: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := map[string][]rampAdmission{}
+	total := newMCCounted() // the Throttler's admissions
+	var denied, deniedByHour int
+	for s, st := range mcStages {
+		if err := r.Set(st.percent); err != nil {
+			t.Fatal(err)
+		}
+		for round := range mcHotRounds {
+			now := int64(s)*stageMs + int64(round*mcHotStep)
+			at.Store(now)
+			var wg sync.WaitGroup
+			for g := range mcGoroutines {
+				wg.Go(func() {
+					for i := range keys {
+						key := keys[(g+i)%len(keys)]
+						d, err := th.Allow(ctx, key, c)
+						if err != nil {
+							t.Errorf("%s: %s: %v", st.name, key, err)
+							return
+						}
+						mu.Lock()
+						if d.Allowed {
+							admitted[key] = append(admitted[key], rampAdmission{now, 1, s})
+							total.add(key, s, 1)
+						} else {
+							denied++
+							for i, md := range d.Members() {
+								if i == 1 && !md.Allowed {
+									deniedByHour++
+								}
+							}
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+		}
+		migrationFlush(t, m)
+		stats := m.Stats()
+		for _, sh := range []struct {
+			name string
+			s    shadow.Stats
+		}{{"forward", stats.Forward}, {"reverse", stats.Reverse}} {
+			if sh.s.Mismatched != 0 || sh.s.ByKind[shadow.Dropped] != 0 ||
+				sh.s.ByKind[shadow.CandidateError] != 0 || sh.s.ByKind[shadow.ControlError] != 0 {
+				t.Errorf("%s: %s shadow: compared %d, mismatched %d, kinds %v, last %v",
+					st.name, sh.name, sh.s.Compared, sh.s.Mismatched, sh.s.ByKind, sh.s.LastMismatches)
+			}
+		}
+		// Each store counts what it admitted and nothing it denied: read
+		// within the stage's minute window and the run's hour.
+		mu.Lock()
+		for _, key := range keys {
+			moving := total.minute[key][s] - viaControl.minute[key][s]
+			for i := range counted {
+				counted[i].add(key, s, moving)
+			}
+		}
+		for _, key := range keys {
+			for i, b := range []throttler.Backend{old, nu} {
+				for _, p := range []throttler.Policy{minute, hour} {
+					d, err := b.Peek(ctx, key, p, mcAt(int64(s+1)*stageMs-1))
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := counted[i].hour[key]
+					if p == minute {
+						want = counted[i].minute[key][s]
+					}
+					if d.Used != want {
+						t.Errorf("%s: %s %s in %s: used %d, counted %d (the Throttler admitted %d this stage, %d in all)",
+							st.name, key, p.Name, []string{"Memcached", "Redis"}[i], d.Used, want,
+							total.minute[key][s], total.hour[key])
+					}
+				}
+			}
+		}
+		mu.Unlock()
+		t.Logf("%-12s %3d%%: admitted %v in all; Memcached counts %v, Redis %v; forward compared %d (reordered %d), "+
+			"reverse compared %d (reordered %d), moving keys' calls %d, compensated %d",
+			st.name, st.percent, total.hour, counted[0].hour, counted[1].hour,
+			stats.Forward.Compared, stats.Forward.ByKind[shadow.Reordered],
+			stats.Reverse.Compared, stats.Reverse.ByKind[shadow.Reordered], stats.Moving.Calls, stats.Moving.Compensated)
+	}
+	// No member admitted past its own rule: replayed on one exact store.
+	ref, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ref.Close() })
+	full := 0
+	for _, key := range keys {
+		for _, a := range admitted[key] {
+			for _, p := range []throttler.Policy{minute, hour} {
+				d, err := ref.Take(ctx, key, p, a.cost, mcAt(a.t))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !d.Allowed {
+					t.Errorf("%s: admitted at +%dms (%s) beyond %s", key, a.t, mcStages[a.stage].name, p.Name)
+				}
+			}
+		}
+		if total.hour[key] == hour.Limit {
+			full++
+		}
+	}
+	st := m.Stats().Moving
+	t.Logf("%d composites denied, %d by the hour; %d of %d keys admitted the hour's whole limit; moving keys: %d calls, "+
+		"%d compensated, %d refunds failed, %d one store", denied, deniedByHour, full, len(keys), st.Calls, st.Compensated,
+		st.RefundFailed, st.OneStore)
+	if st.OneStore != 0 || st.RefundFailed != 0 {
+		t.Errorf("a store failed under the moving keys: %+v", st)
+	}
+	if full == 0 || deniedByHour == 0 || st.Calls == 0 {
+		t.Errorf("the hot keys did not press on the bounds")
 	}
 }
