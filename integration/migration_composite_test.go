@@ -583,7 +583,13 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	admitted := map[string][]rampAdmission{}
+	// admitted holds each key's admissions: instant (ms since migrationT0)
+	// and whether a composite made it (else the hour alone).
+	type admission struct {
+		t         int64
+		composite bool
+	}
+	admitted := map[string][]admission{}
 	total := newMCCounted() // the Throttler's admissions
 	var denied, deniedByHour int
 	for s, st := range mcStages {
@@ -611,8 +617,7 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 						}
 						mu.Lock()
 						if d.Allowed {
-							// stage: 0 the hour alone, 1 a composite
-							admitted[key] = append(admitted[key], rampAdmission{now, 1, int(composite)})
+							admitted[key] = append(admitted[key], admission{now, composite > 0})
 							total.add(key, s, 1, composite)
 						} else if composite > 0 {
 							denied++
@@ -686,11 +691,11 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 	for _, key := range keys {
 		for _, a := range admitted[key] {
 			ps := []throttler.Policy{hour}
-			if a.stage == 1 {
+			if a.composite {
 				ps = append(ps, minute)
 			}
 			for _, p := range ps {
-				d, err := ref.Take(ctx, key, p, a.cost, mcAt(a.t))
+				d, err := ref.Take(ctx, key, p, 1, mcAt(a.t))
 				if err != nil {
 					t.Fatal(err)
 				}
