@@ -61,11 +61,14 @@ import (
 // time, which runs faster than this clock between a client's calls (see
 // rampRun).
 
-// mcStages is the ramp; the mirror stays on.
-var mcStages = []struct {
+// mcStage is one stage of a ramp: the mirror stays on.
+type mcStage struct {
 	name    string
 	percent int
-}{
+}
+
+// mcStages is the ramp.
+var mcStages = []mcStage{
 	{"shadow 0%", 0},
 	{"ramp 10%", 10},
 	{"ramp 50%", 50},
@@ -341,7 +344,8 @@ func mcCheck(fw, tb throttler.Policy, res mcResult) (over map[int]string, slack 
 // admissions leave, and both shadows agree on every composite. Then the
 // same ramp without the shadow stage's warm-up and without moving keys:
 // the keys moved to an empty Redis get fresh windows and buckets, and the
-// checks must catch them.
+// checks must catch them. Then the hot keys (see mcHot), through the same
+// ramp and with Redis serving from the start.
 func TestMigrationComposite(t *testing.T) {
 	old, nu, _, _ := migrationStores(t)
 	o := &shadow.Options{Workers: 16, QueueSize: 4096, Timeout: 5 * time.Second}
@@ -357,7 +361,13 @@ func TestMigrationComposite(t *testing.T) {
 		}
 		return mcRun(t, m, r, old, nu, name, warm)
 	}
-	t.Run("hot keys", func(t *testing.T) { mcHot(t, old, nu) })
+	t.Run("hot keys", func(t *testing.T) { mcHot(t, old, nu, "mc-hot", mcStages) })
+	// Redis serving every key from the start (no change of percentage, so
+	// no moving key): the reverse shadow mirrors every composite to
+	// Memcached, whose races are then the candidate's.
+	t.Run("hot keys served by Redis", func(t *testing.T) {
+		mcHot(t, old, nu, "mc-hot-redis", []mcStage{{"100%", 100}, {"100%, next minute", 100}})
+	})
 	t.Run("ramp", func(t *testing.T) {
 		res := run(t, "mc", true)
 		_, fw, tb := mcComposite("mc")
@@ -477,6 +487,7 @@ func TestMigrationCompositeBounds(t *testing.T) {
 // ("Reordered pairs") sets the bounds for calls at one instant (a span of
 // a ms; the whole Limit, since windows fill within it): no mismatch.
 const (
+	mcMaxStages = 8 // of a hot keys' ramp
 	mcHotKeys   = 4
 	mcHotRounds = 4
 	mcHotStep   = 15000 // ms: a stage is a minute
@@ -521,19 +532,20 @@ func newMCCounted() *mcCounted {
 // add counts units of key in stage, by a composite or by the hour alone.
 func (c *mcCounted) add(key string, stage int, units, composite int64) {
 	if c.minute[key] == nil {
-		c.minute[key], c.stage[key] = make([]int64, len(mcStages)), make([]int64, len(mcStages))
+		c.minute[key], c.stage[key] = make([]int64, mcMaxStages), make([]int64, mcMaxStages)
 	}
 	c.hour[key] += units
 	c.stage[key][stage] += units
 	c.minute[key][stage] += composite
 }
 
-// mcHot runs the hot keys' ramp on a Migration over old and nu and checks
-// it (see the constants above).
-func mcHot(t *testing.T, old, nu throttler.Backend) {
+// mcHot runs the hot keys' ramp through stages on a Migration over old
+// and nu whose rollout starts at the first stage's percentage, and checks
+// it (see the constants above). Its policies are named after name.
+func mcHot(t *testing.T, old, nu throttler.Backend, name string, stages []mcStage) {
 	ctx := context.Background()
-	minute := throttler.Policy{Name: "mc-hot-min", Limit: 4, Window: time.Minute}
-	hour := throttler.Policy{Name: "mc-hot-hour", Limit: 26, Window: time.Hour}
+	minute := throttler.Policy{Name: name + "-min", Limit: 4, Window: time.Minute}
+	hour := throttler.Policy{Name: name + "-hour", Limit: 26, Window: time.Hour}
 	c := throttler.All(minute, hour)
 	keys := mcHotKeyNames(t)
 	stageMs := int64(mcHotRounds * mcHotStep)
@@ -572,7 +584,11 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 		ReorderSpan: time.Millisecond, ReorderUnits: hour.Limit, Publish: publish(0, 1)}
 	rev := *fwd
 	rev.Publish = publish(1, 0)
-	r := migrationPercent(t)
+	r, err := flags.NewPercent(stages[0].percent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetMirror(true)
 	m := migrationNew(t, old, nu, r, &migration.Options{Forward: fwd, Reverse: &rev})
 	var at atomic.Int64
 	th, err := throttler.New(m, &throttler.Options{
@@ -580,6 +596,9 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 		Timeout:    10 * time.Second,
 		FailClosed: true,
 	})
+	if len(stages) > mcMaxStages {
+		t.Fatalf("%d stages, at most %d", len(stages), mcMaxStages)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +611,7 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 	admitted := map[string][]admission{}
 	total := newMCCounted() // the Throttler's admissions
 	var denied, deniedByHour int
-	for s, st := range mcStages {
+	for s, st := range stages {
 		if err := r.Set(st.percent); err != nil {
 			t.Fatal(err)
 		}
@@ -700,7 +719,7 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 					t.Fatal(err)
 				}
 				if !d.Allowed {
-					t.Errorf("%s: admitted at +%dms (%s) beyond %s", key, a.t, mcStages[a.t/stageMs].name, p.Name)
+					t.Errorf("%s: admitted at +%dms (%s) beyond %s", key, a.t, stages[a.t/stageMs].name, p.Name)
 				}
 			}
 		}
@@ -715,7 +734,16 @@ func mcHot(t *testing.T, old, nu throttler.Backend) {
 	if st.OneStore != 0 || st.RefundFailed != 0 {
 		t.Errorf("a store failed under the moving keys: %+v", st)
 	}
-	if full == 0 || deniedByHour == 0 || st.Calls == 0 {
-		t.Errorf("the hot keys did not press on the bounds")
+	var compared, reordered uint64
+	for _, sh := range []shadow.Stats{m.Stats().Forward, m.Stats().Reverse} {
+		compared += sh.Compared
+		reordered += sh.ByKind[shadow.Reordered]
+	}
+	// Moving keys only where the percentage changed; pairs compared in
+	// the shadows of the stores that served.
+	moved := stages[len(stages)-1].percent != stages[0].percent
+	if full == 0 || deniedByHour == 0 || compared == 0 || moved != (st.Calls > 0) {
+		t.Errorf("the hot keys did not press on the bounds: %d keys at the hour's limit, %d denied by the hour, "+
+			"%d pairs compared (%d reordered), %d moving keys' calls", full, deniedByHour, compared, reordered, st.Calls)
 	}
 }
