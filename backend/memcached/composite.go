@@ -43,11 +43,13 @@ import (
 //     their undo, one round trip later each: meanwhile a concurrent caller
 //     can be denied although its units would have fit (an under-admission
 //     of at most cost per member, for those round trips), never admitted
-//     past a limit. After the undo each member's state is what it would
-//     have been without the Take, but for a sliding log whose Take's
-//     entry a concurrent Refund has already emptied, or a token bucket
-//     refilled in between (see undo): then less is undone, and more stays
-//     counted, never less.
+//     past a limit. After the undo each member counts what it would have
+//     counted without the Take, but for a sliding log whose Take's entry
+//     a concurrent Refund has already emptied, or a token bucket refilled
+//     in between (see undo): then less is undone, and more stays counted,
+//     never less. A fixed window the undone Take opened stays open, empty,
+//     until its reset, as after a Take and its Refund: its head is kept,
+//     since another caller may already count in that window.
 //   - A failure, or the process's end, between a member's Take and its
 //     undo leaves cost counted without admission in each member taken
 //     before (at most MaxMembers-1), and in the failing one if its write
