@@ -121,3 +121,22 @@ func TestRateCompositeMemberDryRun(t *testing.T) {
 		}
 	}
 }
+
+// TestRateCompositeEveryMemberEnforcedBy: both members have their own
+// Enforcer; for alice the minute is enforced and the hour in dry run. When
+// the hour would deny, alice still gets the minute's headers: a member
+// enforced for her makes the composite's headers hers.
+func TestRateCompositeEveryMemberEnforcedBy(t *testing.T) {
+	minute := throttler.PerMinute(5).Named("m").EnforcedBy(&keySet{keys: map[string]bool{"alice": true}})
+	hour := throttler.PerHour(1).Named("h").EnforcedBy(&keySet{keys: map[string]bool{}})
+	th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
+	h := newRate(t, th, throttler.All(minute, hour), httplimit.KeyByHeader("X-Client"),
+		&httplimit.Options{IETFHeaders: true})(etagHandler)
+	for i, remaining := range []string{"4", "3"} {
+		w := serve(h, "X-Client", "alice")
+		require.Equal(t, http.StatusOK, w.Code, "call %d", i)
+		assert.Equal(t, "m", w.Header().Get("X-RateLimit-Resource"), "call %d", i)
+		assert.Equal(t, remaining, w.Header().Get("X-RateLimit-Remaining"), "call %d (the second: the hour would deny)", i)
+		assert.Equal(t, `"m";q=5;w=60`, w.Header().Get("RateLimit-Policy"), "call %d", i)
+	}
+}

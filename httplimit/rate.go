@@ -95,7 +95,7 @@ type audience struct {
 // it is in dry run for the key (its numbers are not in the composite's
 // Decision either, see throttler.Decision.Binding), unless DryRunHeaders.
 func (a audience) shown(m throttler.Policy) bool {
-	return a.dryRun || enforced(m, a.key, throttler.Decision{Allowed: true})
+	return a.dryRun || enforcedFor(m, a.key)
 }
 
 // enforced reports whether p is enforced for key k, whose decision is d:
@@ -103,22 +103,27 @@ func (a audience) shown(m throttler.Policy) bool {
 // p's Enforcer (the Throttler asks it only of denials). A composite whose
 // members have their own enforcement is enforced when any member is.
 func enforced(p throttler.Policy, k string, d throttler.Decision) bool {
-	if p.Composite() && p.Enforcer() == nil && d.Allowed {
+	switch {
+	case !d.Allowed:
+		return true
+	case p.Composite() && p.Enforcer() == nil:
 		// Its members may have their own: enforced if any is.
 		for _, m := range p.Members() {
-			if enforced(m, k, d) {
+			if enforcedFor(m, k) {
 				return true
 			}
 		}
 		return false
-	}
-	switch {
-	case p.Enforcer() == nil || !d.Allowed:
-		return true
 	case d.WouldDeny:
 		return false
 	}
-	return p.Enforcer().Enforced(k)
+	return enforcedFor(p, k)
+}
+
+// enforcedFor reports whether p's own Enforcer, if it has one, enforces k.
+func enforcedFor(p throttler.Policy, k string) bool {
+	e := p.Enforcer()
+	return e == nil || e.Enforced(k)
 }
 
 // setRateHeaders writes the headers of a rate decision at the instant it
