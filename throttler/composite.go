@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -57,22 +58,27 @@ func All(members ...Policy) Policy {
 	if len(members) == 1 {
 		return members[0]
 	}
-	c := &composite{members: append([]Policy(nil), members...)}
-	byMember := false
-	for i, m := range c.members {
-		if n := m.Capacity(); i == 0 || n < c.capacity {
-			c.capacity = n
-		}
-		byMember = byMember || m.enforce != nil
-	}
-	if !byMember {
+	c := newComposite(members)
+	if !slices.ContainsFunc(members, func(m Policy) bool { return m.enforce != nil }) {
 		return Policy{all: c}
 	}
-	c.bare = &composite{members: append([]Policy(nil), c.members...), capacity: c.capacity}
+	c.bare = newComposite(members)
 	for i := range c.bare.members {
 		c.bare.members[i].enforce = nil
 	}
 	return Policy{all: c, enforce: memberEnforcement}
+}
+
+// newComposite is the composite of a copy of members, its capacity the
+// least of theirs.
+func newComposite(members []Policy) *composite {
+	c := &composite{members: append([]Policy(nil), members...)}
+	for i, m := range c.members {
+		if n := m.Capacity(); i == 0 || n < c.capacity {
+			c.capacity = n
+		}
+	}
+	return c
 }
 
 // Composite reports whether p is a composite of several policies (see All).
@@ -447,12 +453,9 @@ func (c *composite) subset(idx []int) Policy {
 	if len(idx) == 1 {
 		return c.members[idx[0]]
 	}
-	s := &composite{members: make([]Policy, len(idx))}
+	members := make([]Policy, len(idx))
 	for j, i := range idx {
-		s.members[j] = c.members[i]
-		if n := s.members[j].Capacity(); j == 0 || n < s.capacity {
-			s.capacity = n
-		}
+		members[j] = c.members[i]
 	}
-	return Policy{all: s}
+	return Policy{all: newComposite(members)}
 }

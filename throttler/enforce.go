@@ -113,7 +113,7 @@ func (t *Throttler) doEnforced(ctx context.Context, r *request) (Decision, error
 	d, src, primaryErr, err := t.decide(ctx, r, store, SourcePrimary)
 	d.At = r.now
 	if !d.Allowed && src != SourceNone && !e.e.Enforced(r.key) {
-		d.Allowed, d.WouldDeny, d.RetryAfter = true, true, 0
+		d.admitAsWouldDeny()
 		err = nil
 	}
 	r.p.enforce = e // the policy as the caller gave it, for Observe
@@ -192,19 +192,16 @@ func (t *Throttler) doByMember(ctx context.Context, r *request) (Decision, error
 		if d.Allowed || r.op != OpTake {
 			break
 		}
-		kept := 0
+		kept, enforcedDenies := 0, false
 		for _, i := range active[:left] {
-			switch {
-			case ms[i].Allowed:
+			if ms[i].Allowed {
 				active[kept], kept = i, kept+1
-			case dry&(1<<i) == 0:
-				kept = -1 // an enforced member denies: so does the composite
-			}
-			if kept < 0 {
+			} else if dry&(1<<i) == 0 {
+				enforcedDenies = true // so does the composite
 				break
 			}
 		}
-		if kept <= 0 || kept == left {
+		if enforcedDenies || kept == 0 || kept == left {
 			break
 		}
 		left = kept
@@ -212,18 +209,16 @@ func (t *Throttler) doByMember(ctx context.Context, r *request) (Decision, error
 	}
 	if src == SourceNone || src == SourceFailureMode {
 		if !d.Allowed && src != SourceNone && dry == 1<<n-1 {
-			d.Allowed, d.WouldDeny, d.RetryAfter = true, true, 0
+			d.admitAsWouldDeny()
 			err = nil
 		}
 	} else {
 		for i := range n {
 			if dry&(1<<i) != 0 && !ms[i].Allowed {
-				ms[i].Allowed, ms[i].WouldDeny, ms[i].RetryAfter = true, true, 0
+				ms[i].admitAsWouldDeny()
 			}
 		}
-		degraded := d.Degraded
-		d = combine(ms[:n], dry)
-		d.Degraded = d.Degraded || degraded
+		d = combine(ms[:n], dry) // Degraded if the last call's members are
 	}
 	d.At = r.now
 	r.p = caller
@@ -234,6 +229,12 @@ func (t *Throttler) doByMember(ctx context.Context, r *request) (Decision, error
 		t.observe(r, store, d, src, primaryErr)
 	}
 	return d, err
+}
+
+// admitAsWouldDeny makes d, a denial of a key its policy does not enforce,
+// the admission that answers it: Allowed, WouldDeny, no RetryAfter.
+func (d *Decision) admitAsWouldDeny() {
+	d.Allowed, d.WouldDeny, d.RetryAfter = true, true, 0
 }
 
 // storeOf names the store r goes to (Traits.Store), and when the backend
