@@ -168,6 +168,33 @@ type rampResult struct {
 	moved    []int    // per stage: clients served by another store than in the stage before
 }
 
+// enterStage sets r to percent and mirroring, appends to onNew which of the
+// n clients (named by key) the new store serves now, counts in moved those
+// that the previous stage had on the other store, and returns how many the
+// new store serves.
+func enterStage(t *testing.T, r *flags.Percent, percent int, mirror bool, n int, key func(int) string,
+	onNew *[][]bool, moved []int) int {
+	t.Helper()
+	if err := r.Set(percent); err != nil {
+		t.Fatal(err)
+	}
+	r.SetMirror(mirror)
+	s := len(*onNew)
+	*onNew = append(*onNew, make([]bool, n))
+	onStage := 0
+	for c := range n {
+		isNew := r.UseNew(key(c))
+		(*onNew)[s][c] = isNew
+		if isNew {
+			onStage++
+		}
+		if s > 0 && isNew != (*onNew)[s-1][c] {
+			moved[s]++
+		}
+	}
+	return onStage
+}
+
 // rampRun runs the ramp for p on m, whose rollout is r. With warm false the
 // shadow stage runs with mirroring off: the new store never sees the calls
 // of the first stage, the warm-up that the shadow stage exists for is
@@ -179,22 +206,7 @@ func rampRun(t *testing.T, m *migration.Migration, r *flags.Percent, p throttler
 	res := rampResult{admitted: make([][]rampAdmission, rampClients), moved: make([]int, len(rampStages))}
 	before := m.Stats()
 	for s, st := range rampStages {
-		if err := r.Set(st.percent); err != nil {
-			t.Fatal(err)
-		}
-		r.SetMirror(warm || s > 0)
-		onStage := 0
-		res.onNew = append(res.onNew, make([]bool, rampClients))
-		for c := range rampClients {
-			n := r.UseNew(migrationKey(c))
-			res.onNew[s][c] = n
-			if n {
-				onStage++
-			}
-			if s > 0 && n != res.onNew[s-1][c] {
-				res.moved[s]++
-			}
-		}
+		onStage := enterStage(t, r, st.percent, warm || s > 0, rampClients, migrationKey, &res.onNew, res.moved)
 		denied := make([]int, rampClients)
 		migrationEach(32, rampClients, func(c int) {
 			for round := range rampRounds {

@@ -188,22 +188,7 @@ func mcRun(t *testing.T, m *migration.Migration, r *flags.Percent, old, nu throt
 		forked: make([]int, len(mcStages))}
 	before := m.Stats()
 	for s, st := range mcStages {
-		if err := r.Set(st.percent); err != nil {
-			t.Fatal(err)
-		}
-		r.SetMirror(warm || s > 0)
-		onStage := 0
-		res.onNew = append(res.onNew, make([]bool, mcClients))
-		for cl := range mcClients {
-			n := r.UseNew(mcKey(cl))
-			res.onNew[s][cl] = n
-			if n {
-				onStage++
-			}
-			if s > 0 && n != res.onNew[s-1][cl] {
-				res.moved[s]++
-			}
-		}
+		onStage := enterStage(t, r, st.percent, warm || s > 0, mcClients, mcKey, &res.onNew, res.moved)
 		var mu sync.Mutex
 		mcEach(t, m, mcClients, func(th *throttler.Throttler, at *atomic.Int64, cl int) {
 			var adm []rampAdmission
