@@ -4,9 +4,13 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/throttlekit/throttlekit/flags"
 
 	"github.com/throttlekit/throttlekit/outbound"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -45,4 +49,64 @@ func TestRouteWithABadEnforcer(t *testing.T) {
 	_, err := f.get(t, 0)
 	require.ErrorIs(t, err, throttler.ErrInvalidPolicy)
 	assert.Empty(t, f.remote.Calls())
+}
+
+// TestARollbackToDryRunSendsAtOnce: a key enforced while a request waits
+// for its capacity, then rolled back to dry run: a new request of that key
+// is sent at once, never queued behind the waiting one (which a request
+// with a deadline before the key's capacity would be refused for). The
+// window runs on the fake clock, which nothing moves; the waiting request's
+// sleep is the Throttler's own, which only its cancellation ends.
+func TestARollbackToDryRunSendsAtOnce(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	pct, err := flags.NewPercent(100)
+	require.NoError(t, err)
+	e, err := flags.Enforcement(pct)
+	require.NoError(t, err)
+	p := throttler.PerMinute(1).Named("gateway").EnforcedBy(e)
+	f := newFleet(t, 1, outbound.Options{Policy: p}, nil)
+	require.Equal(t, http.StatusOK, f.mustGet(t, 0).StatusCode) // spends the minute's unit
+
+	head, stopHead := context.WithCancel(context.Background())
+	defer stopHead()
+	headDone := make(chan error, 1)
+	go func() {
+		req, _ := post(t, head)
+		resp, err := f.trs[0].RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		headDone <- err
+	}()
+	// Until the head has queued, a request asks the store itself and is
+	// refused by its own denial; once it has, the request is queued.
+	queued := false
+	for start := time.Now(); !queued && time.Since(start) < 10*time.Second; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := post(t, ctx)
+		takes := f.store.takes.Load()
+		_, err := f.trs[0].RoundTrip(req)
+		cancel()
+		require.ErrorIs(t, err, throttler.ErrWouldExceedDeadline)
+		queued = f.store.takes.Load() == takes
+	}
+	require.True(t, queued, "no request ever queued behind the head")
+
+	require.NoError(t, pct.Set(0))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := post(t, ctx)
+	resp, err := f.trs[0].RoundTrip(req)
+	require.NoError(t, err, "queued behind the head")
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	require.GreaterOrEqual(t, len(f.remote.Calls()), 2, "sent")
+
+	stopHead()
+	if err := <-headDone; err != nil {
+		require.ErrorIs(t, err, context.Canceled, "the head is sent once it sees the rollback, or canceled")
+	}
+	d, err := f.ths[0].Peek(context.Background(), gatewayKey, p)
+	require.NoError(t, err)
+	assert.True(t, d.WouldDeny, "the requests sent in dry run are counted")
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/throttlekit/throttlekit/internal/nilness"
 	"github.com/throttlekit/throttlekit/internal/sleep"
 )
 
@@ -31,6 +32,11 @@ const (
 	// doubling up to maxBackoff: Wait never spins.
 	firstBackoff = 50 * time.Millisecond
 	maxBackoff   = time.Second
+	// A waiter whose policy has an Enforcer re-reads its key's enforcement
+	// this often while it sleeps, so that a rollback to dry run reaches it
+	// within a second rather than at the end of a sleep that may last a
+	// window. A check is an Enforced call, no store call.
+	enforcementCheck = time.Second
 )
 
 // Wait takes one unit from key's window under p, blocking until it is
@@ -42,8 +48,13 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // WaitN takes n units from key's window under p, blocking until they are
 // admitted, ctx is done, or ctx's deadline is sure to come first. A key
 // that p runs in dry run (Policy.EnforcedBy) never waits: a would-be denial is
-// an admission (Decision.WouldDeny). It returns the admitting Decision, or
-// with an error the last Decision it saw:
+// an admission (Decision.WouldDeny). Which keys p enforces is read at each
+// call, as Allow reads it: a key rolled back to dry run is asked at once,
+// never queued behind waiters that were denied while it was enforced, and a
+// waiter asleep re-reads it every second, asking the store again as soon as
+// it changed, so the waiters of a key rolled back are admitted within a
+// second, one after another. It returns the admitting Decision, or with an
+// error the last Decision it saw:
 //   - ctx's error, wrapped (errors.Is matches context.Canceled or
 //     context.DeadlineExceeded, and the context's cause), when ctx ends first;
 //   - ErrWouldExceedDeadline, at once, when ctx's deadline comes no later
@@ -98,7 +109,11 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	var d Decision
 	var asked time.Time // when d was asked for, on the wall clock
 	denied := false     // d is a denial fresh from the store, to sleep on
-	if !lanes.busy(k) {
+	// The parts of p that enforced key when d was asked for, read before
+	// it: a key in dry run (0) asks at once, never queued behind waiters
+	// of a moment it was enforced, and its denials are admissions.
+	enforced := enforcedParts(key, p)
+	if enforced == 0 || !lanes.busy(k) {
 		var err error
 		asked = t.wait.now()
 		if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
@@ -135,22 +150,24 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 				return d, waitEnded(ctx)
 			}
 			var err error
+			enforced = enforcedParts(key, p)
 			asked = t.wait.now()
 			if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
 				return d, waitFailed(ctx, err)
 			}
 		}
 		l.learn(n, asked, d)
-		if err := t.sleepUntilRetry(ctx, d, &backoff, n); err != nil {
+		if err := t.sleepUntilRetry(ctx, d, &backoff, n, watch{key, p, enforced}); err != nil {
 			return d, err
 		}
 		denied = false
 	}
 }
 
-// sleepUntilRetry sleeps until the denial d may be retried, or returns at
-// once why it will not: ctx's deadline comes first.
-func (t *Throttler) sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n int64) error {
+// sleepUntilRetry sleeps until the denial d may be retried, or until w
+// sees the key's enforcement change, or returns at once why it will not:
+// ctx's deadline comes first.
+func (t *Throttler) sleepUntilRetry(ctx context.Context, d Decision, backoff *time.Duration, n int64, w watch) error {
 	wait := d.RetryAfter
 	if wait > 0 {
 		*backoff = 0
@@ -166,10 +183,70 @@ func (t *Throttler) sleepUntilRetry(ctx context.Context, d Decision, backoff *ti
 	if left > 0 {
 		extra = min(extra, (left-wait)/2)
 	}
-	if err := t.wait.sleep(ctx, wait+extra); err != nil {
+	if err := t.sleepWatching(ctx, wait+extra, w); err != nil {
 		return waitEnded(ctx)
 	}
 	return nil
+}
+
+// watch is what a sleeping waiter watches: which parts of p enforced key
+// when its denial was asked for (enforcedParts).
+type watch struct {
+	key      string
+	p        Policy
+	enforced uint8
+}
+
+// sleepWatching sleeps for d, or until ctx is done (then its error), or
+// until the key's enforcement differs from w's: then it returns nil early,
+// for the waiter to ask again. Only a policy with an Enforcer (EnforcedBy,
+// a composite's members') is checked, every enforcementCheck.
+func (t *Throttler) sleepWatching(ctx context.Context, d time.Duration, w watch) error {
+	if w.p.enforce == nil {
+		return t.wait.sleep(ctx, d)
+	}
+	for d > 0 {
+		if enforcedParts(w.key, w.p) != w.enforced {
+			return nil
+		}
+		step := min(d, enforcementCheck)
+		if err := t.wait.sleep(ctx, step); err != nil {
+			return err
+		}
+		d -= step
+	}
+	return nil
+}
+
+// enforcedParts reports which parts of p enforce key at this moment: bit
+// i for member i of a composite whose members have their own enforcement,
+// bit 0 for any other policy. 0 means that key runs in dry run: every
+// denial is answered as an admission, so a wait on it never waits. An
+// Enforcer that cannot be used counts as enforcing, so that the call
+// reports it (see Policy.EnforcedBy).
+func enforcedParts(key string, p Policy) uint8 {
+	switch p.enforce {
+	case nil:
+		return 1
+	case memberEnforcement:
+		var parts uint8
+		for i, m := range p.all.members {
+			if enforces(m.enforce, key) {
+				parts |= 1 << i
+			}
+		}
+		return parts
+	}
+	if enforces(p.enforce, key) {
+		return 1
+	}
+	return 0
+}
+
+// enforces reports whether the enforcement e enforces key: a policy
+// without one (nil) enforces every key.
+func enforces(e *enforcement, key string) bool {
+	return e == nil || nilness.IsNil(e.e) || e.e.Enforced(key)
 }
 
 // untilRetry returns the time left before ctx's deadline (0 without one), or
