@@ -55,10 +55,20 @@ type Observation struct {
 type Options struct {
 	// Clock is the one source of time for every window. default: time.Now
 	Clock func() time.Time
-	// Timeout bounds each backend call, through its context: 0 (the
-	// default) or at least 1ms. A shorter one is an error from New: no store
-	// answers in microseconds, so every call would time out and fail open (a
-	// bare number such as 100 is 100ns, not 100ms). default: 100ms
+	// Timeout bounds how long a call waits for the store, through the
+	// context of each backend call: 0 (the default) or at least 1ms. A
+	// shorter one is an error from New: no store answers in microseconds,
+	// so every call would time out and fail open (a bare number such as
+	// 100 is 100ns, not 100ms).
+	//
+	// It measures the wait for an answer, not the caller's time on a CPU.
+	// An answer the backend has returned when the caller looks is used,
+	// even if the Timeout has passed by then (a process starved of CPU or
+	// paused by its GC looks late): it is never replaced by the fallback
+	// or the failure mode, and it is no failure toward a breaker. Only a
+	// call with no answer yet when the caller looks is a timeout. So a call
+	// can return later than Timeout, by as long as its caller waited for a
+	// CPU, with the store's answer or with the timeout. default: 100ms
 	Timeout time.Duration
 	// FailClosed says what a Throttler answers when its backend fails or
 	// times out and no fallback answers either (its failure mode): false
@@ -191,6 +201,9 @@ type Throttler struct {
 
 	breakersState
 	detached atomic.Int64 // detached calls still running
+	// callContext derives a backend call's context, ending at Timeout:
+	// context.WithTimeout (tests replace it to choose when it ends).
+	callContext func(context.Context, time.Duration) (context.Context, context.CancelFunc)
 	// wait is the world Wait runs in (realWait; tests replace it).
 	wait waitEnv
 }
@@ -227,6 +240,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	epoch := time.Now()
 	t.mono = func() time.Duration { return time.Since(epoch) }
 	t.wait = realWait()
+	t.callContext = context.WithTimeout
 	t.primary = target{b: b, lb: leasesOf(b, tr), local: tr.InProcess, detach: o.Detach || tr.IgnoresContext}
 	if o.Fallback != nil {
 		ft := declaredTraits(o.Fallback)
@@ -542,7 +556,7 @@ func (t *Throttler) call(ctx context.Context, tg *target, r *request, now time.T
 		d, err = dispatch(ctx, tg, r, now)
 		return d, false, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	ctx, cancel := t.callContext(ctx, t.opts.Timeout)
 	defer cancel()
 	if !tg.detach {
 		d, err = dispatch(ctx, tg, r, now)
@@ -571,13 +585,20 @@ func (t *Throttler) detachedCall(ctx context.Context, tg *target, r *request, no
 		d, err := dispatch(ctx, tg, &r, now)
 		done <- result{d, r.held, err}
 	}(*r)
+	var res result
 	select {
-	case res := <-done:
-		r.held = res.held
-		return res.d, res.err != nil && ctx.Err() == context.DeadlineExceeded, res.err
+	case res = <-done:
 	case <-ctx.Done():
-		return Decision{}, ctx.Err() == context.DeadlineExceeded, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
+		// Both may be ready when the caller gets the CPU back, and select
+		// picks at random: an answer already there is the answer.
+		select {
+		case res = <-done:
+		default:
+			return Decision{}, ctx.Err() == context.DeadlineExceeded, fmt.Errorf("%w: no answer from the backend: %w", ErrUnavailable, ctx.Err())
+		}
 	}
+	r.held = res.held
+	return res.d, res.err != nil && ctx.Err() == context.DeadlineExceeded, res.err
 }
 
 // dispatch calls tg's method for r's op, one of the Throttler's own five.
