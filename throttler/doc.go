@@ -51,7 +51,8 @@
 // Bad input (an empty key, a cost above the limit) is an error matching
 // ErrInvalidKey, ErrInvalidPolicy or ErrInvalidCost (IsInputError): it is
 // never counted as a store outage, so it is never answered by a fallback or
-// by failing open. A store that fails or times out is an outage: the
+// by failing open. A store that fails or times out (has no answer yet when
+// Options.Timeout has passed and the caller looks) is an outage: the
 // Throttler answers from Options.Fallback, or fails open (allows, marks the
 // Decision Degraded) or closed (ErrUnavailable), as Options.FailClosed
 // says, and reports it to Options.Observe, so that failing open is always
@@ -85,8 +86,10 @@
 // less), and return ErrWouldExceedDeadline at once when the context's
 // deadline comes before the earliest admission, as golang.org/x/time/rate
 // does, also for a waiter queued behind others of its key (see WaitN for
-// how it knows). They are for callers that can afford to delay work
-// (outbound calls; see package outbound), not for answering clients.
+// how it knows). A key its policy runs in dry run never waits, also after a
+// rollback: enforcement is read at each call, and a sleeping waiter
+// re-reads it every second. They are for callers that can afford to delay
+// work (outbound calls; see package outbound), not for answering clients.
 //
 // Errors may contain the client's key: log them, never send them to a
 // client (package httplimit's answers hold only the status text). Keys
