@@ -70,8 +70,9 @@ func (t *Throttler) Wait(ctx context.Context, key string, p Policy) (Decision, e
 // a tenth of it (at least 1ms, at most 100ms, and never past half the time
 // left before ctx's deadline), so that waiters denied until the same instant
 // reach the store spread out. It never retries earlier than RetryAfter,
-// which would only cost a denied round trip. A denial without a RetryAfter
-// is retried after 50ms, doubling up to 1s.
+// which would only cost a denied round trip, unless the key's enforcement
+// changed (see above). A denial without a RetryAfter is retried after 50ms,
+// doubling up to 1s.
 //
 // The waiters of one key and policy on one Throttler queue in the process,
 // first come first served: only the first asks the store and sleeps, the
