@@ -110,3 +110,21 @@ func TestARollbackToDryRunSendsAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, d.WouldDeny, "the requests sent in dry run are counted")
 }
+
+// TestDryRunStillHonoursAPause: a key in dry run waits for no capacity,
+// but a pause its remote asked for holds it: that is the remote's limit.
+func TestDryRunStillHonoursAPause(t *testing.T) {
+	f := newFleet(t, 1, outbound.Options{Policy: throttler.PerMinute(1).Named("gateway").DryRun()}, nil)
+	f.remote.answer = func(n int, _ *http.Request) *http.Response {
+		if n == 0 {
+			return respond(http.StatusTooManyRequests, "Retry-After", "30")
+		}
+		return respond(http.StatusOK)
+	}
+	assert.Equal(t, http.StatusTooManyRequests, f.mustGet(t, 0).StatusCode)
+	assert.Equal(t, http.StatusOK, f.mustGet(t, 0).StatusCode)
+	assert.Equal(t, []time.Duration{30 * time.Second}, f.w.Sleeps(), "the pause, no wait for capacity")
+	calls := f.remote.Calls()
+	require.Len(t, calls, 2)
+	assert.Equal(t, t0.Add(30*time.Second), calls[1].at)
+}
