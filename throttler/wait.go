@@ -201,20 +201,21 @@ type watch struct {
 // sleepWatching sleeps for d, or until ctx is done (then its error), or
 // until the key's enforcement differs from w's: then it returns nil early,
 // for the waiter to ask again. Only a policy with an Enforcer (EnforcedBy,
-// a composite's members') is checked, every enforcementCheck.
+// a composite's members') is checked, after each enforcementCheck slept:
+// never before the first, so that even an Enforcer whose answers flip
+// cannot make a waiter spin on the store.
 func (t *Throttler) sleepWatching(ctx context.Context, d time.Duration, w watch) error {
 	if w.p.enforce == nil {
 		return t.wait.sleep(ctx, d)
 	}
 	for d > 0 {
-		if enforcedParts(w.key, w.p) != w.enforced {
-			return nil
-		}
 		step := min(d, enforcementCheck)
 		if err := t.wait.sleep(ctx, step); err != nil {
 			return err
 		}
-		d -= step
+		if d -= step; d > 0 && enforcedParts(w.key, w.p) != w.enforced {
+			return nil
+		}
 	}
 	return nil
 }
