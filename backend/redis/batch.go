@@ -232,21 +232,38 @@ func (l *lane) do(ctx context.Context, req *request) (any, error) {
 	if start {
 		go l.flush()
 	}
+	return l.await(ctx, p)
+}
+
+// await returns p's reply once it is set, or ctx's error if ctx ends first.
+func (l *lane) await(ctx context.Context, p *pending) (any, error) {
 	select {
 	case <-p.done:
-		reply, err := p.reply, p.err
-		p.req, p.deadline, p.reply, p.err = nil, time.Time{}, nil, nil
-		pendings.Put(p)
-		if err != nil && ctx.Err() == nil {
-			awaitDeadline(ctx)
-		}
-		return reply, err
+		return p.take(ctx)
 	case <-ctx.Done():
+		// A reply that came in while this caller waited for a CPU is an
+		// answer, not a timeout: select picks at random among ready cases.
+		select {
+		case <-p.done:
+			return p.take(ctx)
+		default:
+		}
 		if p.state.CompareAndSwap(waiting, abandoned) {
 			l.stats.abandoned.Add(1)
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// take returns p's reply to its caller and p to the pool.
+func (p *pending) take(ctx context.Context) (any, error) {
+	reply, err := p.reply, p.err
+	p.req, p.deadline, p.reply, p.err = nil, time.Time{}, nil, nil
+	pendings.Put(p)
+	if err != nil && ctx.Err() == nil {
+		awaitDeadline(ctx)
+	}
+	return reply, err
 }
 
 // awaitDeadline waits, when ctx's deadline has passed, for ctx to say so.

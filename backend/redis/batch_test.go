@@ -453,3 +453,26 @@ func TestBatchSecondStartsAtHalf(t *testing.T) {
 		t.Errorf("stats %+v: want one batch of 3", s)
 	}
 }
+
+// TestBatchLateReplyIsAnAnswer: a reply set before its caller, back from a
+// wait for a CPU, sees both it and its context's end is the caller's answer.
+// Go's select picks among ready cases at random, so 64 rounds would catch a
+// caller that could take the deadline instead.
+func TestBatchLateReplyIsAnAnswer(t *testing.T) {
+	l := &lane{stats: new(counters)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 64 {
+		p := pendings.Get().(*pending)
+		p.state.Store(sent)
+		p.reply = int64(i)
+		p.done <- struct{}{}
+		reply, err := l.await(ctx, p)
+		if err != nil || reply != int64(i) {
+			t.Fatalf("round %d: got %v, %v; want the reply %d", i, reply, err, i)
+		}
+	}
+	if s := l.stats.abandoned.Load(); s != 0 {
+		t.Errorf("%d calls counted abandoned, want 0", s)
+	}
+}
