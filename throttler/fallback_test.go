@@ -214,3 +214,56 @@ func TestFallbackFleetSizeOptions(t *testing.T) {
 		assert.ErrorContains(t, err, "FallbackFleetSize", tc.name)
 	}
 }
+
+// inFlightBackend fails a Take of one unit, and holds a Take of more until
+// release is closed, then answers it from next: a call in flight while
+// another of its key fails.
+type inFlightBackend struct {
+	next             throttler.Backend
+	started, release chan struct{}
+}
+
+func (b *inFlightBackend) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	if cost == 1 {
+		return throttler.Decision{}, errDown
+	}
+	close(b.started)
+	<-b.release
+	return b.next.Take(ctx, key, p, cost, now)
+}
+
+func (b *inFlightBackend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
+	return b.next.Peek(ctx, key, p, now)
+}
+
+func (b *inFlightBackend) Refund(ctx context.Context, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
+	return b.next.Refund(ctx, key, p, cost, receipt, now)
+}
+
+// TestFallbackStintCatchesCallsInFlight: a call the primary answers after
+// another call of its key fell back is answered by the fallback too, so
+// that the key's callers never see the primary's window again mid-stint.
+func TestFallbackStintCatchesCallsInFlight(t *testing.T) {
+	primary := &inFlightBackend{next: newMemory(t), started: make(chan struct{}), release: make(chan struct{})}
+	th := newThrottler(t, primary, &throttler.Options{Clock: func() time.Time { return t0 }, Timeout: time.Minute,
+		Fallback: newMemory(t)})
+	p := throttler.PerMinute(10)
+	type result struct {
+		d   throttler.Decision
+		err error
+	}
+	inFlight := make(chan result, 1)
+	go func() {
+		d, err := th.AllowN(context.Background(), "k", p, 2)
+		inFlight <- result{d, err}
+	}()
+	<-primary.started
+	d, err := th.Allow(context.Background(), "k", p)
+	require.NoError(t, err)
+	require.True(t, d.Degraded, "the failed call fell back")
+	close(primary.release)
+	r := <-inFlight
+	require.NoError(t, r.err)
+	assert.True(t, r.d.Degraded, "answered by the fallback, which holds the key")
+	assert.Equal(t, int64(3), r.d.Used, "counted by the fallback after the first unit")
+}

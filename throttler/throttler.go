@@ -470,7 +470,9 @@ func (t *Throttler) observe(r *request, store string, d Decision, src Source, er
 //
 // A Take or a Peek of a key the fallback holds (see stints) skips the
 // primary and its breaker: the fallback answers it, under the policy's
-// share (callFallback).
+// share (callFallback). So does one that the primary answered while
+// another call of the key, in flight beside it, fell back: what the
+// primary counted ends before the fallback's stint does.
 //
 // The fallback answers rate operations, and Acquire if it holds leases. A
 // Release goes where its lease was granted: from is SourceFallback for a
@@ -484,18 +486,23 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 		br := t.breakerFor(store)
 		if ok, probe := br.admit(t.mono); ok {
 			d, timedOut, err := t.call(ctx, &t.primary, r, now)
-			if err == nil {
+			switch {
+			case err == nil:
 				br.succeeded(probe)
-				return d, SourcePrimary, nil, nil
-			}
-			if IsInputError(err) || ctx.Err() != nil {
+				if r.stint = t.stints.holds(r); !r.stint {
+					return d, SourcePrimary, nil, nil
+				}
+				// Another call of the key fell back while this one was in
+				// flight: the fallback answers the key from now on.
+			case IsInputError(err) || ctx.Err() != nil:
 				// Neither is the store's fault: a backend refusing the key
 				// (e.g. too long for it), or a caller that gave up.
 				br.inconclusive(probe)
 				return Decision{}, SourceNone, nil, err
+			default:
+				t.record(br, probe, store, err, timedOut)
+				primaryErr = err
 			}
-			t.record(br, probe, store, err, timedOut)
-			primaryErr = err
 		} else {
 			primaryErr = t.skipped(store)
 		}
