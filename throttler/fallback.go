@@ -62,10 +62,15 @@ type stints struct {
 }
 
 // holds reports whether r's key is in a stint under r's policy (any of a
-// composite's members) at r.now: the fallback answers it. A nil table (no
-// fallback) and an empty one cost one load.
+// composite's members) at r.now: the fallback answers it. Inlined: a nil
+// table (no fallback) and an empty one cost a load on every call.
 func (s *stints) holds(r *request) bool {
-	if s == nil || s.held.Load() == 0 || (r.op != OpTake && r.op != OpPeek) {
+	return s != nil && s.held.Load() != 0 && s.lookup(r)
+}
+
+// lookup is holds for a table that holds keys.
+func (s *stints) lookup(r *request) bool {
+	if r.op != OpTake && r.op != OpPeek {
 		return false
 	}
 	s.mu.Lock()
