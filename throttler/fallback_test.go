@@ -2,6 +2,7 @@ package throttler_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -266,4 +267,41 @@ func TestFallbackStintCatchesCallsInFlight(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.True(t, r.d.Degraded, "answered by the fallback, which holds the key")
 	assert.Equal(t, int64(3), r.d.Used, "counted by the fallback after the first unit")
+}
+
+// TestFallbackStintsAreSwept: stints that ended are forgotten, those of
+// keys that never call again included, so that after an outage the table
+// empties and calls go back to one load.
+func TestFallbackStintsAreSwept(t *testing.T) {
+	ctx := context.Background()
+	clock := &windowClock{now: t0}
+	primary := &stubBackend{next: newMemory(t), err: errDown}
+	th := newThrottler(t, primary, &throttler.Options{Clock: clock.Now, Fallback: newMemory(t)})
+	for i := range 100 {
+		_, err := th.Allow(ctx, fmt.Sprint("k", i), throttler.PerMinute(10))
+		require.NoError(t, err)
+	}
+	_, err := th.Allow(ctx, "hour", throttler.PerHour(10))
+	require.NoError(t, err)
+	assert.Equal(t, int64(101), throttler.HeldStints(th))
+
+	primary.set(nil)
+	mono := &monoClock{}
+	throttler.SetMonotonic(th, mono.Now)
+	mono.Add(time.Hour) // the breaker's cooldown is over
+	steps := []struct {
+		at   time.Duration
+		held int64
+	}{
+		{time.Minute - time.Millisecond, 101}, // every stint open
+		{time.Minute, 101},                    // the minutes' ended, swept at most once a second
+		{time.Minute + time.Second, 1},        // swept by another key's call
+		{time.Hour, 0},
+	}
+	for _, s := range steps {
+		clock.Set(s.at)
+		_, err := th.Allow(ctx, "other", throttler.PerMinute(10))
+		require.NoError(t, err)
+		assert.Equal(t, s.held, throttler.HeldStints(th), "at %v", s.at)
+	}
 }
