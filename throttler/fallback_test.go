@@ -45,8 +45,9 @@ func TestFallbackStint(t *testing.T) {
 			ctx := context.Background()
 			clock, mono := &windowClock{now: t0}, &monoClock{}
 			primary := &stubBackend{next: newMemory(t)}
+			var last throttler.Observation
 			th := newThrottler(t, compositeStub{primary}, &throttler.Options{Clock: clock.Now, Fallback: newMemory(t),
-				BreakerThreshold: 1, BreakerCooldown: time.Second})
+				BreakerThreshold: 1, BreakerCooldown: time.Second, Observe: func(o throttler.Observation) { last = o }})
 			throttler.SetMonotonic(th, mono.Now)
 
 			d, err := th.Allow(ctx, "k", tc.p)
@@ -72,6 +73,8 @@ func TestFallbackStint(t *testing.T) {
 					}
 					require.NoError(t, err)
 					assert.True(t, d.Degraded, "at %v (peek %v): still the fallback's", at, peek)
+					assert.Equal(t, throttler.SourceFallback, last.Source)
+					assert.NoError(t, last.Err, "no store was called, none failed")
 				}
 			}
 			assert.Equal(t, calls, primary.count(), "the primary is not called while the fallback holds the key")
