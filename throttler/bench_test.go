@@ -51,6 +51,17 @@ func BenchmarkAllow(b *testing.B) {
 		}
 		report()
 	})
+	b.Run("fallback", func(b *testing.B) { // healthy, a fallback configured: no key held
+		th := newThrottler(b, m, &throttler.Options{Fallback: newMemory(b)})
+		b.ReportAllocs()
+		report := cputime.Measure(b)
+		for b.Loop() {
+			if _, err := th.Allow(ctx, "client", p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report()
+	})
 	b.Run("observed", func(b *testing.B) {
 		var seen int
 		th := newThrottler(b, m, &throttler.Options{Observe: func(throttler.Observation) { seen++ }})

@@ -25,7 +25,9 @@ type Decision struct {
 	// Limit is the policy's capacity (Policy.Capacity: Limit, or a token
 	// bucket's Burst), the same whichever part of a Throttler answered.
 	Limit int64
-	// Used is how many units the open window has counted.
+	// Used is how many units the open window has counted. From a fallback
+	// that counts a share (Options.FallbackFleetSize), it is Limit -
+	// Remaining: the share's use and the other processes' shares.
 	Used int64
 	// Remaining is Limit - Used, never below zero (a lowered Limit can leave
 	// Used above it).

@@ -56,7 +56,9 @@
 // Throttler answers from Options.Fallback, or fails open (allows, marks the
 // Decision Degraded) or closed (ErrUnavailable), as Options.FailClosed
 // says, and reports it to Options.Observe, so that failing open is always
-// visible.
+// visible. A fallback counts a share of each limit (FallbackFleetSize),
+// and answers a key it answered until its window there has ended, so that
+// one store answers each window.
 //
 // Breakers keep an outage from costing every request a timeout, and are
 // scoped to what failed. There is one per store (a Redis shard, a Memcached

@@ -16,3 +16,12 @@ func Breakers(t *Throttler) int {
 
 // LeaseIDOf is l's ID: zero for a lease that no store holds.
 func LeaseIDOf(l Lease) LeaseID { return l.id }
+
+// HeldStints is how many stints t's table holds, ended ones not yet swept
+// included.
+func HeldStints(t *Throttler) int64 {
+	if t.stints == nil {
+		return 0
+	}
+	return t.stints.held.Load()
+}

@@ -79,8 +79,21 @@ type Options struct {
 	FailClosed bool
 	// Fallback, if set, answers while the primary fails: typically a memory
 	// backend, so that limits keep holding per process during an outage.
+	// Its Decisions are Degraded (Observe: SourceFallback). It counts each
+	// policy's share (FallbackFleetSize), and once it answers a Take or a
+	// Peek of a key under a policy it answers that key under that policy,
+	// without calling the primary, until the state it counted has ended:
+	// one store answers each window (docs/operations.md, "Fallback").
+	// Observe sees such a call with no Err: the primary was not called.
 	// default: none
 	Fallback Backend
+	// FallbackFleetSize is how many processes share each limit while they
+	// answer from their fallbacks: the fallback counts a policy's Limit
+	// and a token bucket's Burst divided by it, rounded down, never below
+	// 1, so that a fleet in fallback admits about one limit, not one per
+	// process. Set it to the number of processes a client's calls spread
+	// over. It needs a Fallback. default: 1 (each process a whole limit)
+	FallbackFleetSize int
 	// BreakerThreshold is how many consecutive store failures of one store
 	// make the Throttler skip that store for BreakerCooldown (its calls get
 	// the fallback or the failure mode at once), so that an outage does not
@@ -155,6 +168,10 @@ func (o *Options) withDefaults() (Options, error) {
 		return out, fmt.Errorf("throttler: Options.MaxDetached must be >= 0, got %d", out.MaxDetached)
 	case out.Fallback != nil && nilness.IsNil(out.Fallback):
 		return out, fmt.Errorf("throttler: Options.Fallback is a nil %T", out.Fallback)
+	case out.FallbackFleetSize < 0:
+		return out, fmt.Errorf("throttler: Options.FallbackFleetSize must be >= 0, got %d", out.FallbackFleetSize)
+	case out.FallbackFleetSize > 1 && out.Fallback == nil:
+		return out, fmt.Errorf("throttler: Options.FallbackFleetSize is %d but there is no Options.Fallback to share", out.FallbackFleetSize)
 	}
 	if out.Clock == nil {
 		out.Clock = time.Now
@@ -170,6 +187,9 @@ func (o *Options) withDefaults() (Options, error) {
 	}
 	if out.MaxDetached == 0 {
 		out.MaxDetached = 1024
+	}
+	if out.FallbackFleetSize == 0 {
+		out.FallbackFleetSize = 1
 	}
 	return out, nil
 }
@@ -192,6 +212,8 @@ type Throttler struct {
 	route func(b Backend, op Op, key string, p Policy) (string, Backend)
 	// primary is the backend, fallback Options.Fallback (b nil without one).
 	primary, fallback target
+	// stints are the keys the fallback answers (nil without one).
+	stints *stints
 
 	// wallClock: Options.Clock is time.Now (the default).
 	wallClock bool
@@ -245,6 +267,7 @@ func New(b Backend, opts *Options) (*Throttler, error) {
 	if o.Fallback != nil {
 		ft := declaredTraits(o.Fallback)
 		t.fallback = target{b: o.Fallback, lb: leasesOf(o.Fallback, ft), local: ft.InProcess}
+		t.stints = new(stints)
 	}
 	t.composites = tr.Composites && (o.Fallback == nil || declaredTraits(o.Fallback).Composites)
 	return t, nil
@@ -397,6 +420,9 @@ type request struct {
 	held bool
 	// to makes the primary's call in its place when set (Traits.Route).
 	to Backend
+	// stint: the fallback holds the key under p (see stints), so it
+	// answers without a call to the primary.
+	stint bool
 }
 
 // isLease reports whether r is a LeaseBackend's operation.
@@ -456,6 +482,12 @@ func (t *Throttler) observe(r *request, store string, d Decision, src Source, er
 // Options.BreakerThreshold), and a failure the backend blames on another of
 // its stores counts toward that one's.
 //
+// A Take or a Peek of a key the fallback holds (see stints) skips the
+// primary and its breaker: the fallback answers it, under the policy's
+// share (callFallback). So does one that the primary answered while
+// another call of the key, in flight beside it, fell back: what the
+// primary counted ends before the fallback's stint does.
+//
 // The fallback answers rate operations, and Acquire if it holds leases. A
 // Release goes where its lease was granted: from is SourceFallback for a
 // lease of the fallback's, and a lease of the primary's is never released
@@ -463,37 +495,41 @@ func (t *Throttler) observe(r *request, store string, d Decision, src Source, er
 func (t *Throttler) decide(ctx context.Context, r *request, store string, from Source) (Decision, Source, error, error) {
 	now := r.now
 	var primaryErr error
-	if from == SourcePrimary {
+	r.stint = from == SourcePrimary && t.stints.holds(r)
+	if from == SourcePrimary && !r.stint {
 		br := t.breakerFor(store)
 		if ok, probe := br.admit(t.mono); ok {
 			d, timedOut, err := t.call(ctx, &t.primary, r, now)
-			if err == nil {
+			switch {
+			case err == nil:
 				br.succeeded(probe)
-				return d, SourcePrimary, nil, nil
-			}
-			if IsInputError(err) || ctx.Err() != nil {
+				if r.stint = t.stints.holds(r); !r.stint {
+					return d, SourcePrimary, nil, nil
+				}
+				// Another call of the key fell back while this one was in
+				// flight: the fallback answers the key from now on.
+			case IsInputError(err) || ctx.Err() != nil:
 				// Neither is the store's fault: a backend refusing the key
 				// (e.g. too long for it), or a caller that gave up.
 				br.inconclusive(probe)
 				return Decision{}, SourceNone, nil, err
+			default:
+				t.record(br, probe, store, err, timedOut)
+				primaryErr = err
 			}
-			t.record(br, probe, store, err, timedOut)
-			primaryErr = err
 		} else {
 			primaryErr = t.skipped(store)
 		}
+	}
+	if from == SourcePrimary {
 		if err := r.validate(); err != nil {
 			return Decision{}, SourceNone, nil, err
 		}
 	}
 	if t.fallback.b != nil && (from == SourceFallback || r.op != OpRelease && (!r.isLease() || t.fallback.lb != nil)) {
 		r.to = nil // the primary's route
-		d, _, err := t.call(ctx, &t.fallback, r, now)
+		d, err := t.callFallback(ctx, r)
 		if err == nil {
-			d.Degraded = true
-			if d.nMembers != 0 {
-				markDegraded(&d)
-			}
 			return d, SourceFallback, primaryErr, nil
 		}
 		if from == SourceFallback && (IsInputError(err) || ctx.Err() != nil) {

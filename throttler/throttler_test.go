@@ -369,7 +369,9 @@ func TestCallerCancellationIsNotAnOutage(t *testing.T) {
 }
 
 // After BreakerThreshold store failures the primary is skipped for
-// BreakerCooldown (on the monotonic clock), then tried again.
+// BreakerCooldown (on the monotonic clock), then tried again. Each call is
+// of another key: a key the fallback answered stays with it for its window
+// (TestFallbackStint).
 func TestBreaker(t *testing.T) {
 	clock := &monoClock{}
 	primary := &stubBackend{err: errDown, next: newMemory(t)}
@@ -378,30 +380,35 @@ func TestBreaker(t *testing.T) {
 	throttler.SetMonotonic(th, clock.Now)
 	p := throttler.PerMinute(100)
 	ctx := context.Background()
+	key := 0
+	allow := func() (throttler.Decision, error) {
+		key++
+		return th.Allow(ctx, fmt.Sprint("k", key), p)
+	}
 	for i := 0; i < 10; i++ {
-		d, err := th.Allow(ctx, "k", p)
+		d, err := allow()
 		require.NoError(t, err)
 		require.True(t, d.Degraded)
-		require.Equal(t, int64(i+1), d.Used, "the fallback keeps limiting")
+		require.Equal(t, int64(1), d.Used, "the fallback keeps limiting")
 	}
 	assert.Equal(t, 3, primary.count(), "the primary is skipped once the breaker opens")
 
 	primary.set(nil)
 	clock.Add(time.Second)
-	_, _ = th.Allow(ctx, "k", p)
+	_, _ = allow()
 	assert.Equal(t, 3, primary.count(), "still cooling down")
 
 	clock.Add(time.Second)
-	d, err := th.Allow(ctx, "k", p)
+	d, err := allow()
 	require.NoError(t, err)
 	assert.False(t, d.Degraded, "the recovered primary answers again")
 	assert.Equal(t, 4, primary.count())
 
 	// One failure after recovery does not reopen it: the count restarted.
 	primary.set(errDown)
-	_, _ = th.Allow(ctx, "k", p)
+	_, _ = allow()
 	primary.set(nil)
-	d, _ = th.Allow(ctx, "k", p)
+	d, _ = allow()
 	assert.False(t, d.Degraded)
 }
 
@@ -433,11 +440,12 @@ func TestDetachBoundsABackendThatIgnoresItsContext(t *testing.T) {
 	p := throttler.PerMinute(10)
 	for i := 0; i < 3; i++ {
 		// Returns although the backend has not answered: the release comes
-		// only when the test ends.
-		d, err := th.Allow(context.Background(), "k", p)
+		// only when the test ends. A key per call: the fallback keeps a key
+		// it answered for its window, without calling the primary.
+		d, err := th.Allow(context.Background(), fmt.Sprint("k", i), p)
 		require.NoError(t, err)
 		assert.True(t, d.Degraded)
-		assert.Equal(t, int64(i+1), d.Used, "the fallback counts")
+		assert.Equal(t, int64(1), d.Used, "the fallback counts")
 	}
 	require.Len(t, obs, 3)
 	assert.ErrorIs(t, obs[0].Err, context.DeadlineExceeded)
