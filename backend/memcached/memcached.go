@@ -299,8 +299,8 @@ type Backend struct {
 	c    Client
 	opts Options
 	// servers is Options.Selector, else the ServerSelector inside a
-	// *memcache.Client; nil when the servers cannot be seen. Check and
-	// the errors use it; only Options.Selector names stores (Store).
+	// *memcache.Client; nil when the servers cannot be seen. It names
+	// each call's store (Traits.Store) and the server of each failure.
 	servers memcache.ServerSelector
 	cache   *headCache // with NoCache, a hint of the counter key only
 	locks   stateLocks // one caller per state item at a time (algorithms.go)
@@ -714,13 +714,13 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	return algo.WindowState(p, d, resetAt, now, false), nil
 }
 
-// store names the server that holds key's items under p, as the client's
-// Options.Selector picks it ("memcached 10.0.0.2:11211"; see
-// throttler.Traits), or "" without a Selector. For a fixed window that is
-// the head's server: a window's counter may live on another, and a failure
-// there is blamed on that server (see classify). Every op reaches it.
+// store names the server that holds key's items under p, as the client
+// picks it ("memcached 10.0.0.2:11211"; see throttler.Traits), or "" when
+// the backend cannot see the servers. For a fixed window that is the head's
+// server: a window's counter may live on another, and a failure there is
+// blamed on that server (see classify). Every op reaches it.
 func (b *Backend) store(_ throttler.Op, key string, p throttler.Policy) string {
-	if b.opts.Selector == nil {
+	if b.servers == nil {
 		return ""
 	}
 	return b.serverOf(b.homeItem(key, p))
@@ -740,7 +740,7 @@ func (b *Backend) homeItem(key string, p throttler.Policy) string {
 }
 
 // serverOf names the server of an item, or "" if the selector has none.
-func (b *Backend) serverOf(item string) string { return b.pick(b.opts.Selector, item) }
+func (b *Backend) serverOf(item string) string { return b.pick(b.servers, item) }
 
 // pick names the server of sel that holds item, or "" if sel has none.
 func (b *Backend) pick(sel memcache.ServerSelector, item string) string {
@@ -785,10 +785,10 @@ func (b *Backend) classifyAt(home func() string, err error) error {
 // network error when it is one of the selector's servers (a call may reach
 // two: a head and a counter), else the server of the call's first item.
 func (b *Backend) failedServer(home func() string, err error) string {
-	if b.opts.Selector == nil {
+	if b.servers == nil {
 		return ""
 	}
-	return b.serverIn(b.opts.Selector, home, err)
+	return b.serverIn(b.servers, home, err)
 }
 
 // serverIn names the server of sel that a failure came from (see
