@@ -196,6 +196,12 @@ func (b *Backend) Traits() throttler.Traits {
 // each costing about MaxLimit, could wrap a counter.
 const MaxLimit = throttler.MaxLimit
 
+// defaultIdleConns is the MaxIdleConns New gives a *memcache.Client that
+// leaves it 0: connections kept open per server between calls, so that the
+// calls a busy process has in flight reuse them instead of dialing. Only
+// connections once needed are kept, so a quiet process holds few.
+const defaultIdleConns = 256
+
 // maxRelativeExptime is the longest exptime Memcached reads as relative.
 const maxRelativeExptime = 30 * 24 * 60 * 60
 
@@ -313,6 +319,13 @@ type Backend struct {
 // *memcache.Client, or Options.Selector, that lists none), matching
 // memcache.ErrNoServers: every call would fail. New dials nothing; Check
 // verifies that the servers answer.
+//
+// A *memcache.Client whose MaxIdleConns is 0 gets 256: with
+// gomemcache's default of 2, every call in flight beyond two dials a new
+// connection and closes it after, and under load those dials time out and
+// open a Throttler's breaker on a healthy server. New sets it before the
+// client's first call, so build the Backend before using the client
+// elsewhere; a non-zero MaxIdleConns is left as it is.
 func New(c Client, opts *Options) (*Backend, error) {
 	if err := nilness.Check("memcached: the Client", c); err != nil {
 		return nil, err
@@ -324,6 +337,9 @@ func New(c Client, opts *Options) (*Backend, error) {
 	servers, err := knownServers(c, o.Selector)
 	if err != nil {
 		return nil, err
+	}
+	if mc, ok := c.(*memcache.Client); ok && mc.MaxIdleConns == 0 {
+		mc.MaxIdleConns = defaultIdleConns
 	}
 	ttl := o.CacheFor.Milliseconds()
 	if o.NoCache {
