@@ -125,11 +125,14 @@
 // (throttler.StoreFailure); an item this backend cannot read, or one
 // Memcached refuses to count (CLIENT_ERROR on incr of a value that is not a
 // number), matches ErrBadItem and throttler.ErrKeyState, and never trips a
-// Throttler's breaker. Given the client's ServerSelector
-// (Options.Selector), the backend names the server of each call
-// (throttler.Traits.Store) and blames a failure on the server it came from, so a
-// Throttler keeps a breaker per server: one stalled server switches
-// limiting off only for the keys whose items it holds. A server's failure
+// Throttler's breaker. The backend names the server of each call
+// (throttler.Traits.Store) and blames a failure on the server it came
+// from, so a Throttler keeps a breaker per server: one stalled server
+// switches limiting off only for the keys whose items it holds. It sees
+// the servers of a *memcache.Client itself (memcache.New(servers...) is
+// all it takes); for a Client of another type, pass the ServerSelector it
+// picks servers with as Options.Selector, else all its servers are one
+// store. A server's failure
 // names the server ahead of its cause ("memcached 10.0.0.2:11211: get
 // window of ...: dial tcp ...: connection refused") whenever the selector
 // or the network error tells it. memcache.ErrNoServers (a selector left
@@ -140,7 +143,14 @@
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
 // call, so set it below the Throttler's Timeout. A Take usually makes one to
-// three calls, and at most about 4*MaxAttempts.
+// three calls, and at most about 4*MaxAttempts. gomemcache keeps only 2 idle
+// connections per server by default and dials one for every call in flight
+// beyond them; New gives a client left at that default a pool of 256 (see
+// New). The safe set-up is the Example:
+//
+//	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
+//	c.Timeout = 50 * time.Millisecond // below the Throttler's Timeout
+//	b, err := memcached.New(c, nil)   // a breaker per server, a pool sized
 package memcached
 
 import (
@@ -253,12 +263,13 @@ type Options struct {
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
 	NoCache bool
-	// Selector is the ServerSelector the client picks servers with: build
-	// the client with memcache.NewFromSelector(sel) and pass sel here
-	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
-	// of them). With it, the backend names the server of each call
-	// (throttler.Traits.Store) and of each failure, so that a Throttler's breaker
-	// covers one server. default: none: all servers are one store
+	// Selector is the ServerSelector the client picks servers with, for a
+	// Client that is not a *memcache.Client (a wrapper): the backend names
+	// the server of each call (throttler.Traits.Store) and of each failure
+	// from it, so that a Throttler's breaker covers one server. A
+	// *memcache.Client needs none: the backend reads its own. default: the
+	// servers of a *memcache.Client; for another Client, all its servers
+	// are one store
 	Selector memcache.ServerSelector
 }
 
