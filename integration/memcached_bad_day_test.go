@@ -124,15 +124,16 @@ func TestMemcachedBadDayOneServerPaused(t *testing.T) {
 
 // TestMemcachedBadDayHealthyUnderLoad: 64 goroutines call a healthy
 // server as fast as they can, through a client built as the package doc
-// builds it (gomemcache's default pool, which New sizes). A call in flight
-// while the loaded process stalls may time out, but the server answers
-// every other: at most 1% of the calls are Degraded, in the first stage
-// (connections opened under load) as in the later ones.
+// builds it (gomemcache's default pool, which New sizes; the client's
+// Timeout that of the Throttler). A call in flight while the loaded
+// process stalls may time out, but the server answers every other: at most
+// 1% of the calls are Degraded, in the first stage (connections opened
+// under load) as in the later ones.
 func TestMemcachedBadDayHealthyUnderLoad(t *testing.T) {
 	const goroutines, perGoroutine, stages = 64, 150, 3
 	s := memcachedStart(t)
 	c := memcache.New(s.addr)
-	c.Timeout = memcachedClientTimeout
+	c.Timeout = memcachedFaultTimeout
 	t.Cleanup(func() { _ = c.Close() })
 	b := memcachedNew(t, c, nil)
 	var mu sync.Mutex

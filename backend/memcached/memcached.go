@@ -142,15 +142,18 @@
 //
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
-// call, so set it below the Throttler's Timeout. A Take usually makes one to
+// call. A Throttler runs the backend's calls detached and stops waiting at
+// its own Timeout, so set the client's to the Throttler's: a shorter one
+// fails calls the server answers in time whenever the process is slow, and
+// gomemcache closes the connection of each. A Take usually makes one to
 // three calls, and at most about 4*MaxAttempts. gomemcache keeps only 2 idle
 // connections per server by default and dials one for every call in flight
 // beyond them; New gives a client left at that default a pool of 256 (see
 // New). The safe set-up is the Example:
 //
 //	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
-//	c.Timeout = 50 * time.Millisecond // below the Throttler's Timeout
-//	b, err := memcached.New(c, nil)   // a breaker per server, a pool sized
+//	c.Timeout = 100 * time.Millisecond // the Throttler's Timeout
+//	b, err := memcached.New(c, nil)    // a breaker per server, a pool sized
 package memcached
 
 import (
