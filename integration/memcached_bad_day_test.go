@@ -25,15 +25,14 @@ const memcachedPauseFor = 3 * time.Second
 const memcachedPace = time.Millisecond
 
 // TestMemcachedBadDayOneServerPaused: a client over two servers built with
-// memcache.New, as the package doc shows, and no Options.Selector. One
-// server is paused for 3s under load; the keys whose items live on the
-// other are decided by the store throughout (none Degraded, each limited
+// memcache.New as the package doc shows (no Options.Selector, no
+// MaxIdleConns). One server is paused for 3s under load; the keys whose
+// items live on the other are decided by the store throughout (none Degraded, each limited
 // exactly), because each server has its own breaker.
 func TestMemcachedBadDayOneServerPaused(t *testing.T) {
 	healthy, paused := memcachedStart(t), memcachedStart(t)
 	c := memcache.New(healthy.addr, paused.addr)
-	c.Timeout = memcachedClientTimeout
-	c.MaxIdleConns = 64
+	c.Timeout = memcachedFaultTimeout // the Throttler's
 	t.Cleanup(func() { _ = c.Close() })
 	b := memcachedNew(t, c, nil)
 
