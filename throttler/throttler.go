@@ -525,7 +525,9 @@ func (t *Throttler) record(br *breaker, probe bool, started int64, store string,
 	}
 	if name := failedStore(err); name != "" && name != store {
 		br.inconclusive(probe) // the call's own store did not fail
-		br, probe = t.breakerFor(name), false
+		// started was read from the call's own breaker: a failure blamed
+		// on another store counts toward its run, as any failure did.
+		br, probe, started = t.breakerFor(name), false, int64(t.mono())
 	}
 	br.failed(probe, started, t.mono, int64(t.opts.BreakerThreshold), t.opts.BreakerCooldown)
 }

@@ -132,10 +132,9 @@
 // the servers of a *memcache.Client itself (memcache.New(servers...) is
 // all it takes); for a Client of another type, pass the ServerSelector it
 // picks servers with as Options.Selector, else all its servers are one
-// store. A server's failure
-// names the server ahead of its cause ("memcached 10.0.0.2:11211: get
-// window of ...: dial tcp ...: connection refused") whenever the selector
-// or the network error tells it. memcache.ErrNoServers (a selector left
+// store. A server's failure names the server ahead of its cause
+// ("memcached 10.0.0.2:11211: get window of ...: dial tcp ...: connection
+// refused") whenever the selector or the network error tells it. memcache.ErrNoServers (a selector left
 // with no server) is a store failure too; a client that has none when New
 // can see its servers is refused there, and Check verifies at start-up
 // that every server answers.
