@@ -19,6 +19,10 @@ import (
 //
 //   - closed (openUntil 0): calls reach the store. BreakerThreshold
 //     consecutive store failures open it until BreakerCooldown from now.
+//     Calls already in flight when a run of failures began fail with it
+//     (a store's blip, or this process starved of CPU past every call's
+//     deadline) and count as its first failure only: the run must go on
+//     in calls started after it began.
 //   - open (now < openUntil): calls skip the store.
 //   - half-open (the cooldown is over): one caller wins probing and calls
 //     the store; the others keep skipping it until that probe succeeds
@@ -37,6 +41,7 @@ const maxBreakers = 1024
 
 type breaker struct {
 	failures  atomic.Int64 // consecutive store failures
+	runFrom   atomic.Int64 // monotonic ns of the first of them
 	openUntil atomic.Int64 // monotonic ns until which the store is skipped; 0: closed
 	probing   atomic.Bool  // half-open: the probe is out
 }
@@ -81,16 +86,37 @@ func (b *breaker) succeeded(probe bool) {
 	}
 }
 
-// failed records a store failure: it opens a closed breaker at the
-// threshold, and reopens a half-open one for another cooldown.
-func (b *breaker) failed(probe bool, mono func() time.Duration, threshold int64, cooldown time.Duration) {
-	until := max(int64(mono())+int64(cooldown), 1) // 0 means closed
+// started is when a call began, on the monotonic clock, for a breaker that
+// had failures then; 0 for one that had none.
+func (b *breaker) started(mono func() time.Duration) int64 {
+	if b.failures.Load() == 0 {
+		return 0
+	}
+	return int64(mono())
+}
+
+// failed records a store failure of a call that began at started (see
+// started): it opens a closed breaker at the threshold, and reopens a
+// half-open one for another cooldown. A call that began before the run of
+// failures did adds nothing to it: when every call in flight fails at once,
+// that is one event, and only calls made after it tell whether the store
+// is still failing.
+func (b *breaker) failed(probe bool, started int64, mono func() time.Duration, threshold int64, cooldown time.Duration) {
+	now := int64(mono())
+	until := max(now+int64(cooldown), 1) // 0 means closed
 	if probe {
 		b.openUntil.Store(until)
 		b.probing.Store(false)
 		return
 	}
-	if b.failures.Add(1) >= threshold {
+	if b.failures.Load() != 0 && started < b.runFrom.Load() {
+		return
+	}
+	n := b.failures.Add(1)
+	if n == 1 {
+		b.runFrom.Store(now)
+	}
+	if n >= threshold {
 		// Only a closed breaker opens here: the failures of calls admitted
 		// before it opened do not stretch its cooldown.
 		b.openUntil.CompareAndSwap(0, until)

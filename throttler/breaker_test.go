@@ -520,3 +520,65 @@ func (namedMemory) store(_ throttler.Op, key string, _ throttler.Policy) string 
 	}
 	return "store b"
 }
+
+// Every call in flight fails at once when the store blips, or when this
+// process is starved of CPU past every call's deadline: that is one
+// failure, not BreakerThreshold of them. The breaker opens only when calls
+// made after the run began fail too.
+func TestBreakerCallsInFlightFailAsOne(t *testing.T) {
+	const inFlight = 16
+	for _, stillFailing := range []bool{false, true} {
+		t.Run(fmt.Sprint("still failing: ", stillFailing), func(t *testing.T) {
+			b := newStoresBackend(t)
+			var mono monoClock
+			th, err := throttler.New(b, &throttler.Options{BreakerThreshold: 5, Clock: func() time.Time { return t0 }})
+			require.NoError(t, err)
+			throttler.SetMonotonic(th, mono.Now)
+			p := throttler.PerMinute(1000)
+			ctx := context.Background()
+
+			b.set("store a", io.ErrUnexpectedEOF)
+			gate := make(chan struct{})
+			b.inside = make(chan string, inFlight)
+			for i := range inFlight {
+				b.gates[fmt.Sprint("a:", i)] = gate
+			}
+			var wg sync.WaitGroup
+			for i := range inFlight {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d, err := th.Allow(ctx, fmt.Sprint("a:", i), p)
+					assert.NoError(t, err)
+					assert.True(t, d.Degraded)
+				}()
+			}
+			for range inFlight {
+				<-b.inside
+			}
+			b.inside = nil
+			mono.Add(100 * time.Millisecond) // the calls' deadline passes
+			close(gate)
+			wg.Wait()
+
+			if !stillFailing {
+				b.set("store a", nil)
+			}
+			for i := range 5 {
+				mono.Add(time.Millisecond)
+				before := b.count("store a")
+				d, err := th.Allow(ctx, "a:next", p)
+				require.NoError(t, err)
+				reached := b.count("store a") > before
+				switch {
+				case !stillFailing:
+					require.True(t, reached && !d.Degraded, "call %d after the burst: reached %v, Degraded %v", i, reached, d.Degraded)
+				case i < 4:
+					require.True(t, reached, "failure %d after the burst reaches the store", i+2)
+				default:
+					require.False(t, reached, "5 failures: the burst's and 4 of calls made after it open the breaker")
+				}
+			}
+		})
+	}
+}

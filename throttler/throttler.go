@@ -97,7 +97,10 @@ type Options struct {
 	// BreakerThreshold is how many consecutive store failures of one store
 	// make the Throttler skip that store for BreakerCooldown (its calls get
 	// the fallback or the failure mode at once), so that an outage does not
-	// cost every request a timeout. There is a breaker per store the
+	// cost every request a timeout. Calls already in flight when a run of
+	// failures began count as one failure however many fail with it (a
+	// store's blip, or this process starved of CPU past their deadline):
+	// the rest of the run is counted in calls made after it began. There is a breaker per store the
 	// backend names (Traits.Store: a Redis shard, a Memcached
 	// server), so one failing store never switches limiting off for keys on
 	// the others; a backend that names none is one store.
@@ -499,6 +502,7 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 	if from == SourcePrimary && !r.stint {
 		br := t.breakerFor(store)
 		if ok, probe := br.admit(t.mono); ok {
+			started := br.started(t.mono)
 			d, timedOut, err := t.call(ctx, &t.primary, r, now)
 			switch {
 			case err == nil:
@@ -514,7 +518,7 @@ func (t *Throttler) decide(ctx context.Context, r *request, store string, from S
 				br.inconclusive(probe)
 				return Decision{}, SourceNone, nil, err
 			default:
-				t.record(br, probe, store, err, timedOut)
+				t.record(br, probe, started, store, err, timedOut)
 				primaryErr = err
 			}
 		} else {
@@ -564,16 +568,18 @@ func (t *Throttler) failureMode(r *request) Decision {
 // the call's store's, or the breaker of the store the backend blamed.
 //
 //go:noinline
-func (t *Throttler) record(br *breaker, probe bool, store string, err error, timedOut bool) {
+func (t *Throttler) record(br *breaker, probe bool, started int64, store string, err error, timedOut bool) {
 	if !isStoreFailure(err, timedOut) {
 		br.inconclusive(probe)
 		return
 	}
 	if name := failedStore(err); name != "" && name != store {
 		br.inconclusive(probe) // the call's own store did not fail
-		br, probe = t.breakerFor(name), false
+		// started was read from the call's own breaker: a failure blamed
+		// on another store counts toward its run, as any failure did.
+		br, probe, started = t.breakerFor(name), false, int64(t.mono())
 	}
-	br.failed(probe, t.mono, int64(t.opts.BreakerThreshold), t.opts.BreakerCooldown)
+	br.failed(probe, started, t.mono, int64(t.opts.BreakerThreshold), t.opts.BreakerCooldown)
 }
 
 // skipped is the primary's error for a call whose store's breaker is open.

@@ -21,35 +21,41 @@ import (
 // clientSelector returns the ServerSelector a *memcache.Client picks its
 // servers with; known is false for any other Client. gomemcache keeps it
 // unexported, and every method that reaches it also dials, so it is read
-// here through reflect: the only way to refuse, when the backend is built,
-// a client that has no server (memcache.New() with none, or with addresses
-// that ServerList.SetServers could not resolve, an error memcache.New
-// drops), which would fail every call. If a gomemcache release renames the
-// field, nothing is checked here, and the tests say so.
-func clientSelector(c Client) (sel memcache.ServerSelector, known bool) {
+// here through reflect: the only way to name the server of each call (a
+// breaker per server) for the client the package doc builds, and to refuse,
+// when the backend is built, a client that has no server (memcache.New()
+// with none, or with addresses that ServerList.SetServers could not
+// resolve, an error memcache.New drops), which would fail every call. A
+// gomemcache release that renames the field is an error here: the fix,
+// Options.Selector, is named, rather than every server silently sharing one
+// breaker.
+func clientSelector(c Client) (sel memcache.ServerSelector, known bool, err error) {
 	mc, ok := c.(*memcache.Client)
 	if !ok {
-		return nil, false
+		return nil, false, nil
 	}
 	f := reflect.ValueOf(mc).Elem().FieldByName("selector")
 	if !f.IsValid() || f.Type() != reflect.TypeFor[memcache.ServerSelector]() {
-		return nil, false
+		return nil, false, errors.New("memcached: cannot see the servers of this *memcache.Client (its gomemcache version keeps them elsewhere): " +
+			"build it with memcache.NewFromSelector(sel) and pass sel as Options.Selector, so that each server has its own breaker")
 	}
 	// Read once, at construction; nothing writes the field after
 	// memcache.NewFromSelector.
 	sel, _ = reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem().Interface().(memcache.ServerSelector)
-	return sel, true
+	return sel, true, nil
 }
 
 // knownServers returns the selector of the client's servers (Options.Selector,
-// else the one inside a *memcache.Client), nil when it cannot be seen, or an
-// error matching memcache.ErrNoServers when it lists no server.
+// else the one inside a *memcache.Client), nil when it cannot be seen (a
+// Client of another type), or an error matching memcache.ErrNoServers when
+// it lists no server.
 func knownServers(c Client, sel memcache.ServerSelector) (memcache.ServerSelector, error) {
 	what := "Options.Selector"
 	if sel == nil {
 		var known bool
-		if sel, known = clientSelector(c); !known {
-			return nil, nil
+		var err error
+		if sel, known, err = clientSelector(c); !known {
+			return nil, err
 		}
 		what = "the Client"
 		if err := nilness.Check("memcached: the Client's ServerSelector", sel); err != nil {
@@ -128,9 +134,6 @@ func (b *Backend) probeKeys() []string {
 func (b *Backend) storeFailure(home func() string, err error) error {
 	store := b.failedServer(home, err)
 	name := store
-	if name == "" && b.servers != nil {
-		name = b.serverIn(b.servers, home, err)
-	}
 	if name == "" {
 		if addr := errAddr(err); addr != nil {
 			name = b.serverName(addr.String())

@@ -136,3 +136,17 @@ func TestCheckOpaqueClient(t *testing.T) {
 		t.Errorf("Check with a cancelled context = %v", err)
 	}
 }
+
+// A client left with gomemcache's default pool (2 idle connections, which
+// under load makes every call beyond two dial and close a connection) gets
+// defaultIdleConns; a pool the caller sized is left alone.
+func TestNewSizesTheDefaultPool(t *testing.T) {
+	for _, tt := range []struct{ set, want int }{{0, defaultIdleConns}, {8, 8}, {1000, 1000}} {
+		c := memcache.New("127.0.0.1:1")
+		c.MaxIdleConns = tt.set
+		mustNew(t, c, nil)
+		if c.MaxIdleConns != tt.want {
+			t.Errorf("MaxIdleConns %d: New left %d, want %d", tt.set, c.MaxIdleConns, tt.want)
+		}
+	}
+}

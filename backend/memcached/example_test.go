@@ -13,11 +13,13 @@ import (
 
 // Example needs a Memcached server, so it is compiled but not run.
 // gomemcache takes no context, so the client's Timeout is what bounds each
-// call: set it below the Throttler's Timeout (docs/backends-memcached.md).
+// call: set it to the Throttler's Timeout (docs/backends-memcached.md).
+// The backend reads the client's servers, so a Throttler keeps a breaker per
+// server, and gives gomemcache's default pool of 2 idle connections 256, so
+// that calls in flight reuse connections instead of dialing.
 func Example() {
 	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
-	c.Timeout = 50 * time.Millisecond // below the Throttler's 100ms
-	c.MaxIdleConns = 64               // about the peak of concurrent calls
+	c.Timeout = 100 * time.Millisecond // the Throttler's
 	b, err := memcached.New(c, &memcached.Options{Prefix: "rl:"})
 	if err != nil {
 		panic(err) // a nil client or a bad option: fails here, not per call

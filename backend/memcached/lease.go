@@ -126,11 +126,10 @@ func (b *Backend) leaseCall(ctx context.Context, key string, p throttler.Concurr
 	return nil
 }
 
-// leaseStore names the server that holds key's leases under p, as the
-// client's Options.Selector picks it (see store), or "" without a
-// Selector.
+// leaseStore names the server that holds key's leases under p (see store),
+// or "" when the backend cannot see the servers.
 func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	if b.opts.Selector == nil {
+	if b.servers == nil {
 		return ""
 	}
 	return b.serverOf(b.leaseKeys(key, p).leases())

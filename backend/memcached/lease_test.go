@@ -429,12 +429,16 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 	sel := twoServers(t)
 	f := newFakeClient()
 	b := mustNew(t, f, &Options{Selector: sel})
+	client := mustNew(t, memcache.New("127.0.0.1:1", "127.0.0.1:2"), nil) // the client's own servers
 	seen := map[string]bool{}
 	for i := range 40 {
 		key := fmt.Sprint("user-", i)
 		want := "memcached " + pick(t, sel, b.leaseKeys(key, leasePolicy).leases()).String()
 		if got := b.leaseStore(key, leasePolicy); got != want {
 			t.Fatalf("%q: LeaseStore %q, want %q", key, got, want)
+		}
+		if got := client.leaseStore(key, leasePolicy); got != want {
+			t.Fatalf("%q: LeaseStore of a memcache.New client %q, want %q", key, got, want)
 		}
 		seen[want] = true
 		f.setBefore(func(op, _ string) error { return memcache.ErrServerError })
@@ -449,7 +453,7 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 		t.Errorf("servers named %v, want both", seen)
 	}
 	if got := mustNew(t, f, nil).leaseStore("k", leasePolicy); got != "" {
-		t.Errorf("without a Selector: %q", got)
+		t.Errorf("a Client whose servers cannot be seen, without a Selector: %q", got)
 	}
 	// A network error names the server in its address.
 	f.setBefore(func(op, _ string) error {

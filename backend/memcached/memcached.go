@@ -125,22 +125,34 @@
 // (throttler.StoreFailure); an item this backend cannot read, or one
 // Memcached refuses to count (CLIENT_ERROR on incr of a value that is not a
 // number), matches ErrBadItem and throttler.ErrKeyState, and never trips a
-// Throttler's breaker. Given the client's ServerSelector
-// (Options.Selector), the backend names the server of each call
-// (throttler.Traits.Store) and blames a failure on the server it came from, so a
-// Throttler keeps a breaker per server: one stalled server switches
-// limiting off only for the keys whose items it holds. A server's failure
-// names the server ahead of its cause ("memcached 10.0.0.2:11211: get
-// window of ...: dial tcp ...: connection refused") whenever the selector
-// or the network error tells it. memcache.ErrNoServers (a selector left
+// Throttler's breaker. The backend names the server of each call
+// (throttler.Traits.Store) and blames a failure on the server it came
+// from, so a Throttler keeps a breaker per server: one stalled server
+// switches limiting off only for the keys whose items it holds. It sees
+// the servers of a *memcache.Client itself (memcache.New(servers...) is
+// all it takes); for a Client of another type, pass the ServerSelector it
+// picks servers with as Options.Selector, else all its servers are one
+// store. A server's failure names the server ahead of its cause
+// ("memcached 10.0.0.2:11211: get window of ...: dial tcp ...: connection
+// refused") whenever the selector or the network error tells it. memcache.ErrNoServers (a selector left
 // with no server) is a store failure too; a client that has none when New
 // can see its servers is refused there, and Check verifies at start-up
 // that every server answers.
 //
 // gomemcache takes no context: the context is checked before each call, and
 // the client's Timeout (memcache.Client.Timeout, default 500ms) bounds each
-// call, so set it below the Throttler's Timeout. A Take usually makes one to
-// three calls, and at most about 4*MaxAttempts.
+// call. A Throttler runs the backend's calls detached and stops waiting at
+// its own Timeout, so set the client's to the Throttler's: a shorter one
+// fails calls the server answers in time whenever the process is slow, and
+// gomemcache closes the connection of each. A Take usually makes one to
+// three calls, and at most about 4*MaxAttempts. gomemcache keeps only 2 idle
+// connections per server by default and dials one for every call in flight
+// beyond them; New gives a client left at that default a pool of 256 (see
+// New). The safe set-up is the Example:
+//
+//	c := memcache.New("10.0.0.1:11211", "10.0.0.2:11211")
+//	c.Timeout = 100 * time.Millisecond // the Throttler's Timeout
+//	b, err := memcached.New(c, nil)    // a breaker per server, a pool sized
 package memcached
 
 import (
@@ -196,6 +208,12 @@ func (b *Backend) Traits() throttler.Traits {
 // each costing about MaxLimit, could wrap a counter.
 const MaxLimit = throttler.MaxLimit
 
+// defaultIdleConns is the MaxIdleConns New gives a *memcache.Client that
+// leaves it 0: connections kept open per server between calls, so that the
+// calls a busy process has in flight reuse them instead of dialing. Only
+// connections once needed are kept, so a quiet process holds few.
+const defaultIdleConns = 256
+
 // maxRelativeExptime is the longest exptime Memcached reads as relative.
 const maxRelativeExptime = 30 * 24 * 60 * 60
 
@@ -247,12 +265,13 @@ type Options struct {
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
 	NoCache bool
-	// Selector is the ServerSelector the client picks servers with: build
-	// the client with memcache.NewFromSelector(sel) and pass sel here
-	// (memcache.New(servers...) is NewFromSelector over a memcache.ServerList
-	// of them). With it, the backend names the server of each call
-	// (throttler.Traits.Store) and of each failure, so that a Throttler's breaker
-	// covers one server. default: none: all servers are one store
+	// Selector is the ServerSelector the client picks servers with, for a
+	// Client that is not a *memcache.Client (a wrapper): the backend names
+	// the server of each call (throttler.Traits.Store) and of each failure
+	// from it, so that a Throttler's breaker covers one server. A
+	// *memcache.Client needs none: the backend reads its own. default: the
+	// servers of a *memcache.Client; for another Client, all its servers
+	// are one store
 	Selector memcache.ServerSelector
 }
 
@@ -299,8 +318,8 @@ type Backend struct {
 	c    Client
 	opts Options
 	// servers is Options.Selector, else the ServerSelector inside a
-	// *memcache.Client; nil when the servers cannot be seen. Check and
-	// the errors use it; only Options.Selector names stores (Store).
+	// *memcache.Client; nil when the servers cannot be seen. It names
+	// each call's store (Traits.Store) and the server of each failure.
 	servers memcache.ServerSelector
 	cache   *headCache // with NoCache, a hint of the counter key only
 	locks   stateLocks // one caller per state item at a time (algorithms.go)
@@ -313,6 +332,13 @@ type Backend struct {
 // *memcache.Client, or Options.Selector, that lists none), matching
 // memcache.ErrNoServers: every call would fail. New dials nothing; Check
 // verifies that the servers answer.
+//
+// A *memcache.Client whose MaxIdleConns is 0 gets 256: with
+// gomemcache's default of 2, every call in flight beyond two dials a new
+// connection and closes it after, and under load those dials time out and
+// open a Throttler's breaker on a healthy server. New sets it before the
+// client's first call, so build the Backend before using the client
+// elsewhere; a non-zero MaxIdleConns is left as it is.
 func New(c Client, opts *Options) (*Backend, error) {
 	if err := nilness.Check("memcached: the Client", c); err != nil {
 		return nil, err
@@ -324,6 +350,9 @@ func New(c Client, opts *Options) (*Backend, error) {
 	servers, err := knownServers(c, o.Selector)
 	if err != nil {
 		return nil, err
+	}
+	if mc, ok := c.(*memcache.Client); ok && mc.MaxIdleConns == 0 {
+		mc.MaxIdleConns = defaultIdleConns
 	}
 	ttl := o.CacheFor.Milliseconds()
 	if o.NoCache {
@@ -714,13 +743,13 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 	return algo.WindowState(p, d, resetAt, now, false), nil
 }
 
-// store names the server that holds key's items under p, as the client's
-// Options.Selector picks it ("memcached 10.0.0.2:11211"; see
-// throttler.Traits), or "" without a Selector. For a fixed window that is
-// the head's server: a window's counter may live on another, and a failure
-// there is blamed on that server (see classify). Every op reaches it.
+// store names the server that holds key's items under p, as the client
+// picks it ("memcached 10.0.0.2:11211"; see throttler.Traits), or "" when
+// the backend cannot see the servers. For a fixed window that is the head's
+// server: a window's counter may live on another, and a failure there is
+// blamed on that server (see classify). Every op reaches it.
 func (b *Backend) store(_ throttler.Op, key string, p throttler.Policy) string {
-	if b.opts.Selector == nil {
+	if b.servers == nil {
 		return ""
 	}
 	return b.serverOf(b.homeItem(key, p))
@@ -740,7 +769,7 @@ func (b *Backend) homeItem(key string, p throttler.Policy) string {
 }
 
 // serverOf names the server of an item, or "" if the selector has none.
-func (b *Backend) serverOf(item string) string { return b.pick(b.opts.Selector, item) }
+func (b *Backend) serverOf(item string) string { return b.pick(b.servers, item) }
 
 // pick names the server of sel that holds item, or "" if sel has none.
 func (b *Backend) pick(sel memcache.ServerSelector, item string) string {
@@ -785,10 +814,10 @@ func (b *Backend) classifyAt(home func() string, err error) error {
 // network error when it is one of the selector's servers (a call may reach
 // two: a head and a counter), else the server of the call's first item.
 func (b *Backend) failedServer(home func() string, err error) string {
-	if b.opts.Selector == nil {
+	if b.servers == nil {
 		return ""
 	}
-	return b.serverIn(b.opts.Selector, home, err)
+	return b.serverIn(b.servers, home, err)
 }
 
 // serverIn names the server of sel that a failure came from (see

@@ -38,10 +38,27 @@ func pick(t *testing.T, sel memcache.ServerSelector, item string) net.Addr {
 }
 
 // Store names the server of the item every call on the key reads first:
-// the head of a fixed window, the state item of the other algorithms.
+// the head of a fixed window, the state item of the other algorithms. The
+// client's own servers name it when the Options give no Selector, so that
+// the client of the package doc gets a breaker per server.
 func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 	sel := twoServers(t)
-	b := mustNew(t, newFakeClient(), &Options{Selector: sel})
+	servers := []string{"127.0.0.1:1", "127.0.0.1:2"}
+	for name, b := range map[string]*Backend{
+		"Options.Selector": mustNew(t, newFakeClient(), &Options{Selector: sel}),
+		"memcache.New":     mustNew(t, memcache.New(servers...), nil),
+	} {
+		t.Run(name, func(t *testing.T) { assertStoresNamed(t, b, sel) })
+	}
+	if got := mustNew(t, newFakeClient(), nil).store(throttler.OpTake, "k", throttler.PerMinute(1)); got != "" {
+		t.Errorf("a Client whose servers cannot be seen, without a Selector: Store %q, want one store", got)
+	}
+}
+
+// assertStoresNamed checks that b names, for each key, the server sel picks
+// for the key's first item, and that both servers are named.
+func assertStoresNamed(t *testing.T, b *Backend, sel memcache.ServerSelector) {
+	t.Helper()
 	seen := map[string]bool{}
 	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket} {
 		p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute, Algorithm: alg}
@@ -61,9 +78,6 @@ func TestStoreNamesTheServerOfTheKeysItems(t *testing.T) {
 	}
 	if len(seen) != 2 {
 		t.Errorf("servers named %v, want both", seen)
-	}
-	if got := mustNew(t, newFakeClient(), nil).store(throttler.OpTake, "k", throttler.PerMinute(1)); got != "" {
-		t.Errorf("without a Selector: Store %q, want one store", got)
 	}
 }
 
