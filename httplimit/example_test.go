@@ -175,9 +175,9 @@ func Example_embed() {
 		log.Fatal(err)
 	}
 	// A policy is a limit and the algorithm that counts it (docs/algorithms.md).
-	core := throttler.PerHour(5000).Named("core")                                         // fixed window, GitHub's
-	partner := throttler.PerSecond(100).With(throttler.SlidingLog).Named("partner")       // at most 100 in any second
-	inflight := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute} // 2 at once; a lease lasts 1m at most
+	core := throttler.PerHour(5000).Named("core")                                            // fixed window, GitHub's
+	partner := throttler.PerSecond(100).WithAlgorithm(throttler.SlidingLog).Named("partner") // at most 100 in any second
+	inflight := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute}    // 2 at once; a lease lasts 1m at most
 
 	// HTTP middleware: at most 2 requests of a user in flight, then 5000 an hour, counted when a
 	// request starts and refunded for a 304. A refusal is a 429 with Retry-After.

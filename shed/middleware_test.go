@@ -354,7 +354,7 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 // window's count still weighs), and a client returning then is admitted.
 func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	now := t0.Add(30 * time.Second) // halfway through an epoch-aligned minute
-	serve := rateLimited(t, throttler.PerMinute(2).With(throttler.SlidingWindow), func() time.Time { return now })
+	serve := rateLimited(t, throttler.PerMinute(2).WithAlgorithm(throttler.SlidingWindow), func() time.Time { return now })
 	serve()
 	serve()
 	w := serve()

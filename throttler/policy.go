@@ -88,9 +88,10 @@ func (p Policy) Named(name string) Policy {
 	return p
 }
 
-// With returns a copy of p counted by a, for example
-// PerSecond(10).With(TokenBucket).
-func (p Policy) With(a Algorithm) Policy {
+// WithAlgorithm returns a copy of p counted by a, for example
+// PerMinute(600).WithAlgorithm(SlidingLog). Each WithX method returns a
+// copy of p with its field X set.
+func (p Policy) WithAlgorithm(a Algorithm) Policy {
 	p.Algorithm = a
 	return p
 }

@@ -123,15 +123,15 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 	}{
 		{"fixed window", throttler.PerMinute(2), []step{{0, 2}}, 1, time.Minute},
 		{"fixed window, later", throttler.PerMinute(2), []step{{0, 1}, {15 * time.Second, 1}}, 1, 45 * time.Second},
-		{"token bucket", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 1, 100 * time.Millisecond},
-		{"token bucket, n=3", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 3, 300 * time.Millisecond},
+		{"token bucket", throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket), []step{{0, 10}}, 1, 100 * time.Millisecond},
+		{"token bucket, n=3", throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket), []step{{0, 10}}, 3, 300 * time.Millisecond},
 		{"token bucket, burst", throttler.PerSecond(10).WithBurst(20), []step{{0, 15}}, 8, 300 * time.Millisecond},
-		{"sliding log", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 1, 40 * time.Second},
-		{"sliding log, n=2", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 2, 50 * time.Second},
+		{"sliding log", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 1, 40 * time.Second},
+		{"sliding log, n=2", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 2, 50 * time.Second},
 		// waitT0 is 7s into an epoch-aligned minute: the next window starts
 		// in 53s, where the previous 10 still weigh ceil(10*54/60) = 9 at
 		// 6s into it, so 1 fits 59s after waitT0.
-		{"sliding window", throttler.PerMinute(10).With(throttler.SlidingWindow), []step{{0, 10}}, 1, 59 * time.Second},
+		{"sliding window", throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow), []step{{0, 10}}, 1, 59 * time.Second},
 	}
 	for _, b := range waitBackends {
 		for _, tc := range tests {
@@ -370,8 +370,8 @@ func TestWaitRefusesBadInputAtOnce(t *testing.T) {
 		{"negative cost", "k", throttler.PerMinute(3), -1, throttler.ErrInvalidCost},
 		{"fixed window above limit", "k", throttler.PerMinute(3), 4, throttler.ErrInvalidCost},
 		{"token bucket above burst", "k", throttler.PerSecond(10).WithBurst(5), 6, throttler.ErrInvalidCost},
-		{"sliding log above limit", "k", throttler.PerMinute(3).With(throttler.SlidingLog), 4, throttler.ErrInvalidCost},
-		{"sliding window above limit", "k", throttler.PerMinute(3).With(throttler.SlidingWindow), 4, throttler.ErrInvalidCost},
+		{"sliding log above limit", "k", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), 4, throttler.ErrInvalidCost},
+		{"sliding window above limit", "k", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingWindow), 4, throttler.ErrInvalidCost},
 		{"empty key", "", throttler.PerMinute(3), 1, throttler.ErrInvalidKey},
 		{"invalid policy", "k", throttler.PerMinute(0), 1, throttler.ErrInvalidPolicy},
 	} {
