@@ -280,9 +280,9 @@ func TestMiddlewareErrors(t *testing.T) {
 	}
 }
 
-// TestMiddlewareClientGone: a request whose client has gone while its
-// store call ran is answered 499 by whichever limiter asked the store, the
-// fleet shedder as the limits: one mapping (httplimit.Error) for all, where
+// TestMiddlewareClientGone: a request whose client has gone while its store
+// call ran is answered 499 by whichever limiter asked the store, the fleet
+// shedder as the limits: one mapping (httplimit.WriteError) for all, where
 // the chain used to answer 503 and the rate limit 400.
 func TestMiddlewareClientGone(t *testing.T) {
 	g := newRig(t, failClosed)

@@ -185,7 +185,7 @@ func newHandler(eps []endpoint, sh shedding, clock func() time.Time, logger *log
 			for _, p := range limits(e.p) {
 				d, err := th.Peek(r.Context(), k, p)
 				if err != nil { // a key the store refuses (400), a store down while failing closed (503)
-					httplimit.Error(w, r, err)
+					httplimit.WriteError(w, r, err)
 					return
 				}
 				resources[p.Name] = map[string]any{
