@@ -74,10 +74,10 @@ func PerDay(n int64) Policy { return Policy{Limit: n, Window: 24 * time.Hour} }
 // Every returns an unnamed policy that admits one unit per interval: a
 // TokenBucket of capacity 1 that one token per interval refills, so
 // consecutive admissions are at least interval apart and a denied caller
-// waits only for the rest of the interval. Every(interval).WithBurst(b)
-// is golang.org/x/time/rate's NewLimiter(rate.Every(interval), b). The
-// interval is a Window: a whole number of milliseconds, at least one
-// (Validate says why another is not).
+// waits only for the rest of the interval. With a burst of b (at least 1),
+// Every(interval).WithBurst(b) is golang.org/x/time/rate's
+// NewLimiter(rate.Every(interval), b). The interval is a Window: a whole
+// number of milliseconds, at least one (Validate says why another is not).
 func Every(interval time.Duration) Policy {
 	return Policy{Limit: 1, Window: interval, Algorithm: TokenBucket}
 }
