@@ -57,8 +57,8 @@ var redisAlgorithmTakes = []struct {
 	fill int
 }{
 	{"fixed-window", throttler.PerSecond(1 << 40).Named("bench"), 0},
-	{"token-bucket", throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench"), 0},
-	{"sliding-window", throttler.PerSecond(1 << 40).With(throttler.SlidingWindow).Named("bench"), 0},
+	{"token-bucket", throttler.PerSecond(1 << 40).WithAlgorithm(throttler.TokenBucket).Named("bench"), 0},
+	{"sliding-window", throttler.PerSecond(1 << 40).WithAlgorithm(throttler.SlidingWindow).Named("bench"), 0},
 	{"sliding-log-100", throttler.Policy{Name: "bench100", Limit: 100, Window: 100 * time.Millisecond, Algorithm: throttler.SlidingLog}, 100},
 	{"sliding-log-10000", throttler.Policy{Name: "bench10k", Limit: throttler.MaxLogLimit, Window: 10 * time.Second, Algorithm: throttler.SlidingLog}, throttler.MaxLogLimit},
 }
@@ -338,7 +338,7 @@ var redisBucketKeys = sync.OnceValue(func() []string {
 func BenchmarkRedisTokenBucketVsRedisRate(b *testing.B) {
 	addr := redisServe(b)
 	ctx := context.Background()
-	p := throttler.PerSecond(1 << 40).With(throttler.TokenBucket).Named("bench")
+	p := throttler.PerSecond(1 << 40).WithAlgorithm(throttler.TokenBucket).Named("bench")
 	rateLimit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
 	keys := redisBucketKeys()
 	const stride = 7919 // prime, coprime with len(keys)

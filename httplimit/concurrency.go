@@ -22,7 +22,7 @@ import (
 // Name, if any), naming in -Reset the instant Retry-After does. An
 // admitted request gets no header from Concurrency: the X-RateLimit-*
 // headers of a success are those of a Rate after it. A request that could
-// not be decided is answered by OnError (Error by default).
+// not be decided is answered by OnError (WriteError by default).
 //
 // It returns an error, naming what is wrong, for a Throttler whose backend
 // holds no leases (throttler.Throttler.SupportsLeases; one New did not

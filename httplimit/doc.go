@@ -11,7 +11,7 @@
 //
 // Both name the client with a KeyFunc (KeyByHeader, KeyByRemoteIP, or your
 // own), refuse a misconfiguration when they are built, and answer a request
-// they could not decide with Error (or Options.OnError). On one route,
+// they could not decide with WriteError (or Options.OnError). On one route,
 // Concurrency goes first, so that a request refused for being one too many
 // in flight is not counted against the rate:
 //
@@ -51,12 +51,12 @@
 //
 // # Errors
 //
-// Error maps what went wrong to whose it is: 400 for a request that names
-// no usable client key, 499 for a client that has gone, 503 with
+// WriteError maps what went wrong to whose it is: 400 for a request that
+// names no usable client key, 499 for a client that has gone, 503 with
 // Retry-After: 1 for a store that failed while the Throttler fails closed
 // or a request whose deadline passed, 500 for anything else. Its answers
 // hold the status text alone: errors can hold the client's key, so they go
 // to the Throttler's Observe and your logs, never to the client. Keys that
-// are secrets (API tokens) are best hashed by the KeyFunc before they
-// reach a store (see ExampleKeyFunc_hashed).
+// are secrets (API tokens) are best hashed by the KeyFunc before they reach
+// a store (see ExampleKeyFunc_hashed).
 package httplimit

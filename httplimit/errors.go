@@ -12,12 +12,12 @@ import (
 // went away before its answer.
 const statusClientClosedRequest = 499
 
-// Error answers a request that a middleware could not decide, with a status
-// and its text alone: err may hold the client's key (often an API token or
-// an e-mail address) and internal detail, which never belong in a response,
-// so log it in an OnError of your own and then call Error. It is the
-// default Options.OnError, and package shed answers its shedders' errors
-// with it. The status says whose the failure is:
+// WriteError answers a request that a middleware could not decide, with a
+// status and its text alone: err may hold the client's key (often an API
+// token or an e-mail address) and internal detail, which never belong in a
+// response, so log it in an OnError of your own and then call WriteError.
+// It is the default Options.OnError, and package shed answers its shedders'
+// errors with it. The status says whose the failure is:
 //
 //   - 400 Bad Request: the request names no client (ErrNoKey) or a key the
 //     store refuses (throttler.IsInputError: empty, too long); a retry of
@@ -35,7 +35,7 @@ const statusClientClosedRequest = 499
 //
 // A client error is checked first (a bad key stays 400 whatever else
 // happened), then the client's departure.
-func Error(w http.ResponseWriter, r *http.Request, err error) {
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	status := statusOf(r, err)
 	text := http.StatusText(status)
 	switch status {
@@ -47,7 +47,7 @@ func Error(w http.ResponseWriter, r *http.Request, err error) {
 	http.Error(w, text, status)
 }
 
-// statusOf is Error's status for err, met while deciding r.
+// statusOf is WriteError's status for err, met while deciding r.
 func statusOf(r *http.Request, err error) int {
 	switch ctxErr := r.Context().Err(); {
 	case errors.Is(err, ErrNoKey) || throttler.IsInputError(err):

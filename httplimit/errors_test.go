@@ -21,11 +21,11 @@ import (
 const failOpen, failClosed = false, true
 
 // TestErrorStatuses: both middlewares answer a request they could not
-// decide through the one mapping of Error: 400 for the client's mistake,
-// 499 for a client that has gone (whatever the failure mode), 503 with
-// Retry-After: 1 for a store that failed while failing closed or a request
-// whose deadline passed. The stores fail a call whose context is done, as
-// a network store does.
+// decide through the one mapping of WriteError: 400 for the client's
+// mistake, 499 for a client that has gone (whatever the failure mode), 503
+// with Retry-After: 1 for a store that failed while failing closed or a
+// request whose deadline passed. The stores fail a call whose context is
+// done, as a network store does.
 func TestErrorStatuses(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -89,7 +89,7 @@ func TestErrorStatuses(t *testing.T) {
 // An error no limit returns is the server's: 500, without Retry-After.
 func TestErrorUnknown(t *testing.T) {
 	w := httptest.NewRecorder()
-	httplimit.Error(w, httptest.NewRequest(http.MethodGet, "/", nil), errors.New("secret detail"))
+	httplimit.WriteError(w, httptest.NewRequest(http.MethodGet, "/", nil), errors.New("secret detail"))
 	assert.Equal(t, http.StatusInternalServerError, w.Code)
 	assert.Equal(t, "Internal Server Error\n", w.Body.String())
 	assert.Empty(t, w.Header().Get("Retry-After"))

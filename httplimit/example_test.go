@@ -157,6 +157,33 @@ func ExampleKeyFunc_hashed() {
 	// tok:4e738ca5563c06cfd0018299933d58db
 }
 
+// An OnError of your own logs what went wrong, which may hold the key,
+// and answers with WriteError, which writes the status alone.
+func ExampleWriteError() {
+	store, err := memory.New(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	th, err := throttler.New(store, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	logAndAnswer := func(w http.ResponseWriter, r *http.Request, err error) {
+		fmt.Println("log:", err) // your logger
+		httplimit.WriteError(w, r, err)
+	}
+	mw, err := httplimit.Rate(th, throttler.PerDay(1000), httplimit.KeyByHeader("X-User-ID"), &httplimit.Options{OnError: logAndAnswer})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	mw(http.NotFoundHandler()).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) // no X-User-ID
+	fmt.Print(w.Code, " ", w.Body.String())
+	// Output:
+	// log: httplimit: request has no client key: header X-User-ID is empty
+	// 400 Bad Request
+}
+
 // The README's "Embed it", run as it is written there (TestReadmeEmbedIt
 // keeps the two the same): a concurrency limit and a rate limit on one
 // route, and a limit asked directly.
@@ -175,9 +202,9 @@ func Example_embed() {
 		log.Fatal(err)
 	}
 	// A policy is a limit and the algorithm that counts it (docs/algorithms.md).
-	core := throttler.PerHour(5000).Named("core")                                         // fixed window, GitHub's
-	partner := throttler.PerSecond(100).With(throttler.SlidingLog).Named("partner")       // at most 100 in any second
-	inflight := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute} // 2 at once; a lease lasts 1m at most
+	core := throttler.PerHour(5000).Named("core")                                            // fixed window, GitHub's
+	partner := throttler.PerSecond(100).WithAlgorithm(throttler.SlidingLog).Named("partner") // at most 100 in any second
+	inflight := throttler.ConcurrencyPolicy{Name: "inflight", Limit: 2, TTL: time.Minute}    // 2 at once; a lease lasts 1m at most
 
 	// HTTP middleware: at most 2 requests of a user in flight, then 5000 an hour, counted when a
 	// request starts and refunded for a 304. A refusal is a 429 with Retry-After.

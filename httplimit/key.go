@@ -8,7 +8,7 @@ import (
 )
 
 // KeyFunc names the client a request counts against. An error answers the
-// request with 400 (see Error) and counts nothing.
+// request with 400 (see WriteError) and counts nothing.
 type KeyFunc func(*http.Request) (string, error)
 
 // ErrNoKey wraps a KeyFunc's error (unless the KeyFunc wrapped it already):

@@ -26,7 +26,7 @@ type Options struct {
 	// OnError answers a request that could not be decided: a KeyFunc's
 	// error, a key the store refuses, a failing store when the Throttler
 	// fails closed, a client that has gone. err may hold the client's key:
-	// log it, never write it to the response. default: Error, which maps
+	// log it, never write it to the response. default: WriteError, which maps
 	// each to its status
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// OnReleaseError, if set, is told of a Concurrency lease whose release
@@ -62,7 +62,7 @@ func (o *Options) withDefaults() (Options, error) {
 		out.Refundable = func(status int) bool { return status == http.StatusNotModified }
 	}
 	if out.OnError == nil {
-		out.OnError = Error
+		out.OnError = WriteError
 	}
 	return out, nil
 }

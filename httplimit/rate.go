@@ -23,7 +23,7 @@ import (
 // stating the rate, and never reaches the handler. A key that p runs in dry
 // run (throttler.Policy.EnforcedBy) is never refused, and gets no
 // X-RateLimit-* headers unless Options.DryRunHeaders asks for them. A request that could
-// not be decided is answered by OnError (Error by default).
+// not be decided is answered by OnError (WriteError by default).
 //
 // It returns an error, naming what is wrong, for a nil Throttler, an
 // invalid policy, a nil key function or bad options: a server

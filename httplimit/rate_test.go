@@ -487,9 +487,9 @@ func TestRateDeniedBodyStatesTheRate(t *testing.T) {
 		want string
 	}{
 		{throttler.PerHour(2), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
-		{throttler.PerHour(2).With(throttler.TokenBucket), "rate limit exceeded: 2 per 1h0m0s; retry in 1800s\n"},
+		{throttler.PerHour(2).WithAlgorithm(throttler.TokenBucket), "rate limit exceeded: 2 per 1h0m0s; retry in 1800s\n"},
 		{throttler.PerHour(2).WithBurst(5), "rate limit exceeded: 2 per 1h0m0s, burst 5; retry in 1800s\n"},
-		{throttler.PerHour(2).With(throttler.SlidingLog), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
+		{throttler.PerHour(2).WithAlgorithm(throttler.SlidingLog), "rate limit exceeded: 2 per 1h0m0s; retry in 3600s\n"},
 	} {
 		th := newThrottler(t, newMemory(t), &throttler.Options{Clock: func() time.Time { return t0 }})
 		h := newRate(t, th, tc.p, httplimit.KeyByHeader("X-Client"), nil)(etagHandler)
@@ -521,15 +521,15 @@ func TestRateResetAdmitsTheClientThatReturns(t *testing.T) {
 	}{
 		{"fixed window, last admitted", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 10 * s, 61 * s},
 		{"fixed window, denied", throttler.PerMinute(2), []time.Duration{250 * ms, 10 * s}, 20*s + 700*ms, 61 * s},
-		{"token bucket, last admitted", throttler.PerMinute(2).With(throttler.TokenBucket), []time.Duration{0, 0}, 0, 60 * s},
+		{"token bucket, last admitted", throttler.PerMinute(2).WithAlgorithm(throttler.TokenBucket), []time.Duration{0, 0}, 0, 60 * s},
 		{"token bucket, denied", throttler.PerMinute(2).WithBurst(3), []time.Duration{0, 0, 0}, 700 * ms, 90 * s},
-		{"sliding log, last admitted", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 20 * s, 80 * s},
-		{"sliding log, denied", throttler.PerMinute(2).With(throttler.SlidingLog), []time.Duration{0, 20 * s}, 30*s + 300*ms, 80 * s},
-		{"sliding window, last admitted", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23 * s, 83 * s},
-		{"sliding window, denied", throttler.PerMinute(2).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23*s + 400*ms, 83 * s},
-		{"sliding window, denied in the next window", throttler.PerMinute(3).With(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s, 23 * s}, 53*s + 100*ms, 113 * s},
-		{"sliding window of 1, denied", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23*s + 1*ms, 113 * s},
-		{"sliding window of 1, last admitted", throttler.PerMinute(1).With(throttler.SlidingWindow), []time.Duration{23 * s}, 23 * s, 113 * s},
+		{"sliding log, last admitted", throttler.PerMinute(2).WithAlgorithm(throttler.SlidingLog), []time.Duration{0, 20 * s}, 20 * s, 80 * s},
+		{"sliding log, denied", throttler.PerMinute(2).WithAlgorithm(throttler.SlidingLog), []time.Duration{0, 20 * s}, 30*s + 300*ms, 80 * s},
+		{"sliding window, last admitted", throttler.PerMinute(2).WithAlgorithm(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23 * s, 83 * s},
+		{"sliding window, denied", throttler.PerMinute(2).WithAlgorithm(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s}, 23*s + 400*ms, 83 * s},
+		{"sliding window, denied in the next window", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingWindow), []time.Duration{23 * s, 23 * s, 23 * s}, 53*s + 100*ms, 113 * s},
+		{"sliding window of 1, denied", throttler.PerMinute(1).WithAlgorithm(throttler.SlidingWindow), []time.Duration{23 * s}, 23*s + 1*ms, 113 * s},
+		{"sliding window of 1, last admitted", throttler.PerMinute(1).WithAlgorithm(throttler.SlidingWindow), []time.Duration{23 * s}, 23 * s, 113 * s},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -44,8 +44,8 @@ func TestMemcachedCompositeExactness(t *testing.T) {
 		{throttler.PerMinute(300).Named("ce-m"), throttler.PerHour(500).Named("ce-h")},
 		{
 			throttler.PerHour(10).WithBurst(200).Named("ce-tb"),
-			throttler.PerHour(260).With(throttler.SlidingLog).Named("ce-sl"),
-			throttler.PerHour(230).With(throttler.SlidingWindow).Named("ce-sw"),
+			throttler.PerHour(260).WithAlgorithm(throttler.SlidingLog).Named("ce-sl"),
+			throttler.PerHour(230).WithAlgorithm(throttler.SlidingWindow).Named("ce-sw"),
 		},
 	} {
 		t.Run(members[0].Algorithm.String(), func(t *testing.T) {
@@ -132,8 +132,8 @@ func TestMemcachedCompositeDeniedWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
-			spent := throttler.PerMinute(3).With(alg).Named("dw-" + alg.String())
-			open := throttler.PerHour(50).With(throttler.SlidingWindow).Named("dw-open")
+			spent := throttler.PerMinute(3).WithAlgorithm(alg).Named("dw-" + alg.String())
+			open := throttler.PerHour(50).WithAlgorithm(throttler.SlidingWindow).Named("dw-open")
 			// A key whose two members' first items are on two servers.
 			store := throttler.TraitsOf(b).Store
 			var key string

@@ -286,8 +286,8 @@ var rampCases = []struct {
 	// One token per 15 s into a bucket of 6: a stage of 48 s refills
 	// about 3 tokens, and clients ask for 12 units.
 	{"token bucket", throttler.Policy{Name: "ramp", Limit: 4, Window: time.Minute}.WithBurst(6), rampBucketBound},
-	{"sliding log", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.With(throttler.SlidingLog), rampLogBound},
-	{"sliding window", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.With(throttler.SlidingWindow), rampWindowBound},
+	{"sliding log", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.WithAlgorithm(throttler.SlidingLog), rampLogBound},
+	{"sliding window", throttler.Policy{Name: "ramp", Limit: 6, Window: time.Minute}.WithAlgorithm(throttler.SlidingWindow), rampWindowBound},
 }
 
 // TestMigrationRampAlgorithms: for a token bucket, a sliding log and a

@@ -30,8 +30,8 @@ import (
 var redisCompositeMembers = []throttler.Policy{
 	throttler.PerMinute(50).Named("x-fw"),
 	throttler.PerHour(10).WithBurst(60).Named("x-tb"),
-	throttler.PerHour(90).With(throttler.SlidingLog).Named("x-sl"),
-	throttler.PerHour(70).With(throttler.SlidingWindow).Named("x-sw"),
+	throttler.PerHour(90).WithAlgorithm(throttler.SlidingLog).Named("x-sl"),
+	throttler.PerHour(70).WithAlgorithm(throttler.SlidingWindow).Named("x-sw"),
 }
 
 // redisCompositeExact makes 64 goroutines, spread over several backends
@@ -276,9 +276,9 @@ func redisMoveToTagByKey(t *testing.T, c redis.Client) {
 	require.False(t, m.Traits().Composites, "the old layout takes none, so neither does the move")
 	policies := []throttler.Policy{
 		throttler.PerMinute(10).Named("mv-fw"),
-		throttler.PerMinute(10).With(throttler.TokenBucket).Named("mv-tb"),
-		throttler.PerMinute(10).With(throttler.SlidingLog).Named("mv-sl"),
-		throttler.PerMinute(10).With(throttler.SlidingWindow).Named("mv-sw"),
+		throttler.PerMinute(10).WithAlgorithm(throttler.TokenBucket).Named("mv-tb"),
+		throttler.PerMinute(10).WithAlgorithm(throttler.SlidingLog).Named("mv-sl"),
+		throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow).Named("mv-sw"),
 	}
 	keys := []string{"alice", "bob", "carol", "dave"}
 	for _, k := range keys {

@@ -788,9 +788,9 @@ func TestAgainstThrottlekitsMiddleware(t *testing.T) {
 		third time.Duration // after t0: when the third call is served
 	}{
 		{throttler.PerMinute(2), time.Minute},
-		{throttler.PerMinute(2).With(throttler.TokenBucket), time.Minute},
-		{throttler.PerMinute(2).With(throttler.SlidingLog), time.Minute},
-		{throttler.PerMinute(2).With(throttler.SlidingWindow), 83 * time.Second},
+		{throttler.PerMinute(2).WithAlgorithm(throttler.TokenBucket), time.Minute},
+		{throttler.PerMinute(2).WithAlgorithm(throttler.SlidingLog), time.Minute},
+		{throttler.PerMinute(2).WithAlgorithm(throttler.SlidingWindow), 83 * time.Second},
 	} {
 		for _, ietf := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%v/ietf=%v", tc.p.Algorithm, ietf), func(t *testing.T) {

@@ -60,7 +60,7 @@ type Options struct {
 	// OnError answers a request the fleet shedder could not decide (its
 	// Throttler failed while failing closed, or the client has gone). err
 	// may hold internal detail: log it, never write it to the response.
-	// default: httplimit.Error, the statuses of every limit's errors
+	// default: httplimit.WriteError, the statuses of every limit's errors
 	OnError func(w http.ResponseWriter, r *http.Request, err error)
 	// OnReleaseError, if set, is told of a fleet lease whose release failed
 	// (it stops counting after its TTL anyway). default: none
@@ -81,8 +81,8 @@ type Options struct {
 //     the limit that refused; Rate sets its headers on every response).
 //
 // A request one of them could not decide is answered by that limiter's
-// OnError (httplimit.Error by default), with HeaderLimiter naming it. An
-// admitted request counts in the worker shedder, and holds its leases,
+// OnError (httplimit.WriteError by default), with HeaderLimiter naming it.
+// An admitted request counts in the worker shedder, and holds its leases,
 // until the handler returns, also when it panics. Middleware returns an
 // error, naming what is wrong, for a configuration that cannot work: no
 // limiter, a shedder its constructor did not build, or a classification
@@ -98,7 +98,7 @@ func Middleware(o *Options) (func(http.Handler) http.Handler, error) {
 	m := &chain{classify: classify, worker: o.Worker, fleet: o.Fleet, conc: o.Concurrency, rate: o.Rate,
 		onError: o.OnError, onReleaseError: o.OnReleaseError}
 	if m.onError == nil {
-		m.onError = httplimit.Error
+		m.onError = httplimit.WriteError
 	}
 	if m.worker != nil && m.worker.random == nil {
 		return nil, errors.New("shed: Options.Worker was not built by NewWorker")

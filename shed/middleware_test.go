@@ -280,9 +280,9 @@ func TestMiddlewareErrors(t *testing.T) {
 	}
 }
 
-// TestMiddlewareClientGone: a request whose client has gone while its
-// store call ran is answered 499 by whichever limiter asked the store, the
-// fleet shedder as the limits: one mapping (httplimit.Error) for all, where
+// TestMiddlewareClientGone: a request whose client has gone while its store
+// call ran is answered 499 by whichever limiter asked the store, the fleet
+// shedder as the limits: one mapping (httplimit.WriteError) for all, where
 // the chain used to answer 503 and the rate limit 400.
 func TestMiddlewareClientGone(t *testing.T) {
 	g := newRig(t, failClosed)
@@ -354,7 +354,7 @@ func TestMiddlewareBuildErrors(t *testing.T) {
 // window's count still weighs), and a client returning then is admitted.
 func TestMiddlewareRateResetAgreesWithRetryAfter(t *testing.T) {
 	now := t0.Add(30 * time.Second) // halfway through an epoch-aligned minute
-	serve := rateLimited(t, throttler.PerMinute(2).With(throttler.SlidingWindow), func() time.Time { return now })
+	serve := rateLimited(t, throttler.PerMinute(2).WithAlgorithm(throttler.SlidingWindow), func() time.Time { return now })
 	serve()
 	serve()
 	w := serve()

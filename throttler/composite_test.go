@@ -21,8 +21,8 @@ func TestCompositeValidate(t *testing.T) {
 		ok   bool
 	}{
 		{"two named policies", throttler.All(s, h), true},
-		{"four, every algorithm", throttler.All(s, h.With(throttler.TokenBucket), h.With(throttler.SlidingLog),
-			h.With(throttler.SlidingWindow)), true},
+		{"four, every algorithm", throttler.All(s, h.WithAlgorithm(throttler.TokenBucket), h.WithAlgorithm(throttler.SlidingLog),
+			h.WithAlgorithm(throttler.SlidingWindow)), true},
 		{"two unnamed policies of different definitions", throttler.All(throttler.PerSecond(1), throttler.PerSecond(2)), true},
 		{"five", throttler.All(s, h, s.Named("a"), s.Named("b"), s.Named("c")), false},
 		{"none", throttler.All(), false},
@@ -31,7 +31,7 @@ func TestCompositeValidate(t *testing.T) {
 		{"nested", throttler.All(throttler.All(s, h), throttler.PerMinute(1)), false},
 		{"an invalid member", throttler.All(s, throttler.PerHour(0)), false},
 		{"a name on the composite", throttler.All(s, h).Named("login"), false},
-		{"an algorithm on the composite", throttler.All(s, h).With(throttler.SlidingLog), false},
+		{"an algorithm on the composite", throttler.All(s, h).WithAlgorithm(throttler.SlidingLog), false},
 	} {
 		err := tt.p.Validate()
 		if tt.ok {

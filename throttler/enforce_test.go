@@ -79,8 +79,8 @@ func policiesOfEveryAlgorithm() []throttler.Policy {
 	return []throttler.Policy{
 		throttler.PerMinute(3).Named("api"),
 		throttler.PerMinute(3).Named("api").WithBurst(5),
-		throttler.PerMinute(3).Named("api").With(throttler.SlidingLog),
-		throttler.PerMinute(3).Named("api").With(throttler.SlidingWindow),
+		throttler.PerMinute(3).Named("api").WithAlgorithm(throttler.SlidingLog),
+		throttler.PerMinute(3).Named("api").WithAlgorithm(throttler.SlidingWindow),
 		throttler.PerMinute(3), // unnamed: the identity is the definition
 	}
 }

@@ -43,6 +43,34 @@ func ExamplePolicy() {
 	// throttler: invalid policy: limit must be between 1 and 2^48, got 0
 }
 
+func ExampleEvery() {
+	store, err := memory.New(nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	now := time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)
+	th, err := throttler.New(store, &throttler.Options{Clock: func() time.Time { return now }})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// One request per 200ms, as rate.NewLimiter(rate.Every(200*time.Millisecond), 1).
+	p := throttler.Every(200 * time.Millisecond)
+	fmt.Println(p)
+	for _, after := range []time.Duration{0, 50 * time.Millisecond, 150 * time.Millisecond} {
+		now = now.Add(after)
+		d, err := th.Allow(context.Background(), "alice", p)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("+%v: allowed=%v retry in %v\n", after, d.Allowed, d.RetryAfter)
+	}
+	// Output:
+	// 1 per 200ms (token-bucket, burst 1)
+	// +0s: allowed=true retry in 0s
+	// +50ms: allowed=false retry in 150ms
+	// +150ms: allowed=true retry in 0s
+}
+
 func ExampleNew() {
 	// A configuration that cannot work is an error, never a Throttler that
 	// fails every call and lets everything through.

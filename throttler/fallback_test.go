@@ -34,8 +34,8 @@ func TestFallbackStint(t *testing.T) {
 	}{
 		{"fixed window", throttler.PerMinute(10), time.Minute},
 		{"named fixed window", throttler.PerMinute(10).Named("api"), time.Minute},
-		{"sliding log", throttler.PerMinute(10).With(throttler.SlidingLog), time.Minute},
-		{"sliding window", throttler.PerMinute(10).With(throttler.SlidingWindow), 2 * time.Minute},
+		{"sliding log", throttler.PerMinute(10).WithAlgorithm(throttler.SlidingLog), time.Minute},
+		{"sliding window", throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow), 2 * time.Minute},
 		{"token bucket", throttler.PerMinute(10).WithBurst(20), 2 * time.Minute},
 		{"token bucket, burst under the limit", throttler.PerMinute(60).WithBurst(3), 3 * time.Second},
 		{"composite", throttler.All(throttler.PerSecond(2).Named("s"), throttler.PerMinute(10).Named("m")), time.Minute},
@@ -144,9 +144,9 @@ func TestFallbackShare(t *testing.T) {
 		{"rounded down", 3, throttler.PerMinute(20), 6},
 		{"never below 1", 4, throttler.PerMinute(3), 1},
 		{"named", 4, throttler.PerMinute(20).Named("api"), 5},
-		{"sliding log", 4, throttler.PerMinute(20).With(throttler.SlidingLog), 5},
-		{"sliding window", 4, throttler.PerMinute(20).With(throttler.SlidingWindow), 5},
-		{"token bucket", 4, throttler.PerSecond(20).With(throttler.TokenBucket), 5},
+		{"sliding log", 4, throttler.PerMinute(20).WithAlgorithm(throttler.SlidingLog), 5},
+		{"sliding window", 4, throttler.PerMinute(20).WithAlgorithm(throttler.SlidingWindow), 5},
+		{"token bucket", 4, throttler.PerSecond(20).WithAlgorithm(throttler.TokenBucket), 5},
 		{"token bucket's burst", 4, throttler.PerSecond(10).WithBurst(40), 10},
 		{"composite", 4, throttler.All(throttler.PerSecond(8).Named("s"), throttler.PerMinute(100).Named("m")), 2},
 	}

@@ -67,15 +67,31 @@ func PerMinute(n int64) Policy { return Policy{Limit: n, Window: time.Minute} }
 // PerHour returns an unnamed policy of n units per hour.
 func PerHour(n int64) Policy { return Policy{Limit: n, Window: time.Hour} }
 
+// PerDay returns an unnamed policy of n units per day: a window of 24 hours
+// that opens at the key's first counted request, not at midnight.
+func PerDay(n int64) Policy { return Policy{Limit: n, Window: 24 * time.Hour} }
+
+// Every returns an unnamed policy that admits one unit per interval: a
+// TokenBucket of capacity 1 that one token per interval refills, so
+// consecutive admissions are at least interval apart and a denied caller
+// waits only for the rest of the interval. With a burst of b (at least 1),
+// Every(interval).WithBurst(b) is golang.org/x/time/rate's
+// NewLimiter(rate.Every(interval), b). The interval is a Window: a whole
+// number of milliseconds, at least one (Validate says why another is not).
+func Every(interval time.Duration) Policy {
+	return Policy{Limit: 1, Window: interval, Algorithm: TokenBucket}
+}
+
 // Named returns a copy of p with the given name.
 func (p Policy) Named(name string) Policy {
 	p.Name = name
 	return p
 }
 
-// With returns a copy of p counted by a, for example
-// PerSecond(10).With(TokenBucket).
-func (p Policy) With(a Algorithm) Policy {
+// WithAlgorithm returns a copy of p counted by a, for example
+// PerMinute(600).WithAlgorithm(SlidingLog). Each WithX method returns a
+// copy of p with its field X set.
+func (p Policy) WithAlgorithm(a Algorithm) Policy {
 	p.Algorithm = a
 	return p
 }

@@ -28,12 +28,12 @@ func TestRefundBoundToWhatCountedTheUnits(t *testing.T) {
 	}{
 		{"fixed window, open", throttler.PerSecond(3), 999 * ms, true, 1},
 		{"fixed window, ended at its reset", throttler.PerSecond(3), time.Second, false, 0},
-		{"sliding window, in its window", throttler.PerSecond(3).With(throttler.SlidingWindow), 999 * ms, true, 1},
-		{"sliding window, in the next", throttler.PerSecond(3).With(throttler.SlidingWindow), time.Second, false, 2},
-		{"token bucket, refilling", throttler.PerSecond(3).With(throttler.TokenBucket), 300 * ms, true, 1},
-		{"token bucket, full again", throttler.PerSecond(3).With(throttler.TokenBucket), 667 * ms, false, 0},
-		{"sliding log, entry live", throttler.PerSecond(3).With(throttler.SlidingLog), 999 * ms, true, 1},
-		{"sliding log, entry ended", throttler.PerSecond(3).With(throttler.SlidingLog), time.Second, false, 0},
+		{"sliding window, in its window", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingWindow), 999 * ms, true, 1},
+		{"sliding window, in the next", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingWindow), time.Second, false, 2},
+		{"token bucket, refilling", throttler.PerSecond(3).WithAlgorithm(throttler.TokenBucket), 300 * ms, true, 1},
+		{"token bucket, full again", throttler.PerSecond(3).WithAlgorithm(throttler.TokenBucket), 667 * ms, false, 0},
+		{"sliding log, entry live", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingLog), 999 * ms, true, 1},
+		{"sliding log, entry ended", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingLog), time.Second, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The window-aligned start keeps the sliding window's epoch
@@ -80,11 +80,11 @@ func TestRefundFromAClockBehind(t *testing.T) {
 	}{
 		{"fixed window", throttler.PerSecond(3), 1},
 		// Window K+1 at 100 ms: curr 1 + ceil(2·900/1000).
-		{"sliding window", throttler.PerSecond(3).With(throttler.SlidingWindow), 3},
+		{"sliding window", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingWindow), 3},
 		// Refilled to full by 667 ms; the Take ahead leaves 2 of 3 tokens.
-		{"token bucket", throttler.PerSecond(3).With(throttler.TokenBucket), 1},
+		{"token bucket", throttler.PerSecond(3).WithAlgorithm(throttler.TokenBucket), 1},
 		// The Take ahead dropped the ended entry and logged its own.
-		{"sliding log", throttler.PerSecond(3).With(throttler.SlidingLog), 1},
+		{"sliding log", throttler.PerSecond(3).WithAlgorithm(throttler.SlidingLog), 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Unix(1_900_000_000, 0) // aligned to the counter's windows

@@ -231,6 +231,8 @@ type Throttler struct {
 	callContext func(context.Context, time.Duration) (context.Context, context.CancelFunc)
 	// wait is the world Wait runs in (realWait; tests replace it).
 	wait waitEnv
+	// lanes queues the Wait callers of each key and policy.
+	lanes laneSet
 }
 
 // target is a backend as the Throttler calls it.

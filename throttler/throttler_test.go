@@ -106,15 +106,15 @@ func TestPolicyValidate(t *testing.T) {
 		{throttler.PerSecond(1).Named(strings.Repeat("n", 128)), nil},
 		{throttler.PerSecond(1).Named(strings.Repeat("n", 129)), throttler.ErrInvalidPolicy},
 		// Algorithms and their bounds.
-		{throttler.PerSecond(10).With(throttler.TokenBucket), nil},
+		{throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket), nil},
 		{throttler.PerSecond(10).WithBurst(50), nil},
 		{throttler.PerSecond(10).WithBurst(-1), throttler.ErrInvalidPolicy},
 		{throttler.PerSecond(10).WithBurst(throttler.MaxLimit + 1), throttler.ErrInvalidPolicy},
 		{throttler.Policy{Limit: 10, Window: time.Second, Burst: 5}, throttler.ErrInvalidPolicy},
-		{throttler.PerSecond(10).With(throttler.SlidingLog).WithBurst(5).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
-		{throttler.PerSecond(10).With(throttler.Algorithm(4)), throttler.ErrInvalidPolicy},
-		{throttler.PerSecond(throttler.MaxLogLimit).With(throttler.SlidingLog), nil},
-		{throttler.PerSecond(throttler.MaxLogLimit + 1).With(throttler.SlidingLog), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog).WithBurst(5).WithAlgorithm(throttler.SlidingLog), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(10).WithAlgorithm(throttler.Algorithm(4)), throttler.ErrInvalidPolicy},
+		{throttler.PerSecond(throttler.MaxLogLimit).WithAlgorithm(throttler.SlidingLog), nil},
+		{throttler.PerSecond(throttler.MaxLogLimit + 1).WithAlgorithm(throttler.SlidingLog), throttler.ErrInvalidPolicy},
 		// 2^53 exactly:
 		{throttler.Policy{Limit: 1 << 43, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, nil},
 		{throttler.Policy{Limit: 1<<43 + 1, Window: 1024 * time.Millisecond, Algorithm: throttler.SlidingWindow}, throttler.ErrInvalidPolicy},
@@ -134,9 +134,9 @@ func TestPolicyValidate(t *testing.T) {
 	assert.Equal(t, "core: 5000 per 1h0m0s", throttler.PerHour(5000).Named("core").String())
 	assert.Equal(t, "10 per 1s", throttler.PerSecond(10).String())
 	assert.Equal(t, "10 per 1s (token-bucket, burst 20)", throttler.PerSecond(10).WithBurst(20).String())
-	assert.Equal(t, "api: 3 per 1m0s (sliding-log)", throttler.PerMinute(3).With(throttler.SlidingLog).Named("api").String())
+	assert.Equal(t, "api: 3 per 1m0s (sliding-log)", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog).Named("api").String())
 	assert.Equal(t, int64(20), throttler.PerSecond(10).WithBurst(20).Capacity())
-	assert.Equal(t, int64(10), throttler.PerSecond(10).With(throttler.TokenBucket).Capacity())
+	assert.Equal(t, int64(10), throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket).Capacity())
 	assert.Equal(t, "Algorithm(9)", throttler.Algorithm(9).String())
 }
 
@@ -144,8 +144,8 @@ func TestTakeAboveCapacityIsAnInputError(t *testing.T) {
 	for _, p := range []throttler.Policy{
 		throttler.PerSecond(5),
 		throttler.PerSecond(5).WithBurst(8),
-		throttler.PerSecond(5).With(throttler.SlidingLog),
-		throttler.PerSecond(5).With(throttler.SlidingWindow),
+		throttler.PerSecond(5).WithAlgorithm(throttler.SlidingLog),
+		throttler.PerSecond(5).WithAlgorithm(throttler.SlidingWindow),
 	} {
 		assert.NoError(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity(), time.Time{}), "%v", p)
 		assert.ErrorIs(t, throttler.ValidateCall(throttler.OpTake, "k", p, p.Capacity()+1, time.Time{}), throttler.ErrInvalidCost, "%v", p)
@@ -325,11 +325,11 @@ func TestFailureModes(t *testing.T) {
 func TestDegradedDecisionsReportTheHealthyLimit(t *testing.T) {
 	for _, p := range []throttler.Policy{
 		throttler.PerMinute(10),
-		throttler.PerSecond(10).With(throttler.TokenBucket),
+		throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket),
 		throttler.PerSecond(10).WithBurst(25),
 		throttler.PerSecond(10).WithBurst(4),
-		throttler.PerMinute(10).With(throttler.SlidingLog),
-		throttler.PerMinute(10).With(throttler.SlidingWindow),
+		throttler.PerMinute(10).WithAlgorithm(throttler.SlidingLog),
+		throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow),
 	} {
 		clock := func() time.Time { return t0 }
 		healthy, err := newThrottler(t, newMemory(t), &throttler.Options{Clock: clock}).Allow(context.Background(), "k", p)

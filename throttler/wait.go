@@ -106,7 +106,7 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	if ctx.Err() != nil {
 		return Decision{}, waitEnded(ctx)
 	}
-	k := laneKey{t: t, key: key, p: p}
+	k := laneKey{key: key, p: p}
 	var d Decision
 	var asked time.Time // when d was asked for, on the wall clock
 	denied := false     // d is a denial fresh from the store, to sleep on
@@ -114,7 +114,7 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 	// it: a key in dry run (0) asks at once, never queued behind waiters
 	// of a moment it was enforced, and its denials are admissions.
 	enforced := enforcedParts(key, p)
-	if enforced == 0 || !lanes.busy(k) {
+	if enforced == 0 || !t.lanes.busy(k) {
 		var err error
 		asked = t.wait.now()
 		if d, err = t.AllowN(ctx, key, p, n); err != nil || d.Allowed {
@@ -125,8 +125,8 @@ func (t *Throttler) WaitN(ctx context.Context, key string, p Policy, n int64) (D
 		// Bad input is said at once, not after a turn in the queue.
 		return Decision{}, err
 	}
-	l, head := lanes.join(k)
-	defer lanes.leave(k, l)
+	l, head := t.lanes.join(k)
+	defer t.lanes.leave(k, l)
 	if !head {
 		if denied {
 			// Someone queued while this one asked: its own denial bounds
@@ -308,10 +308,9 @@ func realWait() waitEnv {
 	return waitEnv{now: time.Now, sleep: sleep.Context, jitter: sleep.UpTo}
 }
 
-// laneKey names the waiters that queue together: one key and policy on one
-// Throttler.
+// laneKey names the waiters of one Throttler that queue together: one key
+// and policy.
 type laneKey struct {
-	t   *Throttler
 	key string
 	p   Policy
 }
@@ -322,7 +321,7 @@ type laneKey struct {
 // first served.
 type lane struct {
 	turn    chan struct{} // capacity 1: full while someone holds the turn
-	waiters int           // holding or awaiting the turn; guarded by lanes.mu
+	waiters int           // holding or awaiting the turn; guarded by laneSet.mu
 
 	mu sync.Mutex
 	// head is the head's latest denial with a RetryAfter, for the queued
@@ -340,10 +339,10 @@ type headDenial struct {
 	at   time.Time
 }
 
-// lanes holds a lane for each laneKey with waiters, and only while it has
-// some, so it never outgrows the goroutines waiting.
-var lanes = laneSet{m: map[laneKey]*lane{}}
-
+// laneSet is a Throttler's lanes: one for each laneKey with waiters, and
+// only while it has some, so it never outgrows the goroutines waiting. Each
+// Throttler has its own, so the waiters of one never contend with
+// another's for its lock. The zero laneSet is empty and ready.
 type laneSet struct {
 	mu sync.Mutex
 	m  map[laneKey]*lane
@@ -362,6 +361,9 @@ func (s *laneSet) join(k laneKey) (l *lane, head bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if l = s.m[k]; l == nil {
+		if s.m == nil {
+			s.m = map[laneKey]*lane{}
+		}
 		l = &lane{turn: make(chan struct{}, 1), learned: make(chan struct{})}
 		l.turn <- struct{}{}
 		s.m[k] = l

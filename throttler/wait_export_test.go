@@ -32,17 +32,17 @@ func WaitRandomJitter(bound time.Duration) time.Duration { return sleep.UpTo(bou
 // WaitLaneWaiters is how many goroutines queue in the lane of key and p on
 // t: 0 when there is no lane.
 func WaitLaneWaiters(t *Throttler, key string, p Policy) int {
-	lanes.mu.Lock()
-	defer lanes.mu.Unlock()
-	if l := lanes.m[laneKey{t: t, key: key, p: p}]; l != nil {
+	t.lanes.mu.Lock()
+	defer t.lanes.mu.Unlock()
+	if l := t.lanes.m[laneKey{key: key, p: p}]; l != nil {
 		return l.waiters
 	}
 	return 0
 }
 
-// WaitLanes is how many lanes exist, on every Throttler.
-func WaitLanes() int {
-	lanes.mu.Lock()
-	defer lanes.mu.Unlock()
-	return len(lanes.m)
+// WaitLanes is how many lanes t holds.
+func WaitLanes(t *Throttler) int {
+	t.lanes.mu.Lock()
+	defer t.lanes.mu.Unlock()
+	return len(t.lanes.m)
 }

@@ -79,7 +79,7 @@ func TestWaitAfterARollbackToDryRunDoesNotQueue(t *testing.T) {
 				assert.Zero(t, r.d.RetryAfter)
 
 				require.ErrorIs(t, stopHead().err, context.Canceled)
-				assert.Zero(t, throttler.WaitLanes())
+				assert.Zero(t, throttler.WaitLanes(th))
 			})
 		}
 	}
@@ -111,7 +111,7 @@ func TestASleepingWaiterSeesARollback(t *testing.T) {
 				assert.True(t, r.d.WouldDeny)
 			}
 			assert.Equal(t, []time.Duration{time.Second}, g.Sleeps())
-			assert.Zero(t, throttler.WaitLanes())
+			assert.Zero(t, throttler.WaitLanes(th))
 		})
 	}
 }

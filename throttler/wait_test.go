@@ -123,15 +123,15 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 	}{
 		{"fixed window", throttler.PerMinute(2), []step{{0, 2}}, 1, time.Minute},
 		{"fixed window, later", throttler.PerMinute(2), []step{{0, 1}, {15 * time.Second, 1}}, 1, 45 * time.Second},
-		{"token bucket", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 1, 100 * time.Millisecond},
-		{"token bucket, n=3", throttler.PerSecond(10).With(throttler.TokenBucket), []step{{0, 10}}, 3, 300 * time.Millisecond},
+		{"token bucket", throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket), []step{{0, 10}}, 1, 100 * time.Millisecond},
+		{"token bucket, n=3", throttler.PerSecond(10).WithAlgorithm(throttler.TokenBucket), []step{{0, 10}}, 3, 300 * time.Millisecond},
 		{"token bucket, burst", throttler.PerSecond(10).WithBurst(20), []step{{0, 15}}, 8, 300 * time.Millisecond},
-		{"sliding log", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 1, 40 * time.Second},
-		{"sliding log, n=2", throttler.PerMinute(3).With(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 2, 50 * time.Second},
+		{"sliding log", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 1, 40 * time.Second},
+		{"sliding log, n=2", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), []step{{0, 1}, {10 * time.Second, 1}, {20 * time.Second, 1}}, 2, 50 * time.Second},
 		// waitT0 is 7s into an epoch-aligned minute: the next window starts
 		// in 53s, where the previous 10 still weigh ceil(10*54/60) = 9 at
 		// 6s into it, so 1 fits 59s after waitT0.
-		{"sliding window", throttler.PerMinute(10).With(throttler.SlidingWindow), []step{{0, 10}}, 1, 59 * time.Second},
+		{"sliding window", throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow), []step{{0, 10}}, 1, 59 * time.Second},
 	}
 	for _, b := range waitBackends {
 		for _, tc := range tests {
@@ -154,10 +154,10 @@ func TestWaitSleepsExactlyRetryAfter(t *testing.T) {
 				assert.Equal(t, []time.Duration{tc.want}, w.Sleeps())
 				assert.Equal(t, start.Add(tc.want), w.Now())
 				assert.Equal(t, int64(2), store.takes.Load()-before, "one denial, one admission")
+				assert.Zero(t, throttler.WaitLanes(th), "a lane outlived its waiters")
 			})
 		}
 	}
-	assert.Zero(t, throttler.WaitLanes(), "a lane outlived its waiters")
 }
 
 func TestWaitAdmitsAtOnceWhenThereIsRoom(t *testing.T) {
@@ -370,8 +370,8 @@ func TestWaitRefusesBadInputAtOnce(t *testing.T) {
 		{"negative cost", "k", throttler.PerMinute(3), -1, throttler.ErrInvalidCost},
 		{"fixed window above limit", "k", throttler.PerMinute(3), 4, throttler.ErrInvalidCost},
 		{"token bucket above burst", "k", throttler.PerSecond(10).WithBurst(5), 6, throttler.ErrInvalidCost},
-		{"sliding log above limit", "k", throttler.PerMinute(3).With(throttler.SlidingLog), 4, throttler.ErrInvalidCost},
-		{"sliding window above limit", "k", throttler.PerMinute(3).With(throttler.SlidingWindow), 4, throttler.ErrInvalidCost},
+		{"sliding log above limit", "k", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingLog), 4, throttler.ErrInvalidCost},
+		{"sliding window above limit", "k", throttler.PerMinute(3).WithAlgorithm(throttler.SlidingWindow), 4, throttler.ErrInvalidCost},
 		{"empty key", "", throttler.PerMinute(3), 1, throttler.ErrInvalidKey},
 		{"invalid policy", "k", throttler.PerMinute(0), 1, throttler.ErrInvalidPolicy},
 	} {
@@ -479,7 +479,7 @@ func TestWaitersOfAKeyQueue(t *testing.T) {
 	// Each waiter: at most one Take on arrival, one as the head (the first
 	// slept on its arrival's denial), one after its sleep.
 	assert.LessOrEqual(t, store.takes.Load()-1, int64(3*waiters-1))
-	assert.Zero(t, throttler.WaitLanes())
+	assert.Zero(t, throttler.WaitLanes(th))
 }
 
 // TestWaitEndsWithItsContext runs on the real clock: a Wait whose context
@@ -567,7 +567,7 @@ func TestWaitEndsWithItsContext(t *testing.T) {
 		stopHead()
 		require.ErrorIs(t, <-headDone, context.Canceled)
 	})
-	assert.Zero(t, throttler.WaitLanes())
+	assert.Zero(t, throttler.WaitLanes(th))
 }
 
 // waitResult is what a Wait run on a goroutine returned, and the fake
@@ -668,7 +668,7 @@ func TestQueuedWaitReturnsAtOnceWhenTheDeadlineComesFirst(t *testing.T) {
 			assert.Equal(t, 1, throttler.WaitLaneWaiters(th, "k", p), "the refused waiter left the lane")
 
 			require.ErrorIs(t, stopHead().err, context.Canceled)
-			assert.Zero(t, throttler.WaitLanes())
+			assert.Zero(t, throttler.WaitLanes(th))
 		})
 	}
 }
@@ -768,6 +768,39 @@ func TestQueuedWaitLearnsFromTheHeadsNextDenial(t *testing.T) {
 	assert.Equal(t, waitT0.Add(time.Minute), r.at, "at the head's second denial")
 	assert.Equal(t, time.Minute, r.d.RetryAfter)
 	require.ErrorIs(t, stopHead().err, context.Canceled)
+}
+
+// TestEachThrottlerQueuesItsOwnWaiters: the lanes are a Throttler's own.
+// Two Throttlers on one store each have a head waiter on the same spent key
+// asleep at once: neither queues behind the other's, and each one's lanes
+// are gone when its waiters leave.
+func TestEachThrottlerQueuesItsOwnWaiters(t *testing.T) {
+	g := newWaitGated(t)
+	store := waitMemory(t)
+	p := throttler.PerMinute(1)
+	var ths [2]*throttler.Throttler
+	var stops [2]func() waitResult
+	for i := range ths {
+		ths[i] = waitThrottler(t, store, &throttler.Options{Clock: g.Now})
+		if i == 0 {
+			_, err := ths[i].Allow(context.Background(), "k", p)
+			require.NoError(t, err)
+		}
+		var slept time.Duration
+		slept, stops[i] = g.goHead(t, ths[i], "k", p, 1)
+		assert.Equal(t, time.Minute, slept, "Throttler %d's head sleeps", i)
+	}
+	assert.Equal(t, int32(2), g.most.Load(), "one head asleep per Throttler")
+	for i, th := range ths {
+		assert.Equal(t, 1, throttler.WaitLaneWaiters(th, "k", p), "Throttler %d", i)
+		assert.Equal(t, 1, throttler.WaitLanes(th), "Throttler %d", i)
+	}
+
+	require.ErrorIs(t, stops[0]().err, context.Canceled)
+	assert.Zero(t, throttler.WaitLanes(ths[0]))
+	assert.Equal(t, 1, throttler.WaitLanes(ths[1]), "the other Throttler's waiter stays")
+	require.ErrorIs(t, stops[1]().err, context.Canceled)
+	assert.Zero(t, throttler.WaitLanes(ths[1]))
 }
 
 // waitHook runs hook on the first Take after it is armed, before the Take

@@ -165,8 +165,8 @@ func testCompositeDenied(t *testing.T, b throttler.Backend, key func(string) str
 	open := []throttler.Policy{
 		throttler.PerMinute(4).Named("dn-fw"),
 		throttler.PerMinute(4).WithBurst(4).Named("dn-tb"),
-		throttler.PerMinute(4).With(throttler.SlidingLog).Named("dn-sl"),
-		throttler.PerMinute(4).With(throttler.SlidingWindow).Named("dn-sw"),
+		throttler.PerMinute(4).WithAlgorithm(throttler.SlidingLog).Named("dn-sl"),
+		throttler.PerMinute(4).WithAlgorithm(throttler.SlidingWindow).Named("dn-sw"),
 	}
 	for _, spent := range open {
 		t.Run(spent.Algorithm.String()+" denies", func(t *testing.T) {
@@ -179,7 +179,7 @@ func testCompositeDenied(t *testing.T, b throttler.Backend, key func(string) str
 			members := []throttler.Policy{spent}
 			for _, p := range open {
 				if p != spent {
-					members = append(members, throttler.PerHour(10).With(p.Algorithm).Named(p.Name+"-h"))
+					members = append(members, throttler.PerHour(10).WithAlgorithm(p.Algorithm).Named(p.Name+"-h"))
 				}
 			}
 			c := throttler.All(members...)
@@ -228,7 +228,7 @@ func testCompositeAlone(t *testing.T, b throttler.Backend, key func(string) stri
 	skipWithoutComposites(t, b)
 	ctx := context.Background()
 	k := key("k")
-	a := throttler.PerMinute(10).With(throttler.SlidingWindow).Named("al-sw")
+	a := throttler.PerMinute(10).WithAlgorithm(throttler.SlidingWindow).Named("al-sw")
 	z := throttler.PerHour(10).WithBurst(10).Named("al-tb")
 	c := throttler.All(a, z)
 	_, err := b.Take(ctx, k, a, 3, T0)
@@ -268,7 +268,7 @@ func testCompositeInvalid(t *testing.T, b throttler.Backend, key func(string) st
 		{"a cost above the least capacity", func() error { _, err := b.Take(ctx, key("k"), c, 3, T0); return err }, throttler.ErrInvalidCost},
 		{"an empty key", func() error { _, err := b.Take(ctx, "", c, 1, T0); return err }, throttler.ErrInvalidKey},
 		{"one identity twice", func() error {
-			_, err := b.Take(ctx, key("k"), throttler.All(a, a.With(throttler.FixedWindow)), 1, T0)
+			_, err := b.Take(ctx, key("k"), throttler.All(a, a.WithAlgorithm(throttler.FixedWindow)), 1, T0)
 			return err
 		}, throttler.ErrInvalidPolicy},
 		{"a nested composite", func() error {
@@ -299,8 +299,8 @@ func testCompositeConcurrent(t *testing.T, b throttler.Backend, key func(string)
 		{throttler.PerMinute(50).Named("cc-m"), throttler.PerHour(80).Named("cc-h")},
 		{
 			throttler.PerHour(10).WithBurst(60).Named("cc-tb"),
-			throttler.PerHour(90).With(throttler.SlidingLog).Named("cc-sl"),
-			throttler.PerHour(70).With(throttler.SlidingWindow).Named("cc-sw"),
+			throttler.PerHour(90).WithAlgorithm(throttler.SlidingLog).Named("cc-sl"),
+			throttler.PerHour(70).WithAlgorithm(throttler.SlidingWindow).Named("cc-sw"),
 		},
 	} {
 		t.Run(members[0].Algorithm.String(), func(t *testing.T) {

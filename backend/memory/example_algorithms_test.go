@@ -60,10 +60,10 @@ func boundaryTable() string {
 	}{{0, 1}, {59 * time.Second, 10}, {61 * time.Second, 10}, {90 * time.Second, 10}}
 	limit := throttler.PerMinute(10)
 	policies := []throttler.Policy{
-		limit,                               // fixed window, opened by the request at 0:00
-		limit.With(throttler.TokenBucket),   // burst 10: one token every 6 s
-		limit.With(throttler.SlidingLog),    // at most 10 in any minute
-		limit.With(throttler.SlidingWindow), // the previous minute weighs by its overlap
+		limit, // fixed window, opened by the request at 0:00
+		limit.WithAlgorithm(throttler.TokenBucket),   // burst 10: one token every 6 s
+		limit.WithAlgorithm(throttler.SlidingLog),    // at most 10 in any minute
+		limit.WithAlgorithm(throttler.SlidingWindow), // the previous minute weighs by its overlap
 	}
 
 	admitted := make([][]int, len(policies))     // per policy, per burst

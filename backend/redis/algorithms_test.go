@@ -235,8 +235,8 @@ func TestAlgorithmReplies(t *testing.T) {
 	at := backendtest.T0
 	ms := at.UnixMilli()
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
-	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
-	sl := throttler.PerSecond(10).With(throttler.SlidingLog).Named("sl")
+	sw := throttler.PerSecond(10).WithAlgorithm(throttler.SlidingWindow).Named("sw")
+	sl := throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog).Named("sl")
 	k := ms / 1000
 	tests := []struct {
 		name  string
@@ -339,16 +339,16 @@ func TestAlgorithmScriptArgs(t *testing.T) {
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpPeek,
 			pack(0, 0, 0, 0, 0, 20000, ms),
 			[]any{2, ms, int64(1000), int64(10), int64(20), int64(0), int64(2000)}},
-		{throttler.PerSecond(10).With(throttler.SlidingWindow), throttler.OpRefund,
+		{throttler.PerSecond(10).WithAlgorithm(throttler.SlidingWindow), throttler.OpRefund,
 			pack(0, 0, 0, 0, 0, 0, ms/1000, 0, 0),
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms + 300}},
 		{throttler.PerSecond(10).WithBurst(20), throttler.OpRefund,
 			pack(0, 0, 0, 0, 0, 20000, ms),
 			[]any{3, ms, int64(1000), int64(10), int64(20), int64(1), int64(2000), ms + 300}},
-		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpRefund,
+		{throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog), throttler.OpRefund,
 			pack(1, 0, ms+1000, 0),
 			[]any{3, ms, int64(1000), int64(10), int64(1), int64(2000), ms - 1000, ms + 300 - 1000}},
-		{throttler.PerSecond(10).With(throttler.SlidingLog), throttler.OpPeek,
+		{throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog), throttler.OpPeek,
 			pack(1, 0, ms+1000, 0),
 			[]any{2, ms, int64(1000), int64(10), int64(0), int64(2000), ms - 1000}},
 	}
@@ -385,7 +385,7 @@ func TestAlgorithmStoredValues(t *testing.T) {
 	ms := fmt.Sprint(tms)
 	k := fmt.Sprint(tms / 1000)
 	tb := throttler.PerSecond(10).WithBurst(20).Named("tb")
-	sw := throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw")
+	sw := throttler.PerSecond(10).WithAlgorithm(throttler.SlidingWindow).Named("sw")
 	tests := []struct {
 		name  string
 		p     throttler.Policy
@@ -514,8 +514,8 @@ func TestAlgorithmPeekOnReplica(t *testing.T) {
 	at := backendtest.T0
 	for _, p := range []throttler.Policy{
 		throttler.PerSecond(10).WithBurst(20),
-		throttler.PerSecond(10).With(throttler.SlidingWindow),
-		throttler.PerSecond(10).With(throttler.SlidingLog),
+		throttler.PerSecond(10).WithAlgorithm(throttler.SlidingWindow),
+		throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog),
 	} {
 		for i := range 4 {
 			if _, err := onPrimary.Take(ctx, "k", p, 3, at.Add(time.Duration(i)*time.Millisecond)); err != nil {
@@ -855,7 +855,7 @@ func TestAlgorithmKeys(t *testing.T) {
 		t.Errorf("fixed-window key %q has no digit after its tag", plainFW)
 	}
 	for _, a := range []throttler.Algorithm{throttler.TokenBucket, throttler.SlidingLog, throttler.SlidingWindow} {
-		p := fw.With(a)
+		p := fw.WithAlgorithm(a)
 		plain, h := b.storageKey(p, "k{x}")
 		got, gotH := b.algorithmKey(p, "k{x}")
 		if want := plain[:tag] + "+" + plain[tag:]; got != want || gotH != h {
@@ -914,8 +914,8 @@ func FuzzPackedReplies(f *testing.F) {
 	f.Add(uint8(1), []byte("OK"))
 	policies := []throttler.Policy{
 		throttler.PerSecond(10).WithBurst(20).Named("tb"),
-		throttler.PerSecond(10).With(throttler.SlidingWindow).Named("sw"),
-		throttler.PerSecond(10).With(throttler.SlidingLog).Named("sl"),
+		throttler.PerSecond(10).WithAlgorithm(throttler.SlidingWindow).Named("sw"),
+		throttler.PerSecond(10).WithAlgorithm(throttler.SlidingLog).Named("sl"),
 	}
 	f.Fuzz(func(t *testing.T, which uint8, reply []byte) {
 		p := policies[int(which)%len(policies)]

@@ -104,7 +104,7 @@ func TestTagByKeyLayout(t *testing.T) {
 	assert.Equal(t, "throttlekit:{kbbcb867461dab7c9}+7:c-sl sl:user-42", sk, "the storage format")
 
 	policies := []throttler.Policy{compFW, compSL, throttler.PerHour(3),
-		throttler.PerMinute(9).WithBurst(3).Named("tb"), throttler.PerMinute(9).With(throttler.SlidingWindow)}
+		throttler.PerMinute(9).WithBurst(3).Named("tb"), throttler.PerMinute(9).WithAlgorithm(throttler.SlidingWindow)}
 	shardsSeen := map[*shard]bool{}
 	for i := range 200 {
 		key := fmt.Sprint("user-", i)
@@ -359,11 +359,11 @@ func TestCompositeEveryMix(t *testing.T) {
 		var ms []throttler.Policy
 		for _, a := range algs {
 			if mix&(1<<a) != 0 {
-				ms = append(ms, throttler.PerMinute(5).With(a).Named(fmt.Sprintf("m%d-%d", mix, a)))
+				ms = append(ms, throttler.PerMinute(5).WithAlgorithm(a).Named(fmt.Sprintf("m%d-%d", mix, a)))
 			}
 		}
 		if len(ms) == 1 { // a composite of one algorithm: two policies of it
-			ms = append(ms, throttler.PerHour(7).With(ms[0].Algorithm).Named(fmt.Sprint("h", mix)))
+			ms = append(ms, throttler.PerHour(7).WithAlgorithm(ms[0].Algorithm).Named(fmt.Sprint("h", mix)))
 		}
 		c, key := throttler.All(ms...), fmt.Sprint("k", mix)
 		d, err := b.Take(ctx, key, c, 3, t0)

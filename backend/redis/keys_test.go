@@ -194,7 +194,7 @@ func TestStoreAllocatesNothingAndNamesTheKeysShard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := throttler.PerHour(5).Named("api").With(throttler.TokenBucket)
+	p := throttler.PerHour(5).Named("api").WithAlgorithm(throttler.TokenBucket)
 	for i := range 50 {
 		key := fmt.Sprint("user-", i)
 		_, h := b.algorithmKey(p, key)

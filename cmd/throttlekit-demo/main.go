@@ -70,7 +70,7 @@ func endpoints(limit int64, window time.Duration, burst int64) []endpoint {
 	return []endpoint{
 		{"GET", "/repos", throttler.Policy{Name: "core", Limit: limit, Window: window}, "a window that resets at a stored instant (GitHub)"},
 		{"GET", "/search", throttler.Policy{Name: "search", Limit: limit, Window: window}.WithBurst(burst), "a steady rate with bursts (Stripe)"},
-		{"GET", "/deliveries", throttler.Policy{Name: "deliveries", Limit: limit, Window: window}.With(throttler.SlidingLog), "at most the limit in any window (Circles' outbound calls)"},
+		{"GET", "/deliveries", throttler.Policy{Name: "deliveries", Limit: limit, Window: window}.WithAlgorithm(throttler.SlidingLog), "at most the limit in any window (Circles' outbound calls)"},
 		{"POST", "/login", login, "both limits, all or nothing: a refused login counts in neither"},
 	}
 }
@@ -185,7 +185,7 @@ func newHandler(eps []endpoint, sh shedding, clock func() time.Time, logger *log
 			for _, p := range limits(e.p) {
 				d, err := th.Peek(r.Context(), k, p)
 				if err != nil { // a key the store refuses (400), a store down while failing closed (503)
-					httplimit.Error(w, r, err)
+					httplimit.WriteError(w, r, err)
 					return
 				}
 				resources[p.Name] = map[string]any{
