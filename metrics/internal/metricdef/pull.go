@@ -95,7 +95,7 @@ var Specs = [NumPulls]Spec{
 	ShadowIgnored: {"throttlekit_shadow_ignored_total", "throttlekit.shadow.ignored", "{comparison}",
 		"Differences that the shadow's Ignore accepted.", shadowLabels, false},
 	ShadowDifferences: {"throttlekit_shadow_mismatch_kinds_total", "throttlekit.shadow.mismatch_kinds", "{comparison}",
-		"Mismatches carrying each kind of difference (one mismatch may carry several); kind reordered: differing pairs the order of calls explains, not mismatches.", []string{"shadow", "direction", "kind"}, false},
+		"Mismatches carrying each kind of difference (one mismatch may carry several); kinds reordered and late: differing pairs the order of calls (or a late answer) explains, not mismatches.", []string{"shadow", "direction", "kind"}, false},
 	ShadowCandidateErrors: {"throttlekit_shadow_candidate_errors_total", "throttlekit.shadow.candidate_errors", "{error}",
 		"Mirrored calls the candidate failed, timed out or panicked on.", shadowLabels, false},
 	ShadowControlErrors: {"throttlekit_shadow_control_errors_total", "throttlekit.shadow.control_errors", "{error}",
@@ -149,9 +149,10 @@ type Sample struct {
 
 // differenceKinds are the kinds counted by ShadowDifferences: the ways two
 // decisions disagree (errors and drops have metrics of their own), and
-// Reordered, the differing pairs that the order of calls explains (not
-// mismatches, so never in ShadowMismatches: the real-difference rate).
-var differenceKinds = [...]shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers, shadow.RetryAfterDiffers, shadow.Reordered}
+// Reordered and Late, the differing pairs that the order of calls (and a
+// late answer) explains (not mismatches, so never in ShadowMismatches: the
+// real-difference rate).
+var differenceKinds = [...]shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers, shadow.RetryAfterDiffers, shadow.Reordered, shadow.Late}
 
 // Sources are what an adapter reads at each collection. Watch may be called
 // at any time; names share one space (a router and a migration of one name
