@@ -38,6 +38,7 @@ const (
 	MigrationRefundFailures
 	MigrationOneStore
 	MigrationPercentChanges
+	MigrationLate
 	BreakersOpen
 	BatchRoundTrips
 	BatchOperations
@@ -116,6 +117,8 @@ var Specs = [NumPulls]Spec{
 		"Moving keys' calls answered by one store because the other failed.", moveLabels, false},
 	MigrationPercentChanges: {"throttlekit_migration_percent_changes_total", "throttlekit.migration.percent_changes", "{change}",
 		"Changes of the rollout's percentage this process has seen.", moveLabels, false},
+	MigrationLate: {"throttlekit_migration_late_calls_total", "throttlekit.migration.late_calls", "{call}",
+		"Calls one store served alone that were answered more than LateAfter after this process saw a change that moved their key.", moveLabels, false},
 	BreakersOpen: {"throttlekit_breakers_open", "throttlekit.breakers.open", "{breaker}",
 		"Watched Throttlers whose breaker for the store is open: its calls get the fallback or the failure mode.", []string{"store"}, true},
 	BatchRoundTrips: {"throttlekit_backend_round_trips_total", "throttlekit.backend.round_trips", "{round_trip}",
@@ -287,6 +290,7 @@ func (s *Sources) Collect(yield func(Sample)) {
 			MigrationRefundFailures: st.Moving.RefundFailed,
 			MigrationOneStore:       st.Moving.OneStore,
 			MigrationPercentChanges: st.Moving.Changes,
+			MigrationLate:           st.Moving.Late,
 		} {
 			yield(Sample{Pull: p, Labels: [3]string{m.name}, Value: float64(v)})
 		}
