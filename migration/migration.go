@@ -63,9 +63,9 @@ type Options struct {
 	// "Moving keys" in docs/migration.md). It must cover how much later
 	// than the first process the last one sees a change, how long a call
 	// mirrored before it can wait in a shadow's queue, and the spread of
-	// the processes' clocks. Only a rollout that tells its percentage (its
-	// Percent and GroupID methods, see flags.Rollout) has moving keys.
-	// Negative is an error.
+	// the processes' clocks, and LateAfter. Only a rollout that tells its
+	// percentage (its Percent and GroupID methods, see flags.Rollout) has
+	// moving keys. Negative is an error.
 	// default: 30s
 	Settle time.Duration
 	// LateAfter is the share of Settle a call's lateness may take: a call
@@ -73,9 +73,9 @@ type Options struct {
 	// that moves its key, and that is answered more than LateAfter after
 	// the process saw the change, is late (see "Late calls" in
 	// docs/migration.md): counted in Stats().Moving.Late and passed to
-	// OnLate. Moving keys are exact for every call that is not late as long
-	// as the last process sees a change within Settle − LateAfter of the
-	// first, less the spread of their clocks. Negative, or more than
+	// OnLate. Moving keys are exact on every key without a late call as
+	// long as the last process sees a change within Settle − LateAfter of
+	// the first, less the spread of their clocks. Negative, or more than
 	// Settle, is an error. Only a rollout that tells its percentage has
 	// late calls. default: Settle/2
 	LateAfter time.Duration
