@@ -98,6 +98,9 @@ func TestMigrationStall(t *testing.T) {
 		stallChild(t)
 		return
 	}
+	if os.Getenv("THROTTLEKIT_STALL") == "" {
+		t.Skip("a soak of ~60 s that stops processes: set THROTTLEKIT_STALL=1 (docs/migration.md, \"Late calls\")")
+	}
 	mc := memcachedStart(t)
 	rc := redisStart(t)
 	for _, name := range []string{"fixed window", "token bucket"} {
