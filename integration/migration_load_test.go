@@ -136,6 +136,7 @@ type loadCall struct {
 	stage   int
 	proc    int
 	err     bool
+	used    int64 // the admitting decision's Used (TestMigrationStall's)
 }
 
 // loadResult is what a run recorded.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,7 +77,7 @@ type stallChildReport struct {
 	Errors   map[string]int
 }
 
-type stallCall struct{ K, T, C, R, F, S, E int64 } // key, instant, cost, ResetAt (0: denied), flight, stage, 1 if it failed
+type stallCall struct{ K, T, C, R, F, S, E, U int64 } // key, instant, cost, ResetAt (0: denied), flight, stage, 1 if it failed, Used
 
 type stallSeen struct{ Pct, Ms int64 }
 
@@ -223,7 +224,7 @@ func stallCheck(t *testing.T, p throttler.Policy, reports []stallChildReport, st
 	var maxStall int64
 	for pi, r := range reports {
 		for _, c := range r.Calls {
-			res.calls = append(res.calls, loadCall{key: int(c.K), t: c.T, cost: c.C, allowed: c.R != 0, resetAt: c.R, flight: c.F, stage: int(c.S), proc: pi, err: c.E != 0})
+			res.calls = append(res.calls, loadCall{key: int(c.K), t: c.T, cost: c.C, allowed: c.R != 0, resetAt: c.R, flight: c.F, stage: int(c.S), proc: pi, err: c.E != 0, used: c.U})
 			res.errors += int(c.E)
 		}
 		res.stats = append(res.stats, r.Moving)
@@ -290,7 +291,7 @@ func stallCheck(t *testing.T, p throttler.Policy, reports []stallChildReport, st
 			over, where = max(x.over(), 0), fmt.Sprintf("%d units in [+%dms, +%dms], at most %d", x.units, x.from, x.to, x.most)
 		}
 		if (over > 0 || fresh > 0) && lateKeys[k] == 0 {
-			t.Errorf("%s, without a late call: %d units over, %d fresh windows: %s", loadKey(k), over, fresh, where)
+			t.Errorf("%s, without a late call: %d units over, %d fresh windows: %s; %s", loadKey(k), over, fresh, where, restarted(adm))
 		}
 	}
 	// The run pressed where it should: processes were stopped mid-call
@@ -302,6 +303,26 @@ func stallCheck(t *testing.T, p throttler.Policy, reports []stallChildReport, st
 	if rep.errors*20 > rep.calls { // calls that outlive the Throttler's Timeout under this load fail closed
 		t.Errorf("%d of %d calls failed", rep.errors, rep.calls)
 	}
+}
+
+// restarted names the windows in which two admissions of a key were
+// answered with the same Used (adm sorted by instant): a store whose count
+// of the window started again, not a placement of the moving keys. A
+// compensating Refund can do the same on a moving key.
+func restarted(adm []loadCall) string {
+	seen := map[[2]int64]int64{}
+	var out []string
+	for _, a := range adm {
+		id := [2]int64{a.resetAt, a.used}
+		if t, dup := seen[id]; dup {
+			out = append(out, fmt.Sprintf("window +%d counted Used %d at +%d and again at +%d (flight %d ms)", a.resetAt, a.used, t, a.t, a.flight))
+		}
+		seen[id] = a.t
+	}
+	if len(out) == 0 {
+		return "no window's count restarted"
+	}
+	return "a window's count restarted: " + strings.Join(out, ", ")
 }
 
 // stallChild is one client process: it runs the ramp's calls until the
@@ -408,7 +429,7 @@ func stallChild(t *testing.T) {
 					}
 					mu.Unlock()
 				case d.Allowed:
-					call.R = d.ResetAt.Sub(migrationT0).Milliseconds()
+					call.R, call.U = d.ResetAt.Sub(migrationT0).Milliseconds(), d.Used
 				}
 				calls = append(calls, call)
 			}
