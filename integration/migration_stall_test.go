@@ -35,7 +35,7 @@ import (
 // goroutines each on 48 shared keys, follow a rollout file through
 // 0 → 50 → 100 → 0 % while the test stops one of them with SIGSTOP for up
 // to 2 s, over and over, always one across each change of the file, and
-// the machine's CPU is as busy as the caller makes it (two `yes > /dev/null`
+// the machine's CPU is as busy as the caller makes it (`yes > /dev/null`
 // beside it in docs/migration.md's figures). Every admission is checked as
 // TestMigrationLoad checks it; the bound asserted is the documented one: no
 // unit over and no fresh window on any key without a late call
