@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,11 +50,12 @@ var loadProcessLag = []int64{0, 13, 29, 47} // ms
 const (
 	loadGoroutines = 24 // per process
 	loadKeys       = 48
-	// loadSettle covers the processes' lag (47 ms), their clocks' offsets
-	// (100 ms apart) and how late a call mirrored before a change can reach
-	// the other store: on this loaded machine under -race, calls wait for
-	// a CPU for up to a second or two.
-	loadSettle = 1500 * time.Millisecond
+	// loadSettle covers the processes' lag (47 ms; more when the goroutine
+	// that changes their rollouts waits for a CPU, which the run measures),
+	// their clocks' offsets (100 ms apart) and loadLateAfter, beyond which
+	// a call is reported late (migration.Options.LateAfter).
+	loadSettle    = 1500 * time.Millisecond
+	loadLateAfter = 500 * time.Millisecond
 )
 
 // loadStage is each stage's length in ms: 4 s in `make test`; a longer
@@ -134,6 +136,7 @@ type loadCall struct {
 	stage   int
 	proc    int
 	err     bool
+	used    int64 // the admitting decision's Used (TestMigrationStall's)
 }
 
 // loadResult is what a run recorded.
@@ -142,6 +145,11 @@ type loadResult struct {
 	stats  []migration.Stats
 	moved  []int // per stage, keys routed elsewhere than in the stage before
 	errors int
+	// lateKeys counts each key's late calls (migration.Options.OnLate), all
+	// processes; seeSpread is, per change, how far apart (ms) the first and
+	// the last process's rollouts were set.
+	lateKeys  map[int]int
+	seeSpread []int64
 }
 
 // loadRun runs the ramp with the stages of percents for p, on new stacks
@@ -158,6 +166,8 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 	small := &shadow.Options{Workers: 1, QueueSize: 2, Timeout: 50 * time.Millisecond, DrainTimeout: 100 * time.Millisecond,
 		ReorderSpan: 150 * time.Millisecond, ReorderUnits: p.Capacity()}
 	procs := make([]*loadProcess, len(loadProcessOffsets))
+	var lateMu sync.Mutex
+	lateKeys := map[int]int{}
 	for i, off := range loadProcessOffsets {
 		old, err := memcached.New(memcachedClient(t, 2*time.Second, mcAddr), nil)
 		if err != nil {
@@ -181,7 +191,16 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 		if hide {
 			rollout = loadHidden{r}
 		}
-		m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: small, Reverse: small, Settle: loadSettle})
+		m := migrationNew(t, old, nu, rollout, &migration.Options{Forward: small, Reverse: small, Settle: loadSettle, LateAfter: loadLateAfter,
+			OnLate: func(key string, _ throttler.Policy, _ time.Duration) {
+				k, err := strconv.Atoi(strings.TrimPrefix(key, "load-"))
+				if err != nil {
+					t.Error(err)
+				}
+				lateMu.Lock()
+				lateKeys[k]++
+				lateMu.Unlock()
+			}})
 		th, err := throttler.New(loadStamped{m}, &throttler.Options{
 			Clock:      func() time.Time { return clk.at(off) },
 			Timeout:    2 * time.Second,
@@ -227,8 +246,10 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			})
 		}
 	}
-	// Each process's rollout changes at its own lag after a stage starts.
+	// Each process's rollout changes at its own lag after a stage starts,
+	// or later when this goroutine waits for a CPU: when is recorded.
 	for s := 1; s < len(percents); s++ {
+		var first, last int64
 		for i, lag := range loadProcessLag {
 			for clk.ms() < int64(s)*loadStageMs+lag {
 				time.Sleep(100 * time.Microsecond)
@@ -236,7 +257,12 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			if err := procs[i].rollout.Set(percents[s]); err != nil {
 				t.Error(err)
 			}
+			last = clk.ms()
+			if i == 0 {
+				first = last
+			}
 		}
+		res.seeSpread = append(res.seeSpread, last-first)
 	}
 	for clk.ms() < end {
 		time.Sleep(time.Millisecond)
@@ -246,6 +272,9 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 	for _, pr := range procs {
 		res.stats = append(res.stats, pr.m.Stats())
 	}
+	lateMu.Lock()
+	res.lateKeys = lateKeys
+	lateMu.Unlock()
 	for _, c := range res.calls {
 		if c.err {
 			res.errors++
@@ -266,7 +295,7 @@ type loadReport struct {
 	spread, maxFlight               int64 // ms: the processes' clock spread, the longest flight of an admitted call
 	medianFlight                    int64 // ms
 	// The migrations' counts of moving keys' calls (Stats.Moving), summed.
-	moving                          struct{ Calls, Compensated, RefundFailed, OneStore, Changes uint64 }
+	moving                          struct{ Calls, Compensated, RefundFailed, OneStore, Changes, Late uint64 }
 	drops                           uint64
 	compared, mismatched, reordered uint64 // shadow pairs, both directions
 	kinds                           map[string]uint64
@@ -324,6 +353,7 @@ func loadCheck(p throttler.Policy, res loadResult) loadReport {
 		rep.moving.RefundFailed += st.Moving.RefundFailed
 		rep.moving.OneStore += st.Moving.OneStore
 		rep.moving.Changes += st.Moving.Changes
+		rep.moving.Late += st.Moving.Late
 		for _, s := range []shadow.Stats{st.Forward, st.Reverse} {
 			rep.drops += s.ByKind[shadow.Dropped]
 			rep.compared += s.Compared
@@ -519,9 +549,9 @@ func (r loadReport) String() string {
 	sort.Strings(kinds)
 	return fmt.Sprintf("%d calls (%d admitted, %d denied, %d failed); %d windows checked, %d units over the bound on %d keys, "+
 		"%d fresh windows (disorder allowed: clocks %d ms + a call's flight, median %d ms, at most %d ms); moving keys' calls %d (%d compensated, %d refunds failed, "+
-		"%d answered by one store), changes seen %d; shadows: %d dropped, %d compared, %d mismatched, %d reordered, kinds {%s}",
+		"%d answered by one store, %d late), changes seen %d; shadows: %d dropped, %d compared, %d mismatched, %d reordered, kinds {%s}",
 		r.calls, r.admitted, r.denied, r.errors, r.windows, r.overUnits, len(r.overKeys), r.fresh, r.spread, r.medianFlight, r.maxFlight,
-		r.moving.Calls, r.moving.Compensated, r.moving.RefundFailed, r.moving.OneStore, r.moving.Changes, r.drops, r.compared, r.mismatched, r.reordered, strings.Join(kinds, ", "))
+		r.moving.Calls, r.moving.Compensated, r.moving.RefundFailed, r.moving.OneStore, r.moving.Late, r.moving.Changes, r.drops, r.compared, r.mismatched, r.reordered, strings.Join(kinds, ", "))
 }
 
 // TestMigrationLoad: the ramp under load hands out no fresh window and
@@ -550,13 +580,8 @@ func TestMigrationLoad(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.cost)
 			rep := loadCheck(tc.p, res)
-			t.Logf("%v, ramp %v (keys moved per stage %v): %v", tc.p, loadPercents, res.moved, rep)
-			for _, line := range rep.overKeys {
-				t.Error(line)
-			}
-			if rep.fresh != 0 {
-				t.Errorf("%d fresh windows", rep.fresh)
-			}
+			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart): %v", tc.p, loadPercents, res.moved, res.seeSpread, rep)
+			loadAssertBound(t, res, rep)
 			// The run pressed where it should: mirrored calls dropped, keys
 			// moved both ways and were served by both stores, and clients
 			// were denied.
@@ -577,6 +602,36 @@ func TestMigrationLoad(t *testing.T) {
 			t.Errorf("without moving keys the ramp was not caught: %v", rep)
 		}
 	})
+}
+
+// loadAssertBound asserts the migration's documented bound: no unit over
+// and no fresh window on a key without a late call, as long as every
+// process saw each change within Settle − LateAfter of the first, less the
+// clocks' spread.
+func loadAssertBound(t *testing.T, res loadResult, rep loadReport) {
+	t.Helper()
+	budget := (loadSettle - loadLateAfter).Milliseconds() - rep.spread
+	for s, d := range res.seeSpread {
+		if d > budget {
+			t.Errorf("change %d: the rollouts were set %d ms apart, beyond Settle − LateAfter − the clocks' spread (%d ms): the bound does not apply", s+1, d, budget)
+		}
+	}
+	var late uint64
+	for _, n := range res.lateKeys {
+		late += uint64(n)
+	}
+	if late != rep.moving.Late {
+		t.Errorf("OnLate saw %d late calls, Stats().Moving.Late counts %d", late, rep.moving.Late)
+	}
+	for _, line := range rep.overKeys {
+		k, err := strconv.Atoi(strings.TrimPrefix(line[:strings.Index(line, ":")], "load-"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.lateKeys[k] == 0 {
+			t.Errorf("without a late call: %s", line)
+		}
+	}
 }
 
 // TestLoadBounds: the load test's bounds on hand-computed admissions,

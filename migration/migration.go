@@ -63,11 +63,27 @@ type Options struct {
 	// "Moving keys" in docs/migration.md). It must cover how much later
 	// than the first process the last one sees a change, how long a call
 	// mirrored before it can wait in a shadow's queue, and the spread of
-	// the processes' clocks. Only a rollout that tells its percentage (its
-	// Percent and GroupID methods, see flags.Rollout) has moving keys.
-	// Negative is an error.
+	// the processes' clocks, and LateAfter. Only a rollout that tells its
+	// percentage (its Percent and GroupID methods, see flags.Rollout) has
+	// moving keys. Negative is an error.
 	// default: 30s
 	Settle time.Duration
+	// LateAfter is the share of Settle a call's lateness may take: a call
+	// that one store serves alone, during which this process sees a change
+	// that moves its key, and that is answered more than LateAfter after
+	// the process saw the change, is late (see "Late calls" in
+	// docs/migration.md): counted in Stats().Moving.Late and passed to
+	// OnLate. Moving keys are exact on every key without a late call as
+	// long as the last process sees a change within Settle − LateAfter of
+	// the first, less the spread of their clocks. Negative, or more than
+	// Settle, is an error. Only a rollout that tells its percentage has
+	// late calls. default: Settle/2
+	LateAfter time.Duration
+	// OnLate, if set, is called with each late call's key, policy and how
+	// long after this process saw the change it was answered, on the
+	// caller's goroutine before the call returns: keep it quick. default:
+	// none
+	OnLate func(key string, p throttler.Policy, late time.Duration)
 }
 
 // defaultSettle covers Unleash clients polling every 15s (their default)
@@ -100,6 +116,9 @@ type Migration struct {
 	composites       bool // both stores take composites
 	// moves is nil for a rollout that cannot tell its percentage.
 	moves *mover
+	// lateAfter and onLate are Options.LateAfter and OnLate.
+	lateAfter time.Duration
+	onLate    func(key string, p throttler.Policy, late time.Duration)
 	// A moving key's call bumps these: apart from the fields it reads.
 	_      [64]byte
 	moving movingCounters
@@ -141,6 +160,12 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	case o.Settle == 0:
 		o.Settle = defaultSettle
 	}
+	switch {
+	case o.LateAfter < 0 || o.LateAfter > o.Settle:
+		return nil, fmt.Errorf("migration: Options.LateAfter is %v; want 0 (default Settle/2) to Settle (%v)", o.LateAfter, o.Settle)
+	case o.LateAfter == 0:
+		o.LateAfter = o.Settle / 2
+	}
 	mirror := o.Mirror
 	if mirror == nil {
 		mirror = func() bool { return false }
@@ -164,6 +189,7 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 			{b: newB, local: throttler.TraitsOf(newB).InProcess, isNew: true},
 		},
 		oldName: "old", newName: "new",
+		lateAfter: o.LateAfter, onLate: o.OnLate,
 	}
 	if o.Router != nil && o.Router.OldName != "" {
 		m.oldName = o.Router.OldName
@@ -176,7 +202,13 @@ func newWith(oldB, newB throttler.Backend, r flags.Rollout, opts *Options, mono 
 	// asks it for the pairs of stores.
 	routes := &strategy{rollout: r}
 	routes.init(m, o.Settle, mono)
-	rt, err := flags.NewRouter(fwd, rev, routes, o.Router)
+	// With moving keys, the calls one store serves alone are watched for
+	// lateness (see late.go).
+	var oldSide, newSide throttler.Backend = fwd, rev
+	if routes.tracked {
+		oldSide, newSide = &watched{b: fwd, mv: &routes.mover, m: m}, &watched{b: rev, mv: &routes.mover, m: m, isNew: true}
+	}
+	rt, err := flags.NewRouter(oldSide, newSide, routes, o.Router)
 	if err != nil {
 		// Everything it checks was checked above, but for Options.Router.
 		// The mover has no ticker yet: it starts at the first change.
@@ -298,6 +330,10 @@ type Stats struct {
 		// Leveled counts the token buckets the serving store held fuller
 		// than the other, emptied down to it.
 		Leveled uint64
+		// Late counts the late calls (see Options.LateAfter): each may have
+		// let the store its key moves to admit what the call was not
+		// counted for. Healthy: 0.
+		Late uint64
 	}
 }
 

@@ -376,7 +376,7 @@ func (b *pair) Release(ctx context.Context, key string, p throttler.ConcurrencyP
 
 // movingCounters are the Migration's counts of moving keys' calls.
 type movingCounters struct {
-	calls, compensated, refundFailed, oneStore, leveled atomic.Uint64
+	calls, compensated, refundFailed, oneStore, leveled, late atomic.Uint64
 }
 
 // movingStats fills in s.Moving.
@@ -384,7 +384,7 @@ func (m *Migration) movingStats(s *Stats) {
 	ms := &s.Moving
 	ms.Calls, ms.Compensated = m.moving.calls.Load(), m.moving.compensated.Load()
 	ms.RefundFailed, ms.OneStore = m.moving.refundFailed.Load(), m.moving.oneStore.Load()
-	ms.Leveled = m.moving.leveled.Load()
+	ms.Leveled, ms.Late = m.moving.leveled.Load(), m.moving.late.Load()
 	if m.moves != nil {
 		ms.Tracked = true
 		ms.Changes = m.moves.changes.Load()

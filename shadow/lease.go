@@ -37,7 +37,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	if b.candidateLeases == nil || err != nil && throttler.IsInputError(err) {
 		return d, err
 	}
-	b.mirror(throttler.OpAcquire, key, throttler.Policy{}, 0, time.Time{}, now, &d, err, &leaseCall{p: p, id: id})
+	b.mirror(throttler.OpAcquire, key, throttler.Policy{}, 0, time.Time{}, now, 0, &d, err, &leaseCall{p: p, id: id})
 	return d, err
 }
 
@@ -51,7 +51,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	if b.candidateLeases == nil || err != nil && throttler.IsInputError(err) {
 		return held, d, err
 	}
-	b.mirror(throttler.OpRelease, key, throttler.Policy{}, 0, time.Time{}, now, &d, err, &leaseCall{p: p, id: id, held: held})
+	b.mirror(throttler.OpRelease, key, throttler.Policy{}, 0, time.Time{}, now, 0, &d, err, &leaseCall{p: p, id: id, held: held})
 	return held, d, err
 }
 

@@ -3,6 +3,7 @@ package shadow
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,5 +298,81 @@ func TestTakenIsTheMembersOwnTake(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// slowControl answers with a fixed decision and, while it does, moves the shadow's monotonic
+// clock on by took: a control that answered late (a slow round trip, a process starved of CPU).
+type slowControl struct {
+	throttler.Backend
+	d     throttler.Decision
+	clock *atomic.Int64
+	took  time.Duration
+}
+
+func (s slowControl) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	s.clock.Add(int64(s.took))
+	return s.d, nil
+}
+
+// fixedAnswer answers every Take with d.
+type fixedAnswer struct {
+	throttler.Backend
+	d throttler.Decision
+}
+
+func (f fixedAnswer) Take(ctx context.Context, key string, p throttler.Policy, cost int64, now time.Time) (throttler.Decision, error) {
+	return f.d, nil
+}
+
+// TestLateAnswer: a call made 600 ms before the end of its window in the control (limit 40,
+// span 400 ms), counted by the candidate in the next window. Answered by the control at once it
+// is a mismatch (the candidate lost or misplaced a window); answered 700 ms after the shadow got
+// it, the two stores counted it at instants further apart than its now says, and the pair is
+// Late, not a mismatch; answered 100 ms late, still a mismatch.
+func TestLateAnswer(t *testing.T) {
+	p := throttler.Policy{Name: "late", Limit: 40, Window: time.Second}
+	end := t0.Add(time.Second)
+	now := end.Add(-600 * time.Millisecond)
+	control := throttler.Decision{Allowed: false, Limit: 40, Used: 40, Remaining: 0, ResetAt: end, RetryAfter: 600 * time.Millisecond}
+	candidate := throttler.Decision{Allowed: true, Limit: 40, Used: 6, Remaining: 34, ResetAt: end.Add(time.Second)}
+	for _, tc := range []struct {
+		name               string
+		took               time.Duration
+		mismatched, late   uint64
+		wantElapsedAtLeast time.Duration
+	}{
+		{"answered at once", 0, 1, 0, 0},
+		{"answered 100 ms late", 100 * time.Millisecond, 1, 0, 100 * time.Millisecond},
+		{"answered 700 ms late", 700 * time.Millisecond, 0, 1, 700 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock atomic.Int64
+			clock.Store(1)
+			var mu sync.Mutex
+			var got []Result
+			s := newShadow(t, slowControl{mem(t), control, &clock, tc.took}, fixedAnswer{mem(t), candidate},
+				&Options{Workers: 1, ReorderSpan: 400 * time.Millisecond, ReorderUnits: 40, Publish: func(r Result) {
+					mu.Lock()
+					got = append(got, r)
+					mu.Unlock()
+				}})
+			s.mono = clock.Load
+			if _, err := s.Take(context.Background(), "k", p, 1, now); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			st := s.Stats()
+			if st.Mismatched != tc.mismatched || st.ByKind[Late] != tc.late || st.ByKind[Reordered] != 0 {
+				t.Errorf("mismatched %d, late %d, reordered %d; want %d, %d, 0 (%+v)", st.Mismatched, st.ByKind[Late], st.ByKind[Reordered], tc.mismatched, tc.late, st)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 1 || got[0].Elapsed < tc.wantElapsedAtLeast || got[0].Elapsed < got[0].Lag {
+				t.Errorf("published %+v; want one Result with Elapsed at least %v and its Lag", got, tc.wantElapsedAtLeast)
+			}
+		})
 	}
 }

@@ -17,7 +17,8 @@ type Kind uint16
 // The kinds of a Result. The difference kinds, AllowedDiffers, UsedDiffers, ResetAtDiffers and
 // RetryAfterDiffers, say how two decisions disagree, and a pair may carry several (Allowed and Used
 // usually differ together); CandidateError, ControlError and Dropped say why there was nothing to
-// compare; Reordered marks a difference explained by the order of calls.
+// compare; Reordered marks a difference explained by the order of calls, Late one explained by it
+// once the control's own delay is counted.
 const (
 	// AllowedDiffers: the candidate would have allowed what the control denied, or the reverse.
 	AllowedDiffers Kind = 1 << iota
@@ -51,21 +52,31 @@ const (
 	// pair is not a mismatch: it is counted apart (Stats.ByKind[Reordered]) and never passed to
 	// Options.Ignore. Only rate operations (Take, Peek, Refund) are ever Reordered.
 	Reordered
+	// Late: the decisions differ beyond the Reordered bounds, but within them once the call's
+	// whole delay is counted (Result.Elapsed instead of Result.Lag): the control answered late,
+	// after a slow round trip or a process starved of CPU, so the two stores counted the call at
+	// instants further apart than its now and its lag say. Like a Reordered pair it is counted
+	// apart (Stats.ByKind[Late]), never as a mismatch nor passed to Options.Ignore; a share of
+	// Late pairs says the serving path is slow, not that the stores disagree.
+	Late
 )
 
 // differs is every kind that means the two decisions disagree.
 const differs = AllowedDiffers | UsedDiffers | ResetAtDiffers | RetryAfterDiffers
 
+// explained is every kind that makes a difference something other than a mismatch.
+const explained = Reordered | Late
+
 // The names are exported as metric labels: never change one.
 var kindNames = [...]string{
 	"allowed", "used", "reset_at", "candidate_error", "control_error", "dropped", "retry_after",
-	"reordered",
+	"reordered", "late",
 }
 
 // kinds lists every single-bit Kind, in bit order.
 var kinds = [...]Kind{
 	AllowedDiffers, UsedDiffers, ResetAtDiffers, CandidateError, ControlError, Dropped,
-	RetryAfterDiffers, Reordered,
+	RetryAfterDiffers, Reordered, Late,
 }
 
 // String lists the kinds in k joined by "|", for example "allowed|used"; "match" for the zero Kind.
@@ -122,6 +133,11 @@ type Result struct {
 	// (measured from when the worker last found its queue, at most a nap of 0.5 ms or a wake-up
 	// before the call was queued). Zero when the pair matched or the candidate was not asked.
 	Lag time.Duration
+	// Elapsed, for a pair whose decisions differ when Options.ReorderSpan is set, is the time
+	// from when the shadow received the call (before it asked the control) to the candidate's
+	// answer: Lag plus the control's own round trip and any wait for a CPU in between. Zero
+	// otherwise.
+	Elapsed time.Duration
 	// Kinds says how the pair differs; zero means it matched.
 	Kinds Kind
 	// Ignored reports that Options.Ignore accepted the difference: it is published but not
@@ -130,10 +146,10 @@ type Result struct {
 }
 
 // Mismatch reports whether the decisions disagree by a real difference: Kinds holds a difference
-// kind, and the pair is neither Reordered nor Ignored. It is what Stats.Mismatched counts and
+// kind, and the pair is neither Reordered, Late nor Ignored. It is what Stats.Mismatched counts and
 // LastMismatches keeps, and what a Publish hook that logs differences wants.
 func (r Result) Mismatch() bool {
-	return r.Kinds&differs != 0 && r.Kinds&Reordered == 0 && !r.Ignored
+	return r.Kinds&differs != 0 && r.Kinds&explained == 0 && !r.Ignored
 }
 
 // compared reports whether both sides answered, so that their decisions could be compared.
@@ -213,6 +229,17 @@ func (o reorder) explains(r *Result) bool {
 	// allows has no wait.
 	return abs(int64(c.ResetAt.Sub(k.ResetAt))) <= int64(slack) &&
 		(c.Allowed != k.Allowed || abs(int64(c.RetryAfter-k.RetryAfter)) <= int64(slack))
+}
+
+// explainsLate reports whether r's difference, not explained by its Lag, is explained once its
+// whole delay is (Elapsed in place of Lag): the rule of Late.
+func (o reorder) explainsLate(r *Result) bool {
+	if r.Elapsed <= r.Lag {
+		return false
+	}
+	late := *r
+	late.Lag = r.Elapsed
+	return o.explains(&late)
 }
 
 func abs(x int64) int64 {

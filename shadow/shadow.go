@@ -13,7 +13,8 @@
 // order is known: each call is queued after its control call returns, so two concurrent calls for
 // one key may be queued in either order (their totals agree), and calls of other processes reach
 // the candidate in yet another order than the control: differences that such reordering explains
-// are their own kind, Reordered, not mismatches (see Options.ReorderSpan). Candidate calls run
+// are their own kind, Reordered, not mismatches (see Options.ReorderSpan), and so are those
+// explained once the control's own delay is counted, Late. Candidate calls run
 // under the Backend's own context, not the caller's, which ends with the request.
 package shadow
 
@@ -105,8 +106,9 @@ type Options struct {
 	// these bounds (a different Limit, a window lost mid-way, counts further apart) stays a
 	// mismatch. A composite's pair (throttler.All) is Reordered when each member whose answers
 	// differ is, under its own policy; in a Take, a member of a denied composite that would
-	// have admitted is compared as its own Take would have answered. default: 0, nothing is
-	// Reordered
+	// have admitted is compared as its own Take would have answered. A pair outside the bounds
+	// with its Lag but within them with its Elapsed (the control answered late) is Late, not a
+	// mismatch either. default: 0, nothing is Reordered or Late
 	ReorderSpan time.Duration
 	// ReorderUnits: see ReorderSpan. default: 0
 	ReorderUnits int64
@@ -216,6 +218,7 @@ type Backend struct {
 	controlTraits                  throttler.Traits
 	opts                           Options
 	reorder                        reorder
+	mono                           func() int64 // monoNow; tests move their own
 	seed                           maphash.Seed
 	workers                        []*worker
 	wakeLen                        int
@@ -247,6 +250,9 @@ type call struct {
 	now        time.Time
 	control    throttler.Decision
 	controlErr error
+	// got is when the shadow received the call (b.mono), before it asked the control; 0 when
+	// not read (no ReorderSpan: nothing is Late without it).
+	got int64
 	// lease is a lease operation's; a rate operation leaves it as the slot's last user did, and
 	// nothing reads it.
 	lease leaseCall
@@ -323,7 +329,7 @@ func New(control, candidate throttler.Backend, opts *Options) (*Backend, error) 
 	b := &Backend{
 		control: control, candidate: candidate, opts: o,
 		reorder: reorder{span: o.ReorderSpan, units: o.ReorderUnits, usedTol: o.UsedTolerance, resetTol: o.ResetAtTolerance},
-		seed:    maphash.MakeSeed(), workers: make([]*worker, o.Workers),
+		mono:    monoNow, seed: maphash.MakeSeed(), workers: make([]*worker, o.Workers),
 		wakeLen: max(1, o.QueueSize/wakeAt),
 		ctx:     ctx, cancel: cancel,
 	}
@@ -374,6 +380,10 @@ func (b *Backend) do() backend.OpFunc {
 	return func(ctx context.Context, op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time) (throttler.Decision, error) {
 		var d throttler.Decision
 		var err error
+		var got int64
+		if b.reorder.span > 0 {
+			got = b.mono()
+		}
 		switch op {
 		case throttler.OpTake:
 			d, err = b.control.Take(ctx, key, p, cost, now)
@@ -387,7 +397,7 @@ func (b *Backend) do() backend.OpFunc {
 		if err != nil && throttler.IsInputError(err) {
 			return d, err
 		}
-		b.mirror(op, key, p, cost, receipt, now, &d, err, nil)
+		b.mirror(op, key, p, cost, receipt, now, got, &d, err, nil)
 		return d, err
 	}
 }
@@ -397,7 +407,7 @@ func (b *Backend) do() backend.OpFunc {
 // part, nil for a rate one's. A Refund mirrors the same receipt, the control's Take's ResetAt: the
 // candidate refunds only if its state fits it (see throttler.Backend), which it does when it
 // counted the Take alike.
-func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, d *throttler.Decision, err error, lc *leaseCall) {
+func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost int64, receipt, now time.Time, got int64, d *throttler.Decision, err error, lc *leaseCall) {
 	if b.opts.Enabled != nil && !b.opts.Enabled() {
 		return
 	}
@@ -433,6 +443,7 @@ func (b *Backend) mirror(op throttler.Op, key string, p throttler.Policy, cost i
 	}
 	c := grow(&w.queue)
 	c.op, c.key, c.p, c.cost, c.receipt, c.now, c.control, c.controlErr = op, key, p, cost, receipt, now, *d, err
+	c.got = got
 	if lc != nil {
 		c.lease = *lc
 	}
@@ -573,11 +584,17 @@ func (b *Backend) process(w *worker, c *call, queued time.Time) {
 			// Read only for differences: a clock read per call would be a visible share
 			// of an in-process candidate's cost.
 			r.Lag = time.Since(queued)
+			if c.got != 0 {
+				r.Elapsed = max(time.Duration(b.mono()-c.got), r.Lag)
+			}
 		}
+		rate := c.op != throttler.OpAcquire && c.op != throttler.OpRelease
 		switch {
 		case r.Kinds == 0:
-		case c.op != throttler.OpAcquire && c.op != throttler.OpRelease && b.reorder.explains(&r):
+		case rate && b.reorder.explains(&r):
 			r.Kinds |= Reordered
+		case rate && b.reorder.explainsLate(&r):
+			r.Kinds |= Late
 		case b.opts.Ignore != nil:
 			r.Ignored = b.ignore(r)
 		}
@@ -587,6 +604,12 @@ func (b *Backend) process(w *worker, c *call, queued time.Time) {
 	}
 	b.record(w, &r)
 }
+
+// epoch is the origin of monoNow.
+var epoch = time.Now()
+
+// monoNow is the monotonic time in ns since epoch, never 0 (0 is "not read").
+func monoNow() int64 { return int64(time.Since(epoch)) + 1 }
 
 // result is the Result of c before the candidate answers.
 func (c *call) result() Result {

@@ -315,7 +315,8 @@ func TestKindString(t *testing.T) {
 		{CandidateError | Dropped, "candidate_error|dropped"},
 		{UsedDiffers | RetryAfterDiffers, "used|retry_after"},
 		{UsedDiffers | Reordered, "used|reordered"},
-		{Kind(1 << 8), "kind(256)"},
+		{UsedDiffers | Late, "used|late"},
+		{Kind(1 << 9), "kind(512)"},
 	}
 	for _, tc := range cases {
 		if got := tc.k.String(); got != tc.want {

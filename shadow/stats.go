@@ -13,15 +13,15 @@ type Stats struct {
 	// Compared counts the pairs where both sides answered without error.
 	Compared uint64
 	// Mismatched counts the compared pairs whose decisions really differ (Result.Mismatch):
-	// neither Reordered (counted in ByKind[Reordered]) nor ignored. Mismatched/Compared is the
+	// neither Reordered nor Late (counted in ByKind[Reordered] and ByKind[Late]) nor ignored. Mismatched/Compared is the
 	// mismatch rate. Healthy: 0.
 	Mismatched uint64
 	// Ignored counts the differences that Options.Ignore accepted.
 	Ignored uint64
 	// ByKind counts the Results that carried each single kind: ByKind[Dropped] is how many
-	// calls were dropped. The difference kinds count mismatches only: a Reordered pair counts
-	// under Reordered alone, and an ignored difference not at all. Kinds never seen are absent,
-	// and read as 0.
+	// calls were dropped. The difference kinds count mismatches only: a Reordered (or Late) pair
+	// counts under Reordered (or Late) alone, and an ignored difference not at all. Kinds never
+	// seen are absent, and read as 0.
 	ByKind map[Kind]uint64
 	// LastMismatches holds the latest mismatches, oldest first, at most Options.KeepMismatches.
 	LastMismatches []Result
@@ -59,7 +59,7 @@ func (t *tally) add(r *Result) bool {
 		t.ignored++
 		k &^= differs
 	}
-	if k&Reordered != 0 {
+	if k&explained != 0 {
 		k &^= differs
 	}
 	for i, x := range kinds {

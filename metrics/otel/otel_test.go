@@ -151,7 +151,7 @@ func TestPulledStatsCollect(t *testing.T) {
 			byKind[k.AsString()] = p.Value
 		}
 	}
-	assert.Equal(t, map[string]int64{"allowed": 1, "used": 1, "reset_at": 1, "retry_after": 0, "reordered": 0}, byKind)
+	assert.Equal(t, map[string]int64{"allowed": 1, "used": 1, "reset_at": 1, "retry_after": 0, "reordered": 0, "late": 0}, byKind)
 
 	metricdatatest.AssertAggregationsEqual(t, sum(point(1, "throttlekit.migration", "sessions")),
 		got["throttlekit.migration.moving.calls"].Data, metricdatatest.IgnoreTimestamp())

@@ -148,29 +148,34 @@ throttlekit_migration_percent_changes_total{migration="sessions"} 1
 		"throttlekit_migration_moving_calls_total", "throttlekit_migration_percent_changes_total"))
 
 	kinds := `
-# HELP throttlekit_shadow_mismatch_kinds_total Mismatches carrying each kind of difference (one mismatch may carry several); kind reordered: differing pairs the order of calls explains, not mismatches.
+# HELP throttlekit_shadow_mismatch_kinds_total Mismatches carrying each kind of difference (one mismatch may carry several); kinds reordered and late: differing pairs the order of calls (or a late answer) explains, not mismatches.
 # TYPE throttlekit_shadow_mismatch_kinds_total counter
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="closed"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="late",shadow="closed"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reordered",shadow="closed"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="closed"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="closed"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="closed"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="failing"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="late",shadow="failing"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reordered",shadow="failing"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="failing"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="failing"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="failing"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="allowed",shadow="mismatch"} 1
+throttlekit_shadow_mismatch_kinds_total{direction="",kind="late",shadow="mismatch"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reordered",shadow="mismatch"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="reset_at",shadow="mismatch"} 1
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="retry_after",shadow="mismatch"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="",kind="used",shadow="mismatch"} 1
 throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="allowed",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="late",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="reordered",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="reset_at",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="retry_after",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="forward",kind="used",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="allowed",shadow="sessions"} 0
+throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="late",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="reordered",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="reset_at",shadow="sessions"} 0
 throttlekit_shadow_mismatch_kinds_total{direction="reverse",kind="retry_after",shadow="sessions"} 0

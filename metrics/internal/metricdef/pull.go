@@ -38,6 +38,7 @@ const (
 	MigrationRefundFailures
 	MigrationOneStore
 	MigrationPercentChanges
+	MigrationLate
 	BreakersOpen
 	BatchRoundTrips
 	BatchOperations
@@ -95,7 +96,7 @@ var Specs = [NumPulls]Spec{
 	ShadowIgnored: {"throttlekit_shadow_ignored_total", "throttlekit.shadow.ignored", "{comparison}",
 		"Differences that the shadow's Ignore accepted.", shadowLabels, false},
 	ShadowDifferences: {"throttlekit_shadow_mismatch_kinds_total", "throttlekit.shadow.mismatch_kinds", "{comparison}",
-		"Mismatches carrying each kind of difference (one mismatch may carry several); kind reordered: differing pairs the order of calls explains, not mismatches.", []string{"shadow", "direction", "kind"}, false},
+		"Mismatches carrying each kind of difference (one mismatch may carry several); kinds reordered and late: differing pairs the order of calls (or a late answer) explains, not mismatches.", []string{"shadow", "direction", "kind"}, false},
 	ShadowCandidateErrors: {"throttlekit_shadow_candidate_errors_total", "throttlekit.shadow.candidate_errors", "{error}",
 		"Mirrored calls the candidate failed, timed out or panicked on.", shadowLabels, false},
 	ShadowControlErrors: {"throttlekit_shadow_control_errors_total", "throttlekit.shadow.control_errors", "{error}",
@@ -116,6 +117,8 @@ var Specs = [NumPulls]Spec{
 		"Moving keys' calls answered by one store because the other failed.", moveLabels, false},
 	MigrationPercentChanges: {"throttlekit_migration_percent_changes_total", "throttlekit.migration.percent_changes", "{change}",
 		"Changes of the rollout's percentage this process has seen.", moveLabels, false},
+	MigrationLate: {"throttlekit_migration_late_calls_total", "throttlekit.migration.late_calls", "{call}",
+		"Calls one store served alone that were answered more than LateAfter after this process saw a change that moved their key.", moveLabels, false},
 	BreakersOpen: {"throttlekit_breakers_open", "throttlekit.breakers.open", "{breaker}",
 		"Watched Throttlers whose breaker for the store is open: its calls get the fallback or the failure mode.", []string{"store"}, true},
 	BatchRoundTrips: {"throttlekit_backend_round_trips_total", "throttlekit.backend.round_trips", "{round_trip}",
@@ -149,9 +152,10 @@ type Sample struct {
 
 // differenceKinds are the kinds counted by ShadowDifferences: the ways two
 // decisions disagree (errors and drops have metrics of their own), and
-// Reordered, the differing pairs that the order of calls explains (not
-// mismatches, so never in ShadowMismatches: the real-difference rate).
-var differenceKinds = [...]shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers, shadow.RetryAfterDiffers, shadow.Reordered}
+// Reordered and Late, the differing pairs that the order of calls (and a
+// late answer) explains (not mismatches, so never in ShadowMismatches: the
+// real-difference rate).
+var differenceKinds = [...]shadow.Kind{shadow.AllowedDiffers, shadow.UsedDiffers, shadow.ResetAtDiffers, shadow.RetryAfterDiffers, shadow.Reordered, shadow.Late}
 
 // Sources are what an adapter reads at each collection. Watch may be called
 // at any time; names share one space (a router and a migration of one name
@@ -286,6 +290,7 @@ func (s *Sources) Collect(yield func(Sample)) {
 			MigrationRefundFailures: st.Moving.RefundFailed,
 			MigrationOneStore:       st.Moving.OneStore,
 			MigrationPercentChanges: st.Moving.Changes,
+			MigrationLate:           st.Moving.Late,
 		} {
 			yield(Sample{Pull: p, Labels: [3]string{m.name}, Value: float64(v)})
 		}

@@ -31,7 +31,7 @@ var (
 	shadowPulls = []Pull{ShadowResults, ShadowCompared, ShadowMismatches, ShadowIgnored,
 		ShadowDifferences, ShadowCandidateErrors, ShadowControlErrors, ShadowDropped, ShadowQueued,
 		ShadowPublishDropped}
-	movePulls   = []Pull{MigrationMovingCalls, MigrationCompensated, MigrationRefundFailures, MigrationOneStore, MigrationPercentChanges}
+	movePulls   = []Pull{MigrationMovingCalls, MigrationCompensated, MigrationRefundFailures, MigrationOneStore, MigrationPercentChanges, MigrationLate}
 	batchPulls  = []Pull{BatchRoundTrips, BatchOperations, BatchBatched, BatchAbandoned, BatchRoundTripsBySize, CacheHits, CacheKeys}
 	memoryPulls = []Pull{MemoryKeys, MemoryEvictions, MemorySecondTierHits}
 )
