@@ -102,12 +102,15 @@ func (b *Backend) leaseKey(p throttler.ConcurrencyPolicy, key string) (string, u
 // leaseStore names the shard that holds p's leases on key, as store does
 // for a rate policy: a Throttler's breaker for lease calls.
 func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	if len(b.shards) == 1 {
+	if len(b.shards) == 1 && b.shards[0].cluster == nil {
 		return b.shards[0].name
 	}
 	var idBuf [maxPolicyNameLen + 3]byte
 	var lenBuf [20]byte
 	_, h := b.identityHash(identity.AppendLease(idBuf[:0], p), key, lenBuf[:0])
+	if s := b.shardFor(h); s.cluster != nil {
+		return s.cluster.store(hashSlot(h, b.tagByKey))
+	}
 	return b.shardFor(h).name
 }
 

@@ -1,0 +1,301 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// A Redis Cluster is one store per master (docs/backends-redis.md,
+// "Redis Cluster: a store per master"). A shard whose primary is a
+// *goredis.ClusterClient names each call's store after the master that
+// serves the key's slot, from a slot map it keeps (masters), and gives each
+// master a lane of its own, so that a stalled master holds up neither the
+// breakers nor the batches of keys on the others. The client still routes
+// every command: the map only names stores and picks lanes, and a stale map
+// costs a misnamed store for a moment, never a misrouted command.
+//
+// A slot in the middle of a move (TRYAGAIN, ASK or MOVED left over after
+// go-redis's redirections, CLUSTERDOWN for a slot no node serves) is the
+// key's condition, not its master's: the call is tried again with a short
+// backoff while its deadline allows (settle), and then fails as the key's
+// failure (keyFailure), which no breaker counts.
+
+// clusterSlots is the number of hash slots of a Redis Cluster.
+const clusterSlots = 16384
+
+// slotMapEvery is how old the slot map may get before a call starts
+// reloading it, and how long after a failed load the next may start.
+// Redirections a call meets reload it at once.
+const slotMapEvery = time.Second
+
+// slotMapTimeout bounds one load of the slot map (CLUSTER SLOTS).
+const slotMapTimeout = time.Second
+
+// Slot-move retries: the first wait, the longest, and how long a call
+// without a deadline keeps trying (a Throttler's calls always have one,
+// its Timeout).
+const (
+	firstSlotWait = time.Millisecond
+	maxSlotWait   = 8 * time.Millisecond
+	slotPatience  = 100 * time.Millisecond
+)
+
+// masters names a Cluster's masters by slot and holds a lane per master.
+// It keeps no goroutine: a call that finds the map old starts one load,
+// which ends when CLUSTER SLOTS answers or times out.
+type masters struct {
+	cc       *goredis.ClusterClient
+	fallback *lane // the shard's own lane, named for the whole Cluster: no map yet
+	newLane  func(store string) *lane
+	start    time.Time // the origin of the monotonic instants below
+
+	table    atomic.Pointer[slotTable]
+	loading  atomic.Bool
+	lastLoad atomic.Int64 // ns since start when the last load began
+	stale    atomic.Bool  // a redirection was seen: reload at the next call
+
+	lanes   atomic.Pointer[map[string]*lane] // by store name; replaced, never changed
+	lanesMu sync.Mutex
+}
+
+// slotTable is one reading of CLUSTER SLOTS: each slot's master as an
+// index into names, plus one; 0 for a slot no master serves.
+type slotTable struct {
+	master [clusterSlots]uint16
+	names  []string
+}
+
+func newMasters(cc *goredis.ClusterClient, fallback *lane, newLane func(store string) *lane) *masters {
+	m := &masters{cc: cc, fallback: fallback, newLane: newLane, start: time.Now()}
+	m.lastLoad.Store(-int64(slotMapEvery))
+	m.lanes.Store(&map[string]*lane{})
+	return m
+}
+
+// masterName is a master's store name: stable for as long as its address.
+func masterName(addr string) string { return "redis master " + addr }
+
+// store names the master that serves slot, or the whole Cluster (the
+// shard's own name) until the map is first loaded or for a slot that no
+// master serves. It does no I/O: an old map starts a load in the background.
+func (m *masters) store(slot uint16) string {
+	return m.laneOf(slot).store
+}
+
+// laneOf is the lane of the master that serves slot (see store).
+func (m *masters) laneOf(slot uint16) *lane {
+	t := m.table.Load()
+	m.maybeLoad()
+	if t == nil || t.master[slot] == 0 {
+		return m.fallback
+	}
+	name := t.names[t.master[slot]-1]
+	if l, ok := (*m.lanes.Load())[name]; ok {
+		return l
+	}
+	return m.addLane(name)
+}
+
+func (m *masters) addLane(name string) *lane {
+	m.lanesMu.Lock()
+	defer m.lanesMu.Unlock()
+	old := *m.lanes.Load()
+	if l, ok := old[name]; ok {
+		return l
+	}
+	lanes := make(map[string]*lane, len(old)+1)
+	for k, v := range old {
+		lanes[k] = v
+	}
+	l := m.newLane(name)
+	lanes[name] = l
+	m.lanes.Store(&lanes)
+	return l
+}
+
+// maybeLoad starts a load of the map when a redirection was seen or the
+// last load began slotMapEvery ago, unless one is under way.
+func (m *masters) maybeLoad() {
+	now := int64(time.Since(m.start))
+	if !m.stale.Load() && now-m.lastLoad.Load() < int64(slotMapEvery) {
+		return
+	}
+	if !m.loading.CompareAndSwap(false, true) {
+		return
+	}
+	m.stale.Store(false)
+	m.lastLoad.Store(now)
+	go m.load()
+}
+
+// load reads CLUSTER SLOTS into a new table; a failure keeps the old one.
+func (m *masters) load() {
+	defer m.loading.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), slotMapTimeout)
+	defer cancel()
+	slots, err := m.cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return
+	}
+	m.table.Store(newSlotTable(slots, m.table.Load()))
+}
+
+// newSlotTable builds a table from CLUSTER SLOTS, whose first node of each
+// range is its master. Names of old are reused, so a name's string is the
+// same from one load to the next.
+func newSlotTable(slots []goredis.ClusterSlot, old *slotTable) *slotTable {
+	t := new(slotTable)
+	index := map[string]uint16{}
+	for _, s := range slots {
+		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= clusterSlots || s.Start > s.End {
+			continue
+		}
+		addr := s.Nodes[0].Addr
+		i, ok := index[addr]
+		if !ok {
+			name := masterName(addr)
+			if old != nil {
+				for _, n := range old.names {
+					if n == name {
+						name = n
+						break
+					}
+				}
+			}
+			t.names = append(t.names, name)
+			i = uint16(len(t.names))
+			index[addr] = i
+		}
+		for slot := s.Start; slot <= s.End; slot++ {
+			t.master[slot] = i
+		}
+	}
+	return t
+}
+
+// settle runs try, and again while it fails because the key's slot is
+// moving (slotMoving) and the call's deadline leaves time for another try,
+// waiting 1, 2, 4, then 8 ms between tries. Each such reply was given
+// before a script ran (Redis checks a command's slot before running it),
+// so a try again never counts twice. A try that runs out of time after
+// the slot was found moving fails as the slot's condition too: its error
+// holds both, and so it is the key's failure, never its master's.
+func (m *masters) settle(ctx context.Context, try func(context.Context) error) error {
+	err := try(ctx)
+	if err == nil || !slotMoving(err) {
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(slotPatience)
+	}
+	for wait := firstSlotWait; ; wait = min(2*wait, maxSlotWait) {
+		m.stale.Store(true) // the slot's master may have changed
+		if time.Until(deadline) < 2*wait {
+			return err
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return err
+		case <-timer.C:
+		}
+		next := try(ctx)
+		switch {
+		case next == nil:
+			return nil
+		case slotMoving(next):
+			err = next
+		case ctx.Err() != nil:
+			return fmt.Errorf("%w (tried again until the deadline: %w)", err, next)
+		default:
+			return next
+		}
+	}
+}
+
+// slotMovingPrefixes begin the replies of a Cluster node about one slot in
+// a move: a multi-key command whose keys are split by the move (TRYAGAIN),
+// redirections go-redis stopped following (its MaxRedirects), and a slot
+// that no node serves.
+var slotMovingPrefixes = []string{"TRYAGAIN", "ASK ", "MOVED ", "CLUSTERDOWN Hash slot not served"}
+
+// slotMoving reports whether err is a Cluster's answer about the key's slot
+// alone (slotMovingPrefixes), which never says anything of its master.
+func slotMoving(err error) bool {
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	for _, p := range slotMovingPrefixes {
+		if strings.HasPrefix(re.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+// keySlot is the Cluster slot of storage key sk, by Redis's rule: the CRC16
+// of the hash tag (what lies between the first '{' and the next '}', when
+// that is not empty), else of the whole key.
+func keySlot(sk string) uint16 {
+	if i := strings.IndexByte(sk, '{'); i >= 0 {
+		if j := strings.IndexByte(sk[i+1:], '}'); j > 0 {
+			sk = sk[i+1 : i+1+j]
+		}
+	}
+	return crc16(sk) % clusterSlots
+}
+
+// hashSlot is the Cluster slot of a storage key whose hash is h (see
+// identityKey: the tag is 16 hex digits of h, after 'k' with TagByKey),
+// without building the key.
+func hashSlot(h uint64, byKey bool) uint16 {
+	var buf [17]byte
+	tag := buf[:0]
+	if byKey {
+		tag = append(tag, keyTagMark)
+	}
+	const hexDigits = "0123456789abcdef"
+	for i := 0; i < 16; i++ {
+		tag = append(tag, hexDigits[(h>>(60-4*i))&0xf])
+	}
+	var c uint16
+	for _, b := range tag {
+		c = c<<8 ^ crc16Table[byte(c>>8)^b]
+	}
+	return c % clusterSlots
+}
+
+// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial 0), Redis Cluster's
+// key hash.
+func crc16(s string) uint16 {
+	var c uint16
+	for i := 0; i < len(s); i++ {
+		c = c<<8 ^ crc16Table[byte(c>>8)^s[i]]
+	}
+	return c
+}
+
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

@@ -1,0 +1,316 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/throttlekit/throttlekit/throttler"
+)
+
+// twoMasters starts a Redis Cluster of two masters on redis-server
+// binaries, the first serving slots 0-8191 and the second 8192-16383, and
+// returns a ClusterClient of it, each master's own client and its ID.
+func twoMasters(t *testing.T) (cc *goredis.ClusterClient, nodes [2]*goredis.Client, ids [2]string) {
+	t.Helper()
+	ctx := context.Background()
+	var ports [2]int
+	for i := range nodes {
+		nodes[i], ports[i] = startRedis(t, "--cluster-enabled", "yes")
+		lo, hi := i*clusterSlots/2, (i+1)*clusterSlots/2-1
+		if err := nodes[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatal(err)
+		}
+		id, err := nodes[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = id
+	}
+	if err := nodes[0].ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(ports[1])).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ { // the handshake and gossip, not the clock
+		ok := true
+		for _, n := range nodes {
+			info, err := n.ClusterInfo(ctx).Result()
+			ok = ok && err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:2")
+		}
+		if ok {
+			break
+		} else if i == 500 {
+			t.Fatal("the two masters never formed a cluster")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cc = goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs: []string{nodes[0].Options().Addr}, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc, nodes, ids
+}
+
+// Redis's own examples of its hash slots (the Cluster specification), and
+// the backend's keys: keySlot and hashSlot give the slot Redis computes
+// (CLUSTER KEYSLOT).
+func TestKeySlot(t *testing.T) {
+	for _, c := range []struct {
+		key  string
+		slot uint16
+	}{
+		{"123456789", 0x31c3 % clusterSlots},
+		{"foo", 12182},
+		{"{user1000}.following", 3443},
+		{"{user1000}.followers", 3443},
+		{"foo{}{bar}", crc16("foo{}{bar}") % clusterSlots},
+		{"foo{{bar}}zap", crc16("{bar") % clusterSlots},
+		{"foo{bar}{zap}", crc16("bar") % clusterSlots},
+	} {
+		if got := keySlot(c.key); got != c.slot {
+			t.Errorf("keySlot(%q) = %d, want %d", c.key, got, c.slot)
+		}
+	}
+	srv, _ := startRedis(t, "--cluster-enabled", "yes")
+	ctx := context.Background()
+	for _, byKey := range []bool{false, true} {
+		b := newBackend(t, srv, &Options{TagByKey: byKey})
+		for i := range 200 {
+			p := throttler.Policy{Name: "p" + strconv.Itoa(i%3), Limit: 1, Window: time.Second}
+			sk, h := b.keyOf(p, "key-"+strconv.Itoa(i))
+			want, err := srv.ClusterKeySlot(ctx, sk).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := keySlot(sk); int64(got) != want {
+				t.Fatalf("keySlot(%q) = %d, Redis says %d", sk, got, want)
+			}
+			if got := hashSlot(h, byKey); int64(got) != want {
+				t.Fatalf("hashSlot of %q (TagByKey %v) = %d, Redis says %d", sk, byKey, got, want)
+			}
+		}
+	}
+}
+
+// A Cluster is a store per master: Traits().Store names the master that
+// serves the key's slot, for every op and for leases, once the slot map is
+// loaded (until then the Cluster as a whole, "redis"), and a reshard
+// renames a moved slot's keys at the next load.
+func TestClusterStorePerMaster(t *testing.T) {
+	cc, nodes, ids := twoMasters(t)
+	b := newBackend(t, cc, &Options{TagByKey: true})
+	tr := b.Traits()
+	m := b.shards[0].cluster
+	p := throttler.Policy{Name: "api", Limit: 10, Window: time.Second}
+	lease := throttler.ConcurrencyPolicy{Name: "jobs", Limit: 2, TTL: time.Second}
+	if got := tr.Store(throttler.OpTake, "k", p); got != "redis" && m.table.Load() == nil {
+		t.Errorf("before the slot map loads: %q, want redis", got)
+	}
+	m.load()
+	names := [2]string{masterName(nodes[0].Options().Addr), masterName(nodes[1].Options().Addr)}
+	ctx := context.Background()
+	seen := map[string]int{}
+	for i := range 64 {
+		key := "key-" + strconv.Itoa(i)
+		sk, _ := b.keyOf(p, key)
+		slot, err := cc.ClusterKeySlot(ctx, sk).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := names[slot*2/clusterSlots]
+		for _, op := range []throttler.Op{throttler.OpTake, throttler.OpPeek, throttler.OpRefund} {
+			if got := tr.Store(op, key, p); got != want {
+				t.Fatalf("%v %s (slot %d): %q, want %q", op, key, slot, got, want)
+			}
+		}
+		if got := tr.Store(throttler.OpTake, key, throttler.All(p, throttler.Policy{Name: "day", Limit: 100, Window: 24 * time.Hour})); got != want {
+			t.Errorf("a composite on %s: %q, want %q", key, got, want)
+		}
+		if got := tr.LeaseStore(key, lease); got != want {
+			t.Errorf("leases of %s: %q, want %q", key, got, want)
+		}
+		seen[want]++
+	}
+	if len(seen) != 2 {
+		t.Errorf("64 keys named %v, want both masters", seen)
+	}
+
+	// Move the first key's slot to the other master; the next load names it.
+	sk, _ := b.keyOf(p, "key-0")
+	slot := keySlot(sk)
+	from := int(slot) * 2 / clusterSlots
+	for i := range nodes {
+		if err := nodes[i].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[1-from]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.load()
+	if got := tr.Store(throttler.OpTake, "key-0", p); got != names[1-from] {
+		t.Errorf("after its slot moved: %q, want %q", got, names[1-from])
+	}
+	if got := tr.Store(throttler.OpTake, "key-0", p); got != names[1-from] {
+		t.Errorf("after its slot moved: %q, want %q", got, names[1-from])
+	}
+}
+
+// Store allocates nothing and does no I/O: it runs before every call.
+func TestClusterStoreAllocs(t *testing.T) {
+	cc, _, _ := twoMasters(t)
+	b := newBackend(t, cc, nil)
+	b.shards[0].cluster.load()
+	tr := b.Traits()
+	p := throttler.Policy{Name: "api", Limit: 10, Window: time.Second}
+	if n := testing.AllocsPerRun(100, func() { tr.Store(throttler.OpTake, "some-key", p) }); n != 0 {
+		t.Errorf("Store: %v allocations per call, want 0", n)
+	}
+}
+
+// A slot in a move is its key's condition. A composite whose members' keys
+// the move split is refused before it runs (TRYAGAIN) for as long as the
+// slot migrates: the call is tried again within its deadline, then fails
+// as the key's failure (throttler.ErrKeyState), never as its master's
+// (ErrUnavailable), and before its deadline. A Throttler over it answers
+// that key by its failure mode and keeps deciding every other key, on the
+// same master included, from the store: no breaker opens.
+func TestClusterSlotInAMove(t *testing.T) {
+	cc, nodes, ids := twoMasters(t)
+	b := newBackend(t, cc, &Options{TagByKey: true})
+	b.shards[0].cluster.load()
+	ctx := context.Background()
+	short := throttler.Policy{Name: "minute", Limit: 5, Window: time.Minute}
+	long := throttler.Policy{Name: "hour", Limit: 100, Window: time.Hour}
+	c := throttler.All(short, long)
+	if _, err := b.Take(ctx, "hot", c, 1, t0); err != nil {
+		t.Fatal(err)
+	}
+	// The hot key's slot migrates from its master; its short member's key
+	// has moved, the long one's not yet.
+	shortKey, _ := b.keyOf(short, "hot")
+	slot := keySlot(shortKey)
+	from := int(slot) * 2 / clusterSlots
+	to := 1 - from
+	must := func(i int, args ...any) {
+		t.Helper()
+		if err := nodes[i].Do(ctx, args...).Err(); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+	}
+	must(to, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from])
+	must(from, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to])
+	host, port, _ := strings.Cut(nodes[to].Options().Addr, ":")
+	must(from, "MIGRATE", host, port, shortKey, 0, 5000)
+
+	callCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err := b.Take(callCtx, "hot", c, 1, t0)
+	early := callCtx.Err() == nil
+	cancel()
+	if !errors.Is(err, throttler.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) ||
+		!strings.Contains(fmt.Sprint(err), "TRYAGAIN") {
+		t.Errorf("a composite split by the move: %v; want the key's failure (ErrKeyState), TRYAGAIN", err)
+	}
+	if !early {
+		t.Errorf("the call failed at its deadline, not before: a Throttler would count its timeout")
+	}
+
+	var degraded []string
+	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 2,
+		Observe: func(o throttler.Observation) {
+			if o.Err != nil {
+				degraded = append(degraded, fmt.Sprintf("%s: %v", o.Key, o.Err))
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		d, err := th.Allow(ctx, "hot", c)
+		if err != nil || !d.Degraded || !d.Allowed {
+			t.Errorf("the hot key: %+v, %v; want failed open", d, err)
+		}
+	}
+	// A key of another slot on the hot key's master, and one on the other.
+	for _, key := range []string{sameMaster(t, b, from), sameMaster(t, b, to)} {
+		d, err := th.Allow(ctx, key, c)
+		if err != nil || d.Degraded || !d.Allowed || d.Remaining != 4 {
+			t.Errorf("%s, beside the hot key's failures: %+v, %v; want decided by the store", key, d, err)
+		}
+	}
+	if len(degraded) != 5 {
+		t.Errorf("observed failures: %d, want the hot key's 5: %q", len(degraded), degraded)
+	}
+
+	// The move ends; the hot key is decided by the store again.
+	must(from, "MIGRATE", host, port, "", 0, 5000, "KEYS", mustKey(b, long, "hot"))
+	for i := range nodes {
+		must(i, "CLUSTER", "SETSLOT", slot, "NODE", ids[to])
+	}
+	d, err := th.Allow(ctx, "hot", c)
+	if err != nil || d.Degraded || d.Remaining != 3 {
+		t.Errorf("the hot key after the move: %+v, %v; want decided by the store, Remaining 3", d, err)
+	}
+}
+
+// sameMaster is a client key, other than the test's hot key's slot, on
+// master i of twoMasters.
+func sameMaster(t *testing.T, b *Backend, i int) string {
+	t.Helper()
+	p := throttler.Policy{Name: "minute", Limit: 5, Window: time.Minute}
+	hot, _ := b.keyOf(p, "hot")
+	for n := 0; n < 1000; n++ {
+		key := "other-" + strconv.Itoa(n)
+		sk, _ := b.keyOf(p, key)
+		if s := keySlot(sk); int(s)*2/clusterSlots == i && s != keySlot(hot) {
+			return key
+		}
+	}
+	t.Fatal("no key on that master")
+	return ""
+}
+
+func mustKey(b *Backend, p throttler.Policy, key string) string {
+	sk, _ := b.keyOf(p, key)
+	return sk
+}
+
+// Only replies about one slot are the slot's: a Cluster that is down as a
+// whole stays its store's failure.
+func TestSlotMoving(t *testing.T) {
+	for _, c := range []struct {
+		reply string
+		slot  bool
+	}{
+		{"TRYAGAIN Multiple keys request during rehashing of slot", true},
+		{"ASK 3999 127.0.0.1:6381", true},
+		{"MOVED 3999 127.0.0.1:6381", true},
+		{"CLUSTERDOWN Hash slot not served", true},
+		{"CLUSTERDOWN The cluster is down", false},
+		{"LOADING Redis is loading the dataset in memory", false},
+		{"ERR unknown command", false},
+	} {
+		err := fmt.Errorf("redis (cluster): %w", replyError(c.reply))
+		if got := slotMoving(err); got != c.slot {
+			t.Errorf("slotMoving(%q) = %v, want %v", c.reply, got, c.slot)
+		}
+		wrapped := opError("take", "k", policy, err)
+		if got := errors.Is(wrapped, throttler.ErrKeyState); got != c.slot {
+			t.Errorf("%q: a key's failure %v, want %v", c.reply, got, c.slot)
+		}
+		if c.slot && errors.Is(wrapped, throttler.ErrUnavailable) {
+			t.Errorf("%q: a store failure, want the key's alone", c.reply)
+		}
+	}
+	if slotMoving(errors.New("TRYAGAIN")) || slotMoving(context.DeadlineExceeded) {
+		t.Error("an error that is not Redis's reply counted as a slot's")
+	}
+}
+
+// replyError is an error reply of Redis, as go-redis gives one (goredis.Error).
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
