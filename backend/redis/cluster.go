@@ -32,8 +32,12 @@ const clusterSlots = 16384
 
 // slotMapEvery is how old the slot map may get before a call starts
 // reloading it, and how long after a failed load the next may start.
-// Redirections a call meets reload it at once.
-const slotMapEvery = time.Second
+// A redirection a call meets reloads it sooner, slotMapAfterMove after the
+// last load began: a slot in a move gives one at every try.
+const (
+	slotMapEvery     = time.Second
+	slotMapAfterMove = 100 * time.Millisecond
+)
 
 // slotMapTimeout bounds one load of the slot map (CLUSTER SLOTS).
 const slotMapTimeout = time.Second
@@ -120,11 +124,13 @@ func (m *masters) addLane(name string) *lane {
 	return l
 }
 
-// maybeLoad starts a load of the map when a redirection was seen or the
-// last load began slotMapEvery ago, unless one is under way.
+// maybeLoad starts a load of the map when the last one began slotMapEvery
+// ago, or slotMapAfterMove ago and a redirection was seen since, unless
+// one is under way.
 func (m *masters) maybeLoad() {
 	now := int64(time.Since(m.start))
-	if !m.stale.Load() && now-m.lastLoad.Load() < int64(slotMapEvery) {
+	age := now - m.lastLoad.Load()
+	if age < int64(slotMapAfterMove) || age < int64(slotMapEvery) && !m.stale.Load() {
 		return
 	}
 	if !m.loading.CompareAndSwap(false, true) {
