@@ -17,11 +17,13 @@
 // server that is LOADING, READONLY, BUSY, out of memory, or a cluster that
 // is down) matches throttler.ErrUnavailable (throttler.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
-// program wrote with another type (WRONGTYPE) matches throttler.ErrKeyState
-// and never does. Each shard's primary is a store of its own, and so are
-// its replicas, which Peeks reach first (throttler.Traits): one shard's
-// outage switches limiting off for its keys only, and a primary and its
-// replicas fail apart. A replica that fails a Peek in any way, its share of
+// program wrote with another type (WRONGTYPE), and a Cluster slot in a move
+// (TRYAGAIN, ASK, MOVED, a slot no node serves), match throttler.ErrKeyState
+// and never do; a slot in a move is tried again within the call's deadline
+// first (cluster.go). Each shard's primary is a store of its own, and so are
+// its replicas, which Peeks reach first (throttler.Traits), and so is each
+// master of a Cluster: one shard's or master's outage switches limiting off
+// for its keys only, and a primary and its replicas fail apart. A replica that fails a Peek in any way, its share of
 // the time running out included, costs the Peek time, not its answer: the
 // primary answers instead. Every error names the client it came from and,
 // for a deadline on a client whose last dial failed, that dial's error;
