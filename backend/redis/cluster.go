@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,7 +41,7 @@ const (
 	slotMapAfterMove = 100 * time.Millisecond
 )
 
-// slotMapTimeout bounds one load of the slot map (CLUSTER SLOTS).
+// slotMapTimeout bounds one load of the slot map.
 const slotMapTimeout = time.Second
 
 // Slot-move retries: the first wait, the longest, and how long a call
@@ -53,7 +55,7 @@ const (
 
 // masters names a Cluster's masters by slot and holds a lane per master.
 // It keeps no goroutine: a call that finds the map old starts one load,
-// which ends when CLUSTER SLOTS answers or times out.
+// which ends when CLUSTER SHARDS answers or times out.
 type masters struct {
 	cc       *goredis.ClusterClient
 	fallback *lane // the shard's own lane, named for the whole Cluster: no map yet
@@ -69,7 +71,7 @@ type masters struct {
 	lanesMu sync.Mutex
 }
 
-// slotTable is one reading of CLUSTER SLOTS: each slot's master as an
+// slotTable is one reading of the slot map: each slot's master as an
 // index into names, plus one; 0 for a slot no master serves.
 type slotTable struct {
 	master [clusterSlots]uint16
@@ -141,32 +143,84 @@ func (m *masters) maybeLoad() {
 	go m.load()
 }
 
-// load reads CLUSTER SLOTS into a new table; a failure keeps the old one.
+// load reads the Cluster's slot map into a new table; a failure keeps the
+// old one.
 func (m *masters) load() {
 	defer m.loading.Store(false)
 	ctx, cancel := context.WithTimeout(context.Background(), slotMapTimeout)
 	defer cancel()
-	slots, err := m.cc.ClusterSlots(ctx).Result()
+	ranges, err := slotRanges(ctx, m.cc)
 	if err != nil {
 		return
 	}
-	m.table.Store(newSlotTable(slots, m.table.Load()))
+	m.table.Store(newSlotTable(ranges, m.table.Load()))
 }
 
-// newSlotTable builds a table from CLUSTER SLOTS, whose first node of each
-// range is its master. Names of old are reused, so a name's string is the
-// same from one load to the next.
-func newSlotTable(slots []goredis.ClusterSlot, old *slotTable) *slotTable {
+// slotRange is a range of slots and the address of its master.
+type slotRange struct {
+	start, end int64
+	addr       string
+}
+
+// slotRanges reads the slot map with CLUSTER SHARDS, or with CLUSTER SLOTS
+// from a Redis before 7.0, which answers the former with an error.
+func slotRanges(ctx context.Context, cc *goredis.ClusterClient) ([]slotRange, error) {
+	shards, err := cc.ClusterShards(ctx).Result()
+	var re goredis.Error
+	if errors.As(err, &re) {
+		return legacySlotRanges(ctx, cc)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []slotRange
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role != "master" {
+				continue
+			}
+			host, port := n.Endpoint, n.Port
+			if host == "" || host == "?" {
+				host = n.IP
+			}
+			if port == 0 {
+				port = n.TLSPort
+			}
+			for _, r := range sh.Slots {
+				out = append(out, slotRange{r.Start, r.End, net.JoinHostPort(host, strconv.FormatInt(port, 10))})
+			}
+		}
+	}
+	return out, nil
+}
+
+func legacySlotRanges(ctx context.Context, cc *goredis.ClusterClient) ([]slotRange, error) {
+	//lint:ignore SA1019 the slot map of a Redis before 7.0, which has no CLUSTER SHARDS
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	var out []slotRange
+	for _, s := range slots {
+		if len(s.Nodes) > 0 { // the first is the master
+			out = append(out, slotRange{int64(s.Start), int64(s.End), s.Nodes[0].Addr})
+		}
+	}
+	return out, nil
+}
+
+// newSlotTable builds a table from ranges. Names of old are reused, so a
+// name's string is the same from one load to the next.
+func newSlotTable(ranges []slotRange, old *slotTable) *slotTable {
 	t := new(slotTable)
 	index := map[string]uint16{}
-	for _, s := range slots {
-		if len(s.Nodes) == 0 || s.Start < 0 || s.End >= clusterSlots || s.Start > s.End {
+	for _, r := range ranges {
+		if r.start < 0 || r.end >= clusterSlots || r.start > r.end {
 			continue
 		}
-		addr := s.Nodes[0].Addr
-		i, ok := index[addr]
+		i, ok := index[r.addr]
 		if !ok {
-			name := masterName(addr)
+			name := masterName(r.addr)
 			if old != nil {
 				for _, n := range old.names {
 					if n == name {
@@ -177,9 +231,9 @@ func newSlotTable(slots []goredis.ClusterSlot, old *slotTable) *slotTable {
 			}
 			t.names = append(t.names, name)
 			i = uint16(len(t.names))
-			index[addr] = i
+			index[r.addr] = i
 		}
-		for slot := s.Start; slot <= s.End; slot++ {
+		for slot := r.start; slot <= r.end; slot++ {
 			t.master[slot] = i
 		}
 	}
