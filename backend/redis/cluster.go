@@ -282,6 +282,23 @@ func (m *masters) settle(ctx context.Context, try func(context.Context) error) e
 	}
 }
 
+// runSettled is run (a lease's script), on a Cluster tried again while the
+// key's slot is moving (settle).
+func (s *shard) runSettled(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	if s.cluster == nil {
+		return s.run(ctx, script, keys, args...)
+	}
+	var cmd *goredis.Cmd
+	err := s.cluster.settle(ctx, func(ctx context.Context) error {
+		cmd = s.run(ctx, script, keys, args...)
+		return cmd.Err()
+	})
+	if err != nil {
+		cmd.SetErr(err)
+	}
+	return cmd
+}
+
 // slotMovingPrefixes begin the replies of a Cluster node about one slot in
 // a move: a multi-key command whose keys are split by the move (TRYAGAIN),
 // redirections go-redis stopped following (its MaxRedirects), and a slot

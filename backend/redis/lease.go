@@ -49,7 +49,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(b.shardFor(h).run(ctx, acquireScript, []string{sk},
+	err = parseInts(b.shardFor(h).runSettled(ctx, acquireScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10), t+p.TTL.Milliseconds(), p.Limit, b.marginMS), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, true)
@@ -69,7 +69,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(b.shardFor(h).run(ctx, releaseScript, []string{sk},
+	err = parseInts(b.shardFor(h).runSettled(ctx, releaseScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10)), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, false)
