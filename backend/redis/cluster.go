@@ -90,19 +90,31 @@ func masterName(addr string) string { return "redis master " + addr }
 
 // store names the master that serves slot, or the whole Cluster (the
 // shard's own name) until the map is first loaded or for a slot that no
-// master serves. It does no I/O: an old map starts a load in the background.
+// master serves. It does no I/O, and leaves loading the map to the calls.
 func (m *masters) store(slot uint16) string {
-	return m.laneOf(slot).store
+	if name := m.master(slot); name != "" {
+		return name
+	}
+	return m.fallback.store
 }
 
-// laneOf is the lane of the master that serves slot (see store).
-func (m *masters) laneOf(slot uint16) *lane {
+// master is the name of the master that serves slot, or "".
+func (m *masters) master(slot uint16) string {
 	t := m.table.Load()
-	m.maybeLoad()
 	if t == nil || t.master[slot] == 0 {
+		return ""
+	}
+	return t.names[t.master[slot]-1]
+}
+
+// laneOf is the lane of the master that serves slot (see store). A call
+// that finds the map old starts a load (maybeLoad), in the background.
+func (m *masters) laneOf(slot uint16) *lane {
+	m.maybeLoad()
+	name := m.master(slot)
+	if name == "" {
 		return m.fallback
 	}
-	name := t.names[t.master[slot]-1]
 	if l, ok := (*m.lanes.Load())[name]; ok {
 		return l
 	}
@@ -288,6 +300,7 @@ func (s *shard) runSettled(ctx context.Context, script *goredis.Script, keys []s
 	if s.cluster == nil {
 		return s.run(ctx, script, keys, args...)
 	}
+	s.cluster.maybeLoad()
 	var cmd *goredis.Cmd
 	err := s.cluster.settle(ctx, func(ctx context.Context) error {
 		cmd = s.run(ctx, script, keys, args...)

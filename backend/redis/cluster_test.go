@@ -17,7 +17,7 @@ import (
 // twoMasters starts a Redis Cluster of two masters on redis-server
 // binaries, the first serving slots 0-8191 and the second 8192-16383, and
 // returns a ClusterClient of it, each master's own client and its ID.
-func twoMasters(t *testing.T) (cc *goredis.ClusterClient, nodes [2]*goredis.Client, ids [2]string) {
+func twoMasters(t testing.TB) (cc *goredis.ClusterClient, nodes [2]*goredis.Client, ids [2]string) {
 	t.Helper()
 	ctx := context.Background()
 	var ports [2]int
@@ -318,3 +318,36 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 func (replyError) RedisError()     {}
+
+// What naming a Cluster call's master costs a Throttler before every call
+// (the key's hash, its slot and the map's entry), beside naming the shard of
+// two (the same hash, then jump hashing): go test -bench ClusterStore.
+func BenchmarkClusterStore(b *testing.B) {
+	cc, nodes, _ := twoMasters(b)
+	cluster, err := New(cc, &Options{TagByKey: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cluster.shards[0].cluster.load()
+	shards, err := NewSharded([]Shard{{Primary: nodes[0]}, {Primary: nodes[1]}}, &Options{TagByKey: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := throttler.Policy{Name: "api", Limit: 10, Window: time.Second}
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = "client-" + strconv.Itoa(i)
+	}
+	for _, c := range []struct {
+		name string
+		b    *Backend
+	}{{"cluster", cluster}, {"two shards", shards}} {
+		b.Run(c.name, func(b *testing.B) {
+			store := c.b.Traits().Store
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				store(throttler.OpTake, keys[i%len(keys)], p)
+			}
+		})
+	}
+}
