@@ -108,10 +108,11 @@ func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
 	var idBuf [maxPolicyNameLen + 3]byte
 	var lenBuf [20]byte
 	_, h := b.identityHash(identity.AppendLease(idBuf[:0], p), key, lenBuf[:0])
-	if s := b.shardFor(h); s.cluster != nil {
+	s := b.shardFor(h)
+	if s.cluster != nil {
 		return s.cluster.store(hashSlot(h, b.tagByKey))
 	}
-	return b.shardFor(h).name
+	return s.name
 }
 
 // checkLeaseReply checks a lease script's {flag, used, earliest}: a flag

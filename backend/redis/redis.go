@@ -23,12 +23,13 @@
 // first (cluster.go). Each shard's primary is a store of its own, and so are
 // its replicas, which Peeks reach first (throttler.Traits), and so is each
 // master of a Cluster: one shard's or master's outage switches limiting off
-// for its keys only, and a primary and its replicas fail apart. A replica that fails a Peek in any way, its share of
-// the time running out included, costs the Peek time, not its answer: the
-// primary answers instead. Every error names the client it came from and,
-// for a deadline on a client whose last dial failed, that dial's error;
-// Check pings every server at start-up. Scripts are sent as commands
-// go-redis never re-sends (batch.go, once), so none counts twice.
+// for its keys only, and a primary and its replicas fail apart. A replica
+// that fails a Peek in any way, its share of the time running out included,
+// costs the Peek time, not its answer: the primary answers instead. Every
+// error names the client it came from and, for a deadline on a client whose
+// last dial failed, that dial's error; Check pings every server at
+// start-up. Scripts are sent as commands go-redis never re-sends (batch.go,
+// once), so none counts twice.
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
