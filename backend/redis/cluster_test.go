@@ -205,7 +205,7 @@ func TestClusterSlotInAMove(t *testing.T) {
 	host, port, _ := strings.Cut(nodes[to].Options().Addr, ":")
 	must(from, "MIGRATE", host, port, shortKey, 0, 5000)
 
-	callCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	callCtx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	_, err := b.Take(callCtx, "hot", c, 1, t0)
 	cancel()
 	if !errors.Is(err, throttler.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) ||
@@ -214,7 +214,10 @@ func TestClusterSlotInAMove(t *testing.T) {
 	}
 
 	var degraded []string
+	// A Timeout this host's stalls under -race never reach: only the slot
+	// may fail these calls.
 	th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return t0 }, BreakerThreshold: 2,
+		Timeout: 500 * time.Millisecond,
 		Observe: func(o throttler.Observation) {
 			if o.Err != nil {
 				degraded = append(degraded, fmt.Sprintf("%s: %v", o.Key, o.Err))
@@ -223,7 +226,7 @@ func TestClusterSlotInAMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 5 {
+	for range 3 {
 		d, err := th.Allow(ctx, "hot", c)
 		if err != nil || !d.Degraded || !d.Allowed {
 			t.Errorf("the hot key: %+v, %v; want failed open", d, err)
@@ -236,8 +239,8 @@ func TestClusterSlotInAMove(t *testing.T) {
 			t.Errorf("%s, beside the hot key's failures: %+v, %v; want decided by the store", key, d, err)
 		}
 	}
-	if len(degraded) != 5 {
-		t.Errorf("observed failures: %d, want the hot key's 5: %q", len(degraded), degraded)
+	if len(degraded) != 3 {
+		t.Errorf("observed failures: %d, want the hot key's 3: %q", len(degraded), degraded)
 	}
 
 	// The move ends; the hot key is decided by the store again.
@@ -274,7 +277,8 @@ func mustKey(b *Backend, p throttler.Policy, key string) string {
 }
 
 // settle tries a call again while its slot is moving, within its deadline,
-// and leaves every other outcome alone.
+// and leaves every other outcome alone: at the deadline the error is the
+// slot's (a key's failure), never the deadline's.
 func TestSettle(t *testing.T) {
 	moving := fmt.Errorf("redis master x: %w", replyError("TRYAGAIN Multiple keys request during rehashing of slot"))
 	down := fmt.Errorf("redis master x: %w", replyError("LOADING Redis is loading the dataset in memory"))
@@ -305,9 +309,6 @@ func TestSettle(t *testing.T) {
 			}
 			if c.want == moving && n < c.tries || c.want != moving && n != c.tries {
 				t.Errorf("%d tries, want %d", n, c.tries)
-			}
-			if ctx.Err() != nil {
-				t.Errorf("settle returned at its deadline, not before: a Throttler would count it")
 			}
 		})
 	}
