@@ -171,8 +171,8 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 		failedHot atomic.Int64 // the hot key's calls answered by the failure mode
 		failedOut atomic.Int64 // other keys' calls answered so
 		calls     atomic.Int64
-		errs      sync.Map // a sample of the other keys' errors
-		hotErrs   sync.Map
+		errs      sync.Map // the other keys' errors, each with its key and when
+		hotErrs   sync.Map // the hot key's errors, without key and policy, each with when
 	)
 	start := time.Now()
 	th, err := throttler.New(b, &throttler.Options{
