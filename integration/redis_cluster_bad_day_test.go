@@ -127,7 +127,8 @@ func TestRedisClusterPausedMaster(t *testing.T) {
 // keys missing (TRYAGAIN). The hot key's calls are retried within the
 // Timeout, then answered by the failure mode for that key alone: no key of
 // another slot is ever answered by the failure mode, and no member's window
-// admits more than its Limit among the store's decisions.
+// admits more than its Limit among the store's decisions. The same holds
+// failing closed: no key of another slot is refused.
 func TestRedisClusterHotSlotMoving(t *testing.T) {
 	addrs := redisCluster(t, 3)
 	ctx := context.Background()
@@ -140,9 +141,18 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 		ids[i] = id
 	}
 	cc := redisClusterClient(t, addrs)
+	t.Run("FailOpen", func(t *testing.T) { hotSlotCampaign(t, cc, nodes, addrs, ids, "open:", false) })
+	t.Run("FailClosed", func(t *testing.T) { hotSlotCampaign(t, cc, nodes, addrs, ids, "closed:", true) })
+}
+
+// hotSlotCampaign is TestRedisClusterHotSlotMoving's run, its keys under
+// prefix, with the failure mode failClosed.
+func hotSlotCampaign(t *testing.T, cc *goredis.ClusterClient, nodes []*goredis.Client, addrs, ids []string,
+	prefix string, failClosed bool) {
+	ctx := context.Background()
 	// Keys expire 20 ms after their window: the short member's soon after
 	// the long window stops admitting.
-	b := redisNew(t, cc, &redis.Options{Prefix: "hot:", TagByKey: true, ExpiryMargin: 20 * time.Millisecond})
+	b := redisNew(t, cc, &redis.Options{Prefix: prefix, TagByKey: true, ExpiryMargin: 20 * time.Millisecond})
 	require.NoError(t, b.Check(ctx), "every node answers PING")
 
 	short := throttler.Policy{Name: "short", Limit: 5, Window: 100 * time.Millisecond}
@@ -153,13 +163,13 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 	for i := range others {
 		others[i] = "other-" + strconv.Itoa(i)
 	}
-	owner := clusterOwners(t, addrs, "hot:", append([]string{hot}, others...), func(k string) {
+	owner := clusterOwners(t, addrs, prefix, append([]string{hot}, others...), func(k string) {
 		_, err := b.Take(ctx, k, c, 1, time.Now())
 		require.NoError(t, err)
 	})
-	slot := clusterSlotOf(t, nodes[owner[hot]], "hot:", hot)
+	slot := clusterSlotOf(t, nodes[owner[hot]], prefix, hot)
 	for _, k := range others {
-		if clusterSlotOf(t, nodes[owner[k]], "hot:", k) == slot {
+		if clusterSlotOf(t, nodes[owner[k]], prefix, k) == slot {
 			t.Fatalf("%s shares the hot key's slot %d: pick other names", k, slot)
 		}
 	}
@@ -176,7 +186,8 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 	)
 	start := time.Now()
 	th, err := throttler.New(b, &throttler.Options{
-		Timeout: clusterTimeout,
+		Timeout:    clusterTimeout,
+		FailClosed: failClosed,
 		Observe: func(o throttler.Observation) {
 			calls.Add(1)
 			switch {
@@ -207,6 +218,19 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
+	var stall atomic.Int64 // the longest this process went without running a 5 ms ticker
+	wg.Go(func() {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		last := time.Now()
+		for !stop.Load() {
+			now := <-tick.C
+			if gap := now.Sub(last); gap > time.Duration(stall.Load()) {
+				stall.Store(int64(gap))
+			}
+			last = now
+		}
+	})
 	for w := range 32 {
 		wg.Go(func() {
 			for i := w; !stop.Load(); i++ {
@@ -248,8 +272,9 @@ func TestRedisClusterHotSlotMoving(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("slot %d from %s to %s and back in %v: %d calls, the hot key's %d answered by the failure mode, other keys' %d",
-		slot, addrs[from], addrs[to], took.Round(time.Millisecond), calls.Load(), failedHot.Load(), failedOut.Load())
+	t.Logf("slot %d from %s to %s and back in %v: %d calls, the hot key's %d answered by the failure mode, other keys' %d; longest stall of this process %v",
+		slot, addrs[from], addrs[to], took.Round(time.Millisecond), calls.Load(), failedHot.Load(), failedOut.Load(),
+		time.Duration(stall.Load()).Round(time.Millisecond))
 	hotErrs.Range(func(err, at any) bool {
 		t.Logf("hot at %v: %s", at.(time.Time).Sub(start), err)
 		return true
