@@ -15,7 +15,7 @@ import (
 )
 
 // A Redis Cluster is one store per master (docs/backends-redis.md,
-// "Redis Cluster: a store per master"). A shard whose primary is a
+// "A Cluster: a store per master"). A shard whose primary is a
 // *goredis.ClusterClient names each call's store after the master that
 // serves the key's slot, from a slot map it keeps (masters), and gives each
 // master a lane of its own, so that a stalled master holds up neither the
