@@ -221,8 +221,9 @@ type shard struct {
 
 // Backend stores rate limits in Redis. It is safe for concurrent use. It
 // keeps no goroutine running: one that sends queued batches (batch.go)
-// ends when its client's queue is empty. The clients it was given remain
-// the caller's to close. Create it with New or NewSharded.
+// ends when its client's queue is empty, and one that loads a Cluster's
+// slot map (cluster.go) when the load does. The clients it was given
+// remain the caller's to close. Create it with New or NewSharded.
 type Backend struct {
 	shards   []*shard
 	prefix   string
