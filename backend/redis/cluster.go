@@ -58,8 +58,7 @@ const (
 // which ends when CLUSTER SHARDS answers or times out.
 type masters struct {
 	cc       *goredis.ClusterClient
-	fallback *lane // the shard's own lane, named for the whole Cluster: no map yet
-	newLane  func(store string) *lane
+	fallback *lane     // the shard's own lane, named for the whole Cluster: no map yet
 	start    time.Time // the origin of the monotonic instants below
 
 	table    atomic.Pointer[slotTable]
@@ -78,8 +77,8 @@ type slotTable struct {
 	names  []string
 }
 
-func newMasters(cc *goredis.ClusterClient, fallback *lane, newLane func(store string) *lane) *masters {
-	m := &masters{cc: cc, fallback: fallback, newLane: newLane, start: time.Now()}
+func newMasters(cc *goredis.ClusterClient, fallback *lane) *masters {
+	m := &masters{cc: cc, fallback: fallback, start: time.Now()}
 	m.lastLoad.Store(-int64(slotMapEvery))
 	m.lanes.Store(&map[string]*lane{})
 	return m
@@ -135,6 +134,16 @@ func (m *masters) addLane(name string) *lane {
 	l := m.newLane(name)
 	lanes[name] = l
 	m.lanes.Store(&lanes)
+	return l
+}
+
+// newLane is a lane of the Cluster's client for the master named store,
+// set as the shard's own lane was when the Backend was built.
+func (m *masters) newLane(store string) *lane {
+	f := m.fallback
+	l := newLane(m.cc, f.max, f.stats)
+	l.store, l.dials, l.wait = store, f.dials, f.wait
+	l.always, l.slots, l.batches = f.always, f.slots, f.batches
 	return l
 }
 

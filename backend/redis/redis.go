@@ -323,11 +323,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			return nil, err
 		}
 		if cc, ok := s.Primary.(*goredis.ClusterClient); ok && len(s.Replicas) == 0 {
-			sh.cluster = newMasters(cc, sh.primaryLane, func(store string) *lane {
-				l := newLane(cc, o.MaxBatch, &b.counters)
-				l.store, l.dials, l.wait = store, sh.primaryLane.dials, sh.primaryLane.wait
-				return l
-			})
+			sh.cluster = newMasters(cc, sh.primaryLane)
 		}
 		for _, r := range sh.replicas {
 			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
