@@ -49,7 +49,7 @@ func (b *Backend) Acquire(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(b.shardFor(h).run(ctx, acquireScript, []string{sk},
+	err = parseInts(b.shardFor(h).runSettled(ctx, acquireScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10), t+p.TTL.Milliseconds(), p.Limit, b.marginMS), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, true)
@@ -69,7 +69,7 @@ func (b *Backend) Release(ctx context.Context, key string, p throttler.Concurren
 	}
 	sk, h := b.leaseKey(p, key)
 	var res [3]int64
-	err = parseInts(b.shardFor(h).run(ctx, releaseScript, []string{sk},
+	err = parseInts(b.shardFor(h).runSettled(ctx, releaseScript, []string{sk},
 		t, strconv.FormatUint(uint64(id), 10)), res[:])
 	if err == nil {
 		err = checkLeaseReply(res, t, false)
@@ -102,13 +102,17 @@ func (b *Backend) leaseKey(p throttler.ConcurrencyPolicy, key string) (string, u
 // leaseStore names the shard that holds p's leases on key, as store does
 // for a rate policy: a Throttler's breaker for lease calls.
 func (b *Backend) leaseStore(key string, p throttler.ConcurrencyPolicy) string {
-	if len(b.shards) == 1 {
+	if len(b.shards) == 1 && b.shards[0].cluster == nil {
 		return b.shards[0].name
 	}
 	var idBuf [maxPolicyNameLen + 3]byte
 	var lenBuf [20]byte
 	_, h := b.identityHash(identity.AppendLease(idBuf[:0], p), key, lenBuf[:0])
-	return b.shardFor(h).name
+	s := b.shardFor(h)
+	if s.cluster != nil {
+		return s.cluster.store(hashSlot(h, b.tagByKey))
+	}
+	return s.name
 }
 
 // checkLeaseReply checks a lease script's {flag, used, earliest}: a flag

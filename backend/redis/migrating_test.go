@@ -102,8 +102,8 @@ func TestScriptsOnAMigratingSlot(t *testing.T) {
 // A composite on the source of a MIGRATING slot runs there while every
 // member's key is there; when some are and some are not (a key moved, or
 // none yet), Redis refuses the script before it runs (TRYAGAIN): the
-// backend sends it once more, then fails the call as a store failure,
-// nothing counted.
+// backend sends it once more, then fails the call as the key's failure
+// (its slot is moving; its server is fine), nothing counted.
 func TestCompositeOnAMigratingSlot(t *testing.T) {
 	src, migrate := migratingSource(t)
 	b := newBackend(t, src, &Options{TagByKey: true})
@@ -128,8 +128,9 @@ func TestCompositeOnAMigratingSlot(t *testing.T) {
 		t.Errorf("every key on the source: %+v, %v; want admitted, Used 2", d, err)
 	}
 	_, err = b.Take(ctx, "one", c, 1, t0)
-	if !errors.Is(err, throttler.ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "TRYAGAIN") {
-		t.Errorf("a key missing on the source: %v; want a store failure, TRYAGAIN", err)
+	if !errors.Is(err, throttler.ErrKeyState) || errors.Is(err, throttler.ErrUnavailable) ||
+		!strings.Contains(fmt.Sprint(err), "TRYAGAIN") {
+		t.Errorf("a key missing on the source: %v; want the key's failure, TRYAGAIN", err)
 	}
 	if d, err := b.Peek(ctx, "one", log, t0); err != nil || d.Used != 1 {
 		t.Errorf("the refused composite counted: %+v, %v", d, err)

@@ -17,16 +17,19 @@
 // server that is LOADING, READONLY, BUSY, out of memory, or a cluster that
 // is down) matches throttler.ErrUnavailable (throttler.StoreFailure), so that
 // a Throttler's breaker counts it against the call's shard; a key another
-// program wrote with another type (WRONGTYPE) matches throttler.ErrKeyState
-// and never does. Each shard's primary is a store of its own, and so are
-// its replicas, which Peeks reach first (throttler.Traits): one shard's
-// outage switches limiting off for its keys only, and a primary and its
-// replicas fail apart. A replica that fails a Peek in any way, its share of
-// the time running out included, costs the Peek time, not its answer: the
-// primary answers instead. Every error names the client it came from and,
-// for a deadline on a client whose last dial failed, that dial's error;
-// Check pings every server at start-up. Scripts are sent as commands
-// go-redis never re-sends (batch.go, once), so none counts twice.
+// program wrote with another type (WRONGTYPE), and a Cluster slot in a move
+// (TRYAGAIN, ASK, MOVED, a slot no node serves), match throttler.ErrKeyState
+// and never do; a slot in a move is tried again within the call's deadline
+// first (cluster.go). Each shard's primary is a store of its own, and so are
+// its replicas, which Peeks reach first (throttler.Traits), and so is each
+// master of a Cluster: one shard's or master's outage switches limiting off
+// for its keys only, and a primary and its replicas fail apart. A replica
+// that fails a Peek in any way, its share of the time running out included,
+// costs the Peek time, not its answer: the primary answers instead. Every
+// error names the client it came from and, for a deadline on a client whose
+// last dial failed, that dial's error; Check pings every server at
+// start-up. Scripts are sent as commands go-redis never re-sends (batch.go,
+// once), so none counts twice.
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
@@ -213,12 +216,14 @@ type shard struct {
 	next         atomic.Uint32 // round robin over replicas
 	name         string        // the primary's store, for a Throttler's breakers
 	replicasName string        // the replicas' store, which Peeks reach first
+	cluster      *masters      // a Cluster's masters, when the primary is a ClusterClient (cluster.go)
 }
 
 // Backend stores rate limits in Redis. It is safe for concurrent use. It
 // keeps no goroutine running: one that sends queued batches (batch.go)
-// ends when its client's queue is empty. The clients it was given remain
-// the caller's to close. Create it with New or NewSharded.
+// ends when its client's queue is empty, and one that loads a Cluster's
+// slot map (cluster.go) when the load does. The clients it was given
+// remain the caller's to close. Create it with New or NewSharded.
 type Backend struct {
 	shards   []*shard
 	prefix   string
@@ -317,6 +322,9 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
 			return nil, err
 		}
+		if cc, ok := s.Primary.(*goredis.ClusterClient); ok && len(s.Replicas) == 0 {
+			sh.cluster = newMasters(cc, sh.primaryLane)
+		}
 		for _, r := range sh.replicas {
 			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
 		}
@@ -377,18 +385,21 @@ func addrOf(c Client) string {
 // its replicas for a Peek when it has some. Each shard fails on its own, and
 // so do its primary and its replicas: a replica's answers never close the
 // breaker of a failing primary, and a primary's open breaker never stops
-// the Peeks its replicas answer. A Cluster or a Ring is one store: the
+// the Peeks its replicas answer. A Cluster is a store per master: the
+// master that serves the key's slot (cluster.go). A Ring is one store: the
 // client routes inside it.
 func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string {
 	s := b.shards[0]
 	if p.Composite() {
 		p = firstMember(p) // every member is on its shard (Traits)
 	}
-	if len(b.shards) > 1 {
+	if len(b.shards) > 1 || s.cluster != nil {
 		var idBuf [maxPolicyNameLen]byte
 		var lenBuf [20]byte
 		_, _, h := b.keyHash(p, key, idBuf[:0], lenBuf[:0]) // the key's hash without building the key
-		s = b.shardFor(h)
+		if s = b.shardFor(h); s.cluster != nil {
+			return s.cluster.store(hashSlot(h, b.tagByKey))
+		}
 	}
 	if op == throttler.OpPeek && s.replicasName != "" {
 		return s.replicasName
@@ -574,6 +585,11 @@ func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *requ
 		}
 		return nil
 	}
+	if s.cluster != nil {
+		return s.cluster.settle(ctx, func(ctx context.Context) error {
+			return f(ctx, s.cluster.laneOf(keySlot(req.sk)))
+		})
+	}
 	if op == throttler.OpPeek {
 		return b.read(ctx, s, f)
 	}
@@ -739,9 +755,10 @@ func storeFailure(err error) bool {
 }
 
 // keyFailure reports whether err is about the key alone: it holds a value
-// of another type (another program's key under the prefix). A script's
-// error carries the command's reply in its text, hence Contains.
+// of another type (another program's key under the prefix), or its Cluster
+// slot is moving (slotMoving), which opError checks before storeFailure. A
+// script's error carries the command's reply in its text, hence Contains.
 func keyFailure(err error) bool {
 	var re goredis.Error
-	return errors.As(err, &re) && strings.Contains(re.Error(), "WRONGTYPE")
+	return errors.As(err, &re) && strings.Contains(re.Error(), "WRONGTYPE") || slotMoving(err)
 }

@@ -140,7 +140,11 @@ func TestFailuresAreClassified(t *testing.T) {
 		{replyErr("READONLY You can't write against a read only replica."), store},
 		{replyErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), store},
 		{replyErr("CLUSTERDOWN The cluster is down"), store},
-		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), store},
+		// One slot in a move, or served by no node: the key's condition.
+		{replyErr("TRYAGAIN Multiple keys request during rehashing of slot"), key},
+		{replyErr("ASK 3999 127.0.0.1:6381"), key},
+		{replyErr("MOVED 3999 127.0.0.1:6381"), key},
+		{replyErr("CLUSTERDOWN Hash slot not served"), key},
 		{replyErr("BUSY Redis is busy running a script."), store},
 		{replyErr("OOM command not allowed when used memory > 'maxmemory'."), store},
 		{replyErr("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk."), store},
