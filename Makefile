@@ -6,6 +6,10 @@ GO ?= go
 MODULES := . integration benchmarks
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TESTENV := ../shared/testenv/up
+# gotestsum runs `go test` and prints one line per test, the output of the
+# failed ones, and at the end a summary naming each failure ("DONE N tests,
+# M failures"). `go run` at a pinned version: nothing to install.
+GOTESTSUM := $(GO) run gotest.tools/gotestsum@v1.13.0 --format testname --
 
 .PHONY: all test unit integration race bench fuzz lint demo tidy
 
@@ -14,15 +18,15 @@ all: lint test
 test: unit alerts integration
 
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GOTESTSUM) -race -count=1 ./...
 	cd benchmarks && $(GO) vet ./...
-	cd benchmarks && $(GO) test -count=1 ./cmd/...
+	cd benchmarks && $(GOTESTSUM) -count=1 ./cmd/...
 
 # Integration tests need Docker; the test environment script starts it and
 # builds the images where no registry is reachable.
 integration:
 	@if [ -x $(TESTENV) ]; then eval "$$($(TESTENV))"; fi; \
-	cd integration && $(GO) test -race -count=1 -timeout 25m ./...
+	cd integration && $(GOTESTSUM) -race -count=1 -timeout 25m ./...
 
 race:
 	$(GO) test -race -count=1 ./...

@@ -43,6 +43,7 @@ func redisHostRun(t *testing.T, ready string, cmd ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := testcontainers.Run(ctx, redisImage,
+		containerLogger(t),
 		testcontainers.WithCmd(cmd...),
 		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
 		testcontainers.WithWaitStrategy(wait.ForLog(ready).WithStartupTimeout(time.Minute)),
