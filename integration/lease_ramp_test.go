@@ -263,9 +263,10 @@ func (r *leaseRampResult) routed() (flags.Stats, uint64) {
 
 // TestLeaseRamp: the ramp loses no lease (every Release reaches a store
 // that holds its lease), never lets more than Limit leases of a key run,
-// and leaves both stores holding none. The same ramp with neither moving
-// keys nor mirroring (a bare router) is caught letting more than Limit
-// run, which proves the check can fail.
+// and leaves both stores holding none. A bare router (neither moving keys
+// nor mirroring) given Limit leases held across the change lets more than
+// Limit run, and the Migration given the same does not: the check can
+// fail, and fails only without the Migration.
 func TestLeaseRamp(t *testing.T) {
 	mc := memcachedStart(t)
 	rc := redisStart(t)
@@ -343,9 +344,9 @@ func TestLeaseRamp(t *testing.T) {
 	})
 
 	// The negative control, in the interleaving the check must catch:
-	// leases held across the change. Under load, a random ramp could miss
-	// it (every lease of a moving key released before the change reached
-	// each process), so it is arranged.
+	// leases held across the change. A random ramp meets it only when a
+	// lease of a moving key is held while the change reaches a process,
+	// which a starved machine may never schedule; so it is arranged.
 	t.Run("bare router", func(t *testing.T) {
 		keys := leaseRampKeysFor(run + "-bare")
 		bare := leaseRampHeldAcrossChange(t, mc.addr, rc.Addr, keys[0], p, true)
