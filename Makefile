@@ -9,7 +9,7 @@ TESTENV := ../shared/testenv/up
 # gotestsum runs `go test` and prints a line per package, each failed
 # test's output as it fails, and at the end a summary naming each failure
 # ("=== Failed", then "DONE N tests, M failures"); skipped tests are only
-# counted (the integration suite skips 31 composite tables on stores that
+# counted (the integration suite skips composite tables on stores that
 # take none). Its exit code is go test's. `go run` at a pinned version:
 # nothing to install.
 GOTESTSUM := $(GO) run gotest.tools/gotestsum@v1.13.0 --format pkgname-and-test-fails --hide-summary=skipped --
