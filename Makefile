@@ -6,6 +6,13 @@ GO ?= go
 MODULES := . integration benchmarks
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 TESTENV := ../shared/testenv/up
+# gotestsum runs `go test` and prints a line per package, each failed
+# test's output as it fails, and at the end a summary naming each failure
+# ("=== Failed", then "DONE N tests, M failures"); skipped tests are only
+# counted (the integration suite skips composite tables on stores that
+# take none). Its exit code is go test's. `go run` at a pinned version:
+# nothing to install.
+GOTESTSUM := $(GO) run gotest.tools/gotestsum@v1.13.0 --format pkgname-and-test-fails --hide-summary=skipped --
 
 .PHONY: all test unit integration race bench fuzz lint demo tidy
 
@@ -14,15 +21,15 @@ all: lint test
 test: unit alerts integration
 
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GOTESTSUM) -race -count=1 ./...
 	cd benchmarks && $(GO) vet ./...
-	cd benchmarks && $(GO) test -count=1 ./cmd/...
+	cd benchmarks && $(GOTESTSUM) -count=1 ./cmd/...
 
 # Integration tests need Docker; the test environment script starts it and
 # builds the images where no registry is reachable.
 integration:
 	@if [ -x $(TESTENV) ]; then eval "$$($(TESTENV))"; fi; \
-	cd integration && $(GO) test -race -count=1 -timeout 25m ./...
+	cd integration && $(GOTESTSUM) -race -count=1 -timeout 25m ./...
 
 race:
 	$(GO) test -race -count=1 ./...

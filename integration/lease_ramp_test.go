@@ -79,25 +79,24 @@ func leaseRampKeysFor(run string) []string {
 	return append(low, high...)
 }
 
-// leaseRampRun runs the ramp, stage long per percentage, on new stacks
-// over the servers at mcAddr and redisAddr, checking at every admitted
-// Acquire that the leases the test holds on its key are at most Limit,
-// and at every Release that the store that granted the lease still held
-// it. With bare set, the processes' rollouts neither mirror nor show their
-// percentage (no moving keys): a key that moves finds none of its leases
-// on its new store.
-func leaseRampRun(t *testing.T, mcAddr, redisAddr string, keys []string, p throttler.ConcurrencyPolicy, percents []int, stage time.Duration, bare bool, so *shadow.Options) *leaseRampResult {
+// leaseRampProcess is one application process of a ramp.
+type leaseRampProcess struct {
+	rollout *flags.Percent
+	m       *migration.Migration
+	th      *throttler.Throttler
+}
+
+// leaseRampProcesses builds the ramp's processes over the servers at mcAddr
+// and redisAddr, their rollouts at percent. With bare set, the rollouts
+// neither mirror nor show their percentage (no moving keys): a key that
+// moves finds none of its leases on its new store.
+func leaseRampProcesses(t *testing.T, mcAddr, redisAddr string, percent int, bare bool, so *shadow.Options) []leaseRampProcess {
 	t.Helper()
-	type process struct {
-		rollout *flags.Percent
-		m       *migration.Migration
-		th      *throttler.Throttler
-	}
-	procs := make([]process, len(loadProcessLag))
+	procs := make([]leaseRampProcess, len(loadProcessLag))
 	for i := range procs {
 		old := memcachedNew(t, memcachedClient(t, 2*time.Second, mcAddr), nil)
 		nu := redisNew(t, redisClient(t, redisAddr), nil)
-		r, err := flags.NewPercent(percents[0])
+		r, err := flags.NewPercent(percent)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,8 +120,19 @@ func leaseRampRun(t *testing.T, mcAddr, redisAddr string, keys []string, p throt
 		if !th.SupportsLeases() {
 			t.Fatal("the Throttler over the Migration holds no leases")
 		}
-		procs[i] = process{rollout: r, m: m, th: th}
+		procs[i] = leaseRampProcess{rollout: r, m: m, th: th}
 	}
+	return procs
+}
+
+// leaseRampRun runs the ramp, stage long per percentage, on new stacks
+// over the servers at mcAddr and redisAddr, checking at every admitted
+// Acquire that the leases the test holds on its key are at most Limit,
+// and at every Release that the store that granted the lease still held
+// it.
+func leaseRampRun(t *testing.T, mcAddr, redisAddr string, keys []string, p throttler.ConcurrencyPolicy, percents []int, stage time.Duration, so *shadow.Options) *leaseRampResult {
+	t.Helper()
+	procs := leaseRampProcesses(t, mcAddr, redisAddr, percents[0], false, so)
 
 	res := new(leaseRampResult)
 	var held [leaseRampKeys]atomic.Int64 // the leases the test holds, per key
@@ -253,9 +263,10 @@ func (r *leaseRampResult) routed() (flags.Stats, uint64) {
 
 // TestLeaseRamp: the ramp loses no lease (every Release reaches a store
 // that holds its lease), never lets more than Limit leases of a key run,
-// and leaves both stores holding none. The same ramp with neither moving
-// keys nor mirroring (a bare router) is caught letting more than Limit
-// run, which proves the check can fail.
+// and leaves both stores holding none. A bare router (neither moving keys
+// nor mirroring) given Limit leases held across the change lets more than
+// Limit run, and the Migration given the same does not: the check can
+// fail, and fails only without the Migration.
 func TestLeaseRamp(t *testing.T) {
 	mc := memcachedStart(t)
 	rc := redisStart(t)
@@ -268,7 +279,7 @@ func TestLeaseRamp(t *testing.T) {
 		// Release that times out leaves its copy held on the other store
 		// until its TTL (stricter, never looser), which the check at the
 		// end allows only for such failures.
-		res := leaseRampRun(t, mc.addr, rc.Addr, keys, p, leaseRampPercents, leaseRampStage, false, &shadow.Options{Timeout: 5 * time.Second})
+		res := leaseRampRun(t, mc.addr, rc.Addr, keys, p, leaseRampPercents, leaseRampStage, &shadow.Options{Timeout: 5 * time.Second})
 		t.Logf("%v, ramp %v, stages of %v, keys %v: %v", p, leaseRampPercents, leaseRampStage, keys, res)
 		for _, f := range res.failures {
 			t.Error(f)
@@ -332,12 +343,70 @@ func TestLeaseRamp(t *testing.T) {
 		}
 	})
 
+	// The negative control, in the interleaving the check must catch:
+	// leases held across the change. A random ramp meets it only when a
+	// lease of a moving key is held while the change reaches a process,
+	// which a starved machine may never schedule; so it is arranged.
 	t.Run("bare router", func(t *testing.T) {
 		keys := leaseRampKeysFor(run + "-bare")
-		res := leaseRampRun(t, mc.addr, rc.Addr, keys, p, leaseRampPercents[:2], 2*time.Second, true, nil)
-		t.Logf("%v, ramp %v, neither moving keys nor mirroring: %v", p, leaseRampPercents[:2], res)
-		if res.over.Load() == 0 {
+		bare := leaseRampHeldAcrossChange(t, mc.addr, rc.Addr, keys[0], p, true)
+		t.Logf("%v, neither moving keys nor mirroring: %d of %d Acquires after the change admitted beside %d held",
+			p, bare, len(loadProcessLag), p.Limit)
+		if bare == 0 {
 			t.Errorf("the bare router's ramp was not caught over Limit")
 		}
+		migrated := leaseRampHeldAcrossChange(t, mc.addr, rc.Addr, keys[1], p, false)
+		if migrated != 0 {
+			t.Errorf("the Migration admitted %d Acquires beside %d leases held across the change", migrated, p.Limit)
+		}
 	})
+}
+
+// leaseRampHeldAcrossChange holds p.Limit leases of key, a key routed to
+// the new store at 50%, acquired through the ramp's processes in turn at
+// 0%; turns every process's rollout to 50%; then acquires key once more
+// through each process. It returns how many of those were admitted: each
+// one a lease beyond Limit running. Every lease is released at the end.
+func leaseRampHeldAcrossChange(t *testing.T, mcAddr, redisAddr, key string, p throttler.ConcurrencyPolicy, bare bool) int {
+	t.Helper()
+	if flags.Bucket(flags.DefaultGroupID, key) > 50 {
+		t.Fatalf("%s does not move at 50%%", key)
+	}
+	ctx := context.Background()
+	procs := leaseRampProcesses(t, mcAddr, redisAddr, 0, bare, nil)
+	var leases []throttler.Lease
+	defer func() {
+		for _, l := range leases {
+			if ok, _, err := l.Release(ctx); err != nil || !ok {
+				t.Errorf("%s: Release: %v, %v; want held", key, ok, err)
+			}
+		}
+	}()
+	acquire := func(pr leaseRampProcess) bool {
+		l, d, err := pr.th.Acquire(ctx, key, p)
+		if err != nil || d.Degraded {
+			t.Fatalf("%s: Acquire: %+v, %v", key, d, err)
+		}
+		if d.Allowed {
+			leases = append(leases, l)
+		}
+		return d.Allowed
+	}
+	for i := range p.Limit {
+		if !acquire(procs[int(i)%len(procs)]) {
+			t.Fatalf("%s: lease %d of %d denied before the change", key, i+1, p.Limit)
+		}
+	}
+	for _, pr := range procs {
+		if err := pr.rollout.Set(50); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitted := 0
+	for _, pr := range procs {
+		if acquire(pr) {
+			admitted++
+		}
+	}
+	return admitted
 }

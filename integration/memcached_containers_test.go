@@ -35,6 +35,7 @@ func memcachedStart(t *testing.T, args ...string) *memcachedServer {
 	defer cancel()
 	hostPort := memcachedFreePort(t)
 	opts := []testcontainers.ContainerCustomizer{
+		containerLogger(t),
 		testcontainers.WithExposedPorts("11211/tcp"),
 		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
 			hc.PortBindings = network.PortMap{network.MustParsePort("11211/tcp"): {{

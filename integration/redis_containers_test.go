@@ -42,6 +42,7 @@ func redisStart(t testing.TB, args ...string) *redisContainer {
 	defer cancel()
 	hostPort := strconv.Itoa(redisFreePorts(t, 1)[0])
 	c, err := testcontainers.Run(ctx, redisImage,
+		containerLogger(t),
 		testcontainers.WithCmd(append(append([]string{}, redisNoPersistence...), args...)...),
 		testcontainers.WithExposedPorts("6379/tcp"),
 		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
@@ -138,6 +139,7 @@ func redisClusterOwned(t testing.TB, n, owners int) []string {
 			args = append(args, "--cluster-allow-replica-migration", "no")
 		}
 		c, err := testcontainers.Run(ctx, redisImage,
+			containerLogger(t),
 			testcontainers.WithCmd(args...),
 			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
 			testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(time.Minute)),

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +45,7 @@ func redisHostRun(t *testing.T, ready string, cmd ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := testcontainers.Run(ctx, redisImage,
+		containerLogger(t),
 		testcontainers.WithCmd(cmd...),
 		testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.NetworkMode = "host" }),
 		testcontainers.WithWaitStrategy(wait.ForLog(ready).WithStartupTimeout(time.Minute)),
@@ -97,12 +100,19 @@ func sentinelStart(t *testing.T, n int) *sentinelTopology {
 
 // failoverRun is what one load run across a failover saw.
 type failoverRun struct {
-	calls, errs, readonly, skipped atomic.Int64              // skipped: refused by an open breaker
-	lateErrs                       atomic.Int64              // errors after the failover had settled
-	switched, replicated           time.Duration             // from the failover
-	start                          time.Time                 // of the failover
-	firstErr, lastErr              atomic.Int64              // Unix ns; 0: none
-	admitted                       map[string][]failoverUnit // by policy name and key
+	calls, errs, readonly, skipped atomic.Int64 // skipped: refused by an open breaker
+	// lateErrs are errors after the failover had settled: a client stuck on
+	// the old primary, which answers READONLY at once. Apart from them,
+	// calls that timed out then (lateTimeouts: their flight outlasted the
+	// Throttler's Timeout, with the CPU starved, as lag shows, or Redis
+	// slow) and calls a breaker those failures opened refused (lateSkipped).
+	lateErrs, lateTimeouts, lateSkipped atomic.Int64
+	lateFlight, lag                     atomic.Int64              // the late timeouts' longest flight; the process's timers' lateness after settling
+	switched, replicated                time.Duration             // from the failover
+	start                               time.Time                 // of the failover
+	firstErr, lastErr                   atomic.Int64              // Unix ns; 0: none
+	admitted                            map[string][]failoverUnit // by policy name and key
+	late                                []string                  // the first errors after settling, for the log
 }
 
 // failoverUnit is one admitted Take: the instant its Throttler used, and
@@ -160,14 +170,29 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 				at := time.Now().UnixNano()
 				run.firstErr.CompareAndSwap(0, at)
 				run.lastErr.Store(at) // roughly the last: enough for a log line
-				if settled.Load() {
-					run.lateErrs.Add(1)
-				}
+				skipped := strings.Contains(o.Err.Error(), "breaker opened")
 				if strings.Contains(o.Err.Error(), "READONLY") {
 					run.readonly.Add(1)
 				}
-				if strings.Contains(o.Err.Error(), "breaker opened") {
+				if skipped {
 					run.skipped.Add(1)
+				}
+				var timeout net.Error
+				switch {
+				case !settled.Load():
+				case errors.As(o.Err, &timeout) && timeout.Timeout():
+					run.lateTimeouts.Add(1)
+					storeMax(&run.lateFlight, int64(o.Latency))
+				case skipped:
+					// The failures that opened the breaker are counted
+					// each as what it is.
+					run.lateSkipped.Add(1)
+				default:
+					if run.lateErrs.Add(1) <= 5 {
+						mu.Lock()
+						run.late = append(run.late, fmt.Sprintf("+%v %v", time.Since(run.start).Round(time.Millisecond), o.Err))
+						mu.Unlock()
+					}
 				}
 			},
 		})
@@ -235,6 +260,13 @@ func failoverLoad(t *testing.T, top *sentinelTopology, opts *redis.Options) *fai
 	run.replicated = time.Since(start)
 	time.Sleep(settle)
 	settled.Store(true)
+	wg.Go(func() { // how late this process's timers fire through the tail
+		for !stop.Load() {
+			start := time.Now()
+			time.Sleep(10 * time.Millisecond)
+			storeMax(&run.lag, int64(time.Since(start)-10*time.Millisecond))
+		}
+	})
 	time.Sleep(tail)
 	stop.Store(true)
 	wg.Wait()
@@ -341,11 +373,13 @@ func TestRedisSentinelFailover(t *testing.T) {
 				failing = fmt.Sprintf("from %v to %v after SENTINEL FAILOVER",
 					time.Unix(0, f).Sub(run.start).Round(time.Millisecond), time.Unix(0, run.lastErr.Load()).Sub(run.start).Round(time.Millisecond))
 			}
-			t.Logf("%s: %d calls, master switched in %v, replicated again after %v; errors %d (READONLY %d, breaker-skipped %d, after settling %d), failing %s",
+			t.Logf("%s: %d calls, master switched in %v, replicated again after %v; errors %d (READONLY %d, breaker-skipped %d, after settling %d), failing %s; "+
+				"after settling, %d calls timed out (flights up to %v; this process's timers up to %v late), %d refused by the breakers they opened",
 				tc.name, run.calls.Load(), run.switched.Round(time.Millisecond), run.replicated.Round(time.Millisecond),
-				run.errs.Load(), run.readonly.Load(), run.skipped.Load(), run.lateErrs.Load(), failing)
+				run.errs.Load(), run.readonly.Load(), run.skipped.Load(), run.lateErrs.Load(), failing,
+				run.lateTimeouts.Load(), time.Duration(run.lateFlight.Load()).Round(time.Millisecond), time.Duration(run.lag.Load()).Round(time.Millisecond), run.lateSkipped.Load())
 			assert.Len(t, run.admitted, 40, "every key admitted")
-			assert.Zero(t, run.lateErrs.Load(), "errors once the failover settled: a client stuck on the old primary")
+			assert.Zero(t, run.lateErrs.Load(), "errors once the failover settled: a client stuck on the old primary; the first: %q", run.late)
 			if tc.opts == nil {
 				assert.Zero(t, run.skipped.Load(), "calls refused by an open breaker")
 			}

@@ -44,6 +44,7 @@ func unleashStart(t *testing.T) *unleashServer {
 	testcontainers.CleanupNetwork(t, nw)
 
 	db, err := testcontainers.Run(ctx, "postgres:15",
+		containerLogger(t),
 		network.WithNetwork([]string{"unleash-db"}, nw),
 		testcontainers.WithEnv(map[string]string{"POSTGRES_PASSWORD": "unleash", "POSTGRES_DB": "unleash"}),
 		testcontainers.WithExposedPorts("5432/tcp"),
@@ -57,6 +58,7 @@ func unleashStart(t *testing.T) *unleashServer {
 	}
 
 	srv, err := testcontainers.Run(ctx, "unleashorg/unleash-server:6",
+		containerLogger(t),
 		network.WithNetwork([]string{"unleash"}, nw),
 		testcontainers.WithEnv(map[string]string{
 			"DATABASE_URL":           "postgres://postgres:unleash@unleash-db:5432/unleash",
