@@ -25,11 +25,16 @@ unit:
 	cd benchmarks && $(GO) vet ./...
 	cd benchmarks && $(GOTESTSUM) -count=1 ./cmd/...
 
+# LOADTESTS assert load figures, measured without the race detector (which
+# slows every call several times): they skip under -race and run again alone.
+LOADTESTS := ^TestMemcachedBadDayHealthyUnderLoad$$
+
 # Integration tests need Docker; the test environment script starts it and
 # builds the images where no registry is reachable.
 integration:
 	@if [ -x $(TESTENV) ]; then eval "$$($(TESTENV))"; fi; \
-	cd integration && $(GOTESTSUM) -race -count=1 -timeout 25m ./...
+	cd integration && $(GOTESTSUM) -race -count=1 -timeout 25m ./... && \
+	$(GOTESTSUM) -count=1 -timeout 5m -run "$(LOADTESTS)" ./...
 
 race:
 	$(GO) test -race -count=1 ./...
