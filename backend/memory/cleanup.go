@@ -36,7 +36,7 @@ type shard struct {
 	evictions       uint64
 	tierHits        uint64
 	lastLease       lastPolicy // the concurrency policy of its last lease call (lease.go)
-	_               [16]byte   // 320 bytes: shards side by side share no cache line
+	_               [8]byte    // 320 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {

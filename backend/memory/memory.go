@@ -62,6 +62,7 @@ import (
 	"hash/maphash"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -215,8 +216,10 @@ func New(opts *Options) (*Backend, error) {
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
 	}
+	wide := maphash.MakeSeed()
 	for i := range b.shards {
 		b.shards[i].reset()
+		b.shards[i].table.wide = wide
 	}
 	return b, nil
 }
@@ -229,7 +232,8 @@ func (b *Backend) Close() error {
 		s := &b.shards[i]
 		s.mu.Lock()
 		b.keys.Add(-int64(s.table.live))
-		s.table, s.tier = table{}, tier{}
+		s.table.clear()
+		s.tier = tier{}
 		s.mu.Unlock()
 	}
 	return nil
@@ -246,6 +250,9 @@ type Stats struct {
 	// SecondTierHits counts calls that found no state but answered from
 	// one the second tier remembered.
 	SecondTierHits uint64
+	// Bytes is the heap the tables hold: slots (keys included), second
+	// tier, logs' entries and lease sets.
+	Bytes int64
 }
 
 // Stats reads the counts, locking each shard in turn.
@@ -257,6 +264,7 @@ func (b *Backend) Stats() Stats {
 		st.Keys += s.table.live
 		st.Evictions += s.evictions
 		st.SecondTierHits += s.tierHits
+		st.Bytes += s.table.bytes() + int64(len(s.tier.cells))*int64(unsafe.Sizeof(cell{}))
 		s.mu.Unlock()
 	}
 	return st
