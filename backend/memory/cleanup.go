@@ -57,12 +57,15 @@ func (b *Backend) observe(s *shard, ms int64) bool {
 // sweep drops the locked shard's state that ended by its reference instant
 // (see reference; now is the sweeping call's, when called is set), and
 // shrinks the table when nothing since the last sweep needed an eighth of
-// it.
+// it. A sweep without a call that leaves nothing releases the table's
+// arrays: the shard is idle, and its next state starts a small table.
 func (b *Backend) sweep(s *shard, now int64, called bool) {
 	s.ref = b.reference(s, now, called)
 	s.sinceScan = 0
 	b.dropped(s.table.sweep(s.ref))
-	if n := len(s.table.slots); n > minSlots && s.peak*8 < n {
+	if n := len(s.table.slots); !called && s.table.live == 0 {
+		s.table.clear()
+	} else if n > minSlots && s.peak*8 < n {
 		s.table.resize(sizeFor(s.peak))
 	}
 	s.peak = s.table.live

@@ -84,18 +84,25 @@ func (w *sweeper) stop() {
 	defer w.sweeping.Unlock()
 }
 
-// sweepAll is the sweeper's sweep: every shard, each with the clock the
-// guard trusts. It reports whether the backend still holds anything.
+// sweepAll is the sweeper's sweep: every shard that holds anything (a
+// state, a second tier, or an emptied table's arrays), each with the clock
+// the guard trusts. It reports whether the backend still holds anything.
 func (b *Backend) sweepAll() bool {
 	holding := false
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		if s.table.live > 0 || s.tier.cells != nil {
+		if s.holds() {
 			b.sweep(s, 0, false)
-			holding = holding || s.table.live > 0 || s.tier.cells != nil
+			holding = holding || s.holds()
 		}
 		s.mu.Unlock()
 	}
 	return holding
+}
+
+// holds reports whether the locked shard holds any memory a sweep may give
+// back.
+func (s *shard) holds() bool {
+	return s.table.live > 0 || s.tier.cells != nil || s.table.slots != nil
 }

@@ -298,7 +298,24 @@ func (t *table) resize(n int) {
 	}
 	if t.live == 0 {
 		t.extras, t.free = nil, nil
+	} else if len(t.free)*2 > len(t.extras) {
+		t.compactExtras()
 	}
+}
+
+// compactExtras moves the extras in use to a new array that holds just
+// them, renumbering their slots: a table that shrinks after most of its
+// logs or lease sets ended gives their array back too.
+func (t *table) compactExtras() {
+	extras := make([]extra, 0, len(t.extras)-len(t.free))
+	for i := range t.slots {
+		w := &t.slots[i]
+		if n := w.extraNum(); n != 0 {
+			extras = append(extras, t.extras[n-1])
+			w.prev = int64(len(extras)) // only logs and lease sets have one: their prev is the number
+		}
+	}
+	t.extras, t.free = extras, nil
 }
 
 // bytes is the heap the table holds: its arrays, and the entries of its
