@@ -2,6 +2,7 @@ package memory
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 )
 
@@ -22,8 +23,15 @@ type shard struct {
 	// moves on, only the first call after a flush is a new low, so the
 	// monotonic clock is read about once per sweep, not per call.
 	low, lowMono int64
-	sinceScan    int // calls since the last sweep
-	table        table
+	// high is the highest now of the shard's calls that the pace was
+	// shown, math.MinInt64 for none, and highMono the monotonic ms when a
+	// call brought it: a call moves it only highStep or more, so under a
+	// clock that moves on the monotonic clock is read about once per
+	// highStep of it, not per call.
+	high      int64
+	sinceScan int // calls since the last sweep
+	table     table
+	highMono  int64
 	// ref is the last sweep's reference instant, kept when a sweep knows
 	// no clock at all.
 	ref  int64
@@ -36,12 +44,16 @@ type shard struct {
 	evictions       uint64
 	tierHits        uint64
 	lastLease       lastPolicy // the concurrency policy of its last lease call (lease.go)
-	_               [8]byte    // 320 bytes: shards side by side share no cache line
+	_               [56]byte   // 384 bytes: shards side by side share no cache line
 }
 
 func (s *shard) reset() {
-	s.low, s.ref = math.MaxInt64, math.MinInt64
+	s.low, s.high, s.ref = math.MaxInt64, math.MinInt64, math.MinInt64
 }
+
+// highStep is how far (ms) a call's now must pass a shard's high to move
+// it.
+const highStep = 10
 
 // observe records a call at ms in the locked shard s and reports whether
 // enough calls have passed to pay for a sweep: at least as many as the
@@ -49,6 +61,11 @@ func (s *shard) reset() {
 func (b *Backend) observe(s *shard, ms int64) bool {
 	if ms < s.low {
 		s.low, s.lowMono = ms, b.mono().Milliseconds()
+		if ms > s.high {
+			s.high, s.highMono = ms, s.lowMono
+		}
+	} else if ms > s.high && satSub(ms, s.high) >= highStep {
+		s.high, s.highMono = ms, b.mono().Milliseconds()
 	}
 	s.sinceScan++
 	return s.sinceScan >= 1024 && s.sinceScan >= s.table.live
@@ -81,23 +98,32 @@ func (b *Backend) sweep(s *shard, now int64, called bool) {
 // as much as it lagged beyond Lag. A sweep without a call (the sweeper's)
 // forgives nothing: there the lowest now is the only bound, and forgiving
 // it would trust the clock up to Lag ahead of every call, dropping state
-// that a call trailing by less than Lag still needs. With no clock known
-// the reference stays where it was.
+// that a call trailing by less than Lag still needs; and it moves the
+// callers' clock on past the latest call it heard of only at the pace the
+// calls showed (see pace). With no clock known the reference stays where
+// it was.
 func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 	mono := b.mono().Milliseconds()
 	off := int64(math.MaxInt64)
-	if called {
-		off = satSub(now, mono)
+	var seen [3]sample // the calls' nows, each with the monotonic ms it was seen at
+	n := 0
+	if s.high != math.MinInt64 {
+		seen[n], n = sample{s.high, s.highMono}, n+1
 	}
 	if s.low != math.MaxInt64 {
+		seen[n], n = sample{s.low, s.lowMono}, n+1
 		low := satSub(s.low, s.lowMono)
 		if called {
 			low = satAdd(low, b.lag)
 		}
-		off = min(off, low)
+		off = low
 		s.low = math.MaxInt64
 	}
-	bound := b.guard.bound(mono, off)
+	if called {
+		seen[n], n = sample{now, mono}, n+1
+		off = min(off, satSub(now, mono))
+	}
+	bound := b.guard.bound(mono, off, !called, seen[:n])
 	if bound == math.MaxInt64 {
 		return s.ref
 	}
@@ -142,6 +168,7 @@ func (b *Backend) dropped(n int) {
 type clockGuard struct {
 	mu      sync.Mutex
 	hold    int64 // Options.ClockHold in ms
+	pace    pace
 	started bool
 	start   int64 // monotonic ms when the current epoch began
 	// cur and prev are the lowest offsets of the current epoch and the
@@ -153,11 +180,25 @@ type clockGuard struct {
 }
 
 // bound returns the trusted clock (Unix ms) at monotonic time mono, first
-// recording the offset off (math.MaxInt64: none); math.MaxInt64 when
-// nothing was ever recorded.
-func (g *clockGuard) bound(mono, off int64) int64 {
+// recording the offset off (math.MaxInt64: none) and the calls seen;
+// math.MaxInt64 when nothing was ever recorded. Paced (a sweep without a
+// call), the clock moves on past the latest call seen only at the pace
+// the calls showed: not at all for a clock that stands still or runs slow.
+func (g *clockGuard) bound(mono, off int64, paced bool, seen []sample) int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for _, x := range seen {
+		g.pace.record(x)
+	}
+	t := g.trusted(mono, off)
+	if paced && t != math.MaxInt64 {
+		t = satSub(t, g.pace.behind(mono))
+	}
+	return t
+}
+
+// trusted is bound without the pace, g locked.
+func (g *clockGuard) trusted(mono, off int64) int64 {
 	if !g.started {
 		if off == math.MaxInt64 {
 			return math.MaxInt64
@@ -182,6 +223,67 @@ func (g *clockGuard) bound(mono, off int64) int64 {
 		g.cur, g.lastCur = min(g.cur, off), off
 	}
 	return satAdd(mono, min(g.cur, g.prev, g.older))
+}
+
+// sample is a call's now (Unix ms) and the monotonic ms it was seen at.
+type sample struct{ now, mono int64 }
+
+// pace tells whether the callers' clock keeps pace with real time, from the
+// calls it is shown: the latest (by monotonic time) and two earlier ones at
+// least window apart, so that it judges by the last one to two windows of
+// real time with calls. A sweep without a call may move the callers' clock
+// on past the latest call by the real time since, at the pace the clock
+// advanced from the oldest of the three to the latest (at most real
+// time's), and only if, from each of the two earlier ones, it advanced at
+// least the real time it took less lag (a call may trail the clock by up
+// to Lag) over at least a window in all: so a clock that stands still, or
+// has stood still for more than Lag, or runs slower than real time by more
+// than Lag over a window, is not moved on at all, and one that runs slow by
+// less is moved on no faster than it ran. A real clock is moved on at real
+// time's pace, so state that ended is reclaimed without calls, once calls
+// spanning a window have shown that.
+type pace struct {
+	window, lag        int64 // ms
+	anchor, next, last sample
+	started            bool
+}
+
+// record takes in a call seen at x. A call seen before the latest (a
+// shard's sample flushed late) adds nothing.
+func (p *pace) record(x sample) {
+	switch {
+	case !p.started:
+		p.anchor, p.next, p.last, p.started = x, x, x, true
+		return
+	case x.mono < p.last.mono:
+		return
+	case x.mono == p.last.mono:
+		p.last.now = min(p.last.now, x.now)
+	default:
+		p.last = x
+	}
+	if p.last.mono-p.next.mono >= p.window {
+		p.anchor, p.next = p.next, p.last
+	}
+}
+
+// behind is how far the callers' clock at monotonic time mono, as a sweep
+// without a call may take it, is behind the latest call's now moved on by
+// all the real time since: all of that time for a clock not shown to keep
+// pace, none for one shown to keep it exactly.
+func (p *pace) behind(mono int64) int64 {
+	elapsed := mono - p.last.mono
+	if !p.started || elapsed <= 0 {
+		return 0
+	}
+	span, advance := p.last.mono-p.anchor.mono, p.last.now-p.anchor.now
+	if span < p.window || advance < span-p.lag || p.last.now-p.next.now < p.last.mono-p.next.mono-p.lag {
+		return elapsed
+	}
+	// elapsed·min(advance, span)/span, 128 bits wide: at most elapsed.
+	hi, lo := bits.Mul64(uint64(elapsed), uint64(min(advance, span)))
+	moved, _ := bits.Div64(hi, lo, uint64(span))
+	return elapsed - int64(moved)
 }
 
 // satAdd and satSub add and subtract without wrapping: nows are whatever

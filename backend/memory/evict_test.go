@@ -286,8 +286,10 @@ func TestSweeperReclaimsWithoutCallsAndCloseStopsIt(t *testing.T) {
 	clock := &monoClock{}
 	memory.SetMonotonic(b, clock.read)
 	p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second}
-	for i := 0; i < 10_000; i++ {
-		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0)
+	for i := 0; i < 10_000; i++ { // over 20 ms, the callers' clock keeping pace with real time
+		at := time.Duration(i/500) * time.Millisecond
+		clock.set(at)
+		_, err := b.Take(ctx, fmt.Sprint("k", i), p, 1, t0.Add(at))
 		require.NoError(t, err)
 	}
 	// Real time (as the backend reads it) passes the windows' end: the

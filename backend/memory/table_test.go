@@ -154,10 +154,11 @@ func TestSizeFor(t *testing.T) {
 // and writes sits in the first two.
 func TestShardSize(t *testing.T) {
 	var s shard
-	assert.Equal(t, uintptr(320), unsafe.Sizeof(s))
+	assert.Equal(t, uintptr(384), unsafe.Sizeof(s))
 	assert.Equal(t, uintptr(0), unsafe.Offsetof(s.last)/64, "the policy memo beside the lock")
 	for name, off := range map[string]uintptr{
 		"low":         unsafe.Offsetof(s.low),
+		"high":        unsafe.Offsetof(s.high),
 		"sinceScan":   unsafe.Offsetof(s.sinceScan),
 		"table.slots": unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.slots),
 		"table.live":  unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.live),
