@@ -10,8 +10,9 @@ import (
 // backend holds any, so that memory returns without calls to drive it. It
 // is a timer, not a goroutine: between sweeps nothing runs, and a backend
 // that holds nothing has no timer armed. The sweeps trust the callers'
-// clock exactly as sweeps made by calls do (see Cleanup): no call's now
-// is in them, only the clock guard's record and the monotonic clock.
+// clock as sweeps made by calls do (see Cleanup), moved on past the latest
+// call only at the pace the calls showed: no call's now is in them, only
+// the clock guard's record and the monotonic clock.
 type sweeper struct {
 	every time.Duration
 	armed atomic.Bool
