@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/bits"
 	"sync"
+	"time"
 )
 
 // Cleanup (see the package doc): what a sweep may drop, and who sweeps.
@@ -25,9 +26,9 @@ type shard struct {
 	low, lowMono int64
 	// high is the highest now of the shard's calls that the pace was
 	// shown, math.MinInt64 for none, and highMono the monotonic ms when a
-	// call brought it: a call moves it only highStep or more, so under a
-	// clock that moves on the monotonic clock is read about once per
-	// highStep of it, not per call.
+	// call brought it: a call moves it only by the pace's step or more, so
+	// under a clock that moves on the monotonic clock is read about once
+	// per step of it, not per call.
 	high      int64
 	sinceScan int // calls since the last sweep
 	table     table
@@ -51,10 +52,6 @@ func (s *shard) reset() {
 	s.low, s.high, s.ref = math.MaxInt64, math.MinInt64, math.MinInt64
 }
 
-// highStep is how far (ms) a call's now must pass a shard's high to move
-// it.
-const highStep = 10
-
 // observe records a call at ms in the locked shard s and reports whether
 // enough calls have passed to pay for a sweep: at least as many as the
 // shard holds, so a sweep costs O(1) per call amortised.
@@ -64,7 +61,7 @@ func (b *Backend) observe(s *shard, ms int64) bool {
 		if ms > s.high {
 			s.high, s.highMono = ms, s.lowMono
 		}
-	} else if ms > s.high && satSub(ms, s.high) >= highStep {
+	} else if ms > s.high && satSub(ms, s.high) >= b.guard.pace.step {
 		s.high, s.highMono = ms, b.mono().Milliseconds()
 	}
 	s.sinceScan++
@@ -243,9 +240,20 @@ type sample struct{ now, mono int64 }
 // time's pace, so state that ended is reclaimed without calls, once calls
 // spanning a window have shown that.
 type pace struct {
-	window, lag        int64 // ms
+	window, lag int64 // ms
+	// step is how far (ms) a call's now must pass its shard's high to be
+	// shown: a tenth of the window, 1 to 100 ms, so that a sample lags the
+	// latest call by a small part of the span it is judged over.
+	step               int64
 	anchor, next, last sample
 	started            bool
+}
+
+// newPace is the pace of a Backend of Options lag and sweepEvery: judged
+// over a window of the longer of the two.
+func newPace(lag, sweepEvery time.Duration) pace {
+	w := max(lag.Milliseconds(), sweepEvery.Milliseconds(), 1)
+	return pace{window: w, lag: lag.Milliseconds(), step: min(max(w/10, 1), 100)}
 }
 
 // record takes in a call seen at x. A call seen before the latest (a

@@ -228,12 +228,10 @@ func New(opts *Options) (*Backend, error) {
 		shards:     make([]shard, o.Shards),
 		shardShift: 64,
 		lag:        o.Lag.Milliseconds(),
-		guard: clockGuard{hold: max(1, o.ClockHold.Milliseconds()), pace: pace{
-			window: max(o.Lag.Milliseconds(), o.SweepEvery.Milliseconds(), 1), lag: o.Lag.Milliseconds(),
-		}},
-		mono:    func() time.Duration { return time.Since(start) },
-		maxKeys: int64(o.MaxKeys),
-		quota:   (o.MaxKeys + o.Shards - 1) / o.Shards,
+		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds()), pace: newPace(o.Lag, o.SweepEvery)},
+		mono:       func() time.Duration { return time.Since(start) },
+		maxKeys:    int64(o.MaxKeys),
+		quota:      (o.MaxKeys + o.Shards - 1) / o.Shards,
 		errFull: fmt.Errorf("%w: a shard holds its share of Options.MaxKeys (%d), all of them leases; "+
 			"a new key's lease is refused until one ends", ErrFull, o.MaxKeys),
 	}
