@@ -24,11 +24,11 @@ type shard struct {
 	// moves on, only the first call after a flush is a new low, so the
 	// monotonic clock is read about once per sweep, not per call.
 	low, lowMono int64
-	// high is the highest now of the shard's calls that the pace was
-	// shown, math.MinInt64 for none, and highMono the monotonic ms when a
-	// call brought it: a call moves it only by the pace's step or more, so
-	// under a clock that moves on the monotonic clock is read about once
-	// per step of it, not per call.
+	// high is the highest now of the shard's calls since its last flush
+	// that the pace is shown, math.MinInt64 for none, and highMono the
+	// monotonic ms when a call brought it: a call moves it only by the
+	// pace's step or more, so under a clock that moves on the monotonic
+	// clock is read about once per step of it, not per call.
 	high      int64
 	sinceScan int // calls since the last sweep
 	table     table
@@ -106,6 +106,7 @@ func (b *Backend) reference(s *shard, now int64, called bool) int64 {
 	n := 0
 	if s.high != math.MinInt64 {
 		seen[n], n = sample{s.high, s.highMono}, n+1
+		s.high = math.MinInt64
 	}
 	if s.low != math.MaxInt64 {
 		seen[n], n = sample{s.low, s.lowMono}, n+1
@@ -180,7 +181,8 @@ type clockGuard struct {
 // recording the offset off (math.MaxInt64: none) and the calls seen;
 // math.MaxInt64 when nothing was ever recorded. Paced (a sweep without a
 // call), the clock moves on past the latest call seen only at the pace
-// the calls showed: not at all for a clock that stands still or runs slow.
+// the calls showed: not at all for a clock that stands still, no faster
+// than it ran for one that runs slow.
 func (g *clockGuard) bound(mono, off int64, paced bool, seen []sample) int64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -284,11 +286,12 @@ func (p *pace) behind(mono int64) int64 {
 	if !p.started || elapsed <= 0 {
 		return 0
 	}
-	span, advance := p.last.mono-p.anchor.mono, p.last.now-p.anchor.now
-	if span < p.window || advance < span-p.lag || p.last.now-p.next.now < p.last.mono-p.next.mono-p.lag {
+	span, advance := p.last.mono-p.anchor.mono, satSub(p.last.now, p.anchor.now)
+	if span < p.window || advance < span-p.lag || satSub(p.last.now, p.next.now) < p.last.mono-p.next.mono-p.lag {
 		return elapsed
 	}
-	// elapsed·min(advance, span)/span, 128 bits wide: at most elapsed.
+	// elapsed·min(advance, span)/span, 128 bits wide: at most elapsed
+	// (advance >= span−lag >= 0, as span >= window >= lag).
 	hi, lo := bits.Mul64(uint64(elapsed), uint64(min(advance, span)))
 	moved, _ := bits.Div64(hi, lo, uint64(span))
 	return elapsed - int64(moved)

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -31,6 +32,8 @@ func TestPaceBehind(t *testing.T) {
 		{"kept pace, then stood still 0.5 s", []sample{{0, 0}, {1000, 1000}, {2000, 2000}, {2000, 2500}}, 1000},
 		{"a late sample adds nothing", []sample{{0, 0}, {1000, 1000}, {2000, 2000}, {0, 1500}}, 0},
 		{"two calls seen at one instant: the lower counts", []sample{{0, 0}, {1000, 1000}, {2000, 2000}, {1000, 2000}}, 3000},
+		{"nows at the ends of int64, falling", []sample{{0, 0}, {math.MaxInt64, 1000}, {math.MinInt64, 2000}}, 3000},
+		{"nows at the ends of int64, rising", []sample{{math.MinInt64, 0}, {0, 1000}, {math.MaxInt64, 2000}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPace(time.Second, time.Second)
