@@ -35,9 +35,9 @@
 // State ends by the now values callers pass (a fixed window at its ResetAt, a bucket when full
 // again, a log when its newest entry ends, a counter pair two windows on), and sweeps drop it:
 // sweeps made by the calls themselves, and while the backend holds anything, a sweep of every shard
-// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so memory
-// returns to its baseline within SweepEvery of the end of the last state plus Lag, without calls to
-// drive it: a sweep without a call that empties a shard releases its table's arrays, and a table
+// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so under a
+// clock that keeps pace with real time (below) memory returns to its baseline within SweepEvery of
+// the end of the last state plus Lag, without calls to drive it: a sweep without a call that empties a shard releases its table's arrays, and a table
 // shrinks once the states it held for a sweep's span fit in an eighth of it. Dropped state answers
 // like none only for a now at or after its end, so what matters is
 // which nows the backend will still be asked about. A sweep drops the state that ended Options.Lag
