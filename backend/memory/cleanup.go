@@ -58,6 +58,7 @@ func (s *shard) reset() {
 func (b *Backend) observe(s *shard, ms int64) bool {
 	if ms < s.low {
 		s.low, s.lowMono = ms, b.mono().Milliseconds()
+		b.called.Store(true)
 		if ms > s.high {
 			s.high, s.highMono = ms, s.lowMono
 		}

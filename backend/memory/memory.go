@@ -202,8 +202,13 @@ type Backend struct {
 	errFull   error // ErrFull, saying what the bound is
 
 	sweeper sweeper
-	ids     idents
-	alls    allMemos // composites' memos, per shard (composite.go)
+	// called is set by a call that brings its shard a new low (the first
+	// since the shard's last sweep), and cleared by the sweeper's sweep:
+	// whether any call came since (see sweepAll).
+	called atomic.Bool
+	idle   idleSweep
+	ids    idents
+	alls   allMemos // composites' memos, per shard (composite.go)
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
