@@ -417,3 +417,138 @@ func TestClockHoldHoldsAfterIdle(t *testing.T) {
 		})
 	}
 }
+
+// A clock that stands still keeps its state: a Throttler whose Clock is a
+// fixed instant spends PerSecond(5); real time (as the backend reads it)
+// moves on 3 s, with the sweeper's sweeps and, in one case, other keys'
+// calls at the same instant; the same instant again is still denied, on
+// every algorithm.
+func TestStandingClockKeepsState(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range algorithms {
+		for _, others := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/other keys calling: %v", alg, others), func(t *testing.T) {
+				b, clock := newWithClock(t, nil)
+				th, err := throttler.New(b, &throttler.Options{Clock: func() time.Time { return t0 }})
+				require.NoError(t, err)
+				p := throttler.PerSecond(5)
+				p.Algorithm = alg
+				for range 5 {
+					d, err := th.Allow(ctx, "client", p)
+					require.NoError(t, err)
+					require.True(t, d.Allowed)
+				}
+				for ms := 100; ms <= 3000; ms += 100 {
+					clock.set(time.Duration(ms) * time.Millisecond)
+					if others {
+						_, err := th.Allow(ctx, fmt.Sprint("other", ms), p)
+						require.NoError(t, err)
+					}
+					memory.SweepAll(b)
+				}
+				d, err := th.Allow(ctx, "client", p)
+				require.NoError(t, err)
+				assert.False(t, d.Allowed, "admitted again at the same instant: %+v", d)
+				assert.Equal(t, int64(5), d.Used)
+			})
+		}
+	}
+}
+
+// A clock that runs at half real time's pace keeps what is live by it: its
+// calls over 6 s of real time show the pace; 2.4 s of real time later (1.2
+// s of its own), with no call, the sweeper has dropped nothing a call 700
+// ms behind it (within Lag) still finds, on every algorithm: it answers as
+// a twin that never swept.
+func TestSlowClockKeepsState(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second, Algorithm: alg}
+			swept, clock := newWithClock(t, nil)
+			twin, twinClock := newWithClock(t, nil)
+			var last time.Time
+			for ms := 0; ms <= 6000; ms += 100 {
+				clock.set(time.Duration(ms) * time.Millisecond)
+				last = t0.Add(time.Duration(ms/2) * time.Millisecond)
+				_, err := swept.Take(ctx, fmt.Sprint("other", ms), p, 1, last)
+				require.NoError(t, err)
+				memory.SweepAll(swept)
+			}
+			for _, b := range []*memory.Backend{swept, twin} {
+				d, err := b.Take(ctx, "client", p, 5, last)
+				require.NoError(t, err)
+				require.True(t, d.Allowed)
+			}
+			clock.set(6000*time.Millisecond + 2400*time.Millisecond)
+			twinClock.set(6000*time.Millisecond + 2400*time.Millisecond)
+			memory.SweepAll(swept)
+			at := last.Add(500 * time.Millisecond)
+			want, err := twin.Peek(ctx, "client", p, at)
+			require.NoError(t, err)
+			got, err := swept.Peek(ctx, "client", p, at)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			assert.NotZero(t, got.Used)
+		})
+	}
+}
+
+// A real clock still gets ended state reclaimed with no call: calls whose
+// nows keep pace with real time (each trailing it by up to 300 ms) for 3
+// s; then, with no call, the sweeper drops every state within 3 s of its
+// end and Lag, and gives the tables' memory back, on every algorithm.
+func TestRealClockReclaimedWithoutCalls(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second, Algorithm: alg}
+			b, clock := newWithClock(t, nil)
+			rng := rand.New(rand.NewPCG(5, uint64(alg)))
+			end := t0
+			for ms := 0; ms <= 3000; ms += 10 {
+				clock.set(time.Duration(ms) * time.Millisecond)
+				now := t0.Add(time.Duration(ms-rng.IntN(300)) * time.Millisecond)
+				d, err := b.Take(ctx, fmt.Sprint("k", ms), p, 1, now)
+				require.NoError(t, err)
+				last := d.ResetAt
+				if alg == throttler.SlidingWindow {
+					last = last.Add(p.Window) // a pair lasts a window more
+				}
+				if last.After(end) {
+					end = last
+				}
+				if ms%1000 == 0 {
+					memory.SweepAll(b)
+				}
+			}
+			require.NotZero(t, b.Len())
+			clock.set(end.Add(time.Second + 3*time.Second).Sub(t0)) // Lag, and 3 s
+			memory.SweepAll(b)
+			st := b.Stats()
+			assert.Zero(t, st.Keys)
+			assert.Zero(t, st.Bytes)
+		})
+	}
+}
+
+// BenchmarkSweepStandingClock is the sweeper's sweep of a backend holding
+// 100,000 states under a clock that stands still: with no call since the
+// last sweep, nothing can go, and the sweep touches no shard.
+func BenchmarkSweepStandingClock(b *testing.B) {
+	m, clock := newWithClock(b, nil)
+	for i := range 100_000 {
+		if _, err := m.Take(context.Background(), fmt.Sprint("k", i), hourly, 1, t0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ms := time.Duration(0)
+	for b.Loop() {
+		ms += time.Second
+		clock.set(ms)
+		memory.SweepAll(m)
+	}
+	if m.Len() != 100_000 {
+		b.Fatal("a state live at the standing instant went")
+	}
+}

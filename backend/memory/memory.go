@@ -20,14 +20,26 @@
 // evict.go for each algorithm's rule). Stats counts evictions and the
 // calls the second tier answered.
 //
+// The bound is one of bytes, keys included: a state costs its 64-byte slot
+// whatever its key's length, as a key longer than 22 bytes is held as a
+// 128-bit hash of it under two random seeds, never as its bytes. Two long
+// keys would share a state only if both hashes collided (for a million
+// keys, about one chance in 2^88), which over-counts, never under-counts.
+// At DefaultMaxKeys the tables hold about 62 MiB, and the second tier 48
+// MiB more once shards evict; a sliding log's entries (16 bytes each) and
+// a lease set's leases add to that, up to the policy's Limit per state.
+// Stats.Bytes reports what the tables hold.
+//
 // # Cleanup
 //
 // State ends by the now values callers pass (a fixed window at its ResetAt, a bucket when full
 // again, a log when its newest entry ends, a counter pair two windows on), and sweeps drop it:
 // sweeps made by the calls themselves, and while the backend holds anything, a sweep of every shard
-// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so memory
-// returns to its baseline within SweepEvery of the end of the last state plus Lag, without calls to
-// drive it. Dropped state answers like none only for a now at or after its end, so what matters is
+// each Options.SweepEvery by a timer (no goroutine between sweeps; Close stops it), so under a
+// clock that keeps pace with real time (below) memory returns to its baseline within SweepEvery of
+// the end of the last state plus Lag, without calls to drive it: a sweep without a call that empties a shard releases its table's arrays, and a table
+// shrinks once the states it held for a sweep's span fit in an eighth of it. Dropped state answers
+// like none only for a now at or after its end, so what matters is
 // which nows the backend will still be asked about. A sweep drops the state that ended Options.Lag
 // before the callers' clock as the backend trusts it: the monotonic clock plus the lowest offset
 // (now − monotonic time) that its clock guard recorded in the last ClockHold to 2·ClockHold of real
@@ -53,6 +65,19 @@
 // that steps back makes cleanup later, never earlier. Under a steady
 // clock, state goes about Lag after it ends, plus the time its shard takes
 // to make a sweep's worth of calls.
+//
+// A sweep without a call (the timer's, or one that makes room in another
+// shard) may reclaim only what is ended by the callers' own clock: it moves
+// that clock on past the latest now the calls showed by the real time since,
+// but only at the pace the calls showed it advancing with real time (their
+// latest now against two earlier ones at least max(Lag, SweepEvery) of real
+// time apart): none unless it kept up with real time to within Lag over
+// that span and since the later sample, and never faster than it ran. So a
+// clock that stands still (a test's fixed instant) or runs slow keeps every
+// state live by it, however much real time passes, while a real clock has
+// its ended state reclaimed with no call, once calls spanning max(Lag,
+// SweepEvery) of real time have shown its pace. A clock that kept pace and
+// then stops with no call to show it is taken to move on.
 package memory
 
 import (
@@ -62,6 +87,7 @@ import (
 	"hash/maphash"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/throttler"
@@ -74,9 +100,9 @@ import (
 var ErrFull = errors.New("memory: full")
 
 // DefaultMaxKeys is Options.MaxKeys' default: 786,432 states, 3,072 in each
-// of the default 256 shards; about 62 MiB of tables, and 48 MiB more of
-// second tier while shards evict (110 MiB of heap under a flood of 10
-// million keys). See Bound and eviction.
+// of the default 256 shards; about 62 MiB of tables, keys included, and 48
+// MiB more of second tier while shards evict (110 MiB of heap under a flood
+// of 10 million keys). See Bound and eviction.
 const DefaultMaxKeys = 3 << 18
 
 // Options configure a Backend. The zero value (or nil) means defaults.
@@ -101,10 +127,10 @@ type Options struct {
 	ClockHold time.Duration
 	// SweepEvery is how often, while the backend holds any state, a
 	// timer sweeps every shard for ended state, with no call to drive it;
-	// Close stops it. A timer sweep judges the callers' clock by the
-	// monotonic one, so a caller whose clock stands still while real time
-	// passes (a test at a fixed instant) sets it longer than it runs.
-	// default: 1s
+	// Close stops it. A timer sweep moves the callers' clock on only at
+	// the pace their calls showed (see Cleanup), so a clock that stands
+	// still while real time passes (a test at a fixed instant) keeps its
+	// state. default: 1s
 	SweepEvery time.Duration
 }
 
@@ -176,8 +202,13 @@ type Backend struct {
 	errFull   error // ErrFull, saying what the bound is
 
 	sweeper sweeper
-	ids     idents
-	alls    allMemos // composites' memos, per shard (composite.go)
+	// called is set by a call that brings its shard a new low (the first
+	// since the shard's last sweep), and cleared by the sweeper's sweep:
+	// whether any call came since (see sweepAll).
+	called atomic.Bool
+	idle   idleSweep
+	ids    idents
+	alls   allMemos // composites' memos, per shard (composite.go)
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
@@ -202,7 +233,7 @@ func New(opts *Options) (*Backend, error) {
 		shards:     make([]shard, o.Shards),
 		shardShift: 64,
 		lag:        o.Lag.Milliseconds(),
-		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds())},
+		guard:      clockGuard{hold: max(1, o.ClockHold.Milliseconds()), pace: newPace(o.Lag, o.SweepEvery)},
 		mono:       func() time.Duration { return time.Since(start) },
 		maxKeys:    int64(o.MaxKeys),
 		quota:      (o.MaxKeys + o.Shards - 1) / o.Shards,
@@ -215,8 +246,10 @@ func New(opts *Options) (*Backend, error) {
 	for n := o.Shards; n > 1; n >>= 1 {
 		b.shardShift--
 	}
+	wide := maphash.MakeSeed()
 	for i := range b.shards {
 		b.shards[i].reset()
+		b.shards[i].table.wide = wide
 	}
 	return b, nil
 }
@@ -229,7 +262,8 @@ func (b *Backend) Close() error {
 		s := &b.shards[i]
 		s.mu.Lock()
 		b.keys.Add(-int64(s.table.live))
-		s.table, s.tier = table{}, tier{}
+		s.table.clear()
+		s.tier = tier{}
 		s.mu.Unlock()
 	}
 	return nil
@@ -246,6 +280,9 @@ type Stats struct {
 	// SecondTierHits counts calls that found no state but answered from
 	// one the second tier remembered.
 	SecondTierHits uint64
+	// Bytes is the heap the tables hold: slots (keys included), second
+	// tier, logs' entries and lease sets.
+	Bytes int64
 }
 
 // Stats reads the counts, locking each shard in turn.
@@ -257,6 +294,7 @@ func (b *Backend) Stats() Stats {
 		st.Keys += s.table.live
 		st.Evictions += s.evictions
 		st.SecondTierHits += s.tierHits
+		st.Bytes += s.table.bytes() + int64(len(s.tier.cells))*int64(unsafe.Sizeof(cell{}))
 		s.mu.Unlock()
 	}
 	return st

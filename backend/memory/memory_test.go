@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -150,6 +151,81 @@ func TestMaxKeys(t *testing.T) {
 	require.NoError(t, err)
 	memory.SweepAll(b)
 	assert.Zero(t, b.Len())
+}
+
+// Once every state has ended, the tables give their memory back with no
+// call to drive it: after 100,000 keys whose windows ended, a sweep of the
+// sweeper (as its timer makes it) leaves nothing held and the heap at its
+// baseline, on every algorithm.
+func TestIdleTablesShrink(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			b, clock := newWithClock(t, nil)
+			p := throttler.Policy{Name: "p", Limit: 5, Window: time.Second, Algorithm: alg}
+			const keys = 100_000
+			for i := range keys { // over 2 s, the callers' clock keeping pace with real time
+				at := time.Duration(i) * 2 * time.Second / keys
+				clock.set(at)
+				_, err := b.Take(ctx, "client-"+strconv.Itoa(i), p, 1, t0.Add(at))
+				require.NoError(t, err)
+			}
+			held := b.Stats().Bytes
+			clock.set(5 * time.Second) // every state ended (a counter pair two windows on), and Lag
+			memory.SweepAll(b)
+			st := b.Stats()
+			assert.Zero(t, st.Keys)
+			assert.Zero(t, st.Bytes, "of %d bytes held at the peak", held)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("heap %+d bytes over the baseline; %d held at the peak", grew, held)
+			assert.Less(t, grew, int64(1<<20), "heap over the baseline once idle")
+			runtime.KeepAlive(b)
+		})
+	}
+}
+
+// When most states have ended and a few live on, two sweeps without calls
+// shrink the tables to what the few need: their slots, and for logs the
+// array beside the slots.
+func TestTablesShrinkToTheLiveStates(t *testing.T) {
+	ctx := context.Background()
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			b, clock := newWithClock(t, nil)
+			short := throttler.Policy{Name: "short", Limit: 5, Window: time.Second, Algorithm: alg}
+			long := throttler.Policy{Name: "long", Limit: 5, Window: time.Hour, Algorithm: alg}
+			const keys, live = 100_000, 1000
+			for i := range keys {
+				at := time.Duration(i) * 2 * time.Second / keys
+				clock.set(at)
+				p := short
+				if i%(keys/live) == 0 {
+					p = long
+				}
+				_, err := b.Take(ctx, "client-"+strconv.Itoa(i), p, 1, t0.Add(at))
+				require.NoError(t, err)
+			}
+			peak := b.Stats().Bytes
+			clock.set(5 * time.Second)
+			memory.SweepAll(b)
+			clock.set(6 * time.Second)
+			memory.SweepAll(b)
+			st := b.Stats()
+			assert.Equal(t, live, st.Keys)
+			t.Logf("%d bytes held for %d states, %d at the peak", st.Bytes, st.Keys, peak)
+			assert.Less(t, st.Bytes*20, peak, "under 5%% of the peak")
+			for i := 0; i < keys; i += keys / live {
+				d, err := b.Peek(ctx, "client-"+strconv.Itoa(i), long, t0.Add(6*time.Second))
+				require.NoError(t, err)
+				require.Equal(t, int64(1), d.Used, "client-%d", i)
+			}
+		})
+	}
 }
 
 func TestRefusedTakeStoresNothing(t *testing.T) {

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,8 +11,9 @@ import (
 // backend holds any, so that memory returns without calls to drive it. It
 // is a timer, not a goroutine: between sweeps nothing runs, and a backend
 // that holds nothing has no timer armed. The sweeps trust the callers'
-// clock exactly as sweeps made by calls do (see Cleanup): no call's now
-// is in them, only the clock guard's record and the monotonic clock.
+// clock as sweeps made by calls do (see Cleanup), moved on past the latest
+// call only at the pace the calls showed: no call's now is in them, only
+// the clock guard's record and the monotonic clock.
 type sweeper struct {
 	every time.Duration
 	armed atomic.Bool
@@ -84,18 +86,46 @@ func (w *sweeper) stop() {
 	defer w.sweeping.Unlock()
 }
 
-// sweepAll is the sweeper's sweep: every shard, each with the clock the
-// guard trusts. It reports whether the backend still holds anything.
+// idleSweep is what the sweeper's last sweep went by, so that a sweep with
+// nothing new to go by touches no shard.
+type idleSweep struct {
+	mu    sync.Mutex // serialises sweepAll
+	ref   int64      // the trusted clock, as a sweep without a call takes it
+	quiet bool       // the last sweep dropped nothing
+}
+
+// sweepAll is the sweeper's sweep: every shard that holds anything (a
+// state, a second tier, or an emptied table's arrays), each with the clock
+// the guard trusts. It reports whether the backend still holds anything.
+// When no call came since its last sweep, which dropped nothing, and the
+// trusted clock has not moved (a clock that stands still), a sweep would
+// drop nothing either: it touches no shard, so that a backend whose clock
+// stands still costs its timer almost nothing.
 func (b *Backend) sweepAll() bool {
+	b.idle.mu.Lock()
+	defer b.idle.mu.Unlock()
+	fresh := b.called.Swap(false)
+	ref := b.guard.bound(b.mono().Milliseconds(), math.MaxInt64, true, nil)
+	if !fresh && b.idle.quiet && ref == b.idle.ref {
+		return true
+	}
+	before := b.keys.Load()
+	defer func() { b.idle.ref, b.idle.quiet = ref, b.keys.Load() == before }()
 	holding := false
 	for i := range b.shards {
 		s := &b.shards[i]
 		s.mu.Lock()
-		if s.table.live > 0 || s.tier.cells != nil {
+		if s.holds() {
 			b.sweep(s, 0, false)
-			holding = holding || s.table.live > 0 || s.tier.cells != nil
+			holding = holding || s.holds()
 		}
 		s.mu.Unlock()
 	}
 	return holding
+}
+
+// holds reports whether the locked shard holds any memory a sweep may give
+// back.
+func (s *shard) holds() bool {
+	return s.table.live > 0 || s.tier.cells != nil || s.table.slots != nil
 }

@@ -2,8 +2,9 @@ package memory
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"slices"
-	"strings"
+	"unsafe"
 
 	"github.com/throttlekit/throttlekit/internal/algo"
 	"github.com/throttlekit/throttlekit/internal/leaseset"
@@ -31,6 +32,9 @@ type table struct {
 	// i; free lists the numbers of unused ones.
 	extras []extra
 	free   []uint32
+	// wide seeds a long key's second hash (wideKey): independent of the
+	// Backend's, so that with the first it makes 128 bits.
+	wide maphash.Seed
 }
 
 // slot is one (key, policy) state. Its four numbers hold, by kind:
@@ -42,15 +46,13 @@ type table struct {
 //	log      -             -            extra number       newest entry's end
 //	lease    -             -            extra number       latest expiry
 //
-// A counter pair's end, (K+2)·window, is computed (ends); a log's or a
-// lease set's extra number is in the key bytes instead when the key is
-// long.
+// A counter pair's end, (K+2)·window, is computed (ends).
 type slot struct {
-	hash uint32 // the low 32 bits of the key's hash
-	id   uint32 // the policy identity's number (see idents); 0: an empty slot
-	meta uint8  // kind<<5 | the inline key's length, or longKey
-	uses uint8  // calls since the eviction hand last passed (evict.go)
-	key  [shortKey]byte
+	hash uint32         // the low 32 bits of the key's hash
+	id   uint32         // the policy identity's number (see idents); 0: an empty slot
+	meta uint8          // kind<<5 | the inline key's length, or longKey
+	uses uint8          // calls since the eviction hand last passed (evict.go)
+	key  [shortKey]byte // the key, or a long key's wide hash (wideKey)
 
 	used, resetAt, prev, end int64
 }
@@ -59,8 +61,13 @@ type slot struct {
 // and most tokens fit, and comparing them reads no other memory.
 const shortKey = 22
 
-// longKey in a slot's meta marks a key kept in its extra, whose number is
-// in the first four key bytes.
+// longKey in a slot's meta marks a key longer than shortKey, held as its
+// wide hash: the high 32 bits of the Backend's hash of it in the first four
+// key bytes (the low 32 are the slot's hash), and the table's hash of it
+// (seeded by wide) in the next eight. Two long keys share a state only if
+// both 64-bit hashes, under two random seeds, collide: for a million keys,
+// about one chance in 2^88. A collision would make two keys count against
+// one state, an over-count, never an under-count.
 const longKey = 31
 
 // The kinds of state a slot holds.
@@ -73,7 +80,6 @@ const (
 )
 
 type extra struct {
-	key    string
 	log    *algo.LogBuffer
 	leases *leaseset.Set
 }
@@ -83,9 +89,6 @@ func (w *slot) kind() uint8 { return w.meta >> 5 }
 func (w *slot) keyLen() int { return int(w.meta & 31) }
 func (w *slot) long() bool  { return w.meta&31 == longKey }
 func (w *slot) extraNum() uint32 {
-	if w.long() {
-		return binary.LittleEndian.Uint32(w.key[:4])
-	}
 	if k := w.kind(); k == kindLog || k == kindLease {
 		return uint32(w.prev)
 	}
@@ -136,13 +139,24 @@ func (t *table) newExtra() uint32 {
 	return uint32(len(t.extras))
 }
 
-// equal reports whether w holds key.
-func (t *table) equal(w *slot, key string) bool {
-	if w.long() {
-		return t.extras[w.extraNum()-1].key == key
+// wideKey is the 64 bits that, beside the Backend's hash h, stand for a key
+// longer than shortKey in a slot.
+func (t *table) wideKey(key string) uint64 { return maphash.String(t.wide, key) }
+
+// equal reports whether w holds key, whose hash is h; wide is key's
+// wideKey once computed, 0 before (a long key computes it at most once).
+func (t *table) equal(w *slot, h uint64, key string, wide *uint64) bool {
+	if len(key) <= shortKey {
+		n := w.keyLen() // longKey for a long one: never a short key's length
+		return n == len(key) && string(w.key[:n]) == key
 	}
-	n := w.keyLen()
-	return n == len(key) && string(w.key[:n]) == key
+	if !w.long() || binary.LittleEndian.Uint32(w.key[:4]) != uint32(h>>32) {
+		return false
+	}
+	if *wide == 0 {
+		*wide = t.wideKey(key) | 1 // never 0: 0 is "not computed"
+	}
+	return binary.LittleEndian.Uint64(w.key[4:12]) == *wide
 }
 
 // find returns the slot of (key, policy id), or nil.
@@ -152,12 +166,13 @@ func (t *table) find(h uint64, key string, id uint32) *slot {
 	}
 	n := len(t.slots)
 	h32 := uint32(h)
+	var wide uint64
 	for i := home(h32, n); ; {
 		s := &t.slots[i]
 		if s.empty() {
 			return nil
 		}
-		if s.hash == h32 && s.id == id && t.equal(s, key) {
+		if s.hash == h32 && s.id == id && t.equal(s, h, key, &wide) {
 			return s
 		}
 		if i++; i == n {
@@ -187,12 +202,11 @@ func (t *table) insert(h uint64, key string, id uint32, kind uint8) *slot {
 	s := &t.slots[i]
 	*s = slot{hash: uint32(h), id: id, meta: kind << 5}
 	if len(key) > shortKey {
-		// Copied: the table keeps it for the state's life, and a
-		// caller's string may share a large buffer, or one it reuses.
-		n := t.newExtra()
-		t.extras[n-1].key = strings.Clone(key)
+		// Its hashes, not the key: a state costs its slot, however long
+		// the key (up to throttler.MaxKeyLen).
 		s.meta |= longKey
-		binary.LittleEndian.PutUint32(s.key[:4], n)
+		binary.LittleEndian.PutUint32(s.key[:4], uint32(h>>32))
+		binary.LittleEndian.PutUint64(s.key[4:12], t.wideKey(key)|1)
 	} else {
 		s.meta |= uint8(len(key))
 		copy(s.key[:], key)
@@ -284,8 +298,45 @@ func (t *table) resize(n int) {
 	}
 	if t.live == 0 {
 		t.extras, t.free = nil, nil
+	} else if len(t.free)*2 > len(t.extras) {
+		t.compactExtras()
 	}
 }
+
+// compactExtras moves the extras in use to a new array that holds just
+// them, renumbering their slots: a table that shrinks after most of its
+// logs or lease sets ended gives their array back too.
+func (t *table) compactExtras() {
+	extras := make([]extra, 0, len(t.extras)-len(t.free))
+	for i := range t.slots {
+		w := &t.slots[i]
+		if n := w.extraNum(); n != 0 {
+			extras = append(extras, t.extras[n-1])
+			w.prev = int64(len(extras)) // only logs and lease sets have one: their prev is the number
+		}
+	}
+	t.extras, t.free = extras, nil
+}
+
+// bytes is the heap the table holds: its arrays, and the entries of its
+// logs and lease sets (a log's live entries; its array may hold a few more).
+func (t *table) bytes() int64 {
+	n := int64(cap(t.slots))*int64(unsafe.Sizeof(slot{})) +
+		int64(cap(t.extras))*int64(unsafe.Sizeof(extra{})) + int64(cap(t.free))*4
+	for i := range t.extras {
+		x := &t.extras[i]
+		if x.log != nil {
+			n += int64(unsafe.Sizeof(*x.log)) + int64(x.log.Len())*int64(unsafe.Sizeof(algo.LogEntry{}))
+		}
+		if x.leases != nil {
+			n += int64(unsafe.Sizeof(*x.leases)) + int64(cap(*x.leases))*int64(unsafe.Sizeof(leaseset.Entry{}))
+		}
+	}
+	return n
+}
+
+// clear drops every slot and the arrays that hold them.
+func (t *table) clear() { *t = table{wide: t.wide} }
 
 // sizeFor is the number of slots for live slots after a shrink: a quarter
 // full at most, so that it takes many inserts to grow again.

@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -10,6 +11,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
+
+// newTable is an empty table as a Backend's shard has it: seeded for long
+// keys' hashes.
+func newTable() table { return table{wide: maphash.MakeSeed()} }
 
 // put inserts like a shard does: room first, then the slot.
 func (t *table) put(h uint64, key string, policy uint32) *slot {
@@ -27,7 +32,7 @@ func (t *table) put(h uint64, key string, policy uint32) *slot {
 // Keys whose hashes collide, and one key under several policies, probe past
 // each other; growing and sweeping keep every live window findable.
 func TestTableCollisionsGrowthAndSweep(t *testing.T) {
-	var tb table
+	tb := newTable()
 	const n = 300
 	for i := 0; i < n; i++ {
 		h := uint64(i % 3) // three hashes for 300 windows: long probe runs
@@ -72,7 +77,8 @@ func TestTableCollisionsGrowthAndSweep(t *testing.T) {
 func TestTableSweepKeepsRunsIntact(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := 0; round < 200; round++ {
-		tb := table{slots: make([]slot, 16)}
+		tb := newTable()
+		tb.slots = make([]slot, 16)
 		want := map[string]int64{}
 		for i := 0; i < 12; i++ {
 			k := fmt.Sprint("k", i)
@@ -98,7 +104,8 @@ func TestTableSweepKeepsRunsIntact(t *testing.T) {
 		for k, end := range want {
 			found := false
 			for i := range tb.slots {
-				if !tb.slots[i].empty() && tb.equal(&tb.slots[i], k) {
+				var wide uint64
+				if !tb.slots[i].empty() && tb.equal(&tb.slots[i], uint64(tb.slots[i].hash), k, &wide) {
 					found = true
 					require.Same(t, &tb.slots[i], tb.find(uint64(tb.slots[i].hash), k, uint32(1)))
 				}
@@ -115,10 +122,11 @@ func TestTableSweepKeepsRunsIntact(t *testing.T) {
 // Keys at the edge of the inline size, and long ones, are told apart even
 // when they share a hash and a prefix.
 func TestTableInlineAndLongKeys(t *testing.T) {
-	var tb table
+	tb := newTable()
 	keys := []string{
 		strings.Repeat("a", shortKey-1), strings.Repeat("a", shortKey), strings.Repeat("a", shortKey+1),
 		strings.Repeat("a", shortKey) + "b", strings.Repeat("a", 100), "a", "\x00",
+		strings.Repeat("a", 4095) + "b", strings.Repeat("a", 4095) + "c",
 	}
 	for i, k := range keys {
 		s := tb.put(42, k, uint32(1))
@@ -131,6 +139,8 @@ func TestTableInlineAndLongKeys(t *testing.T) {
 	}
 	assert.Nil(t, tb.find(42, strings.Repeat("a", shortKey-2), uint32(1)))
 	assert.Nil(t, tb.find(42, strings.Repeat("a", 99), uint32(1)))
+	assert.Nil(t, tb.find(43, strings.Repeat("a", 100), uint32(1)), "a long key under another hash")
+	assert.Empty(t, tb.extras, "long keys are held in their slots, as hashes")
 }
 
 func TestSizeFor(t *testing.T) {
@@ -144,10 +154,11 @@ func TestSizeFor(t *testing.T) {
 // and writes sits in the first two.
 func TestShardSize(t *testing.T) {
 	var s shard
-	assert.Equal(t, uintptr(320), unsafe.Sizeof(s))
+	assert.Equal(t, uintptr(384), unsafe.Sizeof(s))
 	assert.Equal(t, uintptr(0), unsafe.Offsetof(s.last)/64, "the policy memo beside the lock")
 	for name, off := range map[string]uintptr{
 		"low":         unsafe.Offsetof(s.low),
+		"high":        unsafe.Offsetof(s.high),
 		"sinceScan":   unsafe.Offsetof(s.sinceScan),
 		"table.slots": unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.slots),
 		"table.live":  unsafe.Offsetof(s.table) + unsafe.Offsetof(s.table.live),

@@ -257,8 +257,9 @@ func (m *Metrics) Unregister() error {
 //   - a batching backend (backend/redis's Backend): the throttlekit.backend.
 //     round trip and operation instruments and the throttlekit.overlimit_cache.
 //     ones with throttlekit.backend=name;
-//   - a backend/memory Backend: the throttlekit.memory. keys, evictions and
-//     second-tier hits instruments with throttlekit.backend=name.
+//   - a backend/memory Backend: the throttlekit.memory. keys, evictions,
+//     second-tier hits and usage (bytes) instruments with
+//     throttlekit.backend=name.
 //
 // Each but the Throttler may also be given as its Stats method
 // (redisBackend.Stats). Any other source, a nil one, a name that is empty,

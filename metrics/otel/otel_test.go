@@ -236,6 +236,12 @@ func TestMemoryCollect(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, keys.DataPoints, 1)
 	assert.Equal(t, int64(1), keys.DataPoints[0].Value)
+	usage, ok := got["throttlekit.memory.usage"].Data.(metricdata.Gauge[int64])
+	require.True(t, ok)
+	require.Len(t, usage.DataPoints, 1)
+	assert.Equal(t, mem.Stats().Bytes, usage.DataPoints[0].Value, "its tables' arrays: a size the allocator picks")
+	assert.Positive(t, usage.DataPoints[0].Value)
+	assert.Equal(t, "By", got["throttlekit.memory.usage"].Unit)
 	assert.EqualError(t, m.Watch("embedded", mem), `otel: Watch "embedded": name already watched`)
 	assert.EqualError(t, m.Watch("other", (func() memory.Stats)(nil)), `otel: Watch "other": the source is a nil func() memory.Stats`)
 }

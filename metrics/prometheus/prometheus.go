@@ -216,8 +216,8 @@ func (m *Metrics) Observe(o throttler.Observation) {
 //   - a batching backend (backend/redis's Backend): the throttlekit_backend_
 //     round trip and operation metrics and the throttlekit_overlimit_cache_
 //     metrics with backend=name;
-//   - a backend/memory Backend: the throttlekit_memory_ keys, evictions and
-//     second-tier hits metrics with backend=name.
+//   - a backend/memory Backend: the throttlekit_memory_ keys, evictions,
+//     second-tier hits and bytes metrics with backend=name.
 //
 // Each but the Throttler may also be given as its Stats method
 // (redisBackend.Stats). Any other source, a nil one, a name that is empty,

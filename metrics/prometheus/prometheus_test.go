@@ -2,6 +2,7 @@ package prometheus_test
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -321,7 +322,12 @@ func TestMemoryScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	mem := traffic.FullMemory(t)                 // its comment says what it holds
 	require.NoError(t, m.Watch("embedded", mem)) // the Backend itself
+	bytes := mem.Stats().Bytes                   // its tables' arrays: a size the allocator picks
+	require.Positive(t, bytes)
 	want := `
+# HELP throttlekit_memory_bytes Heap an in-process backend's tables hold, keys included: slots, second tier, logs and lease sets.
+# TYPE throttlekit_memory_bytes gauge
+throttlekit_memory_bytes{backend="embedded"} ` + strconv.FormatInt(bytes, 10) + `
 # HELP throttlekit_memory_evictions_total Live states a full in-process backend moved to its second tier to make room.
 # TYPE throttlekit_memory_evictions_total counter
 throttlekit_memory_evictions_total{backend="embedded"} 2
@@ -333,7 +339,8 @@ throttlekit_memory_keys{backend="embedded"} 1
 throttlekit_memory_second_tier_hits_total{backend="embedded"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total"))
+		"throttlekit_memory_evictions_total", "throttlekit_memory_keys", "throttlekit_memory_second_tier_hits_total",
+		"throttlekit_memory_bytes"))
 	assert.EqualError(t, m.Watch("embedded", mem.Stats), `prometheus: Watch "embedded": name already watched`)
 	assert.EqualError(t, m.Watch("other", (*memory.Backend)(nil)), `prometheus: Watch "other": the source is a nil *memory.Backend`)
 }

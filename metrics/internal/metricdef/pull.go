@@ -50,6 +50,7 @@ const (
 	MemoryKeys
 	MemoryEvictions
 	MemorySecondTierHits
+	MemoryBytes
 	NumPulls
 )
 
@@ -141,6 +142,8 @@ var Specs = [NumPulls]Spec{
 		"Live states a full in-process backend moved to its second tier to make room.", batchLabels, false},
 	MemorySecondTierHits: {"throttlekit_memory_second_tier_hits_total", "throttlekit.memory.second_tier_hits", "{call}",
 		"Calls an in-process backend answered from a state its second tier remembered (may over-count, never under).", batchLabels, false},
+	MemoryBytes: {"throttlekit_memory_bytes", "throttlekit.memory.usage", "By",
+		"Heap an in-process backend's tables hold, keys included: slots, second tier, logs and lease sets.", batchLabels, true},
 }
 
 // Sample is one value of a pulled metric.
@@ -303,6 +306,7 @@ func (s *Sources) Collect(yield func(Sample)) {
 		yield(Sample{Pull: MemoryKeys, Labels: l, Value: float64(st.Keys)})
 		yield(Sample{Pull: MemoryEvictions, Labels: l, Value: float64(st.Evictions)})
 		yield(Sample{Pull: MemorySecondTierHits, Labels: l, Value: float64(st.SecondTierHits)})
+		yield(Sample{Pull: MemoryBytes, Labels: l, Value: float64(st.Bytes)})
 	}
 	if len(throttlers) > 0 {
 		s.breakers(yield, throttlers)

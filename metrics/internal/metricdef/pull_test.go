@@ -33,7 +33,7 @@ var (
 		ShadowPublishDropped}
 	movePulls   = []Pull{MigrationMovingCalls, MigrationCompensated, MigrationRefundFailures, MigrationOneStore, MigrationPercentChanges, MigrationLate}
 	batchPulls  = []Pull{BatchRoundTrips, BatchOperations, BatchBatched, BatchAbandoned, BatchRoundTripsBySize, CacheHits, CacheKeys}
-	memoryPulls = []Pull{MemoryKeys, MemoryEvictions, MemorySecondTierHits}
+	memoryPulls = []Pull{MemoryKeys, MemoryEvictions, MemorySecondTierHits, MemoryBytes}
 )
 
 // series are "metric first-label second-label" of each pull, the labels
