@@ -303,6 +303,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	_, plain := shards[0].Primary.(*goredis.Client)
 	b.composites = o.TagByKey || len(shards) == 1 && plain
 	watched := map[Client]*dialWatch{} // a client in two roles gets one hook
+	primaries := map[Client]bool{}     // and a primary one watch (failover.go)
 	for i, s := range shards {
 		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
 			return nil, err
@@ -318,6 +319,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
 		}
 		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
+		b.watchPrimary(s.Primary, primaries)
 		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
 			return nil, err
 		}
