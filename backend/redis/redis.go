@@ -51,7 +51,10 @@
 // must share a slot and a shard: on one server, or with Options.TagByKey
 // (see Traits). An opt-in over-limit cache
 // (Options.OverLimitCache) answers Takes of keys Redis denied until a
-// known instant without a round trip. Stats counts both.
+// known instant without a round trip. Stats counts both, and the times a
+// primary's client reached another server than before: a failover it
+// followed (failover.go), around which keys may admit over their limit by
+// the bound docs/backends-redis.md states.
 package redis
 
 import (
