@@ -49,13 +49,14 @@ func (s *shard) serving() bool {
 }
 
 // pick returns the replica a Peek on s reads and its health: one whose
-// rest ended, as that rest's one probe, else the next serving one, round
-// robin; nil when every replica rests (the Peek goes to the primary).
-func (s *shard) pick(now time.Duration) (*lane, *replicaHealth) {
+// rest ended, as that rest's one probe (probe true), else the next serving
+// one, round robin; nil when every replica rests (the Peek goes to the
+// primary).
+func (s *shard) pick(now time.Duration) (l *lane, h *replicaHealth, probe bool) {
 	for i := range s.health {
 		h := &s.health[i]
 		if until := h.restUntil.Load(); until != 0 && until <= int64(now) && h.probing.CompareAndSwap(false, true) {
-			return s.replicaLanes[i], h
+			return s.replicaLanes[i], h, true
 		}
 	}
 	n := uint32(len(s.replicaLanes))
@@ -63,10 +64,10 @@ func (s *shard) pick(now time.Duration) (*lane, *replicaHealth) {
 	for i := range n {
 		k := (start + i) % n
 		if s.health[k].restUntil.Load() == 0 {
-			return s.replicaLanes[k], &s.health[k]
+			return s.replicaLanes[k], &s.health[k], false
 		}
 	}
-	return nil, nil
+	return nil, nil, false
 }
 
 // read runs f, a Peek, on a replica of s (see pick), or on the primary when
@@ -80,7 +81,7 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *l
 	if len(s.replicaLanes) == 0 {
 		return f(ctx, s.primaryLane)
 	}
-	l, h := s.pick(b.mono())
+	l, h, probe := s.pick(b.mono())
 	if l == nil {
 		return f(ctx, s.primaryLane)
 	}
@@ -93,7 +94,9 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *l
 	err := f(rctx, l)
 	switch {
 	case err == nil || keyFailure(err):
-		if h.restUntil.Load() != 0 {
+		// The replica answered. Only a probe ends a rest: a read sent
+		// before the failure that began it says nothing after.
+		if probe {
 			h.restUntil.Store(0)
 		}
 	case ctx.Err() != nil:
@@ -102,6 +105,8 @@ func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *l
 		h.restUntil.Store(int64(b.mono() + replicaRest))
 		err = throttler.StoreFailure(s.replicasName, err)
 	}
-	h.probing.Store(false)
+	if probe {
+		h.probing.Store(false)
+	}
 	return err
 }
