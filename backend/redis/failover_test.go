@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -61,4 +62,44 @@ func TestPrimarySwitchesAreCounted(t *testing.T) {
 			t.Errorf("step %d: PrimarySwitches %d, want %d", i, got, step.want)
 		}
 	}
+}
+
+// A primary that answers a write with READONLY has become a replica: a
+// switch seen even by a client that stays on its address. One is counted
+// until the client reaches a new server (a replica answers a denied Take:
+// a success proves nothing), and that dial is the same switch.
+func TestReadOnlyIsAPrimarySwitch(t *testing.T) {
+	readonly := fmt.Errorf("redis (10.0.0.1:6379): %w", replyErr("READONLY You can't write against a read only replica."))
+	inScript := replyErr("ERR Error running script (call to f_1): @user_script:1: -READONLY You can't write against a read only replica.")
+	var switches atomic.Uint64
+	w := &primaryWatch{switches: &switches}
+	for i, step := range []struct {
+		dial string // a new connection's server, or
+		err  error  // a write's answer
+		want uint64
+	}{
+		{dial: "a", want: 0},
+		{err: nil, want: 0},
+		{err: readonly, want: 1},
+		{err: inScript, want: 1},
+		{err: replyErr("LOADING Redis is loading"), want: 1},
+		{err: nil, want: 1}, // a denied Take, answered by the replica
+		{err: readonly, want: 1},
+		{dial: "a", want: 1}, // go-redis redials the same address
+		{err: readonly, want: 1},
+		{dial: "b", want: 1}, // the client follows: the same switch
+		{err: nil, want: 1},
+		{dial: "a", want: 2},
+		{err: inScript, want: 3},
+	} {
+		if step.dial != "" {
+			w.reached(step.dial)
+		} else {
+			w.answered(step.err)
+		}
+		if got := switches.Load(); got != step.want {
+			t.Errorf("step %d: %d switches, want %d", i, got, step.want)
+		}
+	}
+	(*primaryWatch)(nil).answered(readonly) // an unwatched primary: nothing to count, no panic
 }

@@ -219,6 +219,7 @@ type shard struct {
 	name         string          // the primary's store, for a Throttler's breakers
 	replicasName string          // the replicas' store, which Peeks reach first
 	health       []replicaHealth // of each replica, as replicaLanes (replica.go)
+	watch        *primaryWatch   // the primary's switches (failover.go); nil: not a *goredis.Client
 }
 
 // Backend stores rate limits in Redis. It is safe for concurrent use. It
@@ -305,8 +306,8 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		tagByKey: o.TagByKey, mono: sinceStart}
 	_, plain := shards[0].Primary.(*goredis.Client)
 	b.composites = o.TagByKey || len(shards) == 1 && plain
-	watched := map[Client]*dialWatch{} // a client in two roles gets one hook
-	primaries := map[Client]bool{}     // and a primary one watch (failover.go)
+	watched := map[Client]*dialWatch{}      // a client in two roles gets one hook
+	primaries := map[Client]*primaryWatch{} // and a primary one watch (failover.go)
 	for i, s := range shards {
 		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
 			return nil, err
@@ -322,7 +323,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
 		}
 		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
-		b.watchPrimary(s.Primary, primaries)
+		sh.watch = b.watchPrimary(s.Primary, primaries)
 		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
 			return nil, err
 		}
@@ -588,7 +589,9 @@ func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *requ
 	if op == throttler.OpPeek {
 		return b.read(ctx, s, f)
 	}
-	return f(ctx, s.primaryLane)
+	err := f(ctx, s.primaryLane)
+	s.watch.answered(err)
+	return err
 }
 
 // parseWindow reads a window's hash from HMGET u r; a zero resetAt means
