@@ -51,10 +51,11 @@
 // must share a slot and a shard: on one server, or with Options.TagByKey
 // (see Traits). An opt-in over-limit cache
 // (Options.OverLimitCache) answers Takes of keys Redis denied until a
-// known instant without a round trip. Stats counts both, and the times a
-// primary's client reached another server than before: a failover it
-// followed (failover.go), around which keys may admit over their limit by
-// the bound docs/backends-redis.md states.
+// known instant without a round trip. Stats counts both, and the primary
+// switches the backend saw: a primary's client reaching another server (a
+// failover it followed), or its server turning replica (READONLY; see
+// failover.go), around which keys may admit over their limit by the bound
+// docs/backends-redis.md states.
 package redis
 
 import (

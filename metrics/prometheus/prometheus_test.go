@@ -300,7 +300,7 @@ throttlekit_overlimit_cache_hits_total{backend="redis"} 9
 # HELP throttlekit_overlimit_cache_keys Keys the over-limit cache holds: each denied until the instant its store named.
 # TYPE throttlekit_overlimit_cache_keys gauge
 throttlekit_overlimit_cache_keys{backend="redis"} 3
-# HELP throttlekit_backend_primary_switches_total Times a backend's primary client reached another server than before: a failover it followed.
+# HELP throttlekit_backend_primary_switches_total Primary switches a backend saw: its primary client reached another server, or its server turned replica (READONLY).
 # TYPE throttlekit_backend_primary_switches_total counter
 throttlekit_backend_primary_switches_total{backend="redis"} 1
 `

@@ -134,7 +134,7 @@ var Specs = [NumPulls]Spec{
 	CacheKeys: {"throttlekit_overlimit_cache_keys", "throttlekit.overlimit_cache.keys", "{key}",
 		"Keys the over-limit cache holds: each denied until the instant its store named.", batchLabels, true},
 	BackendPrimarySwitches: {"throttlekit_backend_primary_switches_total", "throttlekit.backend.primary_switches", "{switch}",
-		"Times a backend's primary client reached another server than before: a failover it followed.", batchLabels, false},
+		"Primary switches a backend saw: its primary client reached another server, or its server turned replica (READONLY).", batchLabels, false},
 	MemoryKeys: {"throttlekit_memory_keys", "throttlekit.memory.keys", "{key}",
 		"(key, policy) states an in-process backend holds, bounded by its MaxKeys.", batchLabels, true},
 	MemoryEvictions: {"throttlekit_memory_evictions_total", "throttlekit.memory.evictions", "{key}",
