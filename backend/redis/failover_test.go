@@ -103,3 +103,16 @@ func TestReadOnlyIsAPrimarySwitch(t *testing.T) {
 	}
 	(*primaryWatch)(nil).answered(readonly) // an unwatched primary: nothing to count, no panic
 }
+
+// A lease's write refused with READONLY is a switch seen, as a Take's is.
+func TestReadOnlyLeaseWriteIsAPrimarySwitch(t *testing.T) {
+	f := &fakeClient{evalErr: replyErr("READONLY You can't write against a read only replica.")}
+	b := newBackend(t, f, nil)
+	b.shards[0].watch = &primaryWatch{switches: &b.counters.primarySwitches} // as on a *goredis.Client
+	if _, err := b.Acquire(context.Background(), "k", leasePolicy, 1, t0); err == nil {
+		t.Fatal("Acquire succeeded on a READONLY primary")
+	}
+	if got := b.Stats().PrimarySwitches; got != 1 {
+		t.Errorf("PrimarySwitches %d, want 1", got)
+	}
+}
