@@ -18,4 +18,9 @@ type BatchStats struct {
 	// trip; CacheKeys is how many keys it holds now.
 	CacheHits uint64
 	CacheKeys int
+	// PrimarySwitches counts the primary switches a backend saw
+	// (backend/redis: its primary client reaching another server, a
+	// failover it followed, or its server turning replica, READONLY). Keys
+	// may have admitted over their limit around each one.
+	PrimarySwitches uint64
 }

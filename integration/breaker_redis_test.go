@@ -32,9 +32,11 @@ func (c *sourceCounts) observe(o throttler.Observation) {
 // Issue 11, case 2: a paused replica, which serves only Peek, made 94% of
 // Takes fail open while the primary was healthy: a Peek spent the whole
 // timeout on the replica, never fell back, and its timeout opened the one
-// breaker. Now the replica gets half the time, the primary answers, and no
-// replica failure reaches a breaker: every Take and every Peek is answered
-// by the primary, and every key is limited exactly.
+// breaker. Now the replica gets half the time and its failure is the
+// replicas' store's, never the primary's: every Take is answered by the
+// primary and every key is limited exactly. The Peeks under way on the
+// replica when it first fails fail open (at most one per worker); the
+// replica then rests and the other Peeks are the primary's.
 func TestBreakerRedisPausedReplica(t *testing.T) {
 	primary, replicas := redisReplicaSet(t, 1)
 	b, err := redis.NewSharded([]redis.Shard{{
@@ -81,7 +83,9 @@ func TestBreakerRedisPausedReplica(t *testing.T) {
 		counts.peeks[throttler.SourcePrimary].Load(), counts.peeks[throttler.SourceFailureMode].Load())
 	assert.Zero(t, counts.takes[throttler.SourceFailureMode].Load(), "no Take fails open")
 	assert.Equal(t, int64(workers*rounds), counts.takes[throttler.SourcePrimary].Load())
-	assert.Equal(t, int64(workers*rounds), counts.peeks[throttler.SourcePrimary].Load(), "every Peek falls back to the primary in time")
+	failed := counts.peeks[throttler.SourceFailureMode].Load()
+	assert.True(t, failed >= 1 && failed <= workers, "Peeks failed on the replica: %d, want 1 to %d", failed, workers)
+	assert.Equal(t, int64(workers*rounds)-failed, counts.peeks[throttler.SourcePrimary].Load(), "the other Peeks are the primary's")
 	for w := range workers {
 		assert.Equal(t, p.Limit, admitted[w].Load(), "worker %d's key is limited exactly", w)
 	}

@@ -789,6 +789,7 @@ type counters struct {
 	roundTrips, ops, batched, abandoned atomic.Uint64
 	sizes                               [len(Stats{}.BatchSizes)]atomic.Uint64
 	cacheHits                           atomic.Uint64
+	primarySwitches                     atomic.Uint64 // see primaryWatch
 }
 
 func (c *counters) roundTrip(n int) {
@@ -813,7 +814,7 @@ func (b *Backend) Stats() Stats {
 	s := Stats{
 		RoundTrips: c.roundTrips.Load(), Ops: c.ops.Load(),
 		Batched: c.batched.Load(), Abandoned: c.abandoned.Load(),
-		CacheHits: c.cacheHits.Load(),
+		CacheHits: c.cacheHits.Load(), PrimarySwitches: c.primarySwitches.Load(),
 	}
 	for i := range s.BatchSizes {
 		s.BatchSizes[i] = c.sizes[i].Load()

@@ -24,12 +24,14 @@
 // its replicas, which Peeks reach first (throttler.Traits), and so is each
 // master of a Cluster: one shard's or master's outage switches limiting off
 // for its keys only, and a primary and its replicas fail apart. A replica
-// that fails a Peek in any way, its share of the time running out included,
-// costs the Peek time, not its answer: the primary answers instead. Every
-// error names the client it came from and, for a deadline on a client whose
-// last dial failed, that dial's error; Check pings every server at
-// start-up. Scripts are sent as commands go-redis never re-sends (batch.go,
-// once), so none counts twice.
+// that fails a Peek in any way, its half of the call's time running out
+// included, fails that Peek with an error naming it, counted toward the
+// replicas' store, and then rests a second: Peeks go to the primary at once
+// until one probe finds it serving again (replica.go). Every error names the
+// client it came from and, for a deadline on a client whose last dial
+// failed, that dial's error; Check pings every server at start-up. Scripts
+// are sent as commands go-redis never re-sends (batch.go, once), so none
+// counts twice.
 //
 // Timeouts: the Throttler bounds each call through its context, and go-redis
 // v9 ignores context deadlines on its sockets unless the client is built with
@@ -52,7 +54,11 @@
 // must share a slot and a shard: on one server, or with Options.TagByKey
 // (see Traits). An opt-in over-limit cache
 // (Options.OverLimitCache) answers Takes of keys Redis denied until a
-// known instant without a round trip. Stats counts both.
+// known instant without a round trip. Stats counts both, and the primary
+// switches the backend saw: a primary's client reaching another server (a
+// failover it followed), or its server turning replica (READONLY; see
+// failover.go), around which keys may admit over their limit by the bound
+// docs/backends-redis.md states.
 package redis
 
 import (
@@ -211,12 +217,14 @@ type Shard struct {
 type shard struct {
 	primary      Client
 	replicas     []Client
-	primaryLane  *lane         // batches primary's requests
-	replicaLanes []*lane       // and each replica's
-	next         atomic.Uint32 // round robin over replicas
-	name         string        // the primary's store, for a Throttler's breakers
-	replicasName string        // the replicas' store, which Peeks reach first
-	cluster      *masters      // a Cluster's masters, when the primary is a ClusterClient (cluster.go)
+	primaryLane  *lane           // batches primary's requests
+	replicaLanes []*lane         // and each replica's
+	next         atomic.Uint32   // round robin over replicas
+	name         string          // the primary's store, for a Throttler's breakers
+	replicasName string          // the replicas' store, which Peeks reach first
+	health       []replicaHealth // of each replica, as replicaLanes (replica.go)
+	watch        *primaryWatch   // the primary's switches (failover.go); nil: not a *goredis.Client
+	cluster      *masters        // a Cluster's masters, when the primary is a ClusterClient (cluster.go)
 }
 
 // Backend stores rate limits in Redis. It is safe for concurrent use. It
@@ -233,6 +241,7 @@ type Backend struct {
 	tagByKey, composites bool
 	cache                *overLimitCache // nil: off
 	counters             counters
+	mono                 func() time.Duration // replicas' rests (replica.go); tests replace it
 }
 
 var _ throttler.LeaseBackend = (*Backend)(nil)
@@ -289,7 +298,7 @@ func New(c Client, opts *Options) (*Backend, error) {
 // 1/N of the keys, all of them to the new shard. The order of shards is
 // part of the layout: append new ones at the end, never reorder. Writes go
 // to a shard's primary; Peek goes to one of its replicas, round robin, and
-// to the primary when that replica fails. Nil options mean defaults. No
+// to the primary while every replica rests after a failure (see Peek). Nil options mean defaults. No
 // shards (ErrNoShards), a nil client or a bad option is an error naming it.
 func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	if len(shards) == 0 {
@@ -300,10 +309,11 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{shards: make([]*shard, len(shards)), prefix: o.Prefix, marginMS: max(o.ExpiryMargin.Milliseconds(), 1),
-		tagByKey: o.TagByKey}
+		tagByKey: o.TagByKey, mono: sinceStart}
 	_, plain := shards[0].Primary.(*goredis.Client)
 	b.composites = o.TagByKey || len(shards) == 1 && plain
-	watched := map[Client]*dialWatch{} // a client in two roles gets one hook
+	watched := map[Client]*dialWatch{}      // a client in two roles gets one hook
+	primaries := map[Client]*primaryWatch{} // and a primary one watch (failover.go)
 	for i, s := range shards {
 		if err := required(fmt.Sprintf("shards[%d].Primary", i), s.Primary); err != nil {
 			return nil, err
@@ -319,6 +329,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
 		}
 		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
+		sh.watch = b.watchPrimary(s.Primary, primaries)
 		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
 			return nil, err
 		}
@@ -328,6 +339,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		for _, r := range sh.replicas {
 			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
 		}
+		sh.health = make([]replicaHealth, len(sh.replicas))
 		b.shards[i] = sh
 	}
 	if o.OverLimitCache > 0 {
@@ -382,7 +394,8 @@ func addrOf(c Client) string {
 
 // store names the store op on key under p reaches first (see
 // throttler.Traits): the primary of the key's shard for a Take or a Refund,
-// its replicas for a Peek when it has some. Each shard fails on its own, and
+// its replicas for a Peek when it has some serving (the primary while every
+// one rests after a failure, see read). Each shard fails on its own, and
 // so do its primary and its replicas: a replica's answers never close the
 // breaker of a failing primary, and a primary's open breaker never stops
 // the Peeks its replicas answer. A Cluster is a store per master: the
@@ -401,7 +414,7 @@ func (b *Backend) store(op throttler.Op, key string, p throttler.Policy) string 
 			return s.cluster.store(hashSlot(h, b.tagByKey))
 		}
 	}
-	if op == throttler.OpPeek && s.replicasName != "" {
+	if op == throttler.OpPeek && s.replicasName != "" && s.serving() {
 		return s.replicasName
 	}
 	return s.name
@@ -472,7 +485,7 @@ func (b *Backend) Refund(ctx context.Context, key string, p throttler.Policy, co
 }
 
 // Peek reports the key's state without counting. It reads a replica when
-// the shard has one, and the primary when that read fails (see read); a
+// the shard has one serving, and the primary otherwise (see read); a
 // window that ended by now reads as absent wherever it is still stored. A
 // composite's Peek is one script over its members' keys, as its Take.
 func (b *Backend) Peek(ctx context.Context, key string, p throttler.Policy, now time.Time) (throttler.Decision, error) {
@@ -593,39 +606,8 @@ func (b *Backend) exec(ctx context.Context, s *shard, op throttler.Op, req *requ
 	if op == throttler.OpPeek {
 		return b.read(ctx, s, f)
 	}
-	return f(ctx, s.primaryLane)
-}
-
-// read runs f on one of the shard's replicas, round robin, and on the
-// primary when the replica fails in any way, a deadline or an odd reply
-// included; on the primary alone when the shard has no replica. A replica
-// only gets half of the call's remaining time, so that a paused one leaves
-// the primary the other half: it costs a Peek some latency, never its
-// answer. A Peek is its shard's replicas' call (Store): one the primary
-// answered is their success, and one that failed on both their failure,
-// never the primary's, whose breaker Takes alone open and close. Only the
-// caller's own context ending stops the fallback.
-func (b *Backend) read(ctx context.Context, s *shard, f func(context.Context, *lane) error) error {
-	n := len(s.replicaLanes)
-	if n == 0 {
-		return f(ctx, s.primaryLane)
-	}
-	r := s.replicaLanes[(s.next.Add(1)-1)%uint32(n)]
-	rctx := ctx
-	if deadline, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(deadline)/2))
-		defer cancel()
-	}
-	err := f(rctx, r)
-	if err != nil && ctx.Err() == nil {
-		// The primary's failure is the call's; the replica's is told, not
-		// chained: its half deadline is no deadline of the caller's.
-		if perr := f(ctx, s.primaryLane); perr != nil {
-			return fmt.Errorf("%w (after %v)", perr, err)
-		}
-		return nil
-	}
+	err := f(ctx, s.primaryLane)
+	s.watch.answered(err)
 	return err
 }
 
@@ -711,6 +693,8 @@ func opError(op, key string, p fmt.Stringer, err error) error {
 	switch {
 	case keyFailure(err):
 		return throttler.KeyFailure(wrapped)
+	case errors.Is(err, throttler.ErrUnavailable):
+		return wrapped // marked already, with the store that failed (a replica's)
 	case storeFailure(err):
 		return throttler.StoreFailure("", wrapped)
 	}

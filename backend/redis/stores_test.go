@@ -54,11 +54,11 @@ func noStateReply(p throttler.Policy, t int64) string {
 	return pack(0, 0, 0, 0, 0, 0, next.K, next.Curr, next.Prev)
 }
 
-// Issue 11, case 2: a Peek on a paused replica timed out with the whole
-// call's time, never reached the primary, and the Throttler counted the
-// timeout against the primary's store. The replica gets half the time now,
-// and the primary answers in the other half, for every algorithm.
-func TestPeekOnAPausedReplicaFallsBackToThePrimaryInTime(t *testing.T) {
+// A paused replica costs a Peek half of the call's time, and the Peek fails
+// with the replica's error, marked as the replicas' store's, for every
+// algorithm; the replica then rests, and the next Peek goes to the primary
+// without waiting.
+func TestPeekOnAPausedReplicaFailsInHalfTheTimeThenGoesToThePrimary(t *testing.T) {
 	for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.TokenBucket, throttler.SlidingWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
 			p := policy
@@ -72,52 +72,98 @@ func TestPeekOnAPausedReplicaFallsBackToThePrimaryInTime(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The replica's half (200 ms) ends while the call has as much
-			// left: a goroutine woken that late only on a loaded machine
-			// (40 ms in all failed a package run at load 11.8).
+			b.mono = func() time.Duration { return time.Hour } // a rest never ends here
 			ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
 			defer cancel()
 			callDeadline, _ := ctx.Deadline()
-			d, err := b.Peek(ctx, "k", p, t0)
+			_, err = b.Peek(ctx, "k", p, t0)
+			wantReplicaFailure(t, err)
+			if left := time.Until(callDeadline); !replica.deadline.Before(callDeadline) || callDeadline.Sub(replica.deadline) < left {
+				t.Errorf("replica deadline %v before the call's, want at least half", callDeadline.Sub(replica.deadline))
+			}
+			if len(primary.calls) != 0 {
+				t.Errorf("primary calls %v, want none: the replica's failure is the Peek's", primary.calls)
+			}
+			if got := b.store(throttler.OpPeek, "k", p); got != "redis" {
+				t.Errorf("Store of a Peek while the replica rests = %q, want the primary's", got)
+			}
+			replica.deadline = time.Time{}
+			d, err := b.Peek(context.Background(), "k", p, t0) // no deadline: a paused replica would hang it
 			if err != nil {
-				t.Fatalf("Peek: %v; want the primary's answer", err)
+				t.Fatalf("Peek while the replica rests: %v; want the primary's answer", err)
 			}
-			if ctx.Err() != nil {
-				t.Error("the primary answered after the call's deadline")
-			}
-			if len(primary.calls) != 1 {
-				t.Errorf("primary calls %v, want one read", primary.calls)
+			if !replica.deadline.IsZero() {
+				t.Error("a Peek reached the resting replica")
 			}
 			if alg == throttler.FixedWindow && d.Used != 1 {
 				t.Errorf("Used %d, want the primary's 1", d.Used)
-			}
-			if left := time.Until(callDeadline); !replica.deadline.Before(callDeadline) || callDeadline.Sub(replica.deadline) < left {
-				t.Errorf("replica deadline %v before the call's: the primary needs time left", callDeadline.Sub(replica.deadline))
 			}
 		})
 	}
 }
 
-// Any failure of the replica sends the Peek to the primary, an odd reply
-// included; only the caller's context ending stops it.
-func TestPeekFallsBackOnAnyReplicaFailure(t *testing.T) {
-	for _, replicaErr := range []error{ErrUnexpectedReply, replyErr("LOADING Redis is loading"), context.DeadlineExceeded, io.EOF} {
+// wantReplicaFailure checks a Peek's failure on the replica of a single
+// shard: named after the replica, and charged to the replicas' store.
+func wantReplicaFailure(t *testing.T, err error) {
+	t.Helper()
+	var f interface{ FailedStore() string }
+	switch {
+	case err == nil:
+		t.Fatal("Peek succeeded; want the replica's failure")
+	case !errors.Is(err, throttler.ErrUnavailable) || !errors.As(err, &f) || f.FailedStore() != "redis replicas":
+		t.Errorf("Peek: %v; want a store failure of \"redis replicas\"", err)
+	case !strings.Contains(err.Error(), "redis replica: "):
+		t.Errorf("Peek: %v does not name the replica", err)
+	}
+}
+
+// Any failure of a replica, an odd reply included, fails the Peek and rests
+// the replica: Peeks go to the primary (and Store names it) until the rest
+// is over, when one Peek probes the replica, which serves again if it
+// answers. A caller's context that ends says nothing about the replica.
+func TestAnyReplicaFailureRestsTheReplica(t *testing.T) {
+	for _, replica := range []*fakeClient{
+		{hmgetErr: ErrUnexpectedReply}, {hmgetErr: replyErr("LOADING Redis is loading")},
+		{hmgetErr: context.DeadlineExceeded}, {hmgetErr: io.EOF}, {hmgetVal: []any{"4"}},
+	} {
 		primary := &fakeClient{hmgetVal: []any{"2", fmt.Sprint(reset)}}
-		replica := &fakeClient{hmgetErr: replicaErr}
 		b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := b.Peek(context.Background(), "k", policy, t0)
-		if err != nil || d.Used != 2 {
-			t.Errorf("replica failing with %v: Peek = %+v, %v; want the primary's Used 2", replicaErr, d, err)
+		var mono time.Duration
+		b.mono = func() time.Duration { return mono }
+		what := fmt.Sprint(replica.hmgetErr, replica.hmgetVal)
+		_, err = b.Peek(context.Background(), "k", policy, t0)
+		wantReplicaFailure(t, err)
+		for _, elapsed := range []time.Duration{0, replicaRest - 1} {
+			mono = elapsed
+			if d, err := b.Peek(context.Background(), "k", policy, t0); err != nil || d.Used != 2 {
+				t.Errorf("%s, %v later: Peek = %+v, %v; want the primary's Used 2", what, elapsed, d, err)
+			}
+		}
+		if len(replica.calls) != 1 || b.store(throttler.OpPeek, "k", policy) != "redis" {
+			t.Errorf("%s: replica calls %v, Store %q; want 1 and the primary while it rests", what, replica.calls, b.store(throttler.OpPeek, "k", policy))
+		}
+		mono = replicaRest
+		replica.hmgetErr, replica.hmgetVal = nil, []any{"3", fmt.Sprint(reset)}
+		if d, err := b.Peek(context.Background(), "k", policy, t0); err != nil || d.Used != 3 {
+			t.Errorf("%s, probe after the rest: Peek = %+v, %v; want the replica's Used 3", what, d, err)
+		}
+		if got := b.store(throttler.OpPeek, "k", policy); got != "redis replicas" {
+			t.Errorf("%s: Store %q after a probe succeeded, want the replicas'", what, got)
 		}
 	}
-	wrongCount := &fakeClient{hmgetVal: []any{"4"}}
-	primary := &fakeClient{hmgetVal: []any{"2", fmt.Sprint(reset)}}
-	b, _ := NewSharded([]Shard{{Primary: primary, Replicas: []Client{wrongCount}}}, nil)
-	if d, err := b.Peek(context.Background(), "k", policy, t0); err != nil || d.Used != 2 {
-		t.Errorf("replica with an odd reply: Peek = %+v, %v; want the primary's", d, err)
+
+	replica := &fakeClient{hmgetErr: context.Canceled}
+	b, _ := NewSharded([]Shard{{Primary: &fakeClient{}, Replicas: []Client{replica}}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := b.Peek(ctx, "k", policy, t0); !errors.Is(err, context.Canceled) || errors.Is(err, throttler.ErrUnavailable) {
+		t.Errorf("Peek with a cancelled context: %v; want context.Canceled alone", err)
+	}
+	if got := b.store(throttler.OpPeek, "k", policy); got != "redis replicas" {
+		t.Errorf("Store %q after a cancelled Peek, want the replicas' (no rest)", got)
 	}
 }
 
@@ -279,34 +325,64 @@ func TestPrimaryAndReplicasFailApart(t *testing.T) {
 	}
 }
 
-// A Peek whose replica and primary both fail counts against the store it
-// reached first, the replicas': after the threshold Peeks skip the shard,
-// while Takes, on a primary that answers them, go on.
-func TestPeekFailingEverywhereOpensTheReplicasBreaker(t *testing.T) {
+// A dead replica is seen and skipped: each Peek that reaches it fails,
+// observed with the replica's name and counted toward the replicas'
+// breaker, which opens; between its probes, once a rest, Peeks are
+// answered by the primary, whose breaker stays closed. Takes are the
+// primary's throughout.
+func TestADeadReplicaIsObservedAndSkipped(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-	primary := &fakeClient{evalVal: []any{int64(1), int64(1), reset}, hmgetErr: refused}
+	primary := &fakeClient{evalVal: []any{int64(1), int64(1), reset}, hmgetVal: []any{"2", fmt.Sprint(reset)}}
 	replica := &fakeClient{hmgetErr: refused}
 	b, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mono time.Duration
+	b.mono = func() time.Duration { return mono }
+	var observed []string
 	th, err := throttler.New(b, &throttler.Options{
 		Clock: func() time.Time { return t0 }, BreakerThreshold: 2, BreakerCooldown: time.Hour,
+		Observe: func(o throttler.Observation) {
+			if o.Err != nil {
+				observed = append(observed, o.Err.Error())
+			}
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for i := range 4 {
+	const rests = 4
+	for i := range rests {
+		mono = time.Duration(i) * replicaRest
 		replica.calls = nil
 		if d, _ := th.Peek(ctx, "k", policy); !d.Degraded {
-			t.Errorf("Peek %d answered %+v, want failed open", i, d)
+			t.Errorf("rest %d: the probing Peek answered %+v, want the failure mode's", i, d)
 		}
-		if reached, want := len(replica.calls) > 0, i < 2; reached != want {
-			t.Errorf("Peek %d reached the replica: %v, want %v", i, reached, want)
+		for j := range 3 {
+			if d, err := th.Peek(ctx, "k", policy); err != nil || d.Degraded || d.Used != 2 {
+				t.Errorf("rest %d, Peek %d: %+v, %v; want the primary's Used 2", i, j, d, err)
+			}
+		}
+		if len(replica.calls) != 1 {
+			t.Errorf("rest %d: %d Peeks reached the replica, want 1", i, len(replica.calls))
 		}
 		if d, err := th.Allow(ctx, "k", policy); err != nil || d.Degraded {
-			t.Errorf("Take %d: %+v, %v; want the primary's answer", i, d, err)
+			t.Errorf("rest %d: Take %+v, %v; want the primary's answer", i, d, err)
+		}
+	}
+	if len(observed) != rests {
+		t.Errorf("observed %d errors, want %d: %q", len(observed), rests, observed)
+	}
+	for _, e := range observed {
+		if !strings.Contains(e, "redis replica: ") {
+			t.Errorf("observed %q, which does not name the replica", e)
+		}
+	}
+	for _, br := range th.Breakers() {
+		if open := br.Store == "redis replicas"; br.Open != open {
+			t.Errorf("breaker %q open: %v, want %v", br.Store, br.Open, open)
 		}
 	}
 }

@@ -189,8 +189,12 @@ func (l *lane) single(ctx context.Context, req *request) (any, error) {
 // run runs a write script outside batches (a lease's) on s's primary:
 // runScript, with WAIT after it when the backend waits for replicas.
 func (s *shard) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	var cmd *goredis.Cmd
 	if s.primaryLane.wait == nil {
-		return runScript(ctx, s.primaryLane.scripts, script, keys, args...)
+		cmd = runScript(ctx, s.primaryLane.scripts, script, keys, args...)
+	} else {
+		cmd = s.primaryLane.wait.run(ctx, script, keys, args...)
 	}
-	return s.primaryLane.wait.run(ctx, script, keys, args...)
+	s.watch.answered(cmd.Err()) // a READONLY is a switch (failover.go)
+	return cmd
 }

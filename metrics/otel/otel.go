@@ -255,8 +255,8 @@ func (m *Metrics) Unregister() error {
 //     direction forward and reverse) and its moving keys
 //     (throttlekit.migration=name);
 //   - a batching backend (backend/redis's Backend): the throttlekit.backend.
-//     round trip and operation instruments and the throttlekit.overlimit_cache.
-//     ones with throttlekit.backend=name;
+//     round trip and operation instruments, its primary switches and the
+//     throttlekit.overlimit_cache. ones with throttlekit.backend=name;
 //   - a backend/memory Backend: the throttlekit.memory. keys, evictions,
 //     second-tier hits and usage (bytes) instruments with
 //     throttlekit.backend=name.

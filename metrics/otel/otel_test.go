@@ -190,7 +190,7 @@ func (b *batcher) Stats() backend.BatchStats { return b.st }
 func TestBatchingCollect(t *testing.T) {
 	m, reader := newMetrics(t, nil)
 	b := &batcher{backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
-		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}}
+		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3, PrimarySwitches: 1}}
 	require.NoError(t, m.Watch("redis", b)) // the backend itself, as a *redis.Backend
 	b.st.RoundTrips = 11                    // read at the collection, not when added
 	got := collect(t, reader)
@@ -202,6 +202,7 @@ func TestBatchingCollect(t *testing.T) {
 		"throttlekit.backend.batched_operations":   one(33),
 		"throttlekit.backend.abandoned_operations": one(2),
 		"throttlekit.overlimit_cache.hits":         one(7),
+		"throttlekit.backend.primary_switches":     one(1),
 	} {
 		metricdatatest.AssertAggregationsEqual(t, want, got[name].Data, metricdatatest.IgnoreTimestamp())
 	}

@@ -209,6 +209,6 @@ func TestAlertRulesUseExportedMetrics(t *testing.T) {
 			exprs[r.Alert] = r.Expr
 		}
 	}
-	require.Len(t, exprs, 9)
+	require.Len(t, exprs, 10)
 	checkExprs(t, exprs, exported(t))
 }

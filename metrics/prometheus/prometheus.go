@@ -214,8 +214,8 @@ func (m *Metrics) Observe(o throttler.Observation) {
 //     and new is compared; reverse: the other way) and its moving keys
 //     (throttlekit_migration_ metrics, migration=name);
 //   - a batching backend (backend/redis's Backend): the throttlekit_backend_
-//     round trip and operation metrics and the throttlekit_overlimit_cache_
-//     metrics with backend=name;
+//     round trip and operation metrics, its primary switches and the
+//     throttlekit_overlimit_cache_ metrics with backend=name;
 //   - a backend/memory Backend: the throttlekit_memory_ keys, evictions,
 //     second-tier hits and bytes metrics with backend=name.
 //

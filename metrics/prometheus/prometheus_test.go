@@ -273,7 +273,7 @@ func TestWatchRefusesBadSources(t *testing.T) {
 func TestBatchingScrape(t *testing.T) {
 	m, reg := newMetrics(t, nil)
 	st := backend.BatchStats{RoundTrips: 10, Ops: 41, Batched: 33, Abandoned: 2,
-		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3}
+		BatchSizes: [8]uint64{6, 1, 0, 3}, CacheHits: 7, CacheKeys: 3, PrimarySwitches: 1}
 	require.NoError(t, m.Watch("redis", func() backend.BatchStats { return st }))
 	st.CacheHits = 9 // read at the scrape, not when added
 
@@ -306,11 +306,15 @@ throttlekit_overlimit_cache_hits_total{backend="redis"} 9
 # HELP throttlekit_overlimit_cache_keys Keys the over-limit cache holds: each denied until the instant its store named.
 # TYPE throttlekit_overlimit_cache_keys gauge
 throttlekit_overlimit_cache_keys{backend="redis"} 3
+# HELP throttlekit_backend_primary_switches_total Primary switches a backend saw: its primary client reached another server, or its server turned replica (READONLY).
+# TYPE throttlekit_backend_primary_switches_total counter
+throttlekit_backend_primary_switches_total{backend="redis"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"throttlekit_backend_round_trips_total", "throttlekit_backend_operations_total",
 		"throttlekit_backend_batched_operations_total", "throttlekit_backend_abandoned_operations_total",
-		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys"))
+		"throttlekit_backend_round_trips_by_size_total", "throttlekit_overlimit_cache_hits_total", "throttlekit_overlimit_cache_keys",
+		"throttlekit_backend_primary_switches_total"))
 	assert.EqualError(t, m.Watch("redis", func() backend.BatchStats { return st }), `prometheus: Watch "redis": name already watched`)
 	assert.EqualError(t, m.Watch("other", (func() backend.BatchStats)(nil)), `prometheus: Watch "other": the source is a nil func() backend.BatchStats`)
 }

@@ -47,6 +47,7 @@ const (
 	BatchRoundTripsBySize
 	CacheHits
 	CacheKeys
+	BackendPrimarySwitches
 	MemoryKeys
 	MemoryEvictions
 	MemorySecondTierHits
@@ -136,6 +137,8 @@ var Specs = [NumPulls]Spec{
 		"Takes the over-limit cache denied without a round trip.", batchLabels, false},
 	CacheKeys: {"throttlekit_overlimit_cache_keys", "throttlekit.overlimit_cache.keys", "{key}",
 		"Keys the over-limit cache holds: each denied until the instant its store named.", batchLabels, true},
+	BackendPrimarySwitches: {"throttlekit_backend_primary_switches_total", "throttlekit.backend.primary_switches", "{switch}",
+		"Primary switches a backend saw: its primary client reached another server, or its server turned replica (READONLY).", batchLabels, false},
 	MemoryKeys: {"throttlekit_memory_keys", "throttlekit.memory.keys", "{key}",
 		"(key, policy) states an in-process backend holds, bounded by its MaxKeys.", batchLabels, true},
 	MemoryEvictions: {"throttlekit_memory_evictions_total", "throttlekit.memory.evictions", "{key}",
@@ -316,11 +319,12 @@ func (s *Sources) Collect(yield func(Sample)) {
 func batched(yield func(Sample), name string, st backend.BatchStats) {
 	l := [3]string{name}
 	for p, v := range map[Pull]uint64{
-		BatchRoundTrips: st.RoundTrips,
-		BatchOperations: st.Ops,
-		BatchBatched:    st.Batched,
-		BatchAbandoned:  st.Abandoned,
-		CacheHits:       st.CacheHits,
+		BatchRoundTrips:        st.RoundTrips,
+		BatchOperations:        st.Ops,
+		BatchBatched:           st.Batched,
+		BatchAbandoned:         st.Abandoned,
+		CacheHits:              st.CacheHits,
+		BackendPrimarySwitches: st.PrimarySwitches,
 	} {
 		yield(Sample{Pull: p, Labels: l, Value: float64(v)})
 	}

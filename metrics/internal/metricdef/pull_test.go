@@ -32,7 +32,7 @@ var (
 		ShadowDifferences, ShadowCandidateErrors, ShadowControlErrors, ShadowDropped, ShadowQueued,
 		ShadowPublishDropped}
 	movePulls   = []Pull{MigrationMovingCalls, MigrationCompensated, MigrationRefundFailures, MigrationOneStore, MigrationPercentChanges, MigrationLate}
-	batchPulls  = []Pull{BatchRoundTrips, BatchOperations, BatchBatched, BatchAbandoned, BatchRoundTripsBySize, CacheHits, CacheKeys}
+	batchPulls  = []Pull{BatchRoundTrips, BatchOperations, BatchBatched, BatchAbandoned, BatchRoundTripsBySize, CacheHits, CacheKeys, BackendPrimarySwitches}
 	memoryPulls = []Pull{MemoryKeys, MemoryEvictions, MemorySecondTierHits, MemoryBytes}
 )
 
