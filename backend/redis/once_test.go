@@ -22,12 +22,15 @@ import (
 // scripts received from 1, and anything else with OK (HELLO with an error,
 // so that the client speaks RESP2). A reply of "" closes the connection
 // without answering, as a server that ran the script and then lost the
-// connection would. ran counts the scripts answered as run.
+// connection would. ran counts the scripts answered as run. A command it
+// cannot parse fails the test when it ends: the server would otherwise
+// close the connection, and the client see a failure Redis never gives.
 type scriptServer struct {
-	addr  string
-	n     atomic.Int64
-	ran   atomic.Int64
-	reply func(n int64) string
+	addr    string
+	n       atomic.Int64
+	ran     atomic.Int64
+	reply   func(n int64) string
+	garbled atomic.Pointer[error] // the first command it could not parse
 }
 
 func newScriptServer(t *testing.T, reply func(n int64) string) *scriptServer {
@@ -37,7 +40,13 @@ func newScriptServer(t *testing.T, reply func(n int64) string) *scriptServer {
 	}
 	s := &scriptServer{addr: l.Addr().String(), reply: reply}
 	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
+	t.Cleanup(func() {
+		_ = l.Close()
+		wg.Wait()
+		if err := s.garbled.Load(); err != nil {
+			t.Errorf("the server closed a connection on a command it could not parse: %v", *err)
+		}
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -66,6 +75,9 @@ func (s *scriptServer) serve(c net.Conn) {
 	for {
 		cmd, err := readCommand(r)
 		if err != nil {
+			if errors.Is(err, errNotRESP) {
+				s.garbled.CompareAndSwap(nil, &err)
+			}
 			return
 		}
 		var out string
@@ -91,29 +103,45 @@ func (s *scriptServer) serve(c net.Conn) {
 }
 
 // readCommand reads one RESP array of bulk strings and returns its name.
+// Each bulk string is read by its length: an EVAL's script source holds
+// newlines, and reading it line by line left the rest of it to be read as
+// the next command, which closed the connection after the reply.
 func readCommand(r *bufio.Reader) (string, error) {
-	line, err := r.ReadString('\n')
+	n, err := readHeader(r, '*')
 	if err != nil {
 		return "", err
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
-	if err != nil || line[0] != '*' {
-		return "", fmt.Errorf("not an array: %q", line)
-	}
 	var name string
 	for i := range n {
-		if _, err := r.ReadString('\n'); err != nil { // $len
-			return "", err
-		}
-		arg, err := r.ReadString('\n')
+		size, err := readHeader(r, '$')
 		if err != nil {
 			return "", err
 		}
+		arg := make([]byte, size+2) // and its CRLF
+		if _, err := io.ReadFull(r, arg); err != nil {
+			return "", err
+		}
 		if i == 0 {
-			name = strings.TrimSpace(arg)
+			name = string(arg[:size])
 		}
 	}
 	return name, nil
+}
+
+var errNotRESP = errors.New("not RESP")
+
+// readHeader reads a RESP header line of the given kind (* or $) and
+// returns its count.
+func readHeader(r *bufio.Reader, kind byte) (int, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+	if err != nil || line[0] != kind || n < 0 {
+		return 0, fmt.Errorf("%w: want a %c header, got %q", errNotRESP, kind, line)
+	}
+	return n, nil
 }
 
 // takeReply is take.lua's answer to an admitted Take.
