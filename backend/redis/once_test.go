@@ -103,9 +103,8 @@ func (s *scriptServer) serve(c net.Conn) {
 }
 
 // readCommand reads one RESP array of bulk strings and returns its name.
-// Each bulk string is read by its length: an EVAL's script source holds
-// newlines, and reading it line by line left the rest of it to be read as
-// the next command, which closed the connection after the reply.
+// Each bulk string is read by its length, never up to a newline: an EVAL's
+// script source holds newlines.
 func readCommand(r *bufio.Reader) (string, error) {
 	n, err := readHeader(r, '*')
 	if err != nil {
