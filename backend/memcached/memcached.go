@@ -617,17 +617,26 @@ func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost
 		return b.apply(ctx, throttler.OpTake, key, p, cost, time.Time{}, now)
 	}
 	k := newItemKeys(b.opts.Prefix, p, key)
+	missing := int64(0) // the reset-at of a window whose counter this Take found missing
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		w, err := b.head(ctx, k, now)
 		if err != nil {
 			return throttler.Decision{}, err
 		}
 		if w.open {
-			d, err := b.count(ctx, k, p, cost, now, w.resetAt, false, w.cached)
+			// The head, read after the counter was found missing, still
+			// names its window: the counter is not yet added by the
+			// window's opener, or was evicted, not expired (it outlives
+			// its head), so adding it loses no units.
+			confirmed := !w.cached && missing == w.resetAt
+			d, err := b.count(ctx, k, p, cost, now, w.resetAt, false, confirmed)
 			if errors.Is(err, errStale) {
-				// The counter is gone: evicted, or the head moved on.
-				// Ask the head rather than recreate a counter from memory.
+				// The counter is gone: not yet added, evicted, or
+				// expired while this call stalled (the head may have
+				// moved on). Ask the head rather than add a counter
+				// for a window that may have ended with its units.
 				b.forget(k)
+				missing = w.resetAt
 				continue
 			}
 			return d, err
@@ -669,18 +678,21 @@ func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int6
 	}
 }
 
-// errStale reports to Take that the first incr, on a cached window, found
-// no counter.
+// errStale reports that count found the window's counter missing and may
+// not add it: the caller reads the head again.
 var errStale = errors.New("memcached: no counter")
 
 // count adds cost to the counter of the open window ending at resetAtMs
 // (steps 3 and 4 of the package comment). opened says this call opened the
-// window, so the counter most likely does not exist yet and add comes first.
-// cached says the window came from the cache: then a missing counter makes
-// count return errStale, so that Take reads the head instead of recreating
-// a counter for a window that may have been replaced.
-func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, opened, cached bool) (throttler.Decision, error) {
-	fresh := opened
+// window, so the counter most likely does not exist yet and add comes
+// first. confirmed says the head was read from the server after this Take
+// found the counter missing, and still names this window. Only then may
+// count add a missing counter, once; any other miss returns errStale. A
+// window read before a stall may have ended, its items expired with its
+// units, and a newer window opened: adding its counter again would count
+// in a window that has already admitted its limit.
+func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, opened, confirmed bool) (throttler.Decision, error) {
+	fresh, mayAdd := opened, opened || confirmed
 	key := k.counter(resetAtMs)
 	resetAt := resetTime(resetAtMs, now)
 	denied := false // a denial is what is left when the attempts run out
@@ -690,6 +702,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
 		}
 		if fresh {
+			mayAdd = false
 			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
 			if err == nil {
 				return algo.WindowState(p, cost, resetAt, now, true), nil
@@ -702,7 +715,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		}
 		v, err := b.c.Increment(key, uint64(cost))
 		if errors.Is(err, memcache.ErrCacheMiss) {
-			if attempt == 0 && cached {
+			if !mayAdd {
 				return throttler.Decision{}, errStale
 			}
 			fresh = true
