@@ -19,7 +19,7 @@ import (
 // whose items expired with its units.
 func TestTakeStalledBeforeCounting(t *testing.T) {
 	const limit = 5
-	late := t0.Add(500 * time.Millisecond)  // the stalled call's now
+	late := t0.Add(500 * time.Millisecond)   // the stalled call's now
 	other := t0.Add(1500 * time.Millisecond) // the other process's now, after the first window ended
 	tests := []struct {
 		alg       throttler.Algorithm
@@ -47,7 +47,7 @@ func TestTakeStalledBeforeCounting(t *testing.T) {
 			p := throttler.Policy{Name: "stall", Limit: limit, Window: time.Second, Algorithm: tt.alg}
 			ctx := context.Background()
 			f := newFakeClient()
-			others := mustNew(t, f, nil)   // the processes that keep going
+			others := mustNew(t, f, nil)  // the processes that keep going
 			stalled := mustNew(t, f, nil) // the process stopped mid-call
 			if d, err := others.Take(ctx, "k", p, limit-1, t0); err != nil || !d.Allowed {
 				t.Fatalf("counting in the first window: %+v, %v", d, err)
