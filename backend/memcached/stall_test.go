@@ -90,3 +90,47 @@ func TestTakeStalledBeforeCounting(t *testing.T) {
 		})
 	}
 }
+
+// TestCompositeTakeStalledBeforeCounting: a composite's fixed-window member
+// read before the stall is counted in the window the head names when the
+// composite counts, as a Take of the member alone is.
+func TestCompositeTakeStalledBeforeCounting(t *testing.T) {
+	const limit = 5
+	late, other := t0.Add(500*time.Millisecond), t0.Add(1500*time.Millisecond)
+	first := throttler.Policy{Name: "stall", Limit: limit, Window: time.Second}
+	all := throttler.All(first, second)
+	ctx := context.Background()
+	f := newFakeClient()
+	others, stalled := mustNew(t, f, nil), mustNew(t, f, nil)
+	if d, err := others.Take(ctx, "k", all, limit-1, t0); err != nil || !d.Allowed {
+		t.Fatalf("counting in the first window: %+v, %v", d, err)
+	}
+	var armed atomic.Bool
+	armed.Store(true)
+	f.setBefore(func(op, key string) error {
+		if op != "incr" || !armed.CompareAndSwap(true, false) {
+			return nil
+		}
+		f.mu.Lock()
+		clear(f.items)
+		f.mu.Unlock()
+		if d, err := others.Take(ctx, "k", first, limit, other); err != nil || !d.Allowed {
+			t.Errorf("filling the newer window: %+v, %v", d, err)
+		}
+		return nil
+	})
+	d, err := stalled.Take(ctx, "k", all, 1, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if armed.Load() {
+		t.Fatal("the stall never ran")
+	}
+	if d.Allowed || d.Remaining != 0 || !d.ResetAt.Equal(other.Add(time.Second)) {
+		t.Errorf("got Allowed %v Remaining %d ResetAt %v; want denied by the newer window ending %v",
+			d.Allowed, d.Remaining, d.ResetAt.Format(time.StampMilli), other.Add(time.Second).Format(time.StampMilli))
+	}
+	if n := peekMember(t, stalled, "k", second, late); n.Used != 0 {
+		t.Errorf("second member Used %d after a denied composite, want 0 (its items expired)", n.Used)
+	}
+}
