@@ -20,9 +20,18 @@
 //     then ErrContention). The winner adds the counter with its cost (if the
 //     add finds a counter, because a process at the same now opened the same
 //     window, it falls through to 3).
-//  3. incr counter by cost, giving v. v <= Limit: admitted. If the counter is
-//     missing (not yet added by the opener, or evicted), add it with cost; if
-//     that loses to a concurrent add, incr again.
+//  3. incr counter by cost, giving v. v <= Limit: admitted. A missing
+//     counter is added with cost (if that loses to a concurrent add, incr
+//     again) only by the Take that opened the window, or once the head,
+//     read again from the server, still names the window: the opener has
+//     not added it yet, or it was evicted. Any other miss goes back to 1:
+//     the call may have stalled between its read and its incr long enough
+//     for the window to end and its items to expire with its units, and
+//     adding the counter back would count in a window that may have
+//     admitted its limit already. From 1 the call counts in the window the
+//     head names then (a newer one is open at the call's now) or opens
+//     one at its now, which is the contract's answer for a call whose now
+//     is behind the stored state.
 //  4. v > Limit: denied, and the overshoot is undone with decr, which gives
 //     d, the count without it. Between incr and decr a concurrent Take sees
 //     the inflated count and may be denied although its units would have fit:
@@ -36,6 +45,17 @@
 // Hot keys only incr and decr, which never conflict, so contention cannot
 // exhaust the attempts: only simultaneous openings of one window retry, and
 // each round has a winner.
+//
+// A counter is written after its head with an exptime from the same
+// reset-at, so it expires no earlier than the head unless the process that
+// added it has a clock ahead of the opener's (by about a second, Memcached's
+// granularity): a head read after the counter was found missing names its
+// window only if the counter did not expire. What a stall can still do: a
+// Take stopped between two consecutive round trips of its own (the head
+// write or read that named the window, then the add of its counter) for
+// longer than the rest of the window plus the expiry margin adds a counter
+// whose units expired meanwhile, and that window's count restarts, as after
+// an eviction.
 //
 // Peek is gets head, then get counter (one round trip when the window is already known, see below).
 // Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
