@@ -55,7 +55,10 @@
 // write or read that named the window, then the add of its counter) for
 // longer than the rest of the window plus the expiry margin adds a counter
 // whose units expired meanwhile, and that window's count restarts, as after
-// an eviction.
+// an eviction. And a Take that reaches the server more than a second after
+// the end of the window open at its now (the 2s margin less Memcached's
+// granularity) finds no window and opens one at its now, beside the one
+// the others counted in.
 //
 // Peek is gets head, then get counter (one round trip when the window is already known, see below).
 // Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
