@@ -55,10 +55,9 @@
 // write or read that named the window, then the add of its counter) for
 // longer than the rest of the window plus the expiry margin adds a counter
 // whose units expired meanwhile, and that window's count restarts, as after
-// an eviction. And a Take that reaches the server more than a second after
-// the end of the window open at its now (the 2s margin less Memcached's
-// granularity) finds no window and opens one at its now, beside the one
-// the others counted in.
+// an eviction. And a Take whose flight (from its now to the server) is
+// ExpiryMargin - 1s or longer may find the window open at its now expired,
+// and opens one at its now, beside the one the others counted in.
 //
 // Peek is gets head, then get counter (one round trip when the window is already known, see below).
 // Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
@@ -112,11 +111,13 @@
 // # Expiry
 //
 // Both items expire a little after the reset-at, for cleanup only: the
-// relative exptime ceil((reset-at - now + 2s) / 1s) never depends on the
-// server's clock agreeing with the application's. The margin covers the
-// second of granularity of Memcached's clock plus the one second after
-// reset-at that the design asks for. A stored reset-at at or before now reads
-// as no window, whether or not the item has expired yet.
+// relative exptime ceil((reset-at - now + ExpiryMargin) / 1s) never depends
+// on the server's clock agreeing with the application's. The default margin,
+// 2s, covers the second of granularity of Memcached's clock plus one second
+// after reset-at, so calls of flights under a second find their window; a
+// larger one covers longer flights (see Options.ExpiryMargin). A stored
+// reset-at at or before now reads as no window, whether or not the item has
+// expired yet.
 //
 // Memcached reads an exptime above 30 days (2592000 s) as an absolute Unix
 // time, so items of windows that end more than 30 days after now are stored
@@ -240,9 +241,9 @@ const defaultIdleConns = 256
 // maxRelativeExptime is the longest exptime Memcached reads as relative.
 const maxRelativeExptime = 30 * 24 * 60 * 60
 
-// expiryMargin is added to reset-at - now: one second of Memcached's clock
-// granularity plus the one second after reset-at that the design asks for.
-const expiryMargin = 2 * time.Second
+// defaultExpiryMargin is added to reset-at - now: one second of Memcached's
+// clock granularity plus one second after reset-at.
+const defaultExpiryMargin = 2 * time.Second
 
 // Errors returned by the backend. Match them with errors.Is.
 var (
@@ -288,6 +289,16 @@ type Options struct {
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
 	NoCache bool
+	// ExpiryMargin is how long a window's items, and a state's item,
+	// outlive its end, less up to a second (Memcached's clock counts whole
+	// seconds); Memcached then drops them, only to reclaim memory. A call
+	// finds the window open at its now as long as its flight (from its now
+	// to the server: a stalled or starved process adds to it) is under
+	// ExpiryMargin - 1s; a longer one may find it gone and open a fresh
+	// window. Set it above the longest flight a call may have, such as a
+	// Throttler's Timeout. Below 1s, which could drop a window before its
+	// end, is an error. default: 2s
+	ExpiryMargin time.Duration
 	// Selector is the ServerSelector the client picks servers with, for a
 	// Client that is not a *memcache.Client (a wrapper): the backend names
 	// the server of each call (throttler.Traits.Store) and of each failure
@@ -322,6 +333,12 @@ func (o *Options) withDefaults() (Options, error) {
 		if err := nilness.Check("memcached: Options.Selector", r.Selector); err != nil {
 			return r, err
 		}
+	}
+	if r.ExpiryMargin != 0 && r.ExpiryMargin < time.Second {
+		return r, fmt.Errorf("memcached: Options.ExpiryMargin must be 0 (the default, 2s) or at least 1s, Memcached's granularity, got %v", r.ExpiryMargin)
+	}
+	if r.ExpiryMargin == 0 {
+		r.ExpiryMargin = defaultExpiryMargin
 	}
 	if r.CacheSize < 0 {
 		return r, fmt.Errorf("memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got %d", r.CacheSize)
@@ -517,14 +534,14 @@ func resetTime(ms int64, now time.Time) time.Time {
 }
 
 // exptime is the relative expiry of an item of the window ending at
-// resetAtMs, as seen at now; 0 (no expiry) when Memcached would read it as an
-// absolute time.
-func exptime(resetAtMs int64, now time.Time) int32 {
+// resetAtMs, as seen at now, margin after it; 0 (no expiry) when Memcached
+// would read it as an absolute time.
+func exptime(resetAtMs int64, now time.Time, margin time.Duration) int32 {
 	d := time.UnixMilli(resetAtMs).Sub(now) // saturates instead of wrapping
-	if d > maxRelativeExptime*time.Second-expiryMargin {
+	if d > maxRelativeExptime*time.Second-margin {
 		return 0
 	}
-	secs := (d + expiryMargin + time.Second - 1) / time.Second
+	secs := (d + margin + time.Second - 1) / time.Second
 	if secs < 1 {
 		secs = 1
 	}
@@ -683,7 +700,7 @@ func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int6
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("memcached: %w", err)
 	}
-	it := &memcache.Item{Key: k.head(), Value: strconv.AppendInt(nil, resetAtMs, 10), Expiration: exptime(resetAtMs, now)}
+	it := &memcache.Item{Key: k.head(), Value: strconv.AppendInt(nil, resetAtMs, 10), Expiration: exptime(resetAtMs, now, b.opts.ExpiryMargin)}
 	var err error
 	if w.found {
 		it.CasID = w.item.CasID
@@ -726,7 +743,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		}
 		if fresh {
 			mayAdd = false
-			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
+			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now, b.opts.ExpiryMargin)})
 			if err == nil {
 				return algo.WindowState(p, cost, resetAt, now, true), nil
 			}
