@@ -118,7 +118,7 @@ func (b *Backend) update(ctx context.Context, ik, id, what string, attempts int,
 		if err != nil || !write {
 			return err
 		}
-		next := &memcache.Item{Key: ik, Value: value, Expiration: exptime(end, now)}
+		next := &memcache.Item{Key: ik, Value: value, Expiration: exptime(end, now, b.opts.ExpiryMargin)}
 		if it == nil {
 			err = b.c.Add(next)
 		} else {

@@ -293,7 +293,7 @@ func (b *Backend) takeMember(ctx context.Context, key string, m *member, cost in
 		return d, err
 	}
 	if m.w.open {
-		d, err := b.count(ctx, m.k, m.p, cost, now, m.w.resetAt, false, m.w.cached)
+		d, err := b.count(ctx, m.k, m.p, cost, now, m.w.resetAt, false, false)
 		if !errors.Is(err, errStale) {
 			return d, err
 		}

@@ -20,9 +20,18 @@
 //     then ErrContention). The winner adds the counter with its cost (if the
 //     add finds a counter, because a process at the same now opened the same
 //     window, it falls through to 3).
-//  3. incr counter by cost, giving v. v <= Limit: admitted. If the counter is
-//     missing (not yet added by the opener, or evicted), add it with cost; if
-//     that loses to a concurrent add, incr again.
+//  3. incr counter by cost, giving v. v <= Limit: admitted. A missing
+//     counter is added with cost (if that loses to a concurrent add, incr
+//     again) only by the Take that opened the window, or once the head,
+//     read again from the server, still names the window: the opener has
+//     not added it yet, or it was evicted. Any other miss goes back to 1:
+//     the call may have stalled between its read and its incr long enough
+//     for the window to end and its items to expire with its units, and
+//     adding the counter back would count in a window that may have
+//     admitted its limit already. From 1 the call counts in the window the
+//     head names then (a newer one is open at the call's now) or opens
+//     one at its now, which is the contract's answer for a call whose now
+//     is behind the stored state.
 //  4. v > Limit: denied, and the overshoot is undone with decr, which gives
 //     d, the count without it. Between incr and decr a concurrent Take sees
 //     the inflated count and may be denied although its units would have fit:
@@ -36,6 +45,19 @@
 // Hot keys only incr and decr, which never conflict, so contention cannot
 // exhaust the attempts: only simultaneous openings of one window retry, and
 // each round has a winner.
+//
+// A counter is written after its head with an exptime from the same
+// reset-at, so it expires no earlier than the head unless the process that
+// added it has a clock ahead of the opener's (by about a second, Memcached's
+// granularity): a head read after the counter was found missing names its
+// window only if the counter did not expire. What a stall can still do: a
+// Take stopped between two consecutive round trips of its own (the head
+// write or read that named the window, then the add of its counter) for
+// longer than the rest of the window plus the expiry margin adds a counter
+// whose units expired meanwhile, and that window's count restarts, as after
+// an eviction. And a Take whose flight (from its now to the server) is
+// ExpiryMargin - 1s or longer may find the window open at its now expired,
+// and opens one at its now, beside the one the others counted in.
 //
 // Peek is gets head, then get counter (one round trip when the window is already known, see below).
 // Refund is gets head, then, when the head's window is the Take's (its reset-at is the refund's
@@ -89,11 +111,13 @@
 // # Expiry
 //
 // Both items expire a little after the reset-at, for cleanup only: the
-// relative exptime ceil((reset-at - now + 2s) / 1s) never depends on the
-// server's clock agreeing with the application's. The margin covers the
-// second of granularity of Memcached's clock plus the one second after
-// reset-at that the design asks for. A stored reset-at at or before now reads
-// as no window, whether or not the item has expired yet.
+// relative exptime ceil((reset-at - now + ExpiryMargin) / 1s) never depends
+// on the server's clock agreeing with the application's. The default margin,
+// 2s, covers the second of granularity of Memcached's clock plus one second
+// after reset-at, so calls of flights under a second find their window; a
+// larger one covers longer flights (see Options.ExpiryMargin). A stored
+// reset-at at or before now reads as no window, whether or not the item has
+// expired yet.
 //
 // Memcached reads an exptime above 30 days (2592000 s) as an absolute Unix
 // time, so items of windows that end more than 30 days after now are stored
@@ -217,9 +241,9 @@ const defaultIdleConns = 256
 // maxRelativeExptime is the longest exptime Memcached reads as relative.
 const maxRelativeExptime = 30 * 24 * 60 * 60
 
-// expiryMargin is added to reset-at - now: one second of Memcached's clock
-// granularity plus the one second after reset-at that the design asks for.
-const expiryMargin = 2 * time.Second
+// defaultExpiryMargin is added to reset-at - now: one second of Memcached's
+// clock granularity plus one second after reset-at.
+const defaultExpiryMargin = 2 * time.Second
 
 // Errors returned by the backend. Match them with errors.Is.
 var (
@@ -265,6 +289,16 @@ type Options struct {
 	// NoCache reads the head on every call: two round trips per Take, and
 	// never a stale window. default: false
 	NoCache bool
+	// ExpiryMargin is how long a window's items, and a state's item,
+	// outlive its end, less up to a second (Memcached's clock counts whole
+	// seconds); Memcached then drops them, only to reclaim memory. A call
+	// finds the window open at its now as long as its flight (from its now
+	// to the server: a stalled or starved process adds to it) is under
+	// ExpiryMargin - 1s; a longer one may find it gone and open a fresh
+	// window. Set it above the longest flight a call may have, such as a
+	// Throttler's Timeout. Below 1s, which could drop a window before its
+	// end, is an error. default: 2s
+	ExpiryMargin time.Duration
 	// Selector is the ServerSelector the client picks servers with, for a
 	// Client that is not a *memcache.Client (a wrapper): the backend names
 	// the server of each call (throttler.Traits.Store) and of each failure
@@ -299,6 +333,12 @@ func (o *Options) withDefaults() (Options, error) {
 		if err := nilness.Check("memcached: Options.Selector", r.Selector); err != nil {
 			return r, err
 		}
+	}
+	if r.ExpiryMargin != 0 && r.ExpiryMargin < time.Second {
+		return r, fmt.Errorf("memcached: Options.ExpiryMargin must be 0 (the default, 2s) or at least 1s, Memcached's granularity, got %v", r.ExpiryMargin)
+	}
+	if r.ExpiryMargin == 0 {
+		r.ExpiryMargin = defaultExpiryMargin
 	}
 	if r.CacheSize < 0 {
 		return r, fmt.Errorf("memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got %d", r.CacheSize)
@@ -494,14 +534,14 @@ func resetTime(ms int64, now time.Time) time.Time {
 }
 
 // exptime is the relative expiry of an item of the window ending at
-// resetAtMs, as seen at now; 0 (no expiry) when Memcached would read it as an
-// absolute time.
-func exptime(resetAtMs int64, now time.Time) int32 {
+// resetAtMs, as seen at now, margin after it; 0 (no expiry) when Memcached
+// would read it as an absolute time.
+func exptime(resetAtMs int64, now time.Time, margin time.Duration) int32 {
 	d := time.UnixMilli(resetAtMs).Sub(now) // saturates instead of wrapping
-	if d > maxRelativeExptime*time.Second-expiryMargin {
+	if d > maxRelativeExptime*time.Second-margin {
 		return 0
 	}
-	secs := (d + expiryMargin + time.Second - 1) / time.Second
+	secs := (d + margin + time.Second - 1) / time.Second
 	if secs < 1 {
 		secs = 1
 	}
@@ -617,17 +657,26 @@ func (b *Backend) take(ctx context.Context, key string, p throttler.Policy, cost
 		return b.apply(ctx, throttler.OpTake, key, p, cost, time.Time{}, now)
 	}
 	k := newItemKeys(b.opts.Prefix, p, key)
+	missing := int64(0) // the reset-at of a window whose counter this Take found missing
 	for attempt := 0; attempt < b.opts.MaxAttempts; attempt++ {
 		w, err := b.head(ctx, k, now)
 		if err != nil {
 			return throttler.Decision{}, err
 		}
 		if w.open {
-			d, err := b.count(ctx, k, p, cost, now, w.resetAt, false, w.cached)
+			// The head, read after the counter was found missing, still
+			// names its window: the counter is not yet added by the
+			// window's opener, or was evicted, not expired (it outlives
+			// its head), so adding it loses no units.
+			confirmed := !w.cached && missing == w.resetAt
+			d, err := b.count(ctx, k, p, cost, now, w.resetAt, false, confirmed)
 			if errors.Is(err, errStale) {
-				// The counter is gone: evicted, or the head moved on.
-				// Ask the head rather than recreate a counter from memory.
+				// The counter is gone: not yet added, evicted, or
+				// expired while this call stalled (the head may have
+				// moved on). Ask the head rather than add a counter
+				// for a window that may have ended with its units.
 				b.forget(k)
+				missing = w.resetAt
 				continue
 			}
 			return d, err
@@ -651,7 +700,7 @@ func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int6
 	if err := ctx.Err(); err != nil {
 		return false, fmt.Errorf("memcached: %w", err)
 	}
-	it := &memcache.Item{Key: k.head(), Value: strconv.AppendInt(nil, resetAtMs, 10), Expiration: exptime(resetAtMs, now)}
+	it := &memcache.Item{Key: k.head(), Value: strconv.AppendInt(nil, resetAtMs, 10), Expiration: exptime(resetAtMs, now, b.opts.ExpiryMargin)}
 	var err error
 	if w.found {
 		it.CasID = w.item.CasID
@@ -669,18 +718,21 @@ func (b *Backend) open(ctx context.Context, k itemKeys, w window, resetAtMs int6
 	}
 }
 
-// errStale reports to Take that the first incr, on a cached window, found
-// no counter.
+// errStale reports that count found the window's counter missing and may
+// not add it: the caller reads the head again.
 var errStale = errors.New("memcached: no counter")
 
 // count adds cost to the counter of the open window ending at resetAtMs
 // (steps 3 and 4 of the package comment). opened says this call opened the
-// window, so the counter most likely does not exist yet and add comes first.
-// cached says the window came from the cache: then a missing counter makes
-// count return errStale, so that Take reads the head instead of recreating
-// a counter for a window that may have been replaced.
-func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, opened, cached bool) (throttler.Decision, error) {
-	fresh := opened
+// window, so the counter most likely does not exist yet and add comes
+// first. confirmed says the head was read from the server after this Take
+// found the counter missing, and still names this window. Only then may
+// count add a missing counter, once; any other miss returns errStale. A
+// window read before a stall may have ended, its items expired with its
+// units, and a newer window opened: adding its counter again would count
+// in a window that has already admitted its limit.
+func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cost int64, now time.Time, resetAtMs int64, opened, confirmed bool) (throttler.Decision, error) {
+	fresh, mayAdd := opened, opened || confirmed
 	key := k.counter(resetAtMs)
 	resetAt := resetTime(resetAtMs, now)
 	denied := false // a denial is what is left when the attempts run out
@@ -690,7 +742,8 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 			return throttler.Decision{}, fmt.Errorf("memcached: %w", err)
 		}
 		if fresh {
-			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now)})
+			mayAdd = false
+			err := b.c.Add(&memcache.Item{Key: key, Value: strconv.AppendInt(nil, cost, 10), Expiration: exptime(resetAtMs, now, b.opts.ExpiryMargin)})
 			if err == nil {
 				return algo.WindowState(p, cost, resetAt, now, true), nil
 			}
@@ -702,7 +755,7 @@ func (b *Backend) count(ctx context.Context, k itemKeys, p throttler.Policy, cos
 		}
 		v, err := b.c.Increment(key, uint64(cost))
 		if errors.Is(err, memcache.ErrCacheMiss) {
-			if attempt == 0 && cached {
+			if !mayAdd {
 				return throttler.Decision{}, errStale
 			}
 			fresh = true

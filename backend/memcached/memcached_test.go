@@ -290,7 +290,7 @@ func TestExptime(t *testing.T) {
 		{-time.Hour, 1},
 	}
 	for _, tt := range tests {
-		got := exptime(t0.Add(tt.left).UnixMilli(), t0)
+		got := exptime(t0.Add(tt.left).UnixMilli(), t0, defaultExpiryMargin)
 		if got != tt.want {
 			t.Errorf("exptime(now+%v) = %d, want %d", tt.left, got, tt.want)
 		}
@@ -328,6 +328,40 @@ func TestItemsExpireAfterResetAt(t *testing.T) {
 		}
 		if got := f.exptimeOf(k.head()); got != tt.want {
 			t.Errorf("window %v: head exptime changed to %d", tt.window, got)
+		}
+	}
+}
+
+// TestExpiryMargin: Options.ExpiryMargin sets how long every item outlives
+// the end of what it holds, on every algorithm.
+func TestExpiryMargin(t *testing.T) {
+	ctx := context.Background()
+	for _, tt := range []struct {
+		margin time.Duration
+		want   int32 // a window of 1s ending 1s after now
+	}{
+		{0, 3},
+		{time.Second, 2},
+		{6 * time.Second, 7},
+		{6*time.Second + time.Millisecond, 8},
+	} {
+		f := newFakeClient()
+		b := mustNew(t, f, &Options{ExpiryMargin: tt.margin})
+		for _, alg := range []throttler.Algorithm{throttler.FixedWindow, throttler.SlidingLog} {
+			p := throttler.Policy{Name: "m", Limit: 3, Window: time.Second, Algorithm: alg}
+			if _, err := b.Take(ctx, "k", p, 1, t0); err != nil {
+				t.Fatal(err)
+			}
+			k := newItemKeys(b.opts.Prefix, p, "k")
+			items := []string{k.state()}
+			if alg == throttler.FixedWindow {
+				items = []string{k.head(), k.counter(t0.Add(time.Second).UnixMilli())}
+			}
+			for _, key := range items {
+				if got := f.exptimeOf(key); got != tt.want {
+					t.Errorf("ExpiryMargin %v, %v: %s exptime %d, want %d", tt.margin, alg, key, got, tt.want)
+				}
+			}
 		}
 	}
 }
@@ -733,6 +767,8 @@ func TestConstructionErrors(t *testing.T) {
 		{"negative MaxAttempts", newFakeClient(), &Options{MaxAttempts: -1}, "memcached: Options.MaxAttempts must be >= 0 (0: the default, 8), got -1"},
 		{"negative CacheFor", newFakeClient(), &Options{CacheFor: -time.Second}, "memcached: Options.CacheFor must be >= 0 (0: the default, 1s), got -1s"},
 		{"negative CacheSize", newFakeClient(), &Options{CacheSize: -1}, "memcached: Options.CacheSize must be >= 0 (0: the default, 65536), got -1"},
+		{"negative ExpiryMargin", newFakeClient(), &Options{ExpiryMargin: -time.Second}, "memcached: Options.ExpiryMargin must be 0 (the default, 2s) or at least 1s, Memcached's granularity, got -1s"},
+		{"ExpiryMargin below a second", newFakeClient(), &Options{ExpiryMargin: 999 * time.Millisecond}, "memcached: Options.ExpiryMargin must be 0 (the default, 2s) or at least 1s, Memcached's granularity, got 999ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -753,10 +789,10 @@ func TestOptionDefaults(t *testing.T) {
 		opts *Options
 		want Options
 	}{
-		{nil, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536}},
-		{&Options{}, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536}},
-		{&Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true},
-			Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true}},
+		{nil, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536, ExpiryMargin: 2 * time.Second}},
+		{&Options{}, Options{Prefix: "throttlekit:", MaxAttempts: 8, CacheFor: time.Second, CacheSize: 65536, ExpiryMargin: 2 * time.Second}},
+		{&Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true, ExpiryMargin: 6 * time.Second},
+			Options{Prefix: "rl:", MaxAttempts: 2, CacheFor: time.Minute, CacheSize: 10, NoCache: true, ExpiryMargin: 6 * time.Second}},
 	} {
 		if b := mustNew(t, newFakeClient(), tt.opts); b.opts != tt.want {
 			t.Errorf("%+v: options %+v, want %+v", tt.opts, b.opts, tt.want)
