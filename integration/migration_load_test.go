@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -56,6 +58,10 @@ const (
 	// a call is reported late (migration.Options.LateAfter).
 	loadSettle    = 1500 * time.Millisecond
 	loadLateAfter = 500 * time.Millisecond
+	// loadTimeout is the Throttler's Timeout (and the clients'): the only
+	// failure a call of a run with healthy stores may have is having no
+	// answer for that long (loadEarlyFailures).
+	loadTimeout = 2 * time.Second
 )
 
 // loadStage is each stage's length in ms: 4 s in `make test`; a longer
@@ -137,6 +143,8 @@ type loadCall struct {
 	proc    int
 	err     bool
 	used    int64 // the admitting decision's Used (TestMigrationStall's)
+	// errKind is what failed the call (loadErrKind), "" if nothing did.
+	errKind string
 }
 
 // loadResult is what a run recorded.
@@ -145,6 +153,8 @@ type loadResult struct {
 	stats  []migration.Stats
 	moved  []int // per stage, keys routed elsewhere than in the stage before
 	errors int
+	// errKinds counts the failed calls by loadErrKind.
+	errKinds map[string]int
 	// lateKeys counts each key's late calls (migration.Options.OnLate), all
 	// processes; seeSpread is, per change, how far apart (ms) the first and
 	// the last process's rollouts were set.
@@ -203,7 +213,7 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			}})
 		th, err := throttler.New(loadStamped{m}, &throttler.Options{
 			Clock:      func() time.Time { return clk.at(off) },
-			Timeout:    2 * time.Second,
+			Timeout:    loadTimeout,
 			FailClosed: true, // a failed call admits nothing
 		})
 		if err != nil {
@@ -238,7 +248,8 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 					d, err := pr.th.AllowN(ctx, loadKey(k), p, c)
 					s1 := clk.ms()
 					calls = append(calls, loadCall{key: k, t: slot.Load(), cost: c, allowed: err == nil && d.Allowed,
-						resetAt: d.ResetAt.Sub(migrationT0).Milliseconds(), flight: s1 - s0, stage: int(s0 / loadStageMs), proc: pi, err: err != nil})
+						resetAt: d.ResetAt.Sub(migrationT0).Milliseconds(), flight: s1 - s0, stage: int(s0 / loadStageMs), proc: pi, err: err != nil,
+						errKind: loadErrKind(err)})
 				}
 				mu.Lock()
 				res.calls = append(res.calls, calls...)
@@ -275,12 +286,51 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 	lateMu.Lock()
 	res.lateKeys = lateKeys
 	lateMu.Unlock()
+	res.errKinds = map[string]int{}
 	for _, c := range res.calls {
 		if c.err {
 			res.errors++
+			res.errKinds[c.errKind]++
 		}
 	}
 	return res
+}
+
+// loadEarlyFailures counts by kind the calls that failed with a flight
+// shorter than timeout, the Throttler's Timeout. The stores are healthy, so
+// the one failure a call may have is the Timeout expiring on it, which it
+// can only when its own flight (read around it, on the shared clock) is at
+// least the Timeout: how many do depends on how long the machine starves
+// the run, not on the product. A call that fails sooner (a breaker that
+// opened, a store's error) is a failure of the product.
+func loadEarlyFailures(calls []loadCall, timeout time.Duration) map[string]int {
+	early := map[string]int{}
+	for _, c := range calls {
+		if c.err && c.flight < timeout.Milliseconds() {
+			early[c.errKind]++
+		}
+	}
+	return early
+}
+
+// loadErrKind names what failed a call, so that a run with failures says
+// which kind: a breaker that skipped the store, the Throttler's Timeout,
+// or the store's own error (its message, without the wrapping).
+func loadErrKind(err error) string {
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "breaker opened"):
+		return "breaker open"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	return msg
 }
 
 func loadKey(k int) string { return fmt.Sprintf("load-%02d", k) }
@@ -580,7 +630,7 @@ func TestMigrationLoad(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.cost)
 			rep := loadCheck(tc.p, res)
-			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart): %v", tc.p, loadPercents, res.moved, res.seeSpread, rep)
+			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart): %v; failed calls by kind %v", tc.p, loadPercents, res.moved, res.seeSpread, rep, res.errKinds)
 			loadAssertBound(t, res, rep)
 			// The run pressed where it should: mirrored calls dropped, keys
 			// moved both ways and were served by both stores, and clients
@@ -588,8 +638,8 @@ func TestMigrationLoad(t *testing.T) {
 			if rep.drops == 0 || rep.moving.Calls == 0 || rep.denied == 0 || res.moved[1] == 0 || res.moved[3] == 0 {
 				t.Errorf("the run did not exercise the problem: %v", rep)
 			}
-			if rep.errors*100 > rep.calls {
-				t.Errorf("%d of %d calls failed", rep.errors, rep.calls)
+			if early := loadEarlyFailures(res.calls, loadTimeout); len(early) > 0 {
+				t.Errorf("calls failed in less than the Timeout (%v), by kind: %v; all failed calls: %v", loadTimeout, early, res.errKinds)
 			}
 		})
 	}
@@ -648,6 +698,11 @@ func TestLoadBounds(t *testing.T) {
 			out = append(out, loadCall{t: q[i], cost: q[i+1], flight: q[i+2], resetAt: q[i+3], allowed: true})
 		}
 		return out
+	}
+	failed := []loadCall{{err: true, errKind: "timeout", flight: 2000}, {err: true, errKind: "breaker open", flight: 3},
+		{err: true, errKind: "timeout", flight: 1999}, {allowed: true, flight: 40}}
+	if got, want := loadEarlyFailures(failed, 2*time.Second), map[string]int{"breaker open": 1, "timeout": 1}; !maps.Equal(got, want) {
+		t.Errorf("loadEarlyFailures: %v, want %v", got, want)
 	}
 	bucket := throttler.Policy{Name: "b", Limit: 4, Window: time.Second}.WithBurst(8)
 	rng := rand.New(rand.NewPCG(1, 2))
