@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -160,12 +161,30 @@ type loadResult struct {
 	// the last process's rollouts were set.
 	lateKeys  map[int]int
 	seeSpread []int64
+	// stopped is how long (ms, shared clock) loadStop stopped the process.
+	stopped int64
+}
+
+// loadStop stops this whole process for d: a child shell sends it SIGSTOP,
+// then SIGCONT. Every goroutine stalls at once, calls in flight included,
+// as in a process throttled by its CPU quota or paused: with d above the
+// Throttler's Timeout, every call in flight times out together. It returns
+// how far the shared clock moved meanwhile.
+func loadStop(t *testing.T, clk *loadClock, d time.Duration) int64 {
+	t.Helper()
+	from, pid := clk.ms(), os.Getpid()
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -STOP %d; sleep %.3f; kill -CONT %d", pid, d.Seconds(), pid))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("stopping the process: %v: %s", err, out)
+	}
+	return clk.ms() - from
 }
 
 // loadRun runs the ramp with the stages of percents for p, on new stacks
 // over the servers at mcAddr and redisAddr. With hide set, the processes'
-// rollouts hide their percentage (no moving keys).
-func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percents []int, hide bool, cost func(*rand.Rand) int64) loadResult {
+// rollouts hide their percentage (no moving keys). A stop above 0 stops
+// this process for that long 1 s into the second stage (loadStop).
+func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percents []int, hide bool, stop time.Duration, cost func(*rand.Rand) int64) loadResult {
 	t.Helper()
 	loadStageMs := loadStage(t)
 	clk := loadClock{start: time.Now()}
@@ -274,6 +293,12 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			}
 		}
 		res.seeSpread = append(res.seeSpread, last-first)
+		if s == 1 && stop > 0 {
+			for clk.ms() < loadStageMs+1000 {
+				time.Sleep(time.Millisecond)
+			}
+			res.stopped = loadStop(t, &clk, stop)
+		}
 	}
 	for clk.ms() < end {
 		time.Sleep(time.Millisecond)
@@ -606,9 +631,10 @@ func (r loadReport) String() string {
 
 // TestMigrationLoad: the ramp under load hands out no fresh window and
 // admits no unit over any key's bound, for a fixed window and a token
-// bucket, while mirrored calls drop; and the same ramp with the moving keys
-// turned off (the rollout hiding its percentage) is caught over the bound,
-// which proves the check can fail.
+// bucket, while mirrored calls drop, and no call fails but by its Timeout,
+// also when the token bucket's process is stopped past the Timeout; and the
+// same ramp with the moving keys turned off (the rollout hiding its
+// percentage) is caught over the bound, which proves the check can fail.
 func TestMigrationLoad(t *testing.T) {
 	mc := memcachedStart(t)
 	rc := redisStart(t)
@@ -616,21 +642,28 @@ func TestMigrationLoad(t *testing.T) {
 	cases := []struct {
 		name string
 		p    throttler.Policy
+		stop time.Duration // loadStop's, 0 for none
 		cost func(*rand.Rand) int64
 	}{
 		// Limit 5 in windows of 1 s: a stage is 4 windows, each key asked
 		// for dozens of units a window. A move lasts 2 windows + Settle.
-		{"fixed window", loadFixed.Named("load-fw"), one},
+		{"fixed window", loadFixed.Named("load-fw"), 0, one},
 		// 4 tokens a second into a bucket of 8 (empty to full in 2 s, the
-		// move's horizon), asked for 1 or 2.
-		{"token bucket", throttler.Policy{Name: "load-tb", Limit: 4, Window: time.Second}.WithBurst(8),
+		// move's horizon), asked for 1 or 2; the process is stopped longer
+		// than the Timeout once, between two changes, so that every call
+		// in flight times out at once and no breaker may open for it.
+		{"token bucket", throttler.Policy{Name: "load-tb", Limit: 4, Window: time.Second}.WithBurst(8), loadTimeout + 500*time.Millisecond,
 			func(r *rand.Rand) int64 { return 1 + r.Int64N(2) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.cost)
+			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.stop, tc.cost)
 			rep := loadCheck(tc.p, res)
-			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart): %v; failed calls by kind %v", tc.p, loadPercents, res.moved, res.seeSpread, rep, res.errKinds)
+			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart, process stopped %d ms): %v; failed calls by kind %v",
+				tc.p, loadPercents, res.moved, res.seeSpread, res.stopped, rep, res.errKinds)
+			if res.stopped < tc.stop.Milliseconds() {
+				t.Errorf("the process was stopped %d ms, want at least %v", res.stopped, tc.stop)
+			}
 			loadAssertBound(t, res, rep)
 			// The run pressed where it should: mirrored calls dropped, keys
 			// moved both ways and were served by both stores, and clients
@@ -645,7 +678,7 @@ func TestMigrationLoad(t *testing.T) {
 	}
 	t.Run("fixed window without moving keys", func(t *testing.T) {
 		p := loadFixed.Named("load-fw-off")
-		res := loadRun(t, mc.addr, rc.Addr, p, loadPercents[:2], true, one)
+		res := loadRun(t, mc.addr, rc.Addr, p, loadPercents[:2], true, 0, one)
 		rep := loadCheck(p, res)
 		t.Logf("%v, ramp %v, moving keys off: %v", p, loadPercents[:2], rep)
 		if rep.overUnits == 0 || rep.fresh == 0 || rep.moving.Calls != 0 {
