@@ -2,9 +2,12 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -56,6 +59,10 @@ const (
 	// a call is reported late (migration.Options.LateAfter).
 	loadSettle    = 1500 * time.Millisecond
 	loadLateAfter = 500 * time.Millisecond
+	// loadTimeout is the Throttler's Timeout (and the clients'): the only
+	// failure a call of a run with healthy stores may have is having no
+	// answer for that long (loadEarlyFailures).
+	loadTimeout = 2 * time.Second
 )
 
 // loadStage is each stage's length in ms: 4 s in `make test`; a longer
@@ -137,6 +144,8 @@ type loadCall struct {
 	proc    int
 	err     bool
 	used    int64 // the admitting decision's Used (TestMigrationStall's)
+	// errKind is what failed the call (loadErrKind), "" if nothing did.
+	errKind string
 }
 
 // loadResult is what a run recorded.
@@ -145,17 +154,37 @@ type loadResult struct {
 	stats  []migration.Stats
 	moved  []int // per stage, keys routed elsewhere than in the stage before
 	errors int
+	// errKinds counts the failed calls by loadErrKind.
+	errKinds map[string]int
 	// lateKeys counts each key's late calls (migration.Options.OnLate), all
 	// processes; seeSpread is, per change, how far apart (ms) the first and
 	// the last process's rollouts were set.
 	lateKeys  map[int]int
 	seeSpread []int64
+	// stopped is how long (ms, shared clock) loadStop stopped the process.
+	stopped int64
+}
+
+// loadStop stops this whole process for d: a child shell sends it SIGSTOP,
+// then SIGCONT. Every goroutine stalls at once, calls in flight included,
+// as in a process throttled by its CPU quota or paused: with d above the
+// Throttler's Timeout, every call in flight times out together. It returns
+// how far the shared clock moved meanwhile.
+func loadStop(t *testing.T, clk *loadClock, d time.Duration) int64 {
+	t.Helper()
+	from, pid := clk.ms(), os.Getpid()
+	cmd := exec.Command("sh", "-c", fmt.Sprintf("kill -STOP %d; sleep %.3f; kill -CONT %d", pid, d.Seconds(), pid))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("stopping the process: %v: %s", err, out)
+	}
+	return clk.ms() - from
 }
 
 // loadRun runs the ramp with the stages of percents for p, on new stacks
 // over the servers at mcAddr and redisAddr. With hide set, the processes'
-// rollouts hide their percentage (no moving keys).
-func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percents []int, hide bool, cost func(*rand.Rand) int64) loadResult {
+// rollouts hide their percentage (no moving keys). A stop above 0 stops
+// this process for that long 1 s into the second stage (loadStop).
+func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percents []int, hide bool, stop time.Duration, cost func(*rand.Rand) int64) loadResult {
 	t.Helper()
 	loadStageMs := loadStage(t)
 	clk := loadClock{start: time.Now()}
@@ -203,7 +232,7 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			}})
 		th, err := throttler.New(loadStamped{m}, &throttler.Options{
 			Clock:      func() time.Time { return clk.at(off) },
-			Timeout:    2 * time.Second,
+			Timeout:    loadTimeout,
 			FailClosed: true, // a failed call admits nothing
 		})
 		if err != nil {
@@ -238,7 +267,8 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 					d, err := pr.th.AllowN(ctx, loadKey(k), p, c)
 					s1 := clk.ms()
 					calls = append(calls, loadCall{key: k, t: slot.Load(), cost: c, allowed: err == nil && d.Allowed,
-						resetAt: d.ResetAt.Sub(migrationT0).Milliseconds(), flight: s1 - s0, stage: int(s0 / loadStageMs), proc: pi, err: err != nil})
+						resetAt: d.ResetAt.Sub(migrationT0).Milliseconds(), flight: s1 - s0, stage: int(s0 / loadStageMs), proc: pi, err: err != nil,
+						errKind: loadErrKind(err)})
 				}
 				mu.Lock()
 				res.calls = append(res.calls, calls...)
@@ -263,6 +293,12 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 			}
 		}
 		res.seeSpread = append(res.seeSpread, last-first)
+		if s == 1 && stop > 0 {
+			for clk.ms() < loadStageMs+1000 {
+				time.Sleep(time.Millisecond)
+			}
+			res.stopped = loadStop(t, &clk, stop)
+		}
 	}
 	for clk.ms() < end {
 		time.Sleep(time.Millisecond)
@@ -275,12 +311,51 @@ func loadRun(t *testing.T, mcAddr, redisAddr string, p throttler.Policy, percent
 	lateMu.Lock()
 	res.lateKeys = lateKeys
 	lateMu.Unlock()
+	res.errKinds = map[string]int{}
 	for _, c := range res.calls {
 		if c.err {
 			res.errors++
+			res.errKinds[c.errKind]++
 		}
 	}
 	return res
+}
+
+// loadEarlyFailures counts by kind the calls that failed with a flight
+// shorter than timeout, the Throttler's Timeout. The stores are healthy, so
+// the one failure a call may have is the Timeout expiring on it, which it
+// can only when its own flight (read around it, on the shared clock) is at
+// least the Timeout: how many do depends on how long the machine starves
+// the run, not on the product. A call that fails sooner (a breaker that
+// opened, a store's error) is a failure of the product.
+func loadEarlyFailures(calls []loadCall, timeout time.Duration) map[string]int {
+	early := map[string]int{}
+	for _, c := range calls {
+		if c.err && c.flight < timeout.Milliseconds() {
+			early[c.errKind]++
+		}
+	}
+	return early
+}
+
+// loadErrKind names what failed a call, so that a run with failures says
+// which kind: a breaker that skipped the store, the Throttler's Timeout,
+// or the store's own error (its message, without the wrapping).
+func loadErrKind(err error) string {
+	if err == nil {
+		return ""
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "breaker opened"):
+		return "breaker open"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	return msg
 }
 
 func loadKey(k int) string { return fmt.Sprintf("load-%02d", k) }
@@ -556,9 +631,10 @@ func (r loadReport) String() string {
 
 // TestMigrationLoad: the ramp under load hands out no fresh window and
 // admits no unit over any key's bound, for a fixed window and a token
-// bucket, while mirrored calls drop; and the same ramp with the moving keys
-// turned off (the rollout hiding its percentage) is caught over the bound,
-// which proves the check can fail.
+// bucket, while mirrored calls drop, and no call fails but by its Timeout,
+// also when the token bucket's process is stopped past the Timeout; and the
+// same ramp with the moving keys turned off (the rollout hiding its
+// percentage) is caught over the bound, which proves the check can fail.
 func TestMigrationLoad(t *testing.T) {
 	mc := memcachedStart(t)
 	rc := redisStart(t)
@@ -566,21 +642,28 @@ func TestMigrationLoad(t *testing.T) {
 	cases := []struct {
 		name string
 		p    throttler.Policy
+		stop time.Duration // loadStop's, 0 for none
 		cost func(*rand.Rand) int64
 	}{
 		// Limit 5 in windows of 1 s: a stage is 4 windows, each key asked
 		// for dozens of units a window. A move lasts 2 windows + Settle.
-		{"fixed window", loadFixed.Named("load-fw"), one},
+		{"fixed window", loadFixed.Named("load-fw"), 0, one},
 		// 4 tokens a second into a bucket of 8 (empty to full in 2 s, the
-		// move's horizon), asked for 1 or 2.
-		{"token bucket", throttler.Policy{Name: "load-tb", Limit: 4, Window: time.Second}.WithBurst(8),
+		// move's horizon), asked for 1 or 2; the process is stopped longer
+		// than the Timeout once, between two changes, so that every call
+		// in flight times out at once and no breaker may open for it.
+		{"token bucket", throttler.Policy{Name: "load-tb", Limit: 4, Window: time.Second}.WithBurst(8), loadTimeout + 500*time.Millisecond,
 			func(r *rand.Rand) int64 { return 1 + r.Int64N(2) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.cost)
+			res := loadRun(t, mc.addr, rc.Addr, tc.p, loadPercents, false, tc.stop, tc.cost)
 			rep := loadCheck(tc.p, res)
-			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart): %v", tc.p, loadPercents, res.moved, res.seeSpread, rep)
+			t.Logf("%v, ramp %v (keys moved per stage %v, rollouts set %v ms apart, process stopped %d ms): %v; failed calls by kind %v",
+				tc.p, loadPercents, res.moved, res.seeSpread, res.stopped, rep, res.errKinds)
+			if res.stopped < tc.stop.Milliseconds() {
+				t.Errorf("the process was stopped %d ms, want at least %v", res.stopped, tc.stop)
+			}
 			loadAssertBound(t, res, rep)
 			// The run pressed where it should: mirrored calls dropped, keys
 			// moved both ways and were served by both stores, and clients
@@ -588,14 +671,14 @@ func TestMigrationLoad(t *testing.T) {
 			if rep.drops == 0 || rep.moving.Calls == 0 || rep.denied == 0 || res.moved[1] == 0 || res.moved[3] == 0 {
 				t.Errorf("the run did not exercise the problem: %v", rep)
 			}
-			if rep.errors*100 > rep.calls {
-				t.Errorf("%d of %d calls failed", rep.errors, rep.calls)
+			if early := loadEarlyFailures(res.calls, loadTimeout); len(early) > 0 {
+				t.Errorf("calls failed in less than the Timeout (%v), by kind: %v; all failed calls: %v", loadTimeout, early, res.errKinds)
 			}
 		})
 	}
 	t.Run("fixed window without moving keys", func(t *testing.T) {
 		p := loadFixed.Named("load-fw-off")
-		res := loadRun(t, mc.addr, rc.Addr, p, loadPercents[:2], true, one)
+		res := loadRun(t, mc.addr, rc.Addr, p, loadPercents[:2], true, 0, one)
 		rep := loadCheck(p, res)
 		t.Logf("%v, ramp %v, moving keys off: %v", p, loadPercents[:2], rep)
 		if rep.overUnits == 0 || rep.fresh == 0 || rep.moving.Calls != 0 {
@@ -648,6 +731,11 @@ func TestLoadBounds(t *testing.T) {
 			out = append(out, loadCall{t: q[i], cost: q[i+1], flight: q[i+2], resetAt: q[i+3], allowed: true})
 		}
 		return out
+	}
+	failed := []loadCall{{err: true, errKind: "timeout", flight: 2000}, {err: true, errKind: "breaker open", flight: 3},
+		{err: true, errKind: "timeout", flight: 1999}, {allowed: true, flight: 40}}
+	if got, want := loadEarlyFailures(failed, 2*time.Second), map[string]int{"breaker open": 1, "timeout": 1}; !maps.Equal(got, want) {
+		t.Errorf("loadEarlyFailures: %v, want %v", got, want)
 	}
 	bucket := throttler.Policy{Name: "b", Limit: 4, Window: time.Second}.WithBurst(8)
 	rng := rand.New(rand.NewPCG(1, 2))
