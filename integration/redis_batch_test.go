@@ -67,21 +67,22 @@ func TestRedisBatch(t *testing.T) {
 	})
 	t.Run("ShardsWithReplicas", func(t *testing.T) {
 		shards, primaries := redisShardsWithReplicas(t)
-		newBackend := func(t *testing.T) *redis.Backend {
-			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:"})
+		newBackend := func(t *testing.T, margin time.Duration) *redis.Backend {
+			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:", ExpiryMargin: margin})
 			require.NoError(t, err)
 			return b
 		}
 		t.Run("Conformance", func(t *testing.T) {
 			backendtest.Run(t, func(t *testing.T) throttler.Backend {
-				return &redisReplicated{Backend: redisBatched(func() *redis.Backend { return newBackend(t) }), primaries: primaries, replicas: 2}
+				b := redisBatched(func() *redis.Backend { return newBackend(t, redisTraceMargin) })
+				return &redisReplicated{Backend: b, primaries: primaries, replicas: 2}
 			})
 		})
 		t.Run("ExactAcrossProcesses", func(t *testing.T) {
-			redisTestExactAcrossClients(t, func() throttler.Backend { return newBackend(t) })
+			redisTestExactAcrossClients(t, func() throttler.Backend { return newBackend(t, 0) })
 		})
 		t.Run("CallersLeaving", func(t *testing.T) {
-			redisTestCallersLeaving(t, newBackend(t), (&redisReplicated{primaries: primaries, replicas: 2}).sync)
+			redisTestCallersLeaving(t, newBackend(t, 0), (&redisReplicated{primaries: primaries, replicas: 2}).sync)
 		})
 	})
 }

@@ -207,7 +207,8 @@ func TestRedisCompositeShardsWithReplicas(t *testing.T) {
 	})
 	t.Run("Conformance", func(t *testing.T) {
 		backendtest.Run(t, func(t *testing.T) throttler.Backend {
-			return &redisReplicated{Backend: newBackend(t, byKey), primaries: primaries, replicas: 2}
+			b := newBackend(t, &redis.Options{TagByKey: true, ExpiryMargin: redisTraceMargin})
+			return &redisReplicated{Backend: b, primaries: primaries, replicas: 2}
 		})
 	})
 	t.Run("ExactAcrossProcesses", func(t *testing.T) {

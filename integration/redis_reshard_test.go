@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -78,8 +79,15 @@ func TestRedisClusterReshard(t *testing.T) {
 		}
 	}
 	var calls, admitted, failed atomic.Int64
+	// A failure's flight tells a call starved past its timeout from one
+	// that kept meeting the move.
+	type failures struct {
+		n       int
+		longest time.Duration
+	}
 	var errMu sync.Mutex
-	errs := map[string]int{}
+	errs := map[string]*failures{}
+	var longest [workers]time.Duration // each worker's longest Take
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -91,6 +99,8 @@ func TestRedisClusterReshard(t *testing.T) {
 					callCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 					d, err := b.Take(callCtx, s.key, s.p, 1, now)
 					cancel()
+					flight := time.Since(now)
+					longest[w] = max(longest[w], flight)
 					calls.Add(1)
 					switch {
 					case err != nil:
@@ -100,7 +110,12 @@ func TestRedisClusterReshard(t *testing.T) {
 							msg = msg[i+3:] // without the key and policy
 						}
 						errMu.Lock()
-						errs[s.p.Algorithm.String()+": "+msg]++
+						f := errs[s.p.Algorithm.String()+": "+msg]
+						if f == nil {
+							f = &failures{}
+							errs[s.p.Algorithm.String()+": "+msg] = f
+						}
+						f.n, f.longest = f.n+1, max(f.longest, flight)
 						errMu.Unlock()
 					case d.Allowed:
 						admitted.Add(1)
@@ -172,10 +187,10 @@ func TestRedisClusterReshard(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d slots to the fourth master and back in %v under load: %d Takes, %d admitted, %d failed",
-		len(slots), took.Round(time.Millisecond), calls.Load(), admitted.Load(), failed.Load())
-	for msg, n := range errs {
-		t.Errorf("%d Takes failed: %s", n, msg)
+	t.Logf("%d slots to the fourth master and back in %v under load: %d Takes, %d admitted, %d failed, the longest Take %v",
+		len(slots), took.Round(time.Millisecond), calls.Load(), admitted.Load(), failed.Load(), slices.Max(longest[:]).Round(time.Millisecond))
+	for msg, f := range errs {
+		t.Errorf("%d Takes failed, the longest after %v: %s", f.n, f.longest.Round(time.Millisecond), msg)
 	}
 	if over > 0 {
 		t.Errorf("%d units admitted over the limit; the worst: %s", over, where)
