@@ -100,10 +100,11 @@ type Options struct {
 	// cost every request a timeout. Calls already in flight when a run of
 	// failures began count as one failure however many fail with it (a
 	// store's blip, or this process starved of CPU past their deadline):
-	// the rest of the run is counted in calls made after it began. There is a breaker per store the
-	// backend names (Traits.Store: a Redis shard, a Memcached
-	// server), so one failing store never switches limiting off for keys on
-	// the others; a backend that names none is one store.
+	// the rest of the run is counted in calls made after it began. There
+	// is a breaker per store the backend names (Traits.Store: a Redis shard
+	// or Cluster master, a Memcached server), so one failing store never
+	// switches limiting off for keys on the others; a backend that names
+	// none is one store.
 	//
 	// A store failure is an error or a timeout of the store itself:
 	//   - this Throttler's Timeout expiring on the call (not the caller's
