@@ -164,6 +164,26 @@ func TestTestifyOnlyInTests(t *testing.T) {
 	}
 }
 
+// TestTestingOnlyInTests: no package's non-test code imports package
+// testing, so test support ships as test code, except backend/backendtest,
+// the conformance suite a backend author runs from their own tests. A
+// helper that stops a test takes the methods it calls (Helper, Fatalf), not
+// testing.TB.
+func TestTestingOnlyInTests(t *testing.T) {
+	pkgs := goList(t, "-json=ImportPath,Imports", "./...")
+	if len(pkgs) < 10 {
+		t.Fatalf("go list listed %d packages; want the whole module", len(pkgs))
+	}
+	for _, p := range pkgs {
+		if p.ImportPath == module+"/backend/backendtest" {
+			continue
+		}
+		if slices.Contains(p.Imports, "testing") {
+			t.Errorf("%s imports testing outside its _test files", strings.TrimPrefix(p.ImportPath, module+"/"))
+		}
+	}
+}
+
 // goList runs `go list` with args and returns the packages it describes.
 func goList(t *testing.T, args ...string) []listed {
 	t.Helper()

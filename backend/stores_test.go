@@ -1,12 +1,15 @@
 package backend_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/throttlekit/throttlekit/backend"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -19,10 +22,7 @@ func TestFailureMarks(t *testing.T) {
 	assert.ErrorIs(t, store, cause)
 	assert.ErrorIs(t, store, throttler.ErrUnavailable)
 	assert.NotErrorIs(t, store, throttler.ErrKeyState)
-	var named interface{ FailedStore() string }
-	if assert.ErrorAs(t, fmt.Errorf("router: %w", store), &named) {
-		assert.Equal(t, "redis shard 1", named.FailedStore())
-	}
+	assert.Equal(t, "redis shard 1", blamedStore(t, fmt.Errorf("router: %w", store)), "a Throttler finds the name through a wrap")
 
 	key := throttler.KeyFailure(cause)
 	assert.EqualError(t, key, cause.Error())
@@ -34,4 +34,25 @@ func TestFailureMarks(t *testing.T) {
 
 	assert.NoError(t, throttler.StoreFailure("s", nil))
 	assert.NoError(t, throttler.KeyFailure(nil))
+}
+
+// blamedStore is the store a Throttler charges err to: the one whose
+// breaker counts it, as err names it (throttler.StoreFailure); "" for the
+// call's own store, or for an error that is no store failure.
+func blamedStore(t testing.TB, err error) string {
+	t.Helper()
+	failing := backend.OpFunc(func(context.Context, throttler.Op, string, throttler.Policy, int64, time.Time, time.Time) (throttler.Decision, error) {
+		return throttler.Decision{}, err
+	})
+	th, nerr := throttler.New(failing, nil)
+	if nerr != nil {
+		t.Fatal(nerr)
+	}
+	_, _ = th.Allow(context.Background(), "k", throttler.PerMinute(1))
+	for _, b := range th.Breakers() {
+		if b.Failures > 0 {
+			return b.Store
+		}
+	}
+	return "" // no store failure
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
+	"github.com/throttlekit/throttlekit/internal/cputime"
 	"github.com/throttlekit/throttlekit/internal/rollout"
 	"github.com/throttlekit/throttlekit/throttler"
 )
@@ -36,7 +37,7 @@ func BenchmarkRouterTake(b *testing.B) {
 		{"file", router(b, &flagstest.Nop{}, &flagstest.Nop{}, file, nil)},
 	}
 	for _, bb := range backends {
-		flagstest.BenchTake(b, bb.name, bb.b)
+		benchTake(b, bb.name, bb.b)
 	}
 }
 
@@ -44,11 +45,11 @@ func BenchmarkBucket(b *testing.B) {
 	keys := flagstest.BenchKeys()
 	bk := rollout.NewBucketer(DefaultGroupID)
 	b.ReportAllocs()
-	cpu := flagstest.StartThreadCPU(b)
+	report := cputime.Measure(b)
 	for i := 0; b.Loop(); i++ {
 		bk.Bucket(keys[i&1023])
 	}
-	cpu.Report(b)
+	report(b.N)
 }
 
 // localNop is flagstest.Nop in process, so that a Throttler calls it
@@ -70,9 +71,31 @@ func BenchmarkThrottlerOverRouter(b *testing.B) {
 	}
 	ctx, p := context.Background(), throttler.PerHour(5000).Named("api")
 	b.ReportAllocs()
-	cpu := flagstest.StartThreadCPU(b)
+	report := cputime.Measure(b)
 	for i := 0; b.Loop(); i++ {
 		_, _ = th.Allow(ctx, keys[i&1023], p)
 	}
-	cpu.Report(b)
+	report(b.N)
+}
+
+// benchTake runs Take on be, on one goroutine (with cpu-ns/op) and on
+// GOMAXPROCS goroutines (name/parallel).
+func benchTake(b *testing.B, name string, be throttler.Backend) {
+	ctx, now, pol, keys := context.Background(), time.Unix(1e9, 0), throttler.PerHour(5000).Named("api"), flagstest.BenchKeys()
+	b.Run(name, func(b *testing.B) {
+		b.ReportAllocs()
+		report := cputime.Measure(b)
+		for i := 0; b.Loop(); i++ {
+			be.Take(ctx, keys[i&1023], pol, 1, now)
+		}
+		report(b.N)
+	})
+	b.Run(name+"/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for i := 0; pb.Next(); i++ {
+				be.Take(ctx, keys[i&1023], pol, 1, now)
+			}
+		})
+	})
 }

@@ -71,8 +71,7 @@ func TestLeaseMemcachedOneOfTwoServersPaused(t *testing.T) {
 			for range 5 {
 				_, err := b.Acquire(ctx, key, p, throttler.LeaseID(rand.Uint64()|1), now)
 				pausedCalls.Add(1)
-				var named interface{ FailedStore() string }
-				if errors.Is(err, throttler.ErrUnavailable) && errors.As(err, &named) && named.FailedStore() == pausedStore {
+				if errors.Is(err, throttler.ErrUnavailable) && blamedStore(t, err) == pausedStore {
 					pausedBlamed.Add(1)
 				} else {
 					t.Errorf("%s on the paused server: %v, want its failure", key, err)

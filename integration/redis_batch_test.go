@@ -14,35 +14,19 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/throttlekit/throttlekit/backend/backendtest"
 	"github.com/throttlekit/throttlekit/backend/redis"
-	"github.com/throttlekit/throttlekit/internal/redisbatch"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// redisBatched builds a backend whose every operation goes through a batch
-// (a pipeline), a lone one included: the conformance suite's sequential
-// calls then check the answers of batches.
-func redisBatched[B any](build func() B) B {
-	redisbatch.Always.Store(true)
-	defer redisbatch.Always.Store(false)
-	return build()
-}
-
-// TestRedisBatch proves batching on every topology: the
-// conformance suite (tables, differential traces, exactness under
-// concurrency) with every answer from a batch, exactness across clients
-// with batching as built by default, and a load whose callers leave at
-// random instants, each answered with its own operation's decision.
+// TestRedisBatch proves batching on every topology, with batching as built
+// by default: exactness across clients, and a load whose callers leave at
+// random instants, each answered with its own operation's decision. The
+// conformance suite with every answer from a batch runs in backend/redis
+// (TestConformanceThroughBatches), which can ask a Backend for that.
 func TestRedisBatch(t *testing.T) {
 	t.Run("Standalone", func(t *testing.T) {
 		rc := redisStart(t)
 		c := redisClient(t, rc.Addr)
-		t.Run("Conformance", func(t *testing.T) {
-			backendtest.Run(t, func(t *testing.T) throttler.Backend {
-				return redisBatched(func() *redis.Backend { return redisNew(t, c, &redis.Options{Prefix: "b:"}) })
-			})
-		})
 		t.Run("ExactAcrossProcesses", func(t *testing.T) {
 			redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClient(t, rc.Addr), nil) })
 		})
@@ -53,11 +37,6 @@ func TestRedisBatch(t *testing.T) {
 	t.Run("Cluster", func(t *testing.T) {
 		addrs := redisCluster(t, 3)
 		c := redisClusterClient(t, addrs)
-		t.Run("Conformance", func(t *testing.T) {
-			backendtest.Run(t, func(t *testing.T) throttler.Backend {
-				return redisBatched(func() *redis.Backend { return redisNew(t, c, &redis.Options{Prefix: "b:"}) })
-			})
-		})
 		t.Run("ExactAcrossProcesses", func(t *testing.T) {
 			redisTestExactAcrossClients(t, func() throttler.Backend { return redisNew(t, redisClusterClient(t, addrs), nil) })
 		})
@@ -67,22 +46,16 @@ func TestRedisBatch(t *testing.T) {
 	})
 	t.Run("ShardsWithReplicas", func(t *testing.T) {
 		shards, primaries := redisShardsWithReplicas(t)
-		newBackend := func(t *testing.T, margin time.Duration) *redis.Backend {
-			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:", ExpiryMargin: margin})
+		newBackend := func(t *testing.T) *redis.Backend {
+			b, err := redis.NewSharded(shards, &redis.Options{Prefix: "b:"})
 			require.NoError(t, err)
 			return b
 		}
-		t.Run("Conformance", func(t *testing.T) {
-			backendtest.Run(t, func(t *testing.T) throttler.Backend {
-				b := redisBatched(func() *redis.Backend { return newBackend(t, redisTraceMargin) })
-				return &redisReplicated{Backend: b, primaries: primaries, replicas: 2}
-			})
-		})
 		t.Run("ExactAcrossProcesses", func(t *testing.T) {
-			redisTestExactAcrossClients(t, func() throttler.Backend { return newBackend(t, 0) })
+			redisTestExactAcrossClients(t, func() throttler.Backend { return newBackend(t) })
 		})
 		t.Run("CallersLeaving", func(t *testing.T) {
-			redisTestCallersLeaving(t, newBackend(t, 0), (&redisReplicated{primaries: primaries, replicas: 2}).sync)
+			redisTestCallersLeaving(t, newBackend(t), (&redisReplicated{primaries: primaries, replicas: 2}).sync)
 		})
 	})
 }

@@ -47,7 +47,7 @@ func BenchmarkWorkerAdmit(b *testing.B) {
 					w.Done()
 				}
 			}
-			report()
+			report(b.N)
 		})
 		b.Run(bc.name+"/parallel", func(b *testing.B) {
 			w := benchWorker(b, bc.shedding)
@@ -136,7 +136,7 @@ func BenchmarkMiddleware(b *testing.B) {
 				} else {
 					report := cputime.Measure(b)
 					one(b.Loop)
-					report()
+					report(b.N)
 				}
 			})
 		}

@@ -105,5 +105,5 @@ func BenchmarkDefaultClassifier(b *testing.B) {
 			b.Fatal("not a read")
 		}
 	}
-	report()
+	report(b.N)
 }

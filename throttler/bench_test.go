@@ -27,7 +27,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 	b.Run("throttler", func(b *testing.B) {
 		th := newThrottler(b, m, nil)
@@ -38,7 +38,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 	b.Run("remote", func(b *testing.B) { // a backend called under the Timeout's context
 		th := newThrottler(b, remote{m}, nil)
@@ -49,7 +49,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 	b.Run("fallback", func(b *testing.B) { // healthy, a fallback configured: no key held
 		th := newThrottler(b, m, &throttler.Options{Fallback: newMemory(b)})
@@ -60,7 +60,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 	b.Run("observed", func(b *testing.B) {
 		var seen int
@@ -72,7 +72,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 		if seen == 0 {
 			b.Fatal("nothing observed")
 		}
@@ -87,7 +87,7 @@ func BenchmarkAllow(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 }
 
@@ -114,7 +114,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 	b.Run("throttler", func(b *testing.B) {
 		th := newThrottler(b, m, nil)
@@ -129,7 +129,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		report()
+		report(b.N)
 	})
 }
 

@@ -482,7 +482,7 @@ func BenchmarkBreaker(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			report()
+			report(b.N)
 		})
 	}
 }

@@ -158,6 +158,3 @@ type storeFailure struct {
 
 func (e *storeFailure) Error() string   { return e.err.Error() }
 func (e *storeFailure) Unwrap() []error { return []error{e.err, ErrUnavailable} }
-
-// FailedStore names the store that failed (tests match it by this method).
-func (e *storeFailure) FailedStore() string { return e.store }

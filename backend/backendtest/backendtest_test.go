@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
-	"github.com/throttlekit/throttlekit/internal/model"
+	"github.com/throttlekit/throttlekit/backend/backendtest/internal/model"
 )
 
 // The models pass the suite: its hand-computed tables agree with the

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/throttlekit/throttlekit/backend"
-	"github.com/throttlekit/throttlekit/internal/model"
+	"github.com/throttlekit/throttlekit/backend/backendtest/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 

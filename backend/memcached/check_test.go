@@ -105,8 +105,7 @@ func TestCheck(t *testing.T) {
 				t.Fatalf("Check = %v, want %q matching ErrUnavailable", err, tt.want)
 			}
 			if tt.sel {
-				var named interface{ FailedStore() string }
-				if !errors.As(err, &named) || named.FailedStore() != "memcached 127.0.0.1:1" {
+				if blamedStore(t, err) != "memcached 127.0.0.1:1" {
 					t.Errorf("Check's error names store %v", err)
 				}
 			}

@@ -444,8 +444,7 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 		f.setBefore(func(op, _ string) error { return memcache.ErrServerError })
 		_, err := b.Acquire(context.Background(), key, leasePolicy, 1, t0)
 		f.setBefore(nil)
-		var named interface{ FailedStore() string }
-		if !errors.Is(err, throttler.ErrUnavailable) || !errors.As(err, &named) || named.FailedStore() != want {
+		if !errors.Is(err, throttler.ErrUnavailable) || blamedStore(t, err) != want {
 			t.Fatalf("%q: err %v, want a failure of %s", key, err, want)
 		}
 	}
@@ -460,8 +459,7 @@ func TestLeaseFailuresBlameTheItemsServer(t *testing.T) {
 		return &net.OpError{Op: "read", Net: "tcp", Addr: pick(t, sel, "elsewhere"), Err: &timeoutErr{}}
 	})
 	_, _, err := b.Release(context.Background(), "k", leasePolicy, 1, t0)
-	var named interface{ FailedStore() string }
-	if !errors.As(err, &named) || named.FailedStore() != "memcached "+pick(t, sel, "elsewhere").String() {
+	if blamedStore(t, err) != "memcached "+pick(t, sel, "elsewhere").String() {
 		t.Errorf("err %v", err)
 	}
 }

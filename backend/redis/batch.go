@@ -11,8 +11,6 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-
-	"github.com/throttlekit/throttlekit/internal/redisbatch"
 )
 
 // Batching (docs/backends-redis.md, "Batching"). Every operation is a
@@ -147,7 +145,7 @@ type lane struct {
 	wait    *waiter // nil: writes are not followed by WAIT (wait.go)
 
 	one     bool // one server: a batch's windows go as one takes.lua call
-	always  bool // tests: every request goes through a batch (redisbatch.Always)
+	always  bool // tests: every request goes through a batch (Options.alwaysBatch)
 	slots   int  // maxInFlight; benchmarks compare others
 	batches int  // maxBatches; benchmarks compare others
 
@@ -161,7 +159,7 @@ type lane struct {
 }
 
 func newLane(c Client, maxBatch int, stats *counters) *lane {
-	l := &lane{c: c, scripts: scriptsOf(c), max: maxBatch, stats: stats, always: redisbatch.Always.Load(),
+	l := &lane{c: c, scripts: scriptsOf(c), max: maxBatch, stats: stats,
 		slots: maxInFlight, batches: maxBatches}
 	switch x := c.(type) {
 	case *goredis.Client:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,27 +15,68 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/throttlekit/throttlekit/backend/backendtest"
-	"github.com/throttlekit/throttlekit/internal/redisbatch"
 	"github.com/throttlekit/throttlekit/throttler"
 )
-
-// alwaysBatch makes the backends built during the test send every
-// operation through batch.lua.
-func alwaysBatch(t *testing.T) {
-	redisbatch.Always.Store(true)
-	t.Cleanup(func() { redisbatch.Always.Store(false) })
-}
 
 // TestConformanceThroughBatches runs the conformance suite (tables,
 // differential traces, exactness under concurrency) with every operation
 // answered by batch.lua: alone, or with whatever the suite's goroutines
-// sent meanwhile.
+// sent meanwhile; on one server, a Cluster of two masters, and two shards
+// whose Peeks their replicas serve.
 func TestConformanceThroughBatches(t *testing.T) {
-	rdb, _ := startRedis(t)
-	alwaysBatch(t)
-	backendtest.Run(t, func(t *testing.T) throttler.Backend {
-		return newBackend(t, rdb, &Options{Prefix: "batch:"})
+	t.Run("Standalone", func(t *testing.T) {
+		rdb, _ := startRedis(t)
+		backendtest.Run(t, func(t *testing.T) throttler.Backend {
+			return newBackend(t, rdb, &Options{Prefix: "batch:", alwaysBatch: true})
+		})
 	})
+	t.Run("Cluster", func(t *testing.T) {
+		cc, _, _ := twoMasters(t)
+		backendtest.Run(t, func(t *testing.T) throttler.Backend {
+			return newBackend(t, cc, &Options{Prefix: "batch:", alwaysBatch: true})
+		})
+	})
+	t.Run("ShardsWithReplicas", func(t *testing.T) {
+		var shards []Shard
+		for range 2 {
+			primary, port := startRedis(t, "--repl-diskless-sync-delay", "0")
+			replica, _ := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(port))
+			waitReplicaInSync(t, primary)
+			shards = append(shards, Shard{Primary: primary, Replicas: []Client{replica}})
+		}
+		// Each write waits for the replica (WAIT), so that a Peek it serves
+		// sees the writes before it. The suite checks answers, not how soon
+		// a replica acknowledges (TestWaitWithReplica does): on a machine
+		// starved of CPU that can take seconds, and the suite's windows of a
+		// few ms must not expire from Redis meanwhile (ExpiryMargin).
+		backendtest.Run(t, func(t *testing.T) throttler.Backend {
+			b, err := NewSharded(shards, &Options{Prefix: "batch:", WaitReplicas: 1, WaitTimeout: 4 * time.Second,
+				ExpiryMargin: time.Hour, alwaysBatch: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		})
+	})
+}
+
+// alwaysBatch is one Backend's: a lone Take on it goes through batch.lua,
+// while one on another Backend of the same client is sent alone.
+func TestAlwaysBatchIsPerBackend(t *testing.T) {
+	rdb, _ := startRedis(t)
+	always := newBackend(t, rdb, &Options{Prefix: "always:", alwaysBatch: true})
+	alone := newBackend(t, rdb, &Options{Prefix: "alone:"})
+	for _, b := range []*Backend{always, alone} {
+		if _, err := b.Take(context.Background(), "k", policy, 1, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := always.Stats().Batched; got != 1 {
+		t.Errorf("alwaysBatch: %d operations batched, want the lone Take", got)
+	}
+	if got := alone.Stats().Batched; got != 0 {
+		t.Errorf("default: %d operations batched, want none for a lone Take", got)
+	}
 }
 
 // hold makes l's round trips all busy, so that what arrives queues; the

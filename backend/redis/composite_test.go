@@ -285,7 +285,6 @@ func TestCompositeRefundThroughThrottler(t *testing.T) {
 // windows nothing else touches go as one takes.lua call.
 func TestBatchCompositeAmongTakesOfItsMember(t *testing.T) {
 	rdb, _ := startRedis(t)
-	alwaysBatch(t)
 	ctx := context.Background()
 	// A script the server has not cached is sent again after the batch's
 	// others (NOSCRIPT), which would reorder the calls on its own.
@@ -304,7 +303,7 @@ func TestBatchCompositeAmongTakesOfItsMember(t *testing.T) {
 		{"a joined window before, the member's after", 1, []throttler.Policy{other, c, compFW}, []bool{true, true, false}},
 	} {
 		prefix := fmt.Sprintf("order%d:", i)
-		b := newBackend(t, rdb, &Options{Prefix: prefix})
+		b := newBackend(t, rdb, &Options{Prefix: prefix, alwaysBatch: true})
 		if tt.before > 0 {
 			// Through another backend, never batched: b's lane stays idle
 			// until it is held.

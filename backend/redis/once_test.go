@@ -153,11 +153,8 @@ var takeReply = fmt.Sprintf("*3\r\n:1\r\n:1\r\n:%d\r\n", reset)
 func TestTakeRunsOnceWhenItsReplyIsLost(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) {
-			if batched {
-				alwaysBatch(t)
-			}
 			srv := newScriptServer(t, func(int64) string { return "" })
-			b := newBackend(t, srv.client(t), nil)
+			b := newBackend(t, srv.client(t), &Options{alwaysBatch: batched})
 			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err == nil {
 				t.Error("Take answered, want the lost reply's error")
 			}
@@ -209,16 +206,13 @@ func TestClusterBatchIsNotResentWhole(t *testing.T) {
 func TestRefusedScriptIsSentAgainOnce(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) {
-			if batched {
-				alwaysBatch(t)
-			}
 			srv := newScriptServer(t, func(n int64) string {
 				if n == 1 || n >= 3 {
 					return "-READONLY You can't write against a read only replica.\r\n"
 				}
 				return takeReply
 			})
-			b := newBackend(t, srv.client(t), nil)
+			b := newBackend(t, srv.client(t), &Options{alwaysBatch: batched})
 			if _, err := b.Take(context.Background(), "k", policy, 1, t0); err != nil {
 				t.Errorf("first Take: %v, want the second attempt's answer", err)
 			}
@@ -268,9 +262,9 @@ func (c *lateContext) Err() error {
 // store failure only when its own context ended, did not count it. The
 // caller now returns once its context has ended.
 func TestBatchTimeoutReturnsAfterTheCallersDeadline(t *testing.T) {
-	alwaysBatch(t)
 	srv := newScriptServer(t, func(int64) string { return takeReply })
 	l := newLane(srv.client(t), 128, new(counters))
+	l.always = true
 	ctx := &lateContext{Context: context.Background(), deadline: time.Now().Add(-time.Millisecond), done: make(chan struct{})}
 	go func() {
 		time.Sleep(20 * time.Millisecond) // the context's timer, late

@@ -139,6 +139,11 @@ type Options struct {
 	// docs/backends-redis.md); a call alone is sent at once. 1 sends every
 	// operation on its own; at most 4096. default: 128
 	MaxBatch int
+	// alwaysBatch sends every operation through a batch (batch.lua), a
+	// lone one included, so that a suite of sequential calls checks the
+	// answers of batches. Tests only: a lone call then waits for a
+	// goroutine.
+	alwaysBatch bool
 	// OverLimitCache is how many keys this process remembers as denied:
 	// a Take that Redis denied until a known instant (a fixed window's
 	// reset, a RetryAfter) makes further Takes of that policy and key
@@ -328,7 +333,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 		if len(s.Replicas) > 0 {
 			sh.replicasName = storeName(i, len(shards), " replicas", s.Replicas...)
 		}
-		sh.primaryLane = b.newLane(s.Primary, o.MaxBatch, sh.name, watched)
+		sh.primaryLane = b.newLane(s.Primary, o, sh.name, watched)
 		sh.watch = b.watchPrimary(s.Primary, primaries)
 		if sh.primaryLane.wait, err = newWaiter(o, i, s.Primary); err != nil {
 			return nil, err
@@ -337,7 +342,7 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 			sh.cluster = newMasters(cc, sh.primaryLane)
 		}
 		for _, r := range sh.replicas {
-			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o.MaxBatch, storeName(i, len(shards), " replica", r), watched))
+			sh.replicaLanes = append(sh.replicaLanes, b.newLane(r, o, storeName(i, len(shards), " replica", r), watched))
 		}
 		sh.health = make([]replicaHealth, len(sh.replicas))
 		b.shards[i] = sh
@@ -348,10 +353,11 @@ func NewSharded(shards []Shard, opts *Options) (*Backend, error) {
 	return b, nil
 }
 
-// newLane is the lane of client c, named store in errors, with c's dials
-// watched (once per client).
-func (b *Backend) newLane(c Client, maxBatch int, store string, watched map[Client]*dialWatch) *lane {
-	l := newLane(c, maxBatch, &b.counters)
+// newLane is the lane of client c, batching as o says, named store in
+// errors, with c's dials watched (once per client).
+func (b *Backend) newLane(c Client, o Options, store string, watched map[Client]*dialWatch) *lane {
+	l := newLane(c, o.MaxBatch, &b.counters)
+	l.always = o.alwaysBatch
 	w, ok := watched[c]
 	if !ok {
 		w = watchDials(c)

@@ -106,11 +106,10 @@ func TestPeekOnAPausedReplicaFailsInHalfTheTimeThenGoesToThePrimary(t *testing.T
 // shard: named after the replica, and charged to the replicas' store.
 func wantReplicaFailure(t *testing.T, err error) {
 	t.Helper()
-	var f interface{ FailedStore() string }
 	switch {
 	case err == nil:
 		t.Fatal("Peek succeeded; want the replica's failure")
-	case !errors.Is(err, throttler.ErrUnavailable) || !errors.As(err, &f) || f.FailedStore() != "redis replicas":
+	case !errors.Is(err, throttler.ErrUnavailable) || blamedStore(t, err) != "redis replicas":
 		t.Errorf("Peek: %v; want a store failure of \"redis replicas\"", err)
 	case !strings.Contains(err.Error(), "redis replica: "):
 		t.Errorf("Peek: %v does not name the replica", err)

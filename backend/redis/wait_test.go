@@ -91,11 +91,8 @@ func TestWaitWithoutReplica(t *testing.T) {
 		maxBatch int
 	}{{"alone or batched", false, 0}, {"batched", true, 0}, {"MaxBatch 1", false, 1}} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.batched {
-				alwaysBatch(t)
-			}
 			rdb, _ := startRedis(t)
-			b, err := New(rdb, &Options{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond, MaxBatch: tc.maxBatch})
+			b, err := New(rdb, &Options{WaitReplicas: 1, WaitTimeout: 5 * time.Millisecond, MaxBatch: tc.maxBatch, alwaysBatch: tc.batched})
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -181,17 +178,14 @@ func TestWaitThroughThrottler(t *testing.T) {
 func TestWaitWithReplica(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
-			if batched {
-				alwaysBatch(t)
-			}
 			primary, port := startRedis(t, "--repl-diskless-sync-delay", "0")
 			replica, _ := startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(port))
 			waitReplicaInSync(t, primary)
-			b, err := New(primary, &Options{WaitReplicas: 1, WaitTimeout: time.Second})
+			b, err := New(primary, &Options{WaitReplicas: 1, WaitTimeout: time.Second, alwaysBatch: batched})
 			require.NoError(t, err)
 			// The replica read through a second backend: a Peek goes to a
 			// shard's replica.
-			onReplica, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, nil)
+			onReplica, err := NewSharded([]Shard{{Primary: primary, Replicas: []Client{replica}}}, &Options{alwaysBatch: batched})
 			require.NoError(t, err)
 			ctx := context.Background()
 			now := backendtest.T0
@@ -234,15 +228,12 @@ func TestConformanceWithWait(t *testing.T) {
 	waitReplicaInSync(t, primary)
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
-			if batched {
-				alwaysBatch(t)
-			}
 			// The suite checks answers, not how soon a replica
 			// acknowledges: on a machine starved of CPU an acknowledgement
 			// can take over a second, which is an outage only in tests
 			// that say so (TestWaitWithReplica).
 			newBackend := func(t *testing.T) *Backend {
-				b, err := New(primary, &Options{Prefix: fmt.Sprintf("wait%v:", batched), WaitReplicas: 1, WaitTimeout: 4 * time.Second})
+				b, err := New(primary, &Options{Prefix: fmt.Sprintf("wait%v:", batched), WaitReplicas: 1, WaitTimeout: 4 * time.Second, alwaysBatch: batched})
 				require.NoError(t, err)
 				return b
 			}

@@ -1,6 +1,7 @@
 package unleash
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 
 	"github.com/throttlekit/throttlekit/flags"
 	"github.com/throttlekit/throttlekit/flags/internal/flagstest"
+	"github.com/throttlekit/throttlekit/internal/cputime"
+	"github.com/throttlekit/throttlekit/throttler"
 )
 
 func benchClient(b *testing.B, rollout int) *unleashsdk.Client {
@@ -26,8 +29,8 @@ func BenchmarkRouterTake(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	flagstest.BenchTake(b, "direct", &flagstest.Nop{})
-	flagstest.BenchTake(b, "unleash", r)
+	benchTake(b, "direct", &flagstest.Nop{})
+	benchTake(b, "unleash", r)
 }
 
 // BenchmarkClientIsEnabled is the client's own per-call cost (with its
@@ -40,4 +43,26 @@ func BenchmarkClientIsEnabled(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		c.IsEnabled("feat", unleashsdk.WithContext(ucontext.Context{UserId: keys[i&1023]}))
 	}
+}
+
+// benchTake runs Take on be, on one goroutine (with cpu-ns/op) and on
+// GOMAXPROCS goroutines (name/parallel).
+func benchTake(b *testing.B, name string, be throttler.Backend) {
+	ctx, now, pol, keys := context.Background(), time.Unix(1e9, 0), throttler.PerHour(5000).Named("api"), flagstest.BenchKeys()
+	b.Run(name, func(b *testing.B) {
+		b.ReportAllocs()
+		report := cputime.Measure(b)
+		for i := 0; b.Loop(); i++ {
+			be.Take(ctx, keys[i&1023], pol, 1, now)
+		}
+		report(b.N)
+	})
+	b.Run(name+"/parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for i := 0; pb.Next(); i++ {
+				be.Take(ctx, keys[i&1023], pol, 1, now)
+			}
+		})
+	})
 }

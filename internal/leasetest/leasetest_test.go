@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/throttlekit/throttlekit/backend/memory"
 	"github.com/throttlekit/throttlekit/internal/leasetest"
-	"github.com/throttlekit/throttlekit/internal/model"
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
@@ -15,7 +15,11 @@ import (
 func TestHolds(t *testing.T) {
 	t0 := time.Date(2031, time.March, 4, 5, 6, 7, 0, time.UTC)
 	p := throttler.Concurrent(3, time.Second)
-	m := model.NewLeaseModel()
+	m, err := memory.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
 	for id, want := range []int64{0, 1, 2, 3} {
 		if id > 0 {
 			if _, err := m.Acquire(context.Background(), "k", p, throttler.LeaseID(id), t0); err != nil {

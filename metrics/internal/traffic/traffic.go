@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/throttlekit/throttlekit/backend"
@@ -18,6 +17,15 @@ import (
 	"github.com/throttlekit/throttlekit/shadow"
 	"github.com/throttlekit/throttlekit/throttler"
 )
+
+// T is what this package needs of a test (*testing.T and *testing.B have
+// it): taking it rather than testing.TB keeps package testing out of
+// non-test code.
+type T interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
 
 // T0 is the instant every call is made at.
 var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -50,14 +58,14 @@ func (d *down) Traits() throttler.Traits {
 }
 
 // Memory returns a memory backend.
-func Memory(t testing.TB) *memory.Backend {
+func Memory(t T) *memory.Backend {
 	t.Helper()
 	m, err := memory.New(nil)
 	noError(t, err)
 	return m
 }
 
-func newThrottler(t testing.TB, b throttler.Backend, o throttler.Options) *throttler.Throttler {
+func newThrottler(t T, b throttler.Backend, o throttler.Options) *throttler.Throttler {
 	t.Helper()
 	o.Clock = func() time.Time { return T0 }
 	th, err := throttler.New(b, &o)
@@ -77,7 +85,7 @@ func newThrottler(t testing.TB, b throttler.Backend, o throttler.Options) *throt
 //	store redis-3 (fails, fails open): login peek: failure_mode, allowed; 1 error
 //
 // It returns the redis-2 Throttler, whose breaker is open, and the memory one.
-func Calls(t testing.TB, observe func(throttler.Observation)) (open, healthy *throttler.Throttler) {
+func Calls(t T, observe func(throttler.Observation)) (open, healthy *throttler.Throttler) {
 	t.Helper()
 	ctx := context.Background()
 	healthy = newThrottler(t, Memory(t), throttler.Options{Observe: observe})
@@ -132,7 +140,7 @@ type Adapter interface {
 // AddTo adds every source to m under the names the adapters' tests expect:
 // router "r", shadows "mismatch", "failing" and "closed", migration
 // "sessions".
-func (s Sources) AddTo(t testing.TB, m Adapter) {
+func (s Sources) AddTo(t T, m Adapter) {
 	t.Helper()
 	noError(t, m.Watch("r", s.Router))
 	noError(t, m.Watch("mismatch", s.Mismatch))
@@ -146,7 +154,7 @@ func (s Sources) AddTo(t testing.TB, m Adapter) {
 //	Router: 3 takes to old at 0%, then 2 to new at 100%.
 //	Mismatch, Failing, Closed: one take each (Closed after Close).
 //	Migration: 3 takes at 0% (forward shadow), 1 at 100% (a moving key), mirror on.
-func Drive(t testing.TB) Sources {
+func Drive(t T) Sources {
 	t.Helper()
 	ctx := context.Background()
 	var s Sources
@@ -196,7 +204,7 @@ func Drive(t testing.TB) Sources {
 	return s
 }
 
-func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backend {
+func newShadow(t T, control, candidate throttler.Backend) *shadow.Backend {
 	t.Helper()
 	s, err := shadow.New(control, candidate, nil)
 	noError(t, err)
@@ -208,7 +216,7 @@ func newShadow(t testing.TB, control, candidate throttler.Backend) *shadow.Backe
 // Takes of keys a, b, then a: b evicted a to the second tier, and a came
 // back from it, evicting b. Its Stats: Keys 1, Evictions 2, SecondTierHits
 // 1. Closed when the test ends.
-func FullMemory(t testing.TB) *memory.Backend {
+func FullMemory(t T) *memory.Backend {
 	t.Helper()
 	m, err := memory.New(&memory.Options{Shards: 1, MaxKeys: 1})
 	noError(t, err)
@@ -221,23 +229,23 @@ func FullMemory(t testing.TB) *memory.Backend {
 }
 
 // noError, errorIs and isTrue stop the test that drives the traffic: this
-// package is not a _test file, so it keeps to the standard library's
-// testing.TB and leaves assertion libraries to the tests.
-func noError(t testing.TB, err error) {
+// package is not a _test file, so it leaves assertion libraries to the
+// tests.
+func noError(t T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("traffic: unexpected error: %v", err)
 	}
 }
 
-func errorIs(t testing.TB, err, target error) {
+func errorIs(t T, err, target error) {
 	t.Helper()
 	if !errors.Is(err, target) {
 		t.Fatalf("traffic: error %v, want one that is %v", err, target)
 	}
 }
 
-func isTrue(t testing.TB, ok bool, what string) {
+func isTrue(t T, ok bool, what string) {
 	t.Helper()
 	if !ok {
 		t.Fatalf("traffic: want %s", what)
@@ -251,15 +259,15 @@ func isTrue(t testing.TB, ok bool, what string) {
 //   - 2 Takes of an unnamed 1 a minute in dry run on "a": 1;
 //   - a Peek of Login in dry run on "a", which would deny: no Take;
 //   - 3 Takes of Login enforced on "b": 1 denial, not a would-be one.
-func DryRun(t testing.TB, observe func(throttler.Observation)) {
+func DryRun(t T, observe func(throttler.Observation)) {
 	t.Helper()
 	m, err := memory.New(nil)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	th, err := throttler.New(m, &throttler.Options{Clock: func() time.Time { return T0 }, Observe: observe})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	ctx := context.Background()
 	calls := []struct {
@@ -280,7 +288,7 @@ func DryRun(t testing.TB, observe func(throttler.Observation)) {
 	for _, c := range calls {
 		for range c.n {
 			if _, err := th.Allow(ctx, c.key, c.p); err != nil {
-				t.Fatal(err)
+				t.Fatalf("%v", err)
 			}
 		}
 	}

@@ -8,7 +8,7 @@ import (
 
 // TestCommittedPlot: docs/shedding.svg is what this program writes now.
 // After changing the shedder or the plot, regenerate it with
-// `go run ./shed/internal/shedsim > docs/shedding.svg`.
+// `go -C benchmarks run ./cmd/shedsim > docs/shedding.svg`.
 func TestCommittedPlot(t *testing.T) {
 	committed, err := os.ReadFile("../../../docs/shedding.svg")
 	if err != nil {
@@ -19,6 +19,6 @@ func TestCommittedPlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(committed, now.Bytes()) {
-		t.Fatal("docs/shedding.svg is stale: run `go run ./shed/internal/shedsim > docs/shedding.svg`")
+		t.Fatal("docs/shedding.svg is stale: run `go -C benchmarks run ./cmd/shedsim > docs/shedding.svg`")
 	}
 }

@@ -3,7 +3,7 @@
 // second, and writes the result as an SVG plot: utilization in (top), the
 // share of each class shed (bottom). docs/shedding.svg is its output:
 //
-//	go run ./shed/internal/shedsim > docs/shedding.svg
+//	go -C benchmarks run ./cmd/shedsim > docs/shedding.svg
 package main
 
 import (

@@ -5,8 +5,8 @@
 // internal/leaseset): where the contract says "the least wait", a model
 // searches millisecond by millisecond instead of using a formula. The
 // conformance suites (backend/backendtest) compare every backend with
-// them on random traces (RandomCall, Receipts), and the arithmetic's own
-// tests compare it with them.
+// them on random traces (RandomCall, Receipts), and backendtest's own tests
+// compare the arithmetic with them.
 package model
 
 import (

@@ -1,7 +1,8 @@
-// Command archsvg draws the module's packages on floors by their imports and
-// writes the picture as SVG. docs/architecture.svg is its output:
+// Command archsvg draws the packages of the module at -root (throttlekit's,
+// from this benchmarks module) on floors by their imports and writes the
+// picture as SVG. docs/architecture.svg is its output:
 //
-//	go run ./internal/cmd/archsvg > docs/architecture.svg
+//	go -C benchmarks run ./cmd/archsvg -root .. > docs/architecture.svg
 //
 // It reads the import lists of the source (go/build, for linux/amd64, test
 // files left out), so it needs neither the network nor the go command. A
@@ -371,7 +372,7 @@ func render(w io.Writer, g *graph) error {
 		"green: wrappers and features; purple: metrics; grey: programs.",
 		"An import that a longer path of imports already implies has no arrow of its own.",
 		"Not drawn: " + strings.Join(g.hidden, ", ") + " (helpers importing nothing of the module).",
-		"Generated from the imports: go run ./internal/cmd/archsvg > docs/architecture.svg",
+		"Generated from the imports: go -C benchmarks run ./cmd/archsvg -root .. > docs/architecture.svg",
 	}
 	boxes := map[string]box{}
 	width := 0.0

@@ -10,7 +10,7 @@ import (
 
 // TestCommittedPicture: docs/architecture.svg is what this program draws from
 // the imports now. After adding a package or changing what one imports,
-// regenerate it with `go run ./internal/cmd/archsvg > docs/architecture.svg`.
+// regenerate it with `go -C benchmarks run ./cmd/archsvg -root .. > docs/architecture.svg`.
 func TestCommittedPicture(t *testing.T) {
 	const root = "../../.."
 	committed, err := os.ReadFile(root + "/docs/architecture.svg")
@@ -26,7 +26,7 @@ func TestCommittedPicture(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(committed, now.Bytes()) {
-		t.Fatal("docs/architecture.svg is stale: run `go run ./internal/cmd/archsvg > docs/architecture.svg`")
+		t.Fatal("docs/architecture.svg is stale: run `go -C benchmarks run ./cmd/archsvg -root .. > docs/architecture.svg`")
 	}
 }
 
