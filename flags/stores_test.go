@@ -90,9 +90,8 @@ func TestRouterStoreIsTheRoutedBackends(t *testing.T) {
 	}
 }
 
-// Issue 11, case 2, through a router: the old store failing opened the
-// Throttler's only breaker, and keys already on the new store failed open
-// with it. Each backend has its own breaker now.
+// Through a router, each backend has its own breaker: the old store
+// failing never makes the keys already on the new store fail open.
 func TestOldStoreDownKeepsTheNewOnesKeysLimited(t *testing.T) {
 	pct, err := NewPercent(50)
 	if err != nil {

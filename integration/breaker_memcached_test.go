@@ -28,11 +28,9 @@ func memcachedItems(name, key string, resetAt time.Time) (head, counter string) 
 	return "throttlekit:w:" + id, "throttlekit:n:" + strconv.FormatInt(resetAt.UnixMilli(), 10) + ":" + id
 }
 
-// Issue 11, case 2: with one of two Memcached servers paused, the keys of
-// the healthy server failed open as well, since the paused server's
-// timeouts opened the Throttler's one breaker. Each server has its own
-// now: the healthy server's keys are limited exactly throughout, and the
-// paused server's keys stop paying a timeout once its breaker opens.
+// With one of two Memcached servers paused, each server has its own
+// breaker: the healthy server's keys are limited exactly throughout, and
+// the paused server's keys stop paying a timeout once its breaker opens.
 func TestBreakerMemcachedOneOfTwoServersPaused(t *testing.T) {
 	b, sel, healthy, paused := memcachedTwoServers(t)
 
@@ -127,9 +125,9 @@ func TestBreakerMemcachedOneOfTwoServersPaused(t *testing.T) {
 	assert.Equal(t, strconv.FormatInt(p.Limit, 10), strings.TrimSpace(string(it.Value)))
 }
 
-// Issue 11, case 2: one corrupt Memcached item opened the breaker for
-// every key after 5 calls. A corrupt head or a counter Memcached refuses to
-// increment is that key's failure alone: the other keys stay limited.
+// A corrupt head or a counter Memcached refuses to increment is that key's
+// failure alone: it never opens the breaker, and the other keys stay
+// limited.
 func TestBreakerMemcachedCorruptItem(t *testing.T) {
 	s := memcachedStart(t)
 	// Nothing here is about time: generous timeouts, so that a loaded

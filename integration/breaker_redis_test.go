@@ -29,11 +29,9 @@ func (c *sourceCounts) observe(o throttler.Observation) {
 	}
 }
 
-// Issue 11, case 2: a paused replica, which serves only Peek, made 94% of
-// Takes fail open while the primary was healthy: a Peek spent the whole
-// timeout on the replica, never fell back, and its timeout opened the one
-// breaker. Now the replica gets half the time and its failure is the
-// replicas' store's, never the primary's: every Take is answered by the
+// A paused replica, which serves only Peek, never makes Takes fail open
+// while the primary is healthy: the replica gets half of a Peek's time and
+// its failure is the replicas' store's, never the primary's: every Take is answered by the
 // primary and every key is limited exactly. The Peeks under way on the
 // replica when it first fails fail open (at most one per worker); the
 // replica then rests and the other Peeks are the primary's.
@@ -189,9 +187,9 @@ func TestBreakerRedisPausedPrimaryLiveReplica(t *testing.T) {
 	assert.True(t, stores["take redis ("+primary.Addr+")"], "Takes are the primary's store: %v", stores)
 }
 
-// Issue 11, case 2: one key that always errors opened the breaker for every
-// key after 5 calls. A key another program wrote with another type
-// (WRONGTYPE) is that key's failure alone.
+// A key another program wrote with another type (WRONGTYPE) is that key's
+// failure alone: one key that always errors never opens the breaker for
+// every key.
 func TestBreakerRedisPoisonedKey(t *testing.T) {
 	rc := redisStart(t)
 	c := redisClient(t, rc.Addr)

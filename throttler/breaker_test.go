@@ -157,9 +157,8 @@ func takeN(t *testing.T, th *throttler.Throttler, key string, p throttler.Policy
 	return admitted, sources
 }
 
-// Issue 11, case 2: with one of two Memcached servers paused, the healthy
-// server's keys failed open too, since one breaker counted every failure.
-// Each store now has its own.
+// Each store has its own breaker: with one of two Memcached servers
+// paused, the healthy server's keys are still decided by it.
 func TestBreakerCoversOneStore(t *testing.T) {
 	b := newStoresBackend(t)
 	var obs observations
@@ -185,10 +184,10 @@ func TestBreakerCoversOneStore(t *testing.T) {
 	assert.Equal(t, 16, b.count("store b"))
 }
 
-// Issue 11, case 2: one corrupt item or one key that always errors opened
-// the breaker for every key after 5 calls. Only failures of the store
-// itself count now; each of these calls still gets the failure mode, with
-// its error in the observation.
+// Only failures of the store itself count toward its breaker: one corrupt
+// item or one key that always errors never opens it for every key. Each of
+// these calls still gets the failure mode, with its error in the
+// observation.
 func TestOnlyStoreFailuresTripABreaker(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -292,9 +291,9 @@ func TestOnlyTheThrottlersOwnTimeoutCounts(t *testing.T) {
 	assert.Equal(t, 5, b.count("store a"), "two timeouts of its own opened the breaker")
 }
 
-// Issue 11, case 2: the cooldown ran on Options.Clock, so after the clock
-// stepped back 10 minutes no call reached the healthy primary for 10
-// minutes. It runs on the monotonic clock now, whatever Clock does.
+// The cooldown runs on the monotonic clock, whatever Options.Clock does: on
+// the window clock, a clock stepped back 10 minutes would keep every call
+// from a healthy primary for 10 minutes.
 func TestCooldownRunsOnTheMonotonicClock(t *testing.T) {
 	window := sleep.NewFake(t0)
 	mono := &monoClock{}
@@ -318,9 +317,9 @@ func TestCooldownRunsOnTheMonotonicClock(t *testing.T) {
 	assert.Equal(t, 4, b.count("store a"))
 }
 
-// Issue 11, case 2: when the cooldown ended every caller probed (64 callers
-// paid a timeout each). Exactly one does now; the others keep skipping the
-// store until it answers.
+// When the cooldown ends exactly one caller probes the store (not 64
+// callers paying a timeout each); the others keep skipping the store until
+// it answers.
 func TestHalfOpenBreakerLetsExactlyOneProbeThrough(t *testing.T) {
 	mono := &monoClock{}
 	b := newStoresBackend(t)

@@ -537,11 +537,10 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
-// Issue 10 measured a backend built wrong (redis.New(nil, nil)) under a
-// Limit of 1: 10 of 10 calls allowed, no error anywhere, because every call
-// failed, the Throttler read an outage and failed open. Now the mistake
-// stops construction, and a Throttler that was never built answers errors,
-// never allows.
+// A backend built wrong (redis.New(nil, nil)) fails every call, which a
+// Throttler would read as an outage and answer by failing open: every call
+// allowed, no error anywhere. The mistake stops construction instead, and a
+// Throttler that was never built answers errors, never allows.
 func TestMisconfiguredBackendIsAnErrorAtConstructionNeverAFailOpen(t *testing.T) {
 	var nilMemory *memory.Backend
 	badMemory, memErr := memory.New(&memory.Options{Shards: -1})

@@ -89,11 +89,10 @@ func TestSelectorMustNotBeANilPointer(t *testing.T) {
 	}
 }
 
-// Issue 11, case 2: a corrupt item or a key Memcached refuses to count was
-// an error like any other, which opened the Throttler's one breaker for
-// every key. Now each failure says whose it is: a server's
-// (throttler.ErrUnavailable, naming the server), the key's
-// (throttler.ErrKeyState), or neither.
+// Each failure says whose it is: a server's (throttler.ErrUnavailable,
+// naming the server), the key's (throttler.ErrKeyState: a corrupt item or a
+// key Memcached refuses to count, which must never open a breaker for
+// every key), or neither.
 func TestFailuresAreClassified(t *testing.T) {
 	p := throttler.Policy{Name: "api", Limit: 3, Window: time.Minute}
 	ctx := context.Background()

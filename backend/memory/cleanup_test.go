@@ -17,7 +17,7 @@ import (
 	"github.com/throttlekit/throttlekit/throttler"
 )
 
-// Issue 11: cleanup never deletes state that is live for a now the backend
+// Cleanup never deletes state that is live for a now the backend
 // will still be asked about. Each test drives one shard (Shards: 1) with
 // enough calls for many sweeps, and moves the monotonic clock as real time
 // would pass.
